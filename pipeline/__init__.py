@@ -1,0 +1,1 @@
+"""isrlab pipeline."""

@@ -1,0 +1,924 @@
+"""Run commands on nodes over SSH: the harness's only way to touch a node.
+
+This module knows SSH (paramiko) and POSIX shells, nothing about Kafka or ZooKeeper. It owns:
+
+Nodes and inventories
+    ``Node(name, host, port=22, user="root", key_file=None, password=None, sudo=False)`` is one
+    host. ``load_nodes(nodes="n1,n2", user=..., key_file=...)`` parses a ``--nodes`` list
+    (entries ``host``, ``host:port`` or ``user@host:port``); ``load_nodes(nodes_file="nodes.yaml")``
+    reads ``nodes: [{name, host, port, user, key, password, sudo}]`` with optional top-level
+    ``defaults: {user, key, port, sudo}``, ``known_hosts:`` and ``host_key_policy:``.
+    ``load_inventory`` returns both the nodes and the ``SshOptions`` a file asks for.
+
+Host-key policy (``SshOptions.host_key_policy``)
+    ``"strict"``: the host key must be in ``known_hosts`` (a file) and match; anything else is an
+    error. The embedded cluster uses this with a per-run known_hosts file it writes itself from
+    the host keys it generated, so there is never a trust-on-first-use step.
+    ``"accept-new"``: unknown hosts are accepted and, if ``known_hosts`` is given, appended to
+    it; a *changed* key is still an error. ``"warn"``: unknown hosts are accepted with a warning
+    logged and nothing is saved. Use strict for real hosts whenever you can.
+
+Commands
+    ``Remote(node).exec(cmd, check=True, timeout=None, env=None, cwd=None, stdin=None)``
+    runs ``cmd`` through ``sh -c`` (under ``sudo -n`` when ``node.sudo`` and the user is not
+    root) and returns a ``Result`` (exit status, stdout, stderr, duration). With ``check`` a
+    non-zero exit raises ``RemoteCommandError`` naming the node, the command, the exit status
+    and the tail of stderr; a command that outlives ``timeout`` raises ``RemoteTimeout``.
+    Environment variables are passed inline (``env K=V``) so no ``AcceptEnv`` is needed.
+
+Files
+    ``upload(local, remote)`` / ``download(remote, local)`` use SFTP (through a temporary file and
+    ``mv`` / ``cat`` for sudo nodes); ``upload_tree`` / ``download_tree`` stream a gzip tar over
+    the exec channel; ``read_file`` / ``write_file`` move bytes.
+
+Daemons
+    ``start_daemon(name, cmd, pidfile, logfile, env=None, cwd=None)`` starts ``cmd`` detached
+    (``nohup`` + ``setsid``, stdin from /dev/null, stdout and stderr appended to ``logfile``),
+    writes its pid to ``pidfile`` and returns the pid; it raises with the log tail if the process
+    is gone right after starting. A daemon is its own session and process group, so
+    ``stop_daemon(pidfile, sig="TERM", wait=10.0)`` and ``signal_daemon(pidfile, sig)`` signal the
+    whole group (a JVM and its children alike); ``stop_daemon`` escalates to KILL after ``wait``.
+    ``daemon_running(pidfile)`` tells whether it lives (a stopped process still lives).
+    ``signal_pattern(pattern, sig)`` signals processes whose command line matches ``pattern``
+    but only those in the same network namespace as the SSH session: embedded-cluster nodes share
+    the host's pid namespace, and a bare ``pkill -f`` would hit every node at once.
+    ``wait_for_port(port, host="127.0.0.1", timeout=30.0)`` waits on the node until a TCP
+    connect to ``host:port`` succeeds. Clock skew on embedded nodes (which share the kernel clock)
+    is done by starting daemons with ``env={"LD_PRELOAD": <libfaketime.so.1>,
+    "FAKETIME_TIMESTAMP_FILE": ..., "FAKETIME_NO_CACHE": "1"}``; nothing here is specific to it.
+
+Connections and retries
+    One paramiko transport per (node, options) is pooled and shared by threads (SSH multiplexes
+    channels); ``close_all()`` closes the default pool. Connecting retries with exponential backoff
+    on transient errors (refused, reset, timeouts, banner errors); opening a session on a dead
+    pooled transport reconnects once. A command that has started is never retried, since it may
+    not be idempotent. Authentication and host-key failures are not retried.
+
+Many nodes
+    ``on_nodes(nodes, fn, parallel=True)`` calls ``fn(Remote)`` for each node in a thread pool and
+    returns ``{node name: value}``; if any node failed it raises ``NodesError`` carrying every
+    per-node exception and the partial results. ``try_on_nodes`` returns exceptions as values.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import posixpath
+import select
+import shlex
+import socket
+import tarfile
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import paramiko
+import yaml
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+HostKeyPolicy = Literal["strict", "accept-new", "warn"]
+HOST_KEY_POLICIES: tuple[str, ...] = ("strict", "accept-new", "warn")
+
+_STDERR_TAIL_CHARS = 2000
+
+
+# --------------------------------------------------------------------------------------------
+# Data
+
+
+@dataclass(frozen=True)
+class Node:
+    """One SSH-reachable host. ``name`` is how the harness refers to it (n1..n5)."""
+
+    name: str
+    host: str
+    port: int = 22
+    user: str = "root"
+    key_file: str | None = None
+    password: str | None = field(default=None, repr=False)
+    sudo: bool = False
+
+
+@dataclass(frozen=True)
+class SshOptions:
+    """How to connect: host-key policy, timeouts and the retry schedule for transient errors."""
+
+    host_key_policy: HostKeyPolicy = "strict"
+    known_hosts: str | None = None
+    connect_timeout: float = 10.0
+    connect_retries: int = 5
+    backoff_initial: float = 0.2
+    backoff_max: float = 2.0
+    keepalive: int = 15
+
+    def __post_init__(self) -> None:
+        if self.host_key_policy not in HOST_KEY_POLICIES:
+            raise ValueError(
+                f"host_key_policy must be one of {', '.join(HOST_KEY_POLICIES)}, "
+                f"not {self.host_key_policy!r}"
+            )
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """Nodes plus the SSH options that go with them (from a nodes file or the command line)."""
+
+    nodes: list[Node]
+    ssh: SshOptions
+
+
+@dataclass(frozen=True)
+class Result:
+    """The outcome of one command on one node."""
+
+    node: str
+    cmd: str
+    exit_status: int
+    stdout: str
+    stderr: str
+    duration: float
+    stdout_bytes: bytes = field(default=b"", repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_status == 0
+
+    def check(self) -> Result:
+        if self.exit_status != 0:
+            raise RemoteCommandError(self.node, self.cmd, self.exit_status, self.stderr)
+        return self
+
+
+# --------------------------------------------------------------------------------------------
+# Errors
+
+
+class ControlError(Exception):
+    """Base class of everything this module raises on purpose."""
+
+
+class SshConnectError(ControlError):
+    """Could not open an SSH connection (after retries, or a non-retryable failure)."""
+
+    def __init__(self, node: Node, reason: str) -> None:
+        self.node = node
+        self.reason = reason
+        super().__init__(
+            f"{node.name}: cannot connect to {node.user}@{node.host}:{node.port}: {reason}"
+        )
+
+
+class RemoteCommandError(ControlError):
+    """A command exited non-zero. Names node, command, exit status and the stderr tail."""
+
+    def __init__(self, node: str, cmd: str, exit_status: int | None, stderr: str) -> None:
+        self.node = node
+        self.cmd = cmd
+        self.exit_status = exit_status
+        self.stderr = stderr
+        tail = stderr[-_STDERR_TAIL_CHARS:].strip()
+        status = "timed out" if exit_status is None else f"exited with status {exit_status}"
+        shown = cmd if len(cmd) <= 300 else cmd[:300] + " ..."
+        msg = f"{node}: command {status}: {shown}"
+        if tail:
+            msg += "\n  stderr (tail):\n    " + "\n    ".join(tail.splitlines()[-20:])
+        super().__init__(msg)
+
+
+class RemoteTimeout(RemoteCommandError):
+    """A command was still running when its timeout expired (its channel was closed)."""
+
+    def __init__(self, node: str, cmd: str, timeout: float, stderr: str) -> None:
+        self.timeout = timeout
+        super().__init__(node, cmd, None, stderr)
+
+
+class NodesError(ControlError):
+    """One or more nodes failed in ``on_nodes``; ``errors`` maps node name to its exception."""
+
+    def __init__(self, errors: dict[str, BaseException], results: dict[str, Any]) -> None:
+        self.errors = errors
+        self.results = results
+        lines = [f"{len(errors)} node(s) failed:"]
+        lines += [f"  {name}: {err}" for name, err in sorted(errors.items())]
+        super().__init__("\n".join(lines))
+
+
+# --------------------------------------------------------------------------------------------
+# Inventories
+
+
+def _parse_node_spec(spec: str, user: str, port: int) -> tuple[str, str, int]:
+    """``host``, ``host:port``, ``user@host`` or ``user@host:port`` -> (user, host, port)."""
+    if "@" in spec:
+        user, spec = spec.split("@", 1)
+    if spec.count(":") == 1:  # an IPv6 literal has several colons and no port here
+        host, port_s = spec.split(":")
+        try:
+            port = int(port_s)
+        except ValueError:
+            raise ValueError(f"bad port in node spec {spec!r}") from None
+    else:
+        host = spec
+    if not host:
+        raise ValueError(f"empty host in node spec {spec!r}")
+    return user, host, port
+
+
+def load_inventory(
+    nodes: str | Sequence[str] | None = None,
+    nodes_file: str | os.PathLike[str] | None = None,
+    *,
+    user: str = "root",
+    key_file: str | None = None,
+    port: int = 22,
+    sudo: bool = False,
+    ssh: SshOptions | None = None,
+) -> Inventory:
+    """Nodes from a comma-separated list (or sequence) or from a YAML nodes file.
+
+    Exactly one of ``nodes`` / ``nodes_file`` must be given. The keyword arguments are defaults
+    that entries (and a file's ``defaults:``) override. Relative key paths in a file are taken
+    relative to the file.
+    """
+    if (nodes is None) == (nodes_file is None):
+        raise ValueError("give either nodes (e.g. 'n1,n2,n3') or nodes_file (a nodes.yaml)")
+    base_ssh = ssh or SshOptions(host_key_policy="accept-new")
+    if nodes is not None:
+        specs = [s.strip() for s in (nodes.split(",") if isinstance(nodes, str) else nodes)]
+        out = []
+        for spec in filter(None, specs):
+            u, host, p = _parse_node_spec(spec, user, port)
+            out.append(Node(name=host, host=host, port=p, user=u, key_file=key_file, sudo=sudo))
+        if not out:
+            raise ValueError("the nodes list is empty")
+        _check_unique(out)
+        return Inventory(out, base_ssh)
+
+    path = Path(nodes_file)  # type: ignore[arg-type]
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"nodes file {path} does not exist") from None
+    except yaml.YAMLError as e:
+        raise ValueError(f"nodes file {path} is not valid YAML: {e}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("nodes"), list):
+        raise ValueError(f"nodes file {path} must be a mapping with a 'nodes:' list")
+    defaults = data.get("defaults") or {}
+    if not isinstance(defaults, dict):
+        raise ValueError(f"nodes file {path}: 'defaults' must be a mapping")
+
+    def key_path(k: str | None) -> str | None:
+        if k is None:
+            return None
+        kp = Path(os.path.expanduser(k))
+        return str(kp if kp.is_absolute() else (path.parent / kp))
+
+    d_user = str(defaults.get("user", user))
+    d_key = key_path(defaults.get("key", key_file))
+    d_port = int(defaults.get("port", port))
+    d_sudo = bool(defaults.get("sudo", sudo))
+    out = []
+    for i, entry in enumerate(data["nodes"]):
+        if isinstance(entry, str):
+            entry = {"host": entry}
+        if not isinstance(entry, dict) or "host" not in entry:
+            raise ValueError(f"nodes file {path}: entry {i} needs at least a 'host'")
+        host = str(entry["host"])
+        out.append(
+            Node(
+                name=str(entry.get("name", host)),
+                host=host,
+                port=int(entry.get("port", d_port)),
+                user=str(entry.get("user", d_user)),
+                key_file=key_path(entry["key"]) if "key" in entry else d_key,
+                password=entry.get("password"),
+                sudo=bool(entry.get("sudo", d_sudo)),
+            )
+        )
+    if not out:
+        raise ValueError(f"nodes file {path} lists no nodes")
+    _check_unique(out)
+    policy = data.get("host_key_policy", base_ssh.host_key_policy)
+    known = data.get("known_hosts", base_ssh.known_hosts)
+    try:
+        ssh_opts = replace(
+            base_ssh,
+            host_key_policy=policy,
+            known_hosts=key_path(known) if known else None,
+        )
+    except ValueError as e:
+        raise ValueError(f"nodes file {path}: {e}") from None
+    return Inventory(out, ssh_opts)
+
+
+def load_nodes(
+    nodes: str | Sequence[str] | None = None,
+    nodes_file: str | os.PathLike[str] | None = None,
+    **defaults: Any,
+) -> list[Node]:
+    """Just the nodes of ``load_inventory``."""
+    return load_inventory(nodes, nodes_file, **defaults).nodes
+
+
+def _check_unique(nodes: Sequence[Node]) -> None:
+    names = [n.name for n in nodes]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ValueError(f"duplicate node names: {', '.join(dupes)}")
+
+
+# --------------------------------------------------------------------------------------------
+# Connections
+
+
+class _WarnAndAccept(paramiko.MissingHostKeyPolicy):
+    def missing_host_key(
+        self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey
+    ) -> None:
+        log.warning(
+            "accepting unknown SSH host key %s %s for %s (host_key_policy=warn)",
+            key.get_name(),
+            key.fingerprint,
+            hostname,
+        )
+
+
+def _is_transient(exc: BaseException) -> bool:
+    if isinstance(exc, paramiko.AuthenticationException | paramiko.BadHostKeyException):
+        return False
+    if isinstance(
+        exc,
+        paramiko.ssh_exception.NoValidConnectionsError
+        | ConnectionError
+        | socket.timeout
+        | TimeoutError
+        | EOFError,
+    ):
+        return True
+    if isinstance(exc, paramiko.SSHException):
+        # banner timeouts, "Error reading SSH protocol banner", resets mid-handshake
+        return True
+    return isinstance(exc, OSError)
+
+
+class ConnectionPool:
+    """One live ``paramiko.SSHClient`` per (node, options), shared by threads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._node_locks: dict[tuple[Node, SshOptions], threading.Lock] = {}
+        self._clients: dict[tuple[Node, SshOptions], paramiko.SSHClient] = {}
+
+    def client(self, node: Node, ssh: SshOptions, *, fresh: bool = False) -> paramiko.SSHClient:
+        key = (node, ssh)
+        with self._lock:
+            node_lock = self._node_locks.setdefault(key, threading.Lock())
+        with node_lock:
+            c = self._clients.get(key)
+            if c is not None and not fresh:
+                t = c.get_transport()
+                if t is not None and t.is_active():
+                    return c
+            if c is not None:
+                c.close()
+                self._clients.pop(key, None)
+            c = _connect(node, ssh)
+            self._clients[key] = c
+            return c
+
+    def close(self, node: Node | None = None) -> None:
+        """Close the connections of ``node`` (all options), or of every node."""
+        with self._lock:
+            keys = [k for k in self._clients if node is None or k[0] == node]
+            clients = [self._clients.pop(k) for k in keys]
+        for c in clients:
+            c.close()
+
+
+def _connect(node: Node, ssh: SshOptions) -> paramiko.SSHClient:
+    delay = ssh.backoff_initial
+    last: BaseException | None = None
+    for attempt in range(ssh.connect_retries + 1):
+        client = paramiko.SSHClient()
+        if ssh.known_hosts and os.path.exists(ssh.known_hosts):
+            client.load_host_keys(ssh.known_hosts)
+        if ssh.host_key_policy == "strict":
+            if not ssh.known_hosts:
+                raise SshConnectError(node, "host_key_policy=strict needs a known_hosts file")
+            client.set_missing_host_key_policy(paramiko.RejectPolicy())
+        elif ssh.host_key_policy == "accept-new":
+            # AutoAddPolicy adds to the client's host keys; save_host_keys below persists them
+            client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
+        else:
+            client.set_missing_host_key_policy(_WarnAndAccept())
+        try:
+            client.connect(
+                node.host,
+                port=node.port,
+                username=node.user,
+                key_filename=node.key_file,
+                password=node.password,
+                timeout=ssh.connect_timeout,
+                banner_timeout=ssh.connect_timeout,
+                auth_timeout=ssh.connect_timeout,
+                allow_agent=node.key_file is None and node.password is None,
+                look_for_keys=node.key_file is None and node.password is None,
+            )
+        except paramiko.BadHostKeyException as e:
+            client.close()
+            raise SshConnectError(
+                node,
+                f"host key mismatch ({e.key.get_name()} {e.key.fingerprint}, expected "
+                f"{e.expected_key.fingerprint}); if the host was rebuilt, remove its line from "
+                f"{ssh.known_hosts}",
+            ) from None
+        except paramiko.AuthenticationException as e:
+            client.close()
+            how = f"key {node.key_file}" if node.key_file else "agent/default keys/password"
+            raise SshConnectError(node, f"authentication failed with {how}: {e}") from None
+        except paramiko.SSHException as e:
+            client.close()
+            if "not found in known_hosts" in str(e):
+                raise SshConnectError(
+                    node,
+                    f"unknown host key and host_key_policy=strict; add the host to "
+                    f"{ssh.known_hosts} (ssh-keyscan) or use host_key_policy=accept-new",
+                ) from None
+            last = e
+        except Exception as e:
+            client.close()
+            if not _is_transient(e):
+                raise SshConnectError(node, f"{type(e).__name__}: {e}") from e
+            last = e
+        else:
+            transport = client.get_transport()
+            if transport is not None and ssh.keepalive:
+                transport.set_keepalive(ssh.keepalive)
+            if ssh.host_key_policy == "accept-new" and ssh.known_hosts:
+                with contextlib.suppress(OSError):
+                    client.save_host_keys(ssh.known_hosts)
+            return client
+        if attempt < ssh.connect_retries:
+            log.debug("%s: transient SSH error (%s), retrying in %.2fs", node.name, last, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, ssh.backoff_max)
+    raise SshConnectError(
+        node, f"{type(last).__name__}: {last} (after {ssh.connect_retries + 1} attempts)"
+    )
+
+
+_DEFAULT_POOL = ConnectionPool()
+
+
+def close_all() -> None:
+    """Close every pooled connection of the default pool."""
+    _DEFAULT_POOL.close()
+
+
+# --------------------------------------------------------------------------------------------
+# Commands
+
+
+def _q(s: str | os.PathLike[str]) -> str:
+    return shlex.quote(str(s))
+
+
+def wrap_command(
+    cmd: str,
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: str | None = None,
+    sudo: bool = False,
+) -> str:
+    """The exact command line sent to the node: cd, env and sudo around ``sh -c cmd``."""
+    inner = cmd
+    if cwd is not None:
+        inner = f"cd {_q(cwd)} && {inner}"
+    prefix = ""
+    if env:
+        for k in env:
+            if not k.replace("_", "a").isalnum() or k[0].isdigit():
+                raise ValueError(f"bad environment variable name {k!r}")
+        prefix = "env " + " ".join(f"{k}={_q(v)}" for k, v in env.items()) + " "
+    wrapped = f"{prefix}sh -c {_q(inner)}"
+    if sudo:
+        wrapped = f"sudo -n -- {wrapped}"
+    return wrapped
+
+
+class Remote:
+    """Commands, files and daemons on one node."""
+
+    def __init__(
+        self, node: Node, ssh: SshOptions | None = None, pool: ConnectionPool | None = None
+    ) -> None:
+        self.node = node
+        self.ssh = ssh or SshOptions()
+        self.pool = pool or _DEFAULT_POOL
+
+    def __repr__(self) -> str:
+        return f"Remote({self.node.name}@{self.node.host}:{self.node.port})"
+
+    @property
+    def _sudo(self) -> bool:
+        return self.node.sudo and self.node.user != "root"
+
+    def _open_session(self) -> paramiko.Channel:
+        client = self.pool.client(self.node, self.ssh)
+        try:
+            t = client.get_transport()
+            if t is None:
+                raise paramiko.SSHException("no transport")
+            return t.open_session(timeout=self.ssh.connect_timeout)
+        except (paramiko.SSHException, EOFError, OSError):
+            # the pooled transport died under us (sshd restarted, node rebooted): reconnect
+            # once; nothing has run yet so this cannot run the command twice
+            client = self.pool.client(self.node, self.ssh, fresh=True)
+            t = client.get_transport()
+            if t is None:
+                raise SshConnectError(
+                    self.node, "transport closed right after connecting"
+                ) from None
+            return t.open_session(timeout=self.ssh.connect_timeout)
+
+    def exec(
+        self,
+        cmd: str,
+        *,
+        check: bool = True,
+        timeout: float | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: bytes | str | Iterable[bytes] | None = None,
+    ) -> Result:
+        """Run ``cmd`` with ``sh -c`` on the node and wait for it. See the module docstring."""
+        full = wrap_command(cmd, env=env, cwd=cwd, sudo=self._sudo)
+        start = time.monotonic()
+        chan = self._open_session()
+        out = bytearray()
+        err = bytearray()
+        try:
+            chan.exec_command(full)
+            if stdin is not None:
+                chunks: Iterable[bytes]
+                if isinstance(stdin, str):
+                    chunks = [stdin.encode()]
+                elif isinstance(stdin, bytes | bytearray):
+                    chunks = [bytes(stdin)]
+                else:
+                    chunks = stdin
+                for chunk in chunks:
+                    chan.sendall(chunk)
+            chan.shutdown_write()
+            deadline = None if timeout is None else start + timeout
+            idle = 0.002
+            while True:
+                got = False
+                while chan.recv_ready():
+                    out += chan.recv(65536)
+                    got = True
+                while chan.recv_stderr_ready():
+                    err += chan.recv_stderr(65536)
+                    got = True
+                # the transport delivers messages in order, so once the exit status is here all
+                # output of the command itself is buffered; a background child still holding
+                # stdout open must not keep us waiting
+                if (
+                    chan.exit_status_ready()
+                    and not chan.recv_ready()
+                    and not chan.recv_stderr_ready()
+                ):
+                    break
+                if chan.closed and not got:
+                    break
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise RemoteTimeout(
+                        self.node.name, cmd, timeout or 0.0, err.decode(errors="replace")
+                    )
+                # Channel.fileno() only signals stdout data, so poll with a growing interval
+                idle = 0.002 if got else min(idle * 2, 0.05)
+                select.select([chan], [], [], idle)
+            status = chan.recv_exit_status()
+        finally:
+            chan.close()
+        res = Result(
+            node=self.node.name,
+            cmd=cmd,
+            exit_status=status,
+            stdout=out.decode(errors="replace"),
+            stderr=err.decode(errors="replace"),
+            duration=time.monotonic() - start,
+            stdout_bytes=bytes(out),
+        )
+        if check:
+            res.check()
+        return res
+
+    # ---------------------------------------------------------------- files
+
+    def _sftp(self) -> paramiko.SFTPClient:
+        try:
+            return self.pool.client(self.node, self.ssh).open_sftp()
+        except (paramiko.SSHException, EOFError, OSError):
+            return self.pool.client(self.node, self.ssh, fresh=True).open_sftp()
+
+    def upload(
+        self, local: str | os.PathLike[str], remote: str, *, mode: int | None = None
+    ) -> None:
+        """Copy one local file to ``remote`` (parent directories are created)."""
+        self.exec(f"mkdir -p {_q(posixpath.dirname(remote) or '.')}")
+        sftp = self._sftp()
+        try:
+            if self._sudo:
+                tmp = f"/tmp/.isrlab-upload-{os.getpid()}-{threading.get_ident()}-{time.time_ns()}"
+                sftp.put(str(local), tmp)
+                self.exec(f"mv {_q(tmp)} {_q(remote)}")
+            else:
+                sftp.put(str(local), remote)
+        finally:
+            sftp.close()
+        if mode is not None:
+            self.exec(f"chmod {mode:o} {_q(remote)}")
+
+    def write_file(self, remote: str, data: bytes | str, *, mode: int | None = None) -> None:
+        """Write ``data`` to ``remote`` (parent directories are created)."""
+        payload = data.encode() if isinstance(data, str) else data
+        cmd = f"mkdir -p {_q(posixpath.dirname(remote) or '.')} && cat > {_q(remote)}"
+        if mode is not None:
+            cmd += f" && chmod {mode:o} {_q(remote)}"
+        self.exec(cmd, stdin=payload)
+
+    def read_file(self, remote: str) -> bytes:
+        """The bytes of a remote file."""
+        return self.exec(f"cat {_q(remote)}").stdout_bytes
+
+    def download(self, remote: str, local: str | os.PathLike[str]) -> None:
+        """Copy one remote file to ``local`` (parent directories are created)."""
+        Path(local).parent.mkdir(parents=True, exist_ok=True)
+        if self._sudo:
+            Path(local).write_bytes(self.read_file(remote))
+            return
+        sftp = self._sftp()
+        try:
+            sftp.get(remote, str(local))
+        except FileNotFoundError:
+            raise RemoteCommandError(
+                self.node.name, f"download {remote}", 1, "no such file"
+            ) from None
+        finally:
+            sftp.close()
+
+    def upload_tree(
+        self,
+        local_dir: str | os.PathLike[str],
+        remote_dir: str,
+        *,
+        exclude: Sequence[str] = ("__pycache__", ".git", ".mypy_cache", ".ruff_cache"),
+    ) -> None:
+        """Copy the contents of ``local_dir`` into ``remote_dir`` as a gzip tar stream."""
+        src = Path(local_dir)
+        if not src.is_dir():
+            raise ValueError(f"{src} is not a directory")
+        skip = set(exclude)
+
+        def keep(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+            return None if skip & set(Path(info.name).parts) else info
+
+        with tempfile.SpooledTemporaryFile(max_size=32 << 20) as buf:
+            with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+                tar.add(str(src), arcname=".", filter=keep)
+            buf.seek(0)
+
+            def chunks() -> Iterable[bytes]:
+                while block := buf.read(1 << 16):
+                    yield block
+
+            self.exec(
+                f"mkdir -p {_q(remote_dir)} && tar -xzf - -C {_q(remote_dir)} --no-same-owner",
+                stdin=chunks(),
+            )
+
+    def download_tree(self, remote_dir: str, local_dir: str | os.PathLike[str]) -> None:
+        """Copy the contents of ``remote_dir`` into ``local_dir`` (e.g. a node's logs)."""
+        res = self.exec(f"tar -czf - -C {_q(remote_dir)} .")
+        dest = Path(local_dir)
+        dest.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(fileobj=io.BytesIO(res.stdout_bytes), mode="r:gz") as tar:
+            tar.extractall(dest, filter="data")
+
+    # ---------------------------------------------------------------- daemons
+
+    def start_daemon(
+        self,
+        name: str,
+        cmd: str,
+        *,
+        pidfile: str,
+        logfile: str,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        verify: float = 0.2,
+    ) -> int:
+        """Start ``cmd`` detached; returns its pid. No-op (returning the pid) if already running.
+
+        ``verify`` seconds after starting, the process must still be alive, else the error
+        carries the tail of ``logfile``.
+        """
+        inner = f"echo $$ > {_q(pidfile)}; exec {cmd}"
+        launch = f"setsid sh -c {_q(inner)}"
+        if env:
+            launch = "env " + " ".join(f"{k}={_q(v)}" for k, v in env.items()) + " " + launch
+        script = f"""
+set -e
+mkdir -p {_q(posixpath.dirname(pidfile) or ".")} {_q(posixpath.dirname(logfile) or ".")}
+if [ -s {_q(pidfile)} ] && kill -0 "$(cat {_q(pidfile)})" 2>/dev/null; then
+  cat {_q(pidfile)}; exit 0
+fi
+rm -f {_q(pidfile)}
+{f"cd {_q(cwd)}" if cwd else ":"}
+echo "--- $(date -u +%FT%TZ) starting {name}" >> {_q(logfile)}
+nohup {launch} >> {_q(logfile)} 2>&1 < /dev/null &
+i=0
+while [ ! -s {_q(pidfile)} ] && [ $i -lt 100 ]; do sleep 0.05; i=$((i+1)); done
+[ -s {_q(pidfile)} ] || {{ echo "{name}: no pid file after 5 s" >&2; exit 1; }}
+sleep {max(verify, 0.0)}
+pid=$(cat {_q(pidfile)})
+if ! kill -0 "$pid" 2>/dev/null; then
+  echo "{name} exited right after starting; log tail:" >&2
+  tail -n 30 {_q(logfile)} >&2
+  exit 1
+fi
+echo "$pid"
+"""
+        res = self.exec(script)
+        return int(res.stdout.split()[-1])
+
+    def daemon_pid(self, pidfile: str) -> int | None:
+        """The pid in ``pidfile`` if that process is alive, else None."""
+        res = self.exec(
+            f'p=$(cat {_q(pidfile)} 2>/dev/null) && kill -0 "$p" 2>/dev/null && echo "$p"',
+            check=False,
+        )
+        return int(res.stdout.strip()) if res.ok and res.stdout.strip() else None
+
+    def daemon_running(self, pidfile: str) -> bool:
+        return self.daemon_pid(pidfile) is not None
+
+    def signal_daemon(self, pidfile: str, sig: str = "TERM", *, group: bool = True) -> bool:
+        """Send ``sig`` (name like STOP or number) to the daemon (its process group by default).
+
+        Returns False when there is no live daemon.
+        """
+        target = '-- "-$p"' if group else '"$p"'
+        res = self.exec(
+            f'p=$(cat {_q(pidfile)} 2>/dev/null) && kill -0 "$p" 2>/dev/null || exit 3\n'
+            f'kill -{_q(sig)} {target} 2>/dev/null || kill -{_q(sig)} "$p"',
+            check=False,
+        )
+        if res.exit_status == 3:
+            return False
+        res.check()
+        return True
+
+    def stop_daemon(self, pidfile: str, sig: str = "TERM", *, wait: float = 10.0) -> bool:
+        """Signal the daemon's group, wait up to ``wait`` s, then KILL. Removes the pid file.
+
+        Returns True if a daemon was running. A stopped (SIGSTOP) daemon is continued first so
+        that it can act on ``sig``.
+        """
+        steps = max(int(wait / 0.1), 1)
+        res = self.exec(
+            f"""
+p=$(cat {_q(pidfile)} 2>/dev/null) || exit 3
+kill -0 "$p" 2>/dev/null || {{ rm -f {_q(pidfile)}; exit 3; }}
+kill -{_q(sig)} -- "-$p" 2>/dev/null || kill -{_q(sig)} "$p" 2>/dev/null || true
+kill -CONT -- "-$p" 2>/dev/null || true
+i=0
+while kill -0 "$p" 2>/dev/null && [ $i -lt {steps} ]; do
+  # a zombie still answers kill -0; it is dead for our purposes
+  [ "$(awk '{{print $3}}' /proc/$p/stat 2>/dev/null)" = Z ] && break
+  sleep 0.1; i=$((i+1))
+done
+kill -9 -- "-$p" 2>/dev/null || true
+kill -9 "$p" 2>/dev/null || true
+rm -f {_q(pidfile)}
+""",
+            check=False,
+            timeout=wait + 30,
+        )
+        if res.exit_status == 3:
+            return False
+        res.check()
+        return True
+
+    def signal_pattern(self, pattern: str, sig: str = "TERM") -> list[int]:
+        """Signal processes matching ``pattern`` (pgrep -f) in this node's network namespace.
+
+        The pattern travels on stdin so that the shell doing the matching does not match itself.
+        Returns the pids signalled.
+        """
+        res = self.exec(
+            """
+read -r pat
+me=$(readlink /proc/$$/ns/net)
+for p in $(pgrep -f -- "$pat"); do
+  [ "$p" = "$$" ] && continue
+  [ "$(readlink /proc/$p/ns/net 2>/dev/null)" = "$me" ] || continue
+  kill -"$1" "$p" 2>/dev/null && echo "$p"
+done
+exit 0
+""".replace('"$1"', _q(sig)),
+            stdin=pattern + "\n",
+        )
+        return [int(x) for x in res.stdout.split()]
+
+    def wait_for_port(
+        self, port: int, host: str = "127.0.0.1", timeout: float = 30.0, interval: float = 0.1
+    ) -> None:
+        """Wait on the node until ``host:port`` accepts TCP connections; RemoteTimeout if not."""
+        res = self.exec(
+            f"""
+end=$(( $(date +%s) + {int(timeout + 0.999)} ))
+while ! timeout 2 bash -c {_q(f"exec 3<>/dev/tcp/{host}/{int(port)}")} 2>/dev/null; do
+  [ "$(date +%s)" -ge "$end" ] && exit 7
+  sleep {interval}
+done
+""",
+            check=False,
+            timeout=timeout + 15,
+        )
+        if res.exit_status == 7:
+            raise RemoteTimeout(
+                self.node.name, f"wait for {host}:{port} to accept connections", timeout, ""
+            )
+        res.check()
+
+
+# --------------------------------------------------------------------------------------------
+# Many nodes
+
+
+def try_on_nodes(
+    nodes: Sequence[Node],
+    fn: Callable[[Remote], T],
+    *,
+    parallel: bool = True,
+    ssh: SshOptions | None = None,
+    pool: ConnectionPool | None = None,
+    max_workers: int | None = None,
+) -> dict[str, T | Exception]:
+    """``fn(Remote(node))`` for every node; a node's exception is its value."""
+
+    def one(node: Node) -> T | Exception:
+        try:
+            return fn(Remote(node, ssh, pool))
+        except Exception as e:
+            return e
+
+    if not parallel or len(nodes) <= 1:
+        return {n.name: one(n) for n in nodes}
+    with ThreadPoolExecutor(max_workers=max_workers or min(32, len(nodes))) as ex:
+        values = list(ex.map(one, nodes))
+    return {n.name: v for n, v in zip(nodes, values, strict=True)}
+
+
+def on_nodes(
+    nodes: Sequence[Node],
+    fn: Callable[[Remote], T],
+    *,
+    parallel: bool = True,
+    ssh: SshOptions | None = None,
+    pool: ConnectionPool | None = None,
+    max_workers: int | None = None,
+) -> dict[str, T]:
+    """``fn(Remote(node))`` for every node, in parallel; ``NodesError`` if any failed."""
+    out = try_on_nodes(nodes, fn, parallel=parallel, ssh=ssh, pool=pool, max_workers=max_workers)
+    errors: dict[str, BaseException] = {k: v for k, v in out.items() if isinstance(v, Exception)}
+    ok: dict[str, T] = {k: v for k, v in out.items() if not isinstance(v, Exception)}
+    if errors:
+        raise NodesError(errors, ok)
+    return ok
+
+
+def exec_on_nodes(
+    nodes: Sequence[Node],
+    cmd: str,
+    *,
+    ssh: SshOptions | None = None,
+    pool: ConnectionPool | None = None,
+    **kwargs: Any,
+) -> dict[str, Result]:
+    """The same command on every node in parallel."""
+    return on_nodes(nodes, lambda r: r.exec(cmd, **kwargs), ssh=ssh, pool=pool)

@@ -1,0 +1,232 @@
+"""The linearizability search over one partition (Wing & Gong, with Lowe's memoisation).
+
+The history is a doubly-linked list of call and return entries in time order.  The search walks
+the list from the front: at a call entry it tries to linearize that operation now (the model
+accepts it in the current state and the pair (set of linearized operations, new state) has not
+been seen before); if so it lifts the call and its return out of the list, pushes what it did and
+starts again from the front.  Reaching a return entry means the operation that returns there
+had to be linearized by then and could not be: the search pops the last choice, puts its entries
+back (unlift) and tries the next call after it.  An empty list is a linearization; an empty
+stack at a return entry means there is none.
+
+Speed (this is the hot loop of the whole checker): entries are integers with ``nxt``/``prv``
+arrays instead of node objects; the linearized set is a Python int bitset whose low 32 bits are
+left free, so ``bitset | state_code`` is the memo key with no tuple; states are interned to
+small integer codes and each operation's transitions are memoised per state code, so the model
+is called once per distinct (operation, state) and the loop itself only does dict and list
+lookups.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from checkers.linear.model import Model, Operation
+
+__all__ = ["SearchOutcome", "StateTable", "search"]
+
+Verdict = Literal["ok", "illegal", "unknown"]
+
+_STATE_BITS = 32
+_DEADLINE_CHECK_EVERY = 1024
+
+
+class _Custom:
+    """A state wrapped with the model's own equal/hash so it can live in a dict."""
+
+    __slots__ = ("equal", "hashed", "state")
+
+    def __init__(self, state: Any, model: Model) -> None:
+        assert model.equal is not None and model.hash is not None
+        self.state = state
+        self.equal = model.equal
+        self.hashed = model.hash(state)
+
+    def __hash__(self) -> int:
+        return self.hashed
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Custom) and self.equal(self.state, other.state)
+
+
+class StateTable:
+    """Interns model states as dense integer codes (code 0 is the initial state)."""
+
+    def __init__(self, model: Model) -> None:
+        if (model.equal is None) != (model.hash is None):
+            raise ValueError(f"model {model.name}: give both equal and hash, or neither")
+        self.model = model
+        self.custom = model.equal is not None
+        self.codes: dict[Any, int] = {}
+        self.states: list[Any] = []
+        self.code(model.init())
+
+    def code(self, state: Any) -> int:
+        key = _Custom(state, self.model) if self.custom else state
+        try:
+            found = self.codes.get(key)
+        except TypeError:
+            raise TypeError(
+                f"model {self.model.name}: state {state!r} is not hashable; "
+                "use immutable states (tuples, frozensets) or give equal and hash"
+            ) from None
+        if found is None:
+            found = len(self.states)
+            if found >= 1 << _STATE_BITS:
+                raise OverflowError("more than 2**32 distinct model states")
+            self.codes[key] = found
+            self.states.append(state)
+        return found
+
+
+@dataclass
+class SearchOutcome:
+    """The result of searching one partition.
+
+    ``linearization`` is a full linearization (verdict ok) or the longest linearizable prefix
+    found (illegal, unknown), as positions in the partition's operation list; ``blocked`` is the
+    position of the operation that could not be placed after that prefix (illegal only), and
+    ``state`` the model state after the prefix.
+    """
+
+    verdict: Verdict
+    linearization: list[int]
+    blocked: int | None
+    state: Any
+    steps: int
+    cache_size: int
+    elapsed_s: float
+    states_seen: int = 0
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+def search(
+    model: Model,
+    ops: Sequence[Operation],
+    deadline: float | None = None,
+    table: StateTable | None = None,
+) -> SearchOutcome:
+    """Search for a linearization of ``ops`` (one partition) until ``deadline`` (monotonic)."""
+    started = time.monotonic()
+    table = table if table is not None else StateTable(model)
+    n = len(ops)
+    if n == 0:
+        return SearchOutcome("ok", [], None, table.states[0], 0, 0, 0.0)
+
+    # Entries 1..2n in time order (calls before returns at equal times); 0 is the head
+    # sentinel and 2n+1 the tail sentinel, so lift/unlift never test for a missing neighbour.
+    events = sorted(
+        [(op.call, 0, i) for i, op in enumerate(ops)] + [(op.ret, 1, i) for i, op in enumerate(ops)]
+    )
+    tail = 2 * n + 1
+    nxt = [*range(1, tail + 1), tail]
+    prv = [0, *range(0, tail)]
+    op_of = [-1] * (tail + 1)
+    match = [-1] * (tail + 1)  # call entry -> its return entry; -1 for returns
+    return_entry = [0] * n
+    for entry, (_t, kind, i) in enumerate(events, start=1):
+        op_of[entry] = i
+        if kind:
+            return_entry[i] = entry
+    for entry, (_t, kind, i) in enumerate(events, start=1):
+        if not kind:
+            match[entry] = return_entry[i]
+
+    bits = [1 << (i + _STATE_BITS) for i in range(n)]
+    inputs = [op.input for op in ops]
+    outputs = [op.output for op in ops]
+    # trans[i][state code] -> new state code, or -1 where the model rejects op i.
+    trans: list[dict[int, int]] = [{} for _ in range(n)]
+    states = table.states
+    step = model.step
+    intern = table.code
+
+    cache: set[int] = set()
+    stack: list[tuple[int, int, int]] = []
+    state = 0
+    linearized = 0
+    best: list[int] = []
+    blocked: int | None = None
+    best_state = 0
+    backtracks = 0
+    verdict: Verdict = "ok"
+
+    e = nxt[0]
+    while nxt[0] != tail:
+        m = match[e]
+        if m >= 0:
+            o = op_of[e]
+            t = trans[o]
+            new_state = t.get(state)
+            if new_state is None:
+                ok, after = step(states[state], inputs[o], outputs[o])
+                new_state = intern(after) if ok else -1
+                t[state] = new_state
+            if new_state >= 0:
+                new_linearized = linearized | bits[o]
+                key = new_linearized | new_state
+                if key not in cache:
+                    cache.add(key)
+                    stack.append((e, state, linearized))
+                    state = new_state
+                    linearized = new_linearized
+                    p = prv[e]
+                    q = nxt[e]
+                    nxt[p] = q
+                    prv[q] = p
+                    p = prv[m]
+                    q = nxt[m]
+                    nxt[p] = q
+                    prv[q] = p
+                    e = nxt[0]
+                    continue
+            e = nxt[e]
+        else:
+            if len(stack) > len(best) or blocked is None:
+                best = [op_of[s[0]] for s in stack]
+                blocked = op_of[e]
+                best_state = state
+            if not stack:
+                verdict = "illegal"
+                break
+            backtracks += 1
+            if (
+                deadline is not None
+                and backtracks % _DEADLINE_CHECK_EVERY == 0
+                and time.monotonic() > deadline
+            ):
+                verdict = "unknown"
+                break
+            e, state, linearized = stack.pop()
+            m = match[e]
+            nxt[prv[m]] = m
+            prv[nxt[m]] = m
+            nxt[prv[e]] = e
+            prv[nxt[e]] = e
+            e = nxt[e]
+
+    elapsed = time.monotonic() - started
+    if verdict == "ok":
+        return SearchOutcome(
+            "ok",
+            [op_of[s[0]] for s in stack],
+            None,
+            states[state],
+            backtracks,
+            len(cache),
+            elapsed,
+            len(states),
+        )
+    return SearchOutcome(
+        verdict,
+        best,
+        blocked if verdict == "illegal" else None,
+        states[best_state],
+        backtracks,
+        len(cache),
+        elapsed,
+        len(states),
+    )

@@ -1,0 +1,145 @@
+"""Kafka's small text checkpoint files, written atomically.
+
+Format (Kafka's CheckpointFile, version 0)::
+
+    0                      <- version
+    2                      <- number of entries
+    orders 0 1234          <- one entry per line, fields separated by one space
+    orders-eu 3 77
+
+``OffsetCheckpointFile`` holds ``topic partition offset`` lines and backs the per-log-dir
+``recovery-point-offset-checkpoint``, ``replication-offset-checkpoint`` (high watermarks) and
+``log-start-offset-checkpoint``. ``CheckpointFile`` is the shared reader/writer, also used by
+the per-partition ``leader-epoch-checkpoint``.
+
+A write goes to ``<name>.tmp``, is fsynced, renamed over the old file and the directory is
+fsynced, so a crash leaves either the old or the new checkpoint, never a torn one. A file that
+does not parse raises KafkaStorageError naming the file and the bad line.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Generic, TypeVar
+
+from broker.log.errors import KafkaStorageError
+
+CHECKPOINT_VERSION = 0
+RECOVERY_POINT_CHECKPOINT = "recovery-point-offset-checkpoint"
+REPLICATION_CHECKPOINT = "replication-offset-checkpoint"
+LOG_START_OFFSET_CHECKPOINT = "log-start-offset-checkpoint"
+
+T = TypeVar("T")
+
+
+class CheckpointFile(Generic[T]):
+    """A versioned list of entries, one per line; ``format_entry``/``parse_entry`` map a line."""
+
+    def __init__(
+        self,
+        path: Path,
+        format_entry: Callable[[T], str],
+        parse_entry: Callable[[list[str]], T],
+        version: int = CHECKPOINT_VERSION,
+    ) -> None:
+        self.path = path
+        self._format = format_entry
+        self._parse = parse_entry
+        self.version = version
+
+    def write(self, entries: Iterable[T]) -> None:
+        items = list(entries)
+        lines = [str(self.version), str(len(items)), *(self._format(item) for item in items)]
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        try:
+            with open(tmp, "w", encoding="utf-8") as out:
+                out.write("\n".join(lines) + "\n")
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, self.path)
+            dir_fd = os.open(self.path.parent, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+        except OSError as exc:
+            raise KafkaStorageError(f"cannot write checkpoint {self.path}: {exc}") from exc
+
+    def read(self) -> list[T]:
+        """The entries, or [] if the file does not exist."""
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return []
+        except (OSError, UnicodeDecodeError) as exc:
+            raise KafkaStorageError(f"cannot read checkpoint {self.path}: {exc}") from exc
+        lines = text.splitlines()
+        if len(lines) < 2:
+            raise self._malformed(1, text[:80], "expected a version line and a count line")
+        try:
+            version = int(lines[0].strip())
+        except ValueError:
+            raise self._malformed(1, lines[0], "the version is not an integer") from None
+        if version != self.version:
+            raise self._malformed(
+                1, lines[0], f"unsupported version {version} (expected {self.version})"
+            )
+        try:
+            expected = int(lines[1].strip())
+        except ValueError:
+            raise self._malformed(2, lines[1], "the entry count is not an integer") from None
+        body = [line for line in lines[2:] if line.strip()]
+        if len(body) != expected or expected < 0:
+            raise self._malformed(
+                2, lines[1], f"says {expected} entries but the file has {len(body)}"
+            )
+        entries: list[T] = []
+        for number, line in enumerate(body, start=3):
+            try:
+                entries.append(self._parse(line.split()))
+            except (ValueError, IndexError):
+                raise self._malformed(number, line, "the entry does not parse") from None
+        return entries
+
+    def _malformed(self, line_number: int, line: str, why: str) -> KafkaStorageError:
+        return KafkaStorageError(
+            f"malformed checkpoint file {self.path}, line {line_number} ({line!r}): {why}; "
+            "delete the file to let the broker rebuild it from the logs (recovery is then slower)"
+        )
+
+
+TopicPartition = tuple[str, int]
+
+
+def _format_offset(entry: tuple[TopicPartition, int]) -> str:
+    (topic, partition), offset = entry
+    return f"{topic} {partition} {offset}"
+
+
+def _parse_offset(fields: list[str]) -> tuple[TopicPartition, int]:
+    if len(fields) != 3:
+        raise ValueError(fields)
+    return (fields[0], int(fields[1])), int(fields[2])
+
+
+class OffsetCheckpointFile:
+    """A ``topic partition offset`` checkpoint: the log-dir-wide offset files."""
+
+    def __init__(self, path: Path) -> None:
+        self._file: CheckpointFile[tuple[TopicPartition, int]] = CheckpointFile(
+            path, _format_offset, _parse_offset
+        )
+
+    @property
+    def path(self) -> Path:
+        return self._file.path
+
+    def write(self, offsets: Mapping[TopicPartition, int]) -> None:
+        """Replace the file's contents with ``offsets`` (sorted, for stable diffs)."""
+        self._file.write(sorted(offsets.items()))
+
+    def read(self) -> dict[TopicPartition, int]:
+        """{(topic, partition): offset}; empty if the file does not exist."""
+        return dict(self._file.read())

@@ -1,0 +1,757 @@
+"""One partition's log: an ordered list of segments in the directory ``<topic>-<partition>``.
+
+``Log`` owns offsets (log start offset, log end offset, recovery point), appends as leader or
+follower, reads whole batches for fetches, rolls segments, applies retention, truncates for
+replication and recovers after a crash. Replication policy (high watermark, ISR) lives in
+``broker/replication``; this module only stores.
+
+Directory layout::
+
+    orders-0/
+      00000000000000000000.log        record batches, exactly as served to fetchers
+      00000000000000000000.index      offset -> position, sparse
+      00000000000000000000.timeindex  timestamp -> offset, sparse
+      00000000000000004096.log ...    next segment, named by its base offset
+      leader-epoch-checkpoint         (epoch, start offset) pairs
+      .kafka_cleanshutdown            present only between a clean close and the next open
+      *.deleted                       segments waiting for file.delete.delay.ms before removal
+
+Durability (fsync) semantics, as in Kafka:
+
+- By default nothing is fsynced per append (``flush_interval_messages`` and
+  ``flush_interval_ms`` are None): an append is a ``pwrite`` into the page cache. A killed
+  broker process (kill -9) loses nothing the OS already has; a power loss, kernel panic or VM
+  crash may lose any append after the last flush. Durability comes from replication.
+- ``flush_interval_messages=N`` fsyncs when N messages are unflushed; ``flush_interval_ms=T``
+  fsyncs from the timer-driven ``maybe_flush``; ``flush()`` fsyncs explicitly. A rolled
+  segment is fsynced at the roll (Kafka does that asynchronously). Every flush advances the
+  recovery point: the offset below which the files are known durable.
+- The leader-epoch checkpoint is rewritten atomically and fsynced on every change.
+- ``close()`` flushes everything and writes ``.kafka_cleanshutdown``. ``open()`` trusts the
+  files when that marker exists (and deletes it); otherwise it rescans every segment from the
+  one holding the recovery point: CRCs are checked, the log is truncated at the first torn or
+  corrupt batch, later segments are deleted, and the indexes are rebuilt.
+
+Not thread-safe by design: the broker calls one Log from its single asyncio thread.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import enum
+import itertools
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from broker.log.abstract_index import CorruptIndexError
+from broker.log.errors import (
+    InvalidRecordError,
+    KafkaStorageError,
+    LogError,
+    OffsetOutOfRangeError,
+    RecordBatchTooLargeError,
+    RecordTooLargeError,
+)
+from broker.log.leader_epoch_checkpoint import LEADER_EPOCH_CHECKPOINT, LeaderEpochFileCache
+from broker.log.record_batch import NO_TIMESTAMP, BatchHeader, stamp, validate
+from broker.log.segment import (
+    CLEANED_SUFFIX,
+    DELETED_SUFFIX,
+    INDEX_SUFFIX,
+    LOG_SUFFIX,
+    SWAP_SUFFIX,
+    TIME_INDEX_SUFFIX,
+    FileRegion,
+    LogSegment,
+    log_path,
+    offset_index_path,
+    time_index_path,
+)
+
+CLEAN_SHUTDOWN_FILE = ".kafka_cleanshutdown"
+#: ListOffsets' special timestamps (Kafka's ListOffsetsRequest constants).
+LATEST_TIMESTAMP = -1
+EARLIEST_TIMESTAMP = -2
+_DAY_MS = 24 * 60 * 60 * 1000
+
+
+@dataclass
+class LogConfig:
+    """Per-topic log settings: Kafka's topic config keys in snake_case, with Kafka's defaults."""
+
+    segment_bytes: int = 1024 * 1024 * 1024  # segment.bytes
+    segment_ms: int = 7 * _DAY_MS  # segment.ms
+    segment_index_bytes: int = 10 * 1024 * 1024  # segment.index.bytes
+    index_interval_bytes: int = 4096  # index.interval.bytes
+    retention_ms: int = 7 * _DAY_MS  # retention.ms, -1 = unlimited
+    retention_bytes: int = -1  # retention.bytes, -1 = unlimited
+    flush_interval_messages: int | None = None  # flush.messages, None = never (page cache)
+    flush_interval_ms: int | None = None  # flush.ms, None = never
+    max_message_bytes: int = 1048588  # max.message.bytes
+    file_delete_delay_ms: int = 60000  # file.delete.delay.ms
+
+
+class AppendOrigin(enum.Enum):
+    """Who appends: clients may not write control batches, the coordinator (txn markers) may."""
+
+    CLIENT = "client"
+    COORDINATOR = "coordinator"
+
+
+@dataclass(frozen=True)
+class LogAppendInfo:
+    first_offset: int
+    last_offset: int
+    max_timestamp: int
+    offset_of_max_timestamp: int
+    num_records: int
+    num_batches: int
+    valid_bytes: int
+    log_append_time: int = -1
+
+
+@dataclass(frozen=True)
+class FetchDataInfo:
+    """What a read found: file regions to send in order (possibly from several segments)."""
+
+    fetch_offset: int
+    regions: list[FileRegion] = field(default_factory=list)
+
+    @property
+    def size(self) -> int:
+        return sum(region.size for region in self.regions)
+
+    def read_bytes(self) -> bytes:
+        return b"".join(region.read_bytes() for region in self.regions)
+
+
+def parse_topic_partition(directory: Path) -> tuple[str, int]:
+    """``orders-eu-3`` -> ("orders-eu", 3): the partition is after the last dash."""
+    topic, dash, partition = directory.name.rpartition("-")
+    if not dash or not topic or not partition.isdigit():
+        raise KafkaStorageError(
+            f"log directory {directory} is not named <topic>-<partition> (for example orders-0)"
+        )
+    return topic, int(partition)
+
+
+class Log:
+    """A partition's segments plus its offsets; see the module docstring for the contract."""
+
+    def __init__(
+        self,
+        directory: Path,
+        config: LogConfig,
+        segments: list[LogSegment],
+        *,
+        log_start_offset: int,
+        recovery_point: int,
+        leader_epoch_cache: LeaderEpochFileCache,
+        clock: Callable[[], float],
+    ) -> None:
+        self._dir = directory
+        self._topic, self._partition = parse_topic_partition(directory)
+        self.config = config
+        self._segments = segments
+        self._bases = [segment.base_offset for segment in segments]
+        self._log_start_offset = log_start_offset
+        self._recovery_point = recovery_point
+        self._epoch_cache = leader_epoch_cache
+        self._clock = clock
+        self._last_flush_ms = self._now_ms()
+        self._pending_deletes: list[tuple[int, LogSegment]] = []
+        self._closed = False
+
+    # -- opening -----------------------------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls,
+        dir: Path,
+        config: LogConfig,
+        *,
+        recovery_point: int = 0,
+        log_start_offset: int | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> Log:
+        """Load (and if needed recover) the log in ``dir``, creating the directory if absent."""
+        directory = Path(dir)
+        parse_topic_partition(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        marker = directory / CLEAN_SHUTDOWN_FILE
+        clean = marker.exists()
+        base_offsets = _remove_strays_and_list_segments(directory)
+
+        segments: list[LogSegment] = []
+        recovered = False
+        for position, base_offset in enumerate(base_offsets):
+            indexes_missing = not (
+                offset_index_path(directory, base_offset).exists()
+                and time_index_path(directory, base_offset).exists()
+            )
+            segment = cls._new_segment(directory, base_offset, config, clock)
+            segments.append(segment)
+            next_base = base_offsets[position + 1] if position + 1 < len(base_offsets) else None
+            unflushed = next_base is None or next_base > recovery_point
+            needs_recovery = (not clean and unflushed) or indexes_missing
+            if not needs_recovery:
+                try:
+                    segment.sanity_check()
+                except CorruptIndexError:
+                    needs_recovery = True  # indexes are derived data: rebuild them
+            if needs_recovery:
+                recovered = True
+                truncated = segment.recover()
+                if truncated > 0 and next_base is not None:
+                    # Everything after a corrupt batch is suspect: drop the later segments.
+                    for later in base_offsets[position + 1 :]:
+                        for path in (
+                            log_path(directory, later),
+                            offset_index_path(directory, later),
+                            time_index_path(directory, later),
+                        ):
+                            path.unlink(missing_ok=True)
+                    break
+        if clean:
+            marker.unlink()
+        if not segments:
+            start = log_start_offset if log_start_offset is not None else 0
+            segments.append(cls._new_segment(directory, start, config, clock))
+        segments[-1].resize_indexes(config.segment_index_bytes)
+
+        cache = LeaderEpochFileCache(directory / LEADER_EPOCH_CHECKPOINT)
+        start = (
+            segments[0].base_offset
+            if log_start_offset is None
+            else max(log_start_offset, segments[0].base_offset)
+        )
+        log = cls(
+            directory,
+            config,
+            segments,
+            log_start_offset=start,
+            recovery_point=0,
+            leader_epoch_cache=cache,
+            clock=clock,
+        )
+        if start > log.log_end_offset:
+            # The checkpointed log start is past the data that survived: start empty there.
+            log.truncate_fully_and_start_at(start)
+        if recovered:
+            for segment in log._segments:
+                segment.flush()
+        log._recovery_point = log.log_end_offset
+        cache.truncate_from_end(log.log_end_offset)
+        cache.truncate_from_start(log.log_start_offset)
+        return log
+
+    @staticmethod
+    def _new_segment(
+        directory: Path, base_offset: int, config: LogConfig, clock: Callable[[], float]
+    ) -> LogSegment:
+        return LogSegment(
+            directory,
+            base_offset,
+            index_interval_bytes=config.index_interval_bytes,
+            max_index_size=config.segment_index_bytes,
+            clock=clock,
+        )
+
+    # -- properties --------------------------------------------------------------------------
+
+    @property
+    def dir(self) -> Path:
+        return self._dir
+
+    @property
+    def topic(self) -> str:
+        return self._topic
+
+    @property
+    def partition(self) -> int:
+        return self._partition
+
+    @property
+    def log_start_offset(self) -> int:
+        return self._log_start_offset
+
+    @property
+    def log_end_offset(self) -> int:
+        return self._segments[-1].next_offset
+
+    @property
+    def recovery_point(self) -> int:
+        return self._recovery_point
+
+    @property
+    def size_in_bytes(self) -> int:
+        return sum(segment.size for segment in self._segments)
+
+    @property
+    def segments(self) -> list[LogSegment]:
+        return list(self._segments)
+
+    @property
+    def active_segment(self) -> LogSegment:
+        return self._segments[-1]
+
+    @property
+    def leader_epoch_cache(self) -> LeaderEpochFileCache:
+        return self._epoch_cache
+
+    @property
+    def latest_epoch(self) -> int:
+        return self._epoch_cache.latest_epoch
+
+    def _now_ms(self) -> int:
+        return int(self._clock() * 1000)
+
+    # -- appending ---------------------------------------------------------------------------
+
+    def append_as_leader(
+        self,
+        records: bytes | bytearray | memoryview,
+        leader_epoch: int,
+        *,
+        origin: AppendOrigin = AppendOrigin.CLIENT,
+    ) -> LogAppendInfo:
+        """Validate every batch, give them offsets from the log end offset and append them.
+
+        Raises InvalidRecordError/CorruptRecordError/RecordTooLargeError/
+        RecordBatchTooLargeError and appends nothing if any batch is bad.
+        """
+        self._ensure_open()
+        headers = validate(records, strict_offsets=True)
+        self._check_sizes(headers, len(records))
+        if origin is AppendOrigin.CLIENT:
+            for header in headers:
+                if header.is_control:
+                    raise InvalidRecordError(
+                        f"batch at position {header.position} is a control batch; clients may not write those"
+                    )
+        buffer = bytearray(records)  # our own copy: the caller's buffer is never modified
+        next_offset = self.log_end_offset
+        stamped: list[BatchHeader] = []
+        for header in headers:
+            stamp(buffer, header.position, next_offset, leader_epoch)
+            stamped.append(
+                dataclasses.replace(
+                    header, base_offset=next_offset, partition_leader_epoch=leader_epoch
+                )
+            )
+            next_offset += header.last_offset_delta + 1
+        return self._append(buffer, stamped)
+
+    def append_as_follower(self, records: bytes | bytearray | memoryview) -> LogAppendInfo:
+        """Append batches fetched from the leader, keeping their offsets and leader epochs.
+
+        The first batch must start at the log end offset (else LogError: the replica must
+        truncate or reset first) and offsets must grow; CRCs are verified.
+        """
+        self._ensure_open()
+        if len(records) == 0:
+            leo = self.log_end_offset
+            return LogAppendInfo(leo, leo - 1, NO_TIMESTAMP, -1, 0, 0, 0)
+        headers = validate(records, strict_offsets=False)
+        self._check_sizes(headers, len(records))
+        expected = self.log_end_offset
+        if headers[0].base_offset != expected:
+            raise LogError(
+                f"follower append to {self._dir.name} starts at offset {headers[0].base_offset} "
+                f"but the log end offset is {expected}: truncate or reset the replica first"
+            )
+        for previous, header in itertools.pairwise(headers):
+            if header.base_offset < previous.next_offset:
+                raise LogError(
+                    f"follower append to {self._dir.name} has out-of-order offsets: batch at "
+                    f"{header.base_offset} follows one ending at {previous.last_offset}"
+                )
+        return self._append(records, headers)
+
+    def _check_sizes(self, headers: list[BatchHeader], total: int) -> None:
+        for header in headers:
+            if header.size > self.config.max_message_bytes:
+                raise RecordTooLargeError(
+                    f"batch of {header.size} bytes exceeds max.message.bytes "
+                    f"{self.config.max_message_bytes} of {self._dir.name}"
+                )
+        if total > self.config.segment_bytes:
+            raise RecordBatchTooLargeError(
+                f"append of {total} bytes exceeds segment.bytes {self.config.segment_bytes} of {self._dir.name}"
+            )
+
+    def _append(
+        self, records: bytes | bytearray | memoryview, headers: list[BatchHeader]
+    ) -> LogAppendInfo:
+        first_offset = headers[0].base_offset
+        last_offset = headers[-1].last_offset
+        max_timestamp, offset_of_max = NO_TIMESTAMP, -1
+        for header in headers:
+            if header.max_timestamp > max_timestamp:
+                max_timestamp, offset_of_max = header.max_timestamp, header.last_offset
+        segment = self._maybe_roll(len(records), last_offset)
+        segment.append(
+            last_offset, max_timestamp, offset_of_max, memoryview(records), batches=headers
+        )
+        for header in headers:
+            if (
+                header.partition_leader_epoch >= 0
+                and header.partition_leader_epoch > self._epoch_cache.latest_epoch
+            ):
+                self._epoch_cache.assign(header.partition_leader_epoch, header.base_offset)
+        flush_messages = self.config.flush_interval_messages
+        if (
+            flush_messages is not None
+            and self.log_end_offset - self._recovery_point >= flush_messages
+        ):
+            self.flush()
+        return LogAppendInfo(
+            first_offset=first_offset,
+            last_offset=last_offset,
+            max_timestamp=max_timestamp,
+            offset_of_max_timestamp=offset_of_max,
+            num_records=sum(header.records_count for header in headers),
+            num_batches=len(headers),
+            valid_bytes=len(records),
+        )
+
+    def _maybe_roll(self, messages_size: int, max_offset: int) -> LogSegment:
+        segment = self.active_segment
+        if segment.size == 0:
+            return segment
+        reasons = (
+            segment.size > self.config.segment_bytes - messages_size
+            or segment.time_waited_for_roll_ms(self._now_ms()) > self.config.segment_ms
+            or segment.is_full
+            or not segment.can_convert_to_relative_offset(max_offset)
+        )
+        return self.roll() if reasons else segment
+
+    def roll(self) -> LogSegment:
+        """Start a new active segment at the log end offset (no-op if the active one is empty).
+
+        The old segment gets its final time index entry, gives back its preallocated index
+        space and is fsynced.
+        """
+        self._ensure_open()
+        old = self.active_segment
+        if old.size == 0:
+            return old
+        new_base = self.log_end_offset
+        old.on_become_inactive()
+        segment = self._new_segment(self._dir, new_base, self.config, self._clock)
+        self._segments.append(segment)
+        self._bases.append(new_base)
+        self.flush(new_base)
+        return segment
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def read(
+        self,
+        start_offset: int,
+        max_bytes: int,
+        *,
+        max_offset: int | None = None,
+        min_one_message: bool = True,
+    ) -> FetchDataInfo:
+        """Whole batches from the one holding ``start_offset``, possibly from several segments.
+
+        Stops before the batch holding ``max_offset`` (exclusive, e.g. the high watermark)
+        and within ``max_bytes``, except that ``min_one_message`` returns the first batch even
+        if it is larger. OffsetOutOfRangeError below the log start or past the log end;
+        an empty result at the log end.
+        """
+        self._ensure_open()
+        leo = self.log_end_offset
+        if start_offset < self._log_start_offset or start_offset > leo:
+            raise OffsetOutOfRangeError(
+                f"fetch offset {start_offset} of {self._dir.name} is outside "
+                f"[{self._log_start_offset}, {leo}]: reset to the log start or end offset"
+            )
+        result = FetchDataInfo(start_offset)
+        if start_offset == leo or (max_offset is not None and start_offset >= max_offset):
+            return result
+        remaining = max_bytes
+        first = max(bisect.bisect_right(self._bases, start_offset) - 1, 0)
+        for segment in self._segments[first:]:
+            if max_offset is not None and segment.base_offset >= max_offset:
+                break
+            region = segment.read(
+                max(start_offset, segment.base_offset),
+                max(remaining, 0),
+                min_one_message=min_one_message and not result.regions,
+                max_offset=max_offset,
+            )
+            if region is None:
+                continue  # nothing at or after the offset in this segment
+            if region.size == 0:
+                break  # out of budget or at max_offset
+            result.regions.append(region)
+            remaining -= region.size
+            if remaining <= 0:
+                break
+        return result
+
+    def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None:
+        """ListOffsets: (offset, timestamp) of the earliest record with timestamp >= ``timestamp``.
+
+        EARLIEST_TIMESTAMP (-2) gives (log start offset, -1), LATEST_TIMESTAMP (-1) gives
+        (log end offset, -1). None if no record is that recent.
+        """
+        self._ensure_open()
+        if timestamp == EARLIEST_TIMESTAMP:
+            return self._log_start_offset, NO_TIMESTAMP
+        if timestamp == LATEST_TIMESTAMP:
+            return self.log_end_offset, NO_TIMESTAMP
+        if timestamp < 0:
+            raise ValueError(f"unsupported ListOffsets timestamp {timestamp}")
+        for segment in self._segments:
+            if (
+                segment.next_offset <= self._log_start_offset
+                or segment.max_timestamp_so_far < timestamp
+            ):
+                continue
+            found = segment.find_offset_by_timestamp(timestamp, self._log_start_offset)
+            if found is not None:
+                return found
+        return None
+
+    # -- truncation --------------------------------------------------------------------------
+
+    def truncate_to(self, offset: int) -> bool:
+        """Drop every batch at and past ``offset`` (a batch holding it is dropped whole).
+
+        Deletes whole segments as needed and truncates the leader epoch cache too. Returns
+        True if anything was removed.
+        """
+        self._ensure_open()
+        if offset < 0:
+            raise ValueError(f"cannot truncate to negative offset {offset}")
+        if offset >= self.log_end_offset:
+            return False
+        if self._segments[0].base_offset > offset:
+            self.truncate_fully_and_start_at(offset)
+            return True
+        keep = bisect.bisect_right(self._bases, offset)
+        doomed = self._segments[keep:]
+        del self._segments[keep:]
+        del self._bases[keep:]
+        self._schedule_delete(doomed)
+        active = self.active_segment
+        active.truncate_to(offset)
+        active.resize_indexes(self.config.segment_index_bytes)
+        leo = self.log_end_offset
+        self._epoch_cache.truncate_from_end(leo)
+        self._log_start_offset = min(self._log_start_offset, leo)
+        self._recovery_point = min(self._recovery_point, leo)
+        return True
+
+    def truncate_fully_and_start_at(self, offset: int) -> None:
+        """Delete every segment and start empty at ``offset`` (log start = end = offset)."""
+        self._ensure_open()
+        doomed = self._segments
+        self._segments, self._bases = [], []
+        self._schedule_delete(doomed)
+        segment = self._new_segment(self._dir, offset, self.config, self._clock)
+        self._segments.append(segment)
+        self._bases.append(offset)
+        self._epoch_cache.clear_and_flush()
+        self._log_start_offset = offset
+        self._recovery_point = offset
+
+    # -- flushing ----------------------------------------------------------------------------
+
+    def flush(self, up_to: int | None = None) -> None:
+        """fsync every segment holding offsets in [recovery point, ``up_to``) (default: all)."""
+        self._ensure_open()
+        target = self.log_end_offset if up_to is None else min(up_to, self.log_end_offset)
+        if target <= self._recovery_point:
+            return
+        for position, segment in enumerate(self._segments):
+            next_base = self._bases[position + 1] if position + 1 < len(self._bases) else None
+            if segment.base_offset < target and (
+                next_base is None or next_base > self._recovery_point
+            ):
+                segment.flush()
+        self._recovery_point = target
+        self._last_flush_ms = self._now_ms()
+
+    def maybe_flush(self) -> bool:
+        """Timer hook: flush if ``flush_interval_ms`` elapsed, and finish delayed file deletions."""
+        self._ensure_open()
+        now = self._now_ms()
+        self._delete_due_segments(now)
+        interval = self.config.flush_interval_ms
+        if interval is None or now - self._last_flush_ms < interval:
+            return False
+        if self.log_end_offset > self._recovery_point:
+            self.flush()
+            return True
+        self._last_flush_ms = now
+        return False
+
+    # -- retention ---------------------------------------------------------------------------
+
+    def delete_old_segments(self, high_watermark: int | None = None) -> int:
+        """Apply retention; returns how many segments were deleted.
+
+        Deletes, oldest first and never the active segment: segments wholly below the log
+        start offset, segments whose largest timestamp is older than ``retention_ms``, and
+        oldest segments while the log exceeds ``retention_bytes``. With ``high_watermark``
+        only segments wholly below it are eligible (Kafka never deletes uncommitted data).
+        Advances the log start offset to the first remaining segment.
+        """
+        self._ensure_open()
+        now = self._now_ms()
+
+        def eligible() -> bool:
+            if len(self._segments) < 2:
+                return False
+            return high_watermark is None or self._bases[1] <= high_watermark
+
+        deleted: list[LogSegment] = []
+        while eligible() and self._bases[1] <= self._log_start_offset:
+            deleted.append(self._pop_oldest())
+        retention_ms = self.config.retention_ms
+        if retention_ms >= 0:
+            while eligible() and now - self._segments[0].largest_timestamp > retention_ms:
+                deleted.append(self._pop_oldest())
+        retention_bytes = self.config.retention_bytes
+        if retention_bytes >= 0:
+            excess = self.size_in_bytes - retention_bytes
+            while eligible() and excess - self._segments[0].size >= 0:
+                excess -= self._segments[0].size
+                deleted.append(self._pop_oldest())
+        if deleted:
+            self._schedule_delete(deleted)
+            self.maybe_increment_log_start_offset(self._bases[0])
+        self._delete_due_segments(now)
+        return len(deleted)
+
+    def _pop_oldest(self) -> LogSegment:
+        self._bases.pop(0)
+        return self._segments.pop(0)
+
+    def maybe_increment_log_start_offset(self, offset: int) -> bool:
+        """Raise the log start offset (retention, DeleteRecords); True if it moved."""
+        self._ensure_open()
+        if offset > self.log_end_offset:
+            raise OffsetOutOfRangeError(
+                f"cannot move the log start of {self._dir.name} to {offset}, past the log end "
+                f"offset {self.log_end_offset}"
+            )
+        if offset <= self._log_start_offset:
+            return False
+        self._log_start_offset = offset
+        self._epoch_cache.truncate_from_start(offset)
+        return True
+
+    # -- deletion ----------------------------------------------------------------------------
+
+    def _schedule_delete(self, segments: list[LogSegment]) -> None:
+        """Rename to ``.deleted`` now and remove after ``file.delete.delay.ms``.
+
+        The delay lets file regions already handed to the network layer still be sent.
+        """
+        due = self._now_ms() + self.config.file_delete_delay_ms
+        for segment in segments:
+            segment.change_file_suffix(DELETED_SUFFIX)
+            if self.config.file_delete_delay_ms <= 0:
+                segment.delete()
+            else:
+                self._pending_deletes.append((due, segment))
+
+    def _delete_due_segments(self, now_ms: int | None = None) -> None:
+        keep: list[tuple[int, LogSegment]] = []
+        for due, segment in self._pending_deletes:
+            if now_ms is None or due <= now_ms:
+                segment.delete()
+            else:
+                keep.append((due, segment))
+        self._pending_deletes = keep
+
+    def _ensure_open(self) -> None:
+        if self._closed:
+            raise KafkaStorageError(f"log {self._dir} is closed")
+
+    def close(self) -> None:
+        """Flush, trim the indexes, close files and write the clean-shutdown marker."""
+        if self._closed:
+            return
+        self.flush()
+        self._delete_due_segments()
+        for segment in self._segments:
+            segment.flush()
+            segment.close()
+        self._closed = True
+        marker = self._dir / CLEAN_SHUTDOWN_FILE
+        marker.touch()
+        dir_fd = os.open(self._dir, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+    def close_without_flush(self) -> None:
+        """Release files as a crash would leave them: no flush, no trim, no marker (tests, kill)."""
+        for segment in self._segments:
+            segment.close_handlers()
+        for _, segment in self._pending_deletes:
+            segment.close_handlers()
+        self._pending_deletes = []
+        self._closed = True
+
+    def delete(self) -> None:
+        """Close every file and remove the partition directory."""
+        for segment in self._segments:
+            segment.close_handlers()
+        self._delete_due_segments()
+        self._closed = True
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def __repr__(self) -> str:
+        return (
+            f"Log({self._dir.name}, start={self._log_start_offset}, end={self.log_end_offset}, "
+            f"segments={len(self._segments)})"
+        )
+
+
+def _remove_strays_and_list_segments(directory: Path) -> list[int]:
+    """Delete leftovers of interrupted deletes/cleanings and orphan indexes; list segment bases."""
+    logs: set[int] = set()
+    indexes: list[tuple[Path, str]] = []
+    for path in directory.iterdir():
+        name = path.name
+        if name.endswith((DELETED_SUFFIX, CLEANED_SUFFIX, SWAP_SUFFIX, ".tmp")):
+            path.unlink(missing_ok=True)
+            continue
+        stem, _, _ = name.partition(".")
+        suffix = name[len(stem) :]
+        if len(stem) != 20 or not stem.isdigit():
+            continue
+        if suffix == LOG_SUFFIX:
+            logs.add(int(stem))
+        elif suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+            indexes.append((path, stem))
+    for path, stem in indexes:
+        if int(stem) not in logs:
+            path.unlink(missing_ok=True)
+    return sorted(logs)
+
+
+__all__ = [
+    "CLEAN_SHUTDOWN_FILE",
+    "EARLIEST_TIMESTAMP",
+    "LATEST_TIMESTAMP",
+    "AppendOrigin",
+    "FetchDataInfo",
+    "Log",
+    "LogAppendInfo",
+    "LogConfig",
+]

@@ -1,0 +1,499 @@
+"""One log segment: a ``.log`` file of record batches plus its ``.index`` and ``.timeindex``.
+
+Files are named by the segment's base offset padded to 20 digits
+(``00000000000000000042.log``). The ``.log`` file is record batches back to back, exactly as
+they are served to fetchers; the segment only appends whole batches and only truncates at
+batch boundaries. Every append of more than ``index.interval.bytes`` since the last index
+entry adds an offset index entry (batch last offset -> batch position) and, if the largest
+timestamp grew, a time index entry (largest timestamp -> offset of that batch), as Kafka's
+LogSegment does.
+
+A segment can be renamed with a suffix (``.deleted``) so that files being deleted are told
+apart from live ones; the open file handles keep working across the rename, which lets reads
+handed out before a deletion still be sent.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from broker.log.abstract_index import CorruptIndexError
+from broker.log.errors import CorruptRecordError, InvalidRecordError, KafkaStorageError, LogError
+from broker.log.offset_index import OffsetIndex
+from broker.log.record_batch import (
+    HEADER,
+    HEADER_SIZE,
+    MIN_BATCH_LENGTH,
+    NO_TIMESTAMP,
+    BatchHeader,
+    check_crc,
+    check_header,
+    iter_batches,
+)
+from broker.log.time_index import TimeIndex
+
+LOG_SUFFIX = ".log"
+INDEX_SUFFIX = ".index"
+TIME_INDEX_SUFFIX = ".timeindex"
+DELETED_SUFFIX = ".deleted"
+CLEANED_SUFFIX = ".cleaned"
+SWAP_SUFFIX = ".swap"
+_INT32_MAX = 0x7FFFFFFF
+
+
+def filename_prefix(offset: int) -> str:
+    """Kafka's segment file name stem: the base offset zero-padded to 20 digits."""
+    return f"{offset:020d}"
+
+
+def log_path(directory: Path, base_offset: int, suffix: str = "") -> Path:
+    return directory / f"{filename_prefix(base_offset)}{LOG_SUFFIX}{suffix}"
+
+
+def offset_index_path(directory: Path, base_offset: int, suffix: str = "") -> Path:
+    return directory / f"{filename_prefix(base_offset)}{INDEX_SUFFIX}{suffix}"
+
+
+def time_index_path(directory: Path, base_offset: int, suffix: str = "") -> Path:
+    return directory / f"{filename_prefix(base_offset)}{TIME_INDEX_SUFFIX}{suffix}"
+
+
+@dataclass(frozen=True, slots=True)
+class FileRegion:
+    """``size`` bytes at ``position`` of an open segment file: what a fetch sends, zero-copy.
+
+    Pass ``file``, ``position`` and ``size`` to ``loop.sendfile(transport, file, position,
+    size)`` or ``os.sendfile``; ``read_bytes`` copies them into memory instead.
+    """
+
+    file: BinaryIO
+    position: int
+    size: int
+
+    def fileno(self) -> int:
+        return self.file.fileno()
+
+    def read_bytes(self) -> bytes:
+        return pread_fully(self.file.fileno(), self.size, self.position)
+
+
+def pread_fully(fd: int, size: int, position: int) -> bytes:
+    """Read exactly ``size`` bytes at ``position`` (fewer only at end of file)."""
+    chunks: list[bytes] = []
+    remaining = size
+    while remaining > 0:
+        chunk = os.pread(fd, remaining, position)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        remaining -= len(chunk)
+        position += len(chunk)
+    return b"".join(chunks)
+
+
+def _pwrite_fully(fd: int, data: memoryview, position: int) -> None:
+    while len(data) > 0:
+        written = os.pwrite(fd, data, position)
+        data = data[written:]
+        position += written
+
+
+class LogSegment:
+    """A ``.log`` file and its two indexes; the unit of rolling, retention and recovery."""
+
+    def __init__(
+        self,
+        directory: Path,
+        base_offset: int,
+        *,
+        index_interval_bytes: int = 4096,
+        max_index_size: int = 10 * 1024 * 1024,
+        clock: Callable[[], float],
+        file_suffix: str = "",
+    ) -> None:
+        self.dir = directory
+        self.base_offset = base_offset
+        self.index_interval_bytes = index_interval_bytes
+        self.max_index_size = max_index_size
+        self._clock = clock
+        self._suffix = file_suffix
+        path = log_path(directory, base_offset, file_suffix)
+        self._file: BinaryIO = open(path, "r+b" if path.exists() else "w+b", buffering=0)  # noqa: SIM115
+        self._path = path
+        self._size = os.fstat(self._file.fileno()).st_size
+        self.offset_index = OffsetIndex(
+            offset_index_path(directory, base_offset, file_suffix), base_offset, max_index_size
+        )
+        self.time_index = TimeIndex(
+            time_index_path(directory, base_offset, file_suffix), base_offset, max_index_size
+        )
+        self._bytes_since_last_index_entry = 0
+        self._max_timestamp: int | None = None  # loaded lazily from the time index, as Kafka does
+        self._offset_of_max_timestamp = -1
+        self.created_ms = int(clock() * 1000)
+        self._first_append_ms: int | None = None
+        self._next_offset: int | None = None
+
+    # -- properties --------------------------------------------------------------------------
+
+    @property
+    def log_file(self) -> Path:
+        return self._path
+
+    @property
+    def size(self) -> int:
+        """Bytes in the ``.log`` file."""
+        return self._size
+
+    def _load_max_timestamp(self) -> None:
+        if self._max_timestamp is None:
+            self._max_timestamp, self._offset_of_max_timestamp = self.time_index.last_entry
+
+    @property
+    def max_timestamp_so_far(self) -> int:
+        self._load_max_timestamp()
+        assert self._max_timestamp is not None
+        return self._max_timestamp
+
+    @property
+    def offset_of_max_timestamp_so_far(self) -> int:
+        self._load_max_timestamp()
+        return self._offset_of_max_timestamp
+
+    @property
+    def last_modified_ms(self) -> int:
+        return int(os.fstat(self._file.fileno()).st_mtime * 1000)
+
+    @property
+    def largest_timestamp(self) -> int:
+        """Largest record timestamp in the segment (ms), or the file's mtime if none is known."""
+        if self.max_timestamp_so_far >= 0:
+            return self.max_timestamp_so_far
+        return self.last_modified_ms
+
+    @property
+    def rolling_based_ms(self) -> int:
+        """When this segment's age for ``segment.ms`` starts: its first append (wall clock).
+
+        For a segment reopened from disk the first append time is unknown, so, like Kafka, the
+        first batch's max timestamp stands in for it (the creation time if that has none).
+        """
+        if self._first_append_ms is None:
+            first = next(self._iter_headers(0), None) if self._size > 0 else None
+            if first is not None and first.max_timestamp >= 0:
+                self._first_append_ms = first.max_timestamp
+            else:
+                return self.created_ms
+        return self._first_append_ms
+
+    def time_waited_for_roll_ms(self, now_ms: int) -> int:
+        return now_ms - self.rolling_based_ms if self._size > 0 else 0
+
+    @property
+    def next_offset(self) -> int:
+        """Offset after the segment's last batch, or its base offset when it is empty."""
+        if self._next_offset is None:
+            self._next_offset = self._read_next_offset()
+        return self._next_offset
+
+    def _read_next_offset(self) -> int:
+        _, position = self.offset_index.last_entry
+        last: BatchHeader | None = None
+        for header in self._iter_headers(position):
+            last = header
+        return last.next_offset if last is not None else self.base_offset
+
+    # -- scanning ----------------------------------------------------------------------------
+
+    def _iter_headers(
+        self, start_position: int, end_position: int | None = None
+    ) -> Iterator[BatchHeader]:
+        """Headers of the whole batches stored from ``start_position`` (a batch boundary)."""
+        end = self._size if end_position is None else min(end_position, self._size)
+        fd = self._file.fileno()
+        position = start_position
+        while position + HEADER_SIZE <= end:
+            raw = os.pread(fd, HEADER_SIZE, position)
+            if len(raw) < HEADER_SIZE:
+                return
+            header = BatchHeader(position, *HEADER.unpack_from(raw))
+            if header.batch_length < MIN_BATCH_LENGTH or header.end_position > end:
+                return
+            yield header
+            position += header.size
+
+    def batches(self, start_position: int = 0) -> Iterator[BatchHeader]:
+        """Every whole batch's header from ``start_position`` to the end of the file."""
+        return self._iter_headers(start_position)
+
+    def translate_offset(self, offset: int, starting_position: int = 0) -> BatchHeader | None:
+        """The first batch whose last offset is >= ``offset`` (searching from the index hint)."""
+        _, position = self.offset_index.lookup(offset)
+        for header in self._iter_headers(max(position, starting_position)):
+            if header.last_offset >= offset:
+                return header
+        return None
+
+    # -- appending ---------------------------------------------------------------------------
+
+    def can_convert_to_relative_offset(self, offset: int) -> bool:
+        return 0 <= offset - self.base_offset <= _INT32_MAX
+
+    def append(
+        self,
+        largest_offset: int,
+        largest_timestamp: int,
+        offset_of_largest_timestamp: int,
+        records: memoryview | bytes | bytearray,
+        *,
+        batches: list[BatchHeader] | None = None,
+    ) -> None:
+        """Append whole, already validated batches; positions in ``batches`` are relative to ``records``."""
+        view = memoryview(records)
+        if len(view) == 0:
+            return
+        if not self.can_convert_to_relative_offset(largest_offset):
+            raise LogError(
+                f"offset {largest_offset} cannot be stored in segment {self.base_offset}: "
+                "relative offsets are 4 bytes (the log should have rolled)"
+            )
+        if batches is None:
+            batches = list(iter_batches(view))
+        if self._size == 0:
+            self._first_append_ms = int(self._clock() * 1000)
+        physical_position = self._size
+        _pwrite_fully(self._file.fileno(), view, physical_position)
+        self._load_max_timestamp()
+        for header in batches:
+            self._index_batch(header, physical_position + header.position)
+        self._size = physical_position + len(view)
+        self._next_offset = largest_offset + 1
+
+    def _index_batch(self, header: BatchHeader, position: int) -> None:
+        assert self._max_timestamp is not None
+        if header.max_timestamp > self._max_timestamp:
+            self._max_timestamp, self._offset_of_max_timestamp = (
+                header.max_timestamp,
+                header.last_offset,
+            )
+        if self._bytes_since_last_index_entry > self.index_interval_bytes:
+            # A full index only makes later lookups scan further; the log rolls before the next append.
+            if not self.offset_index.is_full:
+                self.offset_index.append(header.last_offset, position)
+            if not self.time_index.is_full:
+                self.time_index.maybe_append(self._max_timestamp, self._offset_of_max_timestamp)
+            self._bytes_since_last_index_entry = 0
+        self._bytes_since_last_index_entry += header.size
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def read(
+        self,
+        start_offset: int,
+        max_size: int,
+        max_position: int | None = None,
+        min_one_message: bool = False,
+        *,
+        max_offset: int | None = None,
+    ) -> FileRegion | None:
+        """Whole batches from the one holding ``start_offset``, within ``max_size`` bytes.
+
+        Stops at ``max_position`` (a batch boundary) and before the batch holding
+        ``max_offset``; ``min_one_message`` returns the first batch even if it exceeds
+        ``max_size`` (never past ``max_position``/``max_offset``). None if ``start_offset``
+        is past the segment's last batch.
+        """
+        first = self.translate_offset(start_offset)
+        if first is None:
+            return None
+        limit = self._size if max_position is None else min(max_position, self._size)
+        if max_offset is not None:
+            stop = self.translate_offset(max_offset, first.position)
+            if stop is not None:
+                limit = min(limit, stop.position)
+        start = first.position
+        if limit <= start:
+            return FileRegion(self._file, start, 0)
+        if limit - start <= max_size:
+            return FileRegion(self._file, start, limit - start)
+        end = start
+        for header in self._iter_headers(start, limit):
+            if header.end_position - start > max_size:
+                if end == start and min_one_message:
+                    end = header.end_position
+                break
+            end = header.end_position
+        return FileRegion(self._file, start, end - start)
+
+    def find_offset_by_timestamp(
+        self, timestamp: int, starting_offset: int = 0
+    ) -> tuple[int, int] | None:
+        """(offset, timestamp) of the first record at or after ``starting_offset`` with timestamp >= ``timestamp``."""
+        _, time_offset = self.time_index.lookup(timestamp)
+        _, position = self.offset_index.lookup(max(time_offset, starting_offset))
+        for header in self._iter_headers(position):
+            if header.max_timestamp >= timestamp and header.last_offset >= starting_offset:
+                return self._search_batch(header, timestamp, starting_offset)
+        return None
+
+    def _search_batch(
+        self, header: BatchHeader, timestamp: int, starting_offset: int
+    ) -> tuple[int, int]:
+        # Decoding records is rare (ListOffsets by time), so kafka-python's decoder is fine here.
+        from kafka.record.default_records import DefaultRecordBatch
+
+        data = pread_fully(self._file.fileno(), header.size, header.position)
+        try:
+            for record in DefaultRecordBatch(data):
+                if record.timestamp >= timestamp and record.offset >= starting_offset:
+                    return record.offset, record.timestamp
+        except Exception:  # an unsupported codec: fall back to batch granularity
+            pass
+        return max(header.base_offset, starting_offset), header.max_timestamp
+
+    # -- recovery and truncation -------------------------------------------------------------
+
+    def sanity_check(self) -> None:
+        """Raise CorruptIndexError if either index does not fit this log file."""
+        self.offset_index.sanity_check()
+        self.time_index.sanity_check()
+        if self.offset_index.last_entry[1] > self._size:
+            raise CorruptIndexError(
+                f"index {self.offset_index.path} points past the end of {self._path} ({self._size} bytes)"
+            )
+
+    def recover(self) -> int:
+        """Re-read every batch, check structure and CRC, rebuild both indexes; truncate at the first bad batch.
+
+        Returns how many bytes were cut off the end of the ``.log`` file.
+        """
+        self.offset_index.reset()
+        self.time_index.reset()
+        self.offset_index.resize(self.max_index_size)
+        self.time_index.resize(self.max_index_size)
+        self._bytes_since_last_index_entry = 0
+        self._max_timestamp, self._offset_of_max_timestamp = NO_TIMESTAMP, -1
+        self._first_append_ms = None
+        valid = 0
+        next_offset = self.base_offset
+        if self._size > 0:
+            with mmap.mmap(self._file.fileno(), self._size, access=mmap.ACCESS_READ) as mapped:
+                while valid < self._size:
+                    try:
+                        header = check_header(mapped, valid, self._size)
+                        check_crc(mapped, header)
+                    except (CorruptRecordError, InvalidRecordError):
+                        break
+                    if header.base_offset < next_offset or not self.can_convert_to_relative_offset(
+                        header.last_offset
+                    ):
+                        break  # offsets must grow and fit the segment: anything else is garbage
+                    self._index_batch(header, header.position)
+                    next_offset = header.next_offset
+                    valid = header.end_position
+        truncated = self._size - valid
+        if truncated > 0:
+            os.ftruncate(self._file.fileno(), valid)
+            self._size = valid
+        self._next_offset = next_offset
+        self.time_index.maybe_append(
+            self._max_timestamp, self._offset_of_max_timestamp, skip_full_check=True
+        )
+        self.offset_index.trim_to_valid_size()
+        self.time_index.trim_to_valid_size()
+        return truncated
+
+    def truncate_to(self, offset: int) -> int:
+        """Drop every batch whose last offset is >= ``offset``; returns the bytes removed."""
+        header = self.translate_offset(offset)
+        if header is None:
+            return 0
+        self.offset_index.truncate_to(offset)
+        self.time_index.truncate_to(offset)
+        # Kafka keeps the preallocated size so the segment can take appends again.
+        self.offset_index.resize(self.max_index_size)
+        self.time_index.resize(self.max_index_size)
+        removed = self._size - header.position
+        os.ftruncate(self._file.fileno(), header.position)
+        self._size = header.position
+        # Rescan rather than trust the sparse time index, so retention and timestamp search
+        # see the exact largest timestamp left (truncation is rare: leader changes only).
+        self._max_timestamp, self._offset_of_max_timestamp = NO_TIMESTAMP, -1
+        for remaining in self._iter_headers(0):
+            if remaining.max_timestamp > self._max_timestamp:
+                self._max_timestamp, self._offset_of_max_timestamp = (
+                    remaining.max_timestamp,
+                    remaining.last_offset,
+                )
+        self._bytes_since_last_index_entry = self._size - self.offset_index.last_entry[1]
+        self._next_offset = None
+        if self._size == 0:
+            self._first_append_ms = None
+            self.created_ms = int(self._clock() * 1000)
+        return removed
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def resize_indexes(self, size: int) -> None:
+        self.offset_index.resize(size)
+        self.time_index.resize(size)
+
+    def on_become_inactive(self) -> None:
+        """Called on roll: record the final largest timestamp and give back the preallocated index space."""
+        self.time_index.maybe_append(
+            self.max_timestamp_so_far, self.offset_of_max_timestamp_so_far, skip_full_check=True
+        )
+        self.offset_index.trim_to_valid_size()
+        self.time_index.trim_to_valid_size()
+
+    @property
+    def is_full(self) -> bool:
+        return self.offset_index.is_full or self.time_index.is_full
+
+    def flush(self) -> None:
+        """fsync the ``.log`` file and both indexes."""
+        try:
+            os.fsync(self._file.fileno())
+            self.offset_index.flush()
+            self.time_index.flush()
+        except OSError as exc:
+            raise KafkaStorageError(f"cannot flush segment {self._path}: {exc}") from exc
+
+    def close(self) -> None:
+        if self._file.closed:
+            return
+        self.on_become_inactive()
+        self.offset_index.close()
+        self.time_index.close()
+        self._file.close()
+
+    def close_handlers(self) -> None:
+        """Close files without trimming or writing anything (before deleting them)."""
+        self.offset_index.close_handler()
+        self.time_index.close_handler()
+        if not self._file.closed:
+            self._file.close()
+
+    def change_file_suffix(self, new_suffix: str) -> None:
+        """Rename the three files from the current suffix to ``new_suffix`` (e.g. ``.deleted``)."""
+        new_log = log_path(self.dir, self.base_offset, new_suffix)
+        os.replace(self._path, new_log)
+        self._path = new_log
+        self.offset_index.rename_to(offset_index_path(self.dir, self.base_offset, new_suffix))
+        self.time_index.rename_to(time_index_path(self.dir, self.base_offset, new_suffix))
+        self._suffix = new_suffix
+
+    def delete(self) -> None:
+        """Close and remove the segment's files."""
+        self.close_handlers()
+        self._path.unlink(missing_ok=True)
+        self.offset_index.path.unlink(missing_ok=True)
+        self.time_index.path.unlink(missing_ok=True)
+
+    def __repr__(self) -> str:
+        return f"LogSegment(base_offset={self.base_offset}, size={self._size}, path={self._path})"

@@ -1,1 +1,33 @@
-"""isrlab harness.cluster."""
+"""The embedded cluster: N nodes as Linux network namespaces on a bridge, each with its own sshd.
+
+Public API (see ``harness.cluster.embedded`` for the full spec):
+``up(name, n, subnet) -> EmbeddedCluster``, ``down(name) -> list[str]``,
+``status(name) -> ClusterStatus``, ``get(name) -> EmbeddedCluster``,
+``embedded_cluster(n, name)`` (context manager), ``ClusterError``; the CLI is ``cli.app``.
+"""
+
+from harness.cluster.embedded import (
+    ClusterError,
+    ClusterStatus,
+    EmbeddedCluster,
+    NodeHealth,
+    down,
+    embedded_cluster,
+    get,
+    libfaketime_path,
+    status,
+    up,
+)
+
+__all__ = [
+    "ClusterError",
+    "ClusterStatus",
+    "EmbeddedCluster",
+    "NodeHealth",
+    "down",
+    "embedded_cluster",
+    "get",
+    "libfaketime_path",
+    "status",
+    "up",
+]

@@ -1,0 +1,85 @@
+"""The queue (Kafka-like log) checker: `check_queue(ops) -> results dict`.
+
+Per-key use (the Spark pipeline, when no transaction spans keys): `keys_of(ops)`, then
+`check_queue(project_key(ops, k))` for each key, then `merge_results([...])`. Cross-key
+cycles (G0/G1c...) are only visible to a whole-history check.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from checkers.queue.analysis import QueueAnalysis, check_queue
+from checkers.queue.policy import ALL_TYPES, DEFAULT_ALLOWED, allowed_types
+from checkers.queue.results import merge_results
+
+__all__ = [
+    "ALL_TYPES",
+    "DEFAULT_ALLOWED",
+    "QueueAnalysis",
+    "allowed_types",
+    "check_queue",
+    "keys_of",
+    "merge_results",
+    "project_key",
+]
+
+
+def keys_of(ops: Sequence[dict[str, Any]]) -> list[Any]:
+    """Every key a queue history sends to, polls or assigns, sorted by str."""
+    keys: set[Any] = set()
+    for op in ops:
+        if op.get("process") == "nemesis":
+            continue
+        value = op.get("value")
+        if not isinstance(value, list):
+            continue
+        if op.get("f") in ("assign", "subscribe"):
+            keys.update(value)
+            continue
+        for mop in value:
+            if not isinstance(mop, list) or not mop:
+                continue
+            if mop[0] == "send" and len(mop) >= 2:
+                keys.add(mop[1])
+            elif mop[0] == "poll" and len(mop) >= 2 and isinstance(mop[1], dict):
+                keys.update(mop[1])
+    return sorted(keys, key=str)
+
+
+def _project_value(f: str, value: Any, key: Any) -> Any:
+    if not isinstance(value, list):
+        return value
+    if f in ("assign", "subscribe"):
+        return [k for k in value if k == key]
+    out = []
+    for mop in value:
+        if not isinstance(mop, list) or not mop:
+            out.append(mop)
+        elif mop[0] == "send":
+            if len(mop) >= 2 and mop[1] == key:
+                out.append(mop)
+        elif mop[0] == "poll" and len(mop) >= 2 and isinstance(mop[1], dict):
+            out.append(["poll", {key: mop[1][key]} if key in mop[1] else {}])
+        else:
+            out.append(mop)
+    return out
+
+
+def project_key(ops: Sequence[dict[str, Any]], key: Any) -> list[dict[str, Any]]:
+    """The history as seen by one key: every client op with micro-ops of other keys removed.
+
+    Op indexes are kept (examples still name the original ops); watermarks keep only `key`.
+    """
+    out: list[dict[str, Any]] = []
+    for op in ops:
+        if op.get("process") == "nemesis":
+            continue
+        p = dict(op)
+        p["value"] = _project_value(op.get("f", ""), op.get("value"), key)
+        wm = op.get("watermarks")
+        if wm:
+            p["watermarks"] = {key: wm[key]} if key in wm else {}
+        out.append(p)
+    return out

@@ -1,0 +1,770 @@
+"""The queue checker: every anomaly of shared/reference/anomalies.md for Kafka-like logs.
+
+`check_queue(ops)` takes a history (the spec's op dicts) and returns the spec's results
+dict. Semantics follow Jepsen's Kafka checker (jepsen.tests.kafka) and the precise
+definitions of anomalies.md; notable rules:
+
+- committed send = a send in an `ok` op, or in an `info` op one of whose values some `ok`
+  op read; `fail` sends never committed;
+- the version order takes every poll of every completion type (polls in failed or
+  unknown ops observed real records) and committed sends that report an offset;
+- a process's consumer position only moves on `ok` ops; assign/subscribe (ok or info)
+  keeps the positions (and send tracking) of keys still assigned;
+- an `info` send nobody read is never lost; an invoke without completion counts as info;
+- "A before B in real time" means A's completion precedes B's invoke in the history.
+
+Work is a few linear passes over compact `QueueOp` records plus per-key dicts; the
+dependency graph is trimmed to its possibly cyclic part before networkx sees it.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from checkers.queue.ops import FAIL, INFO, OK, QueueOp, parse_ops
+from checkers.queue.policy import allowed_types
+from checkers.queue.results import Anomalies, results_dict
+from checkers.queue.version_order import VersionOrder
+from checkers.txn_graph import PROCESS, WR, WW, DepGraph, find_cycles
+
+__all__ = ["QueueAnalysis", "check_queue"]
+
+_MISSING = object()
+
+
+def _fmt(v: Any) -> str:
+    return repr(v) if isinstance(v, str) else str(v)
+
+
+class _RunningMax:
+    """Per-key maximum of a quantity over completions, queryable as of any history position."""
+
+    __slots__ = ("positions", "recs", "values")
+
+    def __init__(self) -> None:
+        self.positions: list[int] = []
+        self.values: list[int] = []
+        self.recs: list[QueueOp] = []
+
+    def add(self, pos: int, value: int, rec: QueueOp) -> None:
+        if not self.values or value > self.values[-1]:
+            self.positions.append(pos)
+            self.values.append(value)
+            self.recs.append(rec)
+
+    def before(self, pos: int) -> tuple[int, QueueOp] | None:
+        """The max among completions strictly before history position `pos`."""
+        i = bisect_left(self.positions, pos) - 1
+        if i < 0:
+            return None
+        return self.values[i], self.recs[i]
+
+
+class QueueAnalysis:
+    """All intermediate structures of one queue check; `run()` fills `anomalies`."""
+
+    def __init__(
+        self,
+        ops: Sequence[dict[str, Any]],
+        *,
+        ww_deps: bool = True,
+        max_examples: int = 32,
+    ) -> None:
+        self.records, self.attempted, self.saw_subscribe = parse_ops(ops)
+        self.ww_deps = ww_deps
+        self.anomalies = Anomalies(max_examples)
+        self.orders: dict[Any, VersionOrder] = {}
+        self.writer: dict[Any, dict[Any, QueueOp]] = {}
+        self.ok_reads: dict[Any, set[Any]] = {}
+        self.by_pos: dict[int, QueueOp] = {}
+        self.stats: dict[str, Any] = {}
+
+    # -- building -------------------------------------------------------------------------
+
+    def _index(self) -> None:
+        writer = self.writer
+        ok_reads = self.ok_reads
+        n_sends = n_reads = 0
+        for rec in self.records:
+            self.by_pos[rec.pos] = rec
+            for k, _o, v in rec.sends:
+                w = writer.get(k)
+                if w is None:
+                    writer[k] = {v: rec}
+                else:
+                    w.setdefault(v, rec)
+            n_sends += len(rec.sends)
+            if rec.kind == OK:
+                for k, pairs in rec.reads.items():
+                    s = ok_reads.get(k)
+                    if s is None:
+                        ok_reads[k] = s = set()
+                    s.update(p[1] for p in pairs)
+                    n_reads += len(pairs)
+            else:
+                for pairs in rec.reads.values():
+                    n_reads += len(pairs)
+        # Proven info ops: some ok op read one of their values.
+        for rec in self.records:
+            if rec.kind == INFO and rec.sends:
+                for k, _o, v in rec.sends:
+                    s = ok_reads.get(k)
+                    if s is not None and v in s:
+                        rec.committed = True
+                        break
+        self.stats.update(sends=n_sends, reads=n_reads)
+
+    def _version_orders(self) -> None:
+        orders = self.orders
+        for rec in self.records:
+            for k, pairs in rec.reads.items():
+                vo = orders.get(k)
+                if vo is None:
+                    orders[k] = vo = VersionOrder(k)
+                add = vo.add
+                for o, v in pairs:
+                    if o is not None:
+                        add(o, v)
+            if rec.committed:
+                for k, o, v in rec.sends:
+                    if o is not None:
+                        vo = orders.get(k)
+                        if vo is None:
+                            orders[k] = vo = VersionOrder(k)
+                        vo.add(o, v)
+        for vo in orders.values():
+            vo.seal()
+
+    # -- checks over the version orders ------------------------------------------------------
+
+    def _order_checks(self) -> None:
+        an = self.anomalies
+        for k, vo in self.orders.items():
+            ws = self.writer.get(k, {})
+            for o, values in vo.conflicts.items():
+                if an.hit("inconsistent-offsets"):
+                    an.example(
+                        "inconsistent-offsets",
+                        {
+                            "key": k,
+                            "offset": o,
+                            "index": vo.oidx[o],
+                            "values": values,
+                            "writers": [ws[v].index for v in values if v in ws],
+                            "explanation": f"offset {o} of key {_fmt(k)} holds "
+                            f"{len(values)} different values {values}: clients were told "
+                            "different records live at the same position of the log",
+                        },
+                    )
+            for v, offs in vo.multi.items():
+                w = ws.get(v)
+                offsets = sorted(offs)
+                case = {
+                    "key": k,
+                    "value": v,
+                    "offsets": offsets,
+                    "count": len(offsets),
+                    "writer": None if w is None else w.index,
+                    "explanation": f"value {_fmt(v)} of key {_fmt(k)} appears at "
+                    f"{len(offsets)} offsets {offsets}"
+                    + ("" if w is None else f"; it was sent once, by {w.describe()}"),
+                }
+                an.add("duplicate", case)
+                if w is not None and w.idem:
+                    an.add(
+                        "idempotence-duplicate",
+                        {
+                            **case,
+                            "explanation": case["explanation"]
+                            + " from an idempotent producer session, which must "
+                            "de-duplicate retried batches",
+                        },
+                    )
+
+    def _lost_and_unseen(self) -> None:
+        for k, vo in self.orders.items():
+            oks = self.ok_reads.get(k)
+            if not oks:
+                continue
+            bound = -1
+            bound_v: Any = None
+            for v in oks:
+                i = vo.first_index(v)
+                if i is not None and i > bound:
+                    bound, bound_v = i, v
+            if bound < 0:
+                continue
+            bound_offset = vo.offsets[bound]
+            ws = self.writer.get(k, {})
+            lost = []
+            for v in vo.voff:
+                if v in oks:
+                    continue
+                li = vo.last_index(v)
+                if li is None or li > bound:
+                    continue
+                w = ws.get(v)
+                if w is None or not w.committed:
+                    continue
+                lost.append((li, v, w))
+            if not lost:
+                continue
+            lost.sort(key=lambda t: t[0])
+            reader = self._an_ok_reader(k, bound_v)
+            for li, v, w in lost:
+                if not self.anomalies.hit("lost-write"):
+                    continue
+                self.anomalies.example(
+                    "lost-write",
+                    {
+                        "key": k,
+                        "value": v,
+                        "index": li,
+                        "offset": vo.offsets[li],
+                        "max_read_index": bound,
+                        "max_read_offset": bound_offset,
+                        "writer": w.index,
+                        "max_read": None if reader is None else reader.index,
+                        "explanation": f"{w.describe()} committed {_fmt(v)} to key "
+                        f"{_fmt(k)} at offset {vo.offsets[li]}, at or below offset "
+                        f"{bound_offset} (value {_fmt(bound_v)}) which "
+                        + ("an ok op" if reader is None else reader.describe())
+                        + f" read, yet no ok op ever read {_fmt(v)}",
+                    },
+                )
+        # unseen: acknowledged sends no ok op read by the end.
+        per_key: dict[Any, list[tuple[Any, QueueOp]]] = {}
+        for rec in self.records:
+            if rec.kind != OK:
+                continue
+            for k, _o, v in rec.sends:
+                s = self.ok_reads.get(k)
+                if s is None or v not in s:
+                    per_key.setdefault(k, []).append((v, rec))
+        for k, items in sorted(per_key.items(), key=lambda kv: str(kv[0])):
+            self.anomalies.add(
+                "unseen",
+                {
+                    "key": k,
+                    "count": len(items),
+                    "values": [v for v, _ in items[:32]],
+                    "writers": [r.index for _, r in items[:32]],
+                    "explanation": f"{len(items)} value(s) acknowledged to key {_fmt(k)} "
+                    f"were never read by an ok op by the end of the history, e.g. "
+                    f"{_fmt(items[0][0])} sent by {items[0][1].describe()}",
+                },
+                count=len(items),
+            )
+
+    def _an_ok_reader(self, k: Any, v: Any) -> QueueOp | None:
+        for rec in self.records:
+            if rec.kind == OK:
+                pairs = rec.reads.get(k)
+                if pairs and any(p[1] == v for p in pairs):
+                    return rec
+        return None
+
+    # -- one pass over ops in completion order ------------------------------------------------
+
+    def _op_checks(self) -> None:
+        orders = self.orders
+        writer = self.writer
+        attempted = self.attempted
+        positions: dict[Any, dict[Any, tuple[int | None, Any, QueueOp]]] = {}
+        last_sends: dict[Any, dict[Any, tuple[int | None, Any, QueueOp]]] = {}
+        hw_seen: dict[Any, dict[Any, tuple[int, QueueOp]]] = {}
+        hw_max: dict[Any, _RunningMax] = {}
+        send_max: dict[Any, _RunningMax] = {}
+        committed: dict[Any, dict[int, tuple[Any, int, QueueOp]]] = {}
+        committed_sorted: dict[Any, list[int]] = {}
+        low_max: dict[Any, int] = {}
+        empty: dict[Any, QueueOp] = {}
+        for rec in self.records:
+            p = rec.process
+            if rec.f == "assign" or rec.f == "subscribe":
+                if rec.kind != FAIL and isinstance(rec.value, list):
+                    keep = set(rec.value)
+                    for table in (positions, last_sends):
+                        t = table.get(p)
+                        if t:
+                            table[p] = {k: x for k, x in t.items() if k in keep}
+                continue
+            kind = rec.kind
+            # ---- reads
+            for k, pairs in rec.reads.items():
+                if not pairs:
+                    continue
+                vo = orders[k]
+                ws = writer.get(k, empty)
+                att = attempted.get(k)
+                oidx = vo.oidx
+                prev_i: int | None = None
+                prev: Any = _MISSING
+                first_i: int | None = None
+                first_v: Any = _MISSING
+                for o, v in pairs:
+                    w = ws.get(v)
+                    if w is None:
+                        if att is None or v not in att:
+                            self._garbage(rec, k, o, v)
+                    else:
+                        if w is rec:
+                            self._precommitted(rec, k, o, v)
+                        elif kind == OK and w.kind == FAIL:
+                            self._g1a(rec, w, k, o, v)
+                    i = oidx.get(o) if o is not None else vo.first_index(v)
+                    if first_v is _MISSING:
+                        first_i, first_v = i, v
+                    elif prev_i is not None and i is not None:
+                        delta = i - prev_i
+                        if delta > 1:
+                            self._skip("int-poll-skip", rec, rec, k, prev, v, prev_i, i, vo)
+                        elif delta < 1:
+                            self._nonmono("int-nonmonotonic-poll", rec, rec, k, prev, v, delta)
+                    prev_i, prev = i, v
+                pp = positions.get(p)
+                if pp is not None:
+                    last = pp.get(k)
+                    li = None if last is None else last[0]
+                    if last is not None and li is not None and first_i is not None:
+                        lv, lrec = last[1], last[2]
+                        delta = first_i - li
+                        if delta > 1:
+                            self._skip("poll-skip", lrec, rec, k, lv, first_v, li, first_i, vo)
+                        elif delta < 1:
+                            self._nonmono("nonmonotonic-poll", lrec, rec, k, lv, first_v, delta)
+                if kind == OK:
+                    if pp is None:
+                        positions[p] = pp = {}
+                    pp[k] = (prev_i, prev, rec)
+            # ---- sends
+            if rec.sends:
+                this: dict[Any, tuple[int | None, Any]] = {}
+                firsts: dict[Any, tuple[int | None, Any]] = {}
+                for k, o, v in rec.sends:
+                    vo_k = orders.get(k)
+                    if vo_k is None:
+                        i = None
+                    elif rec.committed and o is not None:
+                        i = vo_k.oidx.get(o)
+                    else:
+                        i = vo_k.first_index(v)
+                    before = this.get(k)
+                    if before is None:
+                        firsts[k] = (i, v)
+                    else:
+                        bi, bv = before
+                        if bi is not None and i is not None:
+                            delta = i - bi
+                            if delta > 1 and vo_k is not None:
+                                self._skip("int-send-skip", rec, rec, k, bv, v, bi, i, vo_k)
+                            elif delta < 1:
+                                self._nonmono("int-nonmonotonic-send", rec, rec, k, bv, v, delta)
+                    this[k] = (i, v)
+                if rec.committed:
+                    ls = last_sends.get(p)
+                    if ls is None:
+                        last_sends[p] = ls = {}
+                    for k, (fi, fv) in firsts.items():
+                        last = ls.get(k)
+                        if last is not None and last[0] is not None and fi is not None:
+                            delta = fi - last[0]
+                            if delta < 1:
+                                self._nonmono(
+                                    "nonmonotonic-send", last[2], rec, k, last[1], fv, delta
+                                )
+                        li, lv = this[k]
+                        ls[k] = (li, lv, rec)
+            if kind != OK:
+                continue
+            # ---- realtime send order (ok sends with known offsets)
+            for k, o, v in rec.sends:
+                if o is None:
+                    continue
+                rm = send_max.get(k)
+                if rm is not None:
+                    prior = rm.before(rec.inv)
+                    if prior is not None and prior[0] > o:
+                        self._realtime_send(prior[1], prior[0], rec, k, o, v)
+            for k, o, _v in rec.sends:
+                if o is not None:
+                    rm = send_max.get(k)
+                    if rm is None:
+                        send_max[k] = rm = _RunningMax()
+                    rm.add(rec.pos, o, rec)
+            # ---- watermarks
+            wm = rec.wm
+            if wm:
+                seen = hw_seen.get(p)
+                if seen is None:
+                    hw_seen[p] = seen = {}
+                for k, marks in wm.items():
+                    high = marks.get("high") if isinstance(marks, dict) else None
+                    low = marks.get("low") if isinstance(marks, dict) else None
+                    if isinstance(low, int) and low > low_max.get(k, -1):
+                        low_max[k] = low
+                    if not isinstance(high, int):
+                        continue
+                    last_hw = seen.get(k)
+                    if last_hw is not None and high < last_hw[0]:
+                        self._hw_regression(last_hw[1], last_hw[0], rec, k, high)
+                    seen[k] = (high, rec)
+                    rm = hw_max.get(k)
+                    if rm is not None:
+                        prior = rm.before(rec.inv)
+                        if prior is not None and prior[0] > high:
+                            self._hw_regression_rt(prior[1], prior[0], rec, k, high)
+            # ---- committed truncation: check this op's reads, then register what it commits
+            for k, pairs in rec.reads.items():
+                cm = committed.get(k)
+                if not cm or not pairs:
+                    continue
+                low = low_max.get(k, -1)
+                prev_o = None
+                for o, v in pairs:
+                    if o is None:
+                        continue
+                    c = cm.get(o)
+                    if c is not None and c[1] < rec.inv and c[0] != v and o >= low:
+                        self._truncation(c[2], k, o, c[0], rec, f"returned {_fmt(v)} there")
+                    if prev_o is not None and o > prev_o + 1:
+                        cs = committed_sorted[k]
+                        j = bisect_left(cs, prev_o + 1)
+                        while j < len(cs) and cs[j] < o:
+                            mo = cs[j]
+                            c = cm[mo]
+                            if c[1] < rec.inv and mo >= low:
+                                self._truncation(
+                                    c[2],
+                                    k,
+                                    mo,
+                                    c[0],
+                                    rec,
+                                    f"returned offsets {prev_o} and {o} but not {mo}",
+                                )
+                            j += 1
+                    prev_o = o
+            if wm:
+                for k, marks in wm.items():
+                    high = marks.get("high") if isinstance(marks, dict) else None
+                    if not isinstance(high, int):
+                        continue
+                    cm = committed.get(k)
+                    if cm is None:
+                        committed[k] = cm = {}
+                        committed_sorted[k] = []
+                    cs = committed_sorted[k]
+                    for o, v in rec.reads.get(k, ()):
+                        if o is not None and o < high and o not in cm:
+                            cm[o] = (v, rec.pos, rec)
+                            insort(cs, o)
+                    for sk, o, v in rec.sends:
+                        if sk == k and o is not None and o < high and o not in cm:
+                            cm[o] = (v, rec.pos, rec)
+                            insort(cs, o)
+                rm_add = [(k, m.get("high")) for k, m in wm.items() if isinstance(m, dict)]
+                for k, high in rm_add:
+                    if isinstance(high, int):
+                        rm = hw_max.get(k)
+                        if rm is None:
+                            hw_max[k] = rm = _RunningMax()
+                        rm.add(rec.pos, high, rec)
+
+    # -- case builders ---------------------------------------------------------------------
+
+    def _garbage(self, rec: QueueOp, k: Any, o: Any, v: Any) -> None:
+        self.anomalies.add(
+            "garbage-read",
+            {
+                "key": k,
+                "value": v,
+                "offset": o,
+                "reader": rec.index,
+                "explanation": f"{rec.describe()} read {_fmt(v)} at offset {o} of key "
+                f"{_fmt(k)}, a value no op ever tried to send",
+            },
+        )
+
+    def _precommitted(self, rec: QueueOp, k: Any, o: Any, v: Any) -> None:
+        self.anomalies.add(
+            "precommitted-read",
+            {
+                "key": k,
+                "value": v,
+                "offset": o,
+                "op": rec.index,
+                "explanation": f"{rec.describe()} sent {_fmt(v)} to key {_fmt(k)} and "
+                f"read it back (offset {o}) inside the same transaction, before it "
+                "committed",
+            },
+        )
+
+    def _g1a(self, rec: QueueOp, w: QueueOp, k: Any, o: Any, v: Any) -> None:
+        self.anomalies.add(
+            "G1a",
+            {
+                "key": k,
+                "value": v,
+                "offset": o,
+                "writer": w.index,
+                "reader": rec.index,
+                "explanation": f"{rec.describe()} read {_fmt(v)} at offset {o} of key "
+                f"{_fmt(k)}, but the op that sent it, {w.describe()}, failed "
+                "(aborted read)",
+            },
+        )
+
+    def _skip(
+        self,
+        name: str,
+        a: QueueOp,
+        b: QueueOp,
+        k: Any,
+        v1: Any,
+        v2: Any,
+        i1: int,
+        i2: int,
+        vo: VersionOrder,
+    ) -> None:
+        def build() -> dict[str, Any]:
+            skipped = [vo.log[vo.offsets[i]] for i in range(i1 + 1, min(i2, i1 + 33))]
+            what = {
+                "int-poll-skip": f"within {b.describe()}, consecutive reads",
+                "int-send-skip": f"within {b.describe()}, consecutive sends",
+                "poll-skip": f"{a.describe()} then {b.describe()}, the next poll",
+            }[name]
+            return {
+                "key": k,
+                "values": [v1, v2],
+                "offsets": [vo.offsets[i1], vo.offsets[i2]],
+                "delta": i2 - i1,
+                "skipped": skipped,
+                "ops": [a.index, b.index] if a is not b else [b.index],
+                "explanation": f"{what} of key {_fmt(k)} went from {_fmt(v1)} (offset "
+                f"{vo.offsets[i1]}) to {_fmt(v2)} (offset {vo.offsets[i2]}), skipping "
+                f"{i2 - i1 - 1} record(s) known to exist, e.g. {skipped[:5]}",
+            }
+
+        if self.anomalies.hit(name):
+            self.anomalies.example(name, build())
+
+    def _nonmono(
+        self, name: str, a: QueueOp, b: QueueOp, k: Any, v1: Any, v2: Any, delta: int
+    ) -> None:
+        def build() -> dict[str, Any]:
+            what = {
+                "int-nonmonotonic-poll": f"within {b.describe()}, a read of key {_fmt(k)}",
+                "int-nonmonotonic-send": f"within {b.describe()}, a send to key {_fmt(k)}",
+                "nonmonotonic-poll": f"{b.describe()} started reading key {_fmt(k)}",
+                "nonmonotonic-send": f"{b.describe()} sent to key {_fmt(k)}",
+            }[name]
+            ref = "the previous one" if a is b else a.describe()
+            return {
+                "key": k,
+                "values": [v1, v2],
+                "delta": delta,
+                "ops": [a.index, b.index] if a is not b else [b.index],
+                "explanation": f"{what} at {_fmt(v2)}, which is not after {_fmt(v1)} of "
+                f"{ref} (index delta {delta}): the log order went backwards or repeated",
+            }
+
+        if self.anomalies.hit(name):
+            self.anomalies.example(name, build())
+
+    def _realtime_send(self, a: QueueOp, ao: int, b: QueueOp, k: Any, bo: int, bv: Any) -> None:
+        self.anomalies.add(
+            "realtime-send-order",
+            {
+                "key": k,
+                "ops": [a.index, b.index],
+                "offsets": [ao, bo],
+                "explanation": f"{a.describe()} had a send to key {_fmt(k)} acknowledged at "
+                f"offset {ao} and completed before {b.describe()} was invoked, yet the "
+                f"latter's send of {_fmt(bv)} landed earlier, at offset {bo}",
+            },
+        )
+
+    def _hw_regression(self, a: QueueOp, ah: int, b: QueueOp, k: Any, bh: int) -> None:
+        self.anomalies.add(
+            "hw-regression",
+            {
+                "key": k,
+                "process": b.process,
+                "ops": [a.index, b.index],
+                "high_watermarks": [ah, bh],
+                "explanation": f"process {b.process} saw key {_fmt(k)}'s high watermark "
+                f"at {ah} in {a.describe()}, then at {bh} in {b.describe()}: it went down",
+            },
+        )
+
+    def _hw_regression_rt(self, a: QueueOp, ah: int, b: QueueOp, k: Any, bh: int) -> None:
+        self.anomalies.add(
+            "hw-regression-realtime",
+            {
+                "key": k,
+                "ops": [a.index, b.index],
+                "high_watermarks": [ah, bh],
+                "explanation": f"{a.describe()} reported key {_fmt(k)}'s high watermark "
+                f"{ah} and completed before {b.describe()} was invoked, which reported "
+                f"{bh}: the cluster's high watermark went backwards in real time",
+            },
+        )
+
+    def _truncation(self, a: QueueOp, k: Any, o: int, v: Any, b: QueueOp, what: str) -> None:
+        self.anomalies.add(
+            "committed-truncation",
+            {
+                "key": k,
+                "offset": o,
+                "value": v,
+                "ops": [a.index, b.index],
+                "explanation": f"{a.describe()} saw {_fmt(v)} at offset {o} of key "
+                f"{_fmt(k)} with a high watermark above {o} (committed); "
+                f"{b.describe()}, invoked after that, {what}: committed data was "
+                "replaced or vanished",
+            },
+        )
+
+    # -- transactions ------------------------------------------------------------------------
+
+    def _graph(self) -> None:
+        g = DepGraph()
+        writer = self.writer
+        nodes = [r for r in self.records if r.committed and r.f != "assign" and r.f != "subscribe"]
+        if self.ww_deps:
+            for k, vo in self.orders.items():
+                ws = writer.get(k)
+                if not ws:
+                    continue
+                prev: QueueOp | None = None
+                for o in vo.offsets:
+                    w = ws.get(vo.log[o])
+                    if w is None or not w.committed:
+                        continue
+                    if prev is not None and prev is not w:
+                        g.link(prev.pos, w.pos, WW)
+                    prev = w
+        last_by_process: dict[Any, QueueOp] = {}
+        for rec in nodes:
+            for k, pairs in rec.reads.items():
+                ws = writer.get(k)
+                if not ws:
+                    continue
+                for _o, v in pairs:
+                    w = ws.get(v)
+                    if w is not None and w is not rec and w.committed:
+                        g.link(w.pos, rec.pos, WR)
+            prior = last_by_process.get(rec.process)
+            if prior is not None:
+                g.link(prior.pos, rec.pos, PROCESS)
+            last_by_process[rec.process] = rec
+        # An info op's effects may land any time later, so it never precedes anything.
+        events: list[tuple[int, int, bool]] = []
+        for rec in nodes:
+            if rec.inv >= 0:
+                events.append((rec.inv, rec.pos, False))
+            if rec.kind == OK:
+                events.append((rec.pos, rec.pos, True))
+        events.sort()
+        g.add_realtime_chain((node, done) for _at, node, done in events)
+        found, gstats = find_cycles(g, self._explain_step)
+        self.stats.update(gstats)
+        for name, cases in found.items():
+            self.anomalies.add_all(name, cases)
+
+    def _explain_step(self, a: int, b: int, kind: int) -> dict[str, Any]:
+        ra, rb = self.by_pos[a], self.by_pos[b]
+        base: dict[str, Any] = {"from": ra.index, "to": rb.index}
+        if kind == WR:
+            for k, pairs in rb.reads.items():
+                ws = self.writer.get(k, {})
+                for o, v in pairs:
+                    if ws.get(v) is ra:
+                        return {
+                            **base,
+                            "key": k,
+                            "value": v,
+                            "explanation": f"{ra.describe()} sent {_fmt(v)} to {_fmt(k)}, "
+                            f"which {rb.describe()} read (offset {o})",
+                        }
+        if kind == WW:
+            for k, o2, v2 in rb.sends:
+                vo = self.orders.get(k)
+                i2 = None if vo is None else vo.index_of(o2, v2)
+                if vo is None or i2 is None:
+                    continue
+                for k1, o1, v1 in ra.sends:
+                    i1 = vo.index_of(o1, v1) if k1 == k else None
+                    if i1 is not None and i1 < i2:
+                        return {
+                            **base,
+                            "key": k,
+                            "values": [v1, v2],
+                            "explanation": f"{ra.describe()} sent {_fmt(v1)} to {_fmt(k)} "
+                            f"(offset {vo.offsets[i1]}) before {rb.describe()} sent "
+                            f"{_fmt(v2)} (offset {vo.offsets[i2]})",
+                        }
+        if kind == PROCESS:
+            return {
+                **base,
+                "explanation": f"{ra.describe()} preceded {rb.describe()} on process {ra.process}",
+            }
+        return {
+            **base,
+            "explanation": f"{ra.describe()} completed before {rb.describe()} was invoked",
+        }
+
+    # -- driver ------------------------------------------------------------------------------
+
+    def run(self, eos: Mapping[str, Iterable[Any]] | None = None) -> None:
+        self._index()
+        self._version_orders()
+        self._order_checks()
+        self._lost_and_unseen()
+        self._op_checks()
+        self._graph()
+        if eos:
+            from checkers.eos import check_eos
+
+            for name, cases in check_eos(
+                self.orders, list(eos.get("input", ())), list(eos.get("output", ()))
+            ).items():
+                self.anomalies.add_all(name, cases)
+        recs = self.records
+        self.stats.update(
+            ops=len(recs),
+            ok=sum(1 for r in recs if r.kind == OK),
+            info=sum(1 for r in recs if r.kind == INFO),
+            fail=sum(1 for r in recs if r.kind == FAIL),
+            keys=len(self.orders),
+            max_offset=max(
+                (vo.offsets[-1] for vo in self.orders.values() if vo.offsets), default=-1
+            ),
+        )
+
+
+def check_queue(
+    ops: Sequence[dict[str, Any]],
+    *,
+    allow: set[str] | None = None,
+    disallow: set[str] | None = None,
+    subscribe: bool | None = None,
+    eos: dict[str, Any] | None = None,
+    ww_deps: bool = True,
+    max_examples: int = 32,
+) -> dict[str, Any]:
+    """Check a queue-workload history; return the spec's results dict.
+
+    subscribe=None infers the mode from the history (any subscribe op). eos names the
+    consume-transform-produce keys: {"input": [...], "output": [...]}. ww_deps=False
+    drops version-order (ww) edges from the dependency graph, as Jepsen's :ww-deps.
+    """
+    analysis = QueueAnalysis(ops, ww_deps=ww_deps, max_examples=max_examples)
+    analysis.run(eos)
+    sub = analysis.saw_subscribe if subscribe is None else subscribe
+    allowed = allowed_types(subscribe=sub, allow=allow, disallow=disallow)
+    stats = dict(analysis.stats)
+    stats["subscribe_mode"] = sub
+    return results_dict(analysis.anomalies, allowed, stats)

@@ -1,0 +1,179 @@
+"""Compact per-op records for the queue checker, parsed once from the spec's op dicts.
+
+A `QueueOp` is one completed (or never-completed, hence `info`) client op of f `send`,
+`poll`, `txn`, `assign` or `subscribe`, with its micro-ops flattened:
+
+- `sends`: ``[(key, offset | None, value), ...]`` in micro-op order;
+- `reads`: ``{key: [[offset, value], ...]}``, the reads of every poll micro-op of the op
+  concatenated per key in order (Jepsen's op-reads);
+- `inv` / `pos`: positions in the history of the invoke and of the completion, so
+  "A completed before B was invoked" is ``A.pos < B.inv`` (the history is in the order
+  the control node saw events). Ops left open at the end get positions past the end.
+
+Malformed micro-ops raise `HistoryError` naming the op's line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from checkers.history import HistoryError
+
+__all__ = ["FAIL", "INFO", "OK", "QueueOp", "parse_ops"]
+
+OK, INFO, FAIL = 0, 1, 2
+_KIND = {"ok": OK, "info": INFO, "fail": FAIL}
+DATA_FS = frozenset(("send", "poll", "txn"))
+ASSIGN_FS = frozenset(("assign", "subscribe"))
+
+
+class QueueOp:
+    __slots__ = (
+        "committed",
+        "f",
+        "idem",
+        "index",
+        "inv",
+        "inv_index",
+        "kind",
+        "pos",
+        "process",
+        "reads",
+        "sends",
+        "value",
+        "wm",
+    )
+
+    def __init__(self, f: str, kind: int, pos: int, index: int, inv: int, process: Any) -> None:
+        self.f = f
+        self.kind = kind
+        self.pos = pos
+        self.index = index
+        self.inv = inv
+        self.inv_index = -1
+        self.process = process
+        self.sends: list[tuple[Any, Any, Any]] = []
+        self.reads: dict[Any, list[Any]] = {}
+        self.wm: dict[str, Any] | None = None
+        self.idem = False
+        self.committed = kind == OK
+        self.value: Any = None
+
+    @property
+    def type_name(self) -> str:
+        return ("ok", "info", "fail")[self.kind]
+
+    def describe(self) -> str:
+        return f"op {self.index} (process {self.process}, {self.type_name} {self.f})"
+
+
+def _parse_mops(rec: QueueOp, value: Any, line: int, with_reads: bool) -> None:
+    if value is None:
+        return
+    if type(value) is not list:
+        raise HistoryError(f"{rec.f} value must be a list of micro-ops, got {value!r}", line)
+    sends = rec.sends
+    reads = rec.reads
+    for mop in value:
+        if type(mop) is not list or not mop:
+            raise HistoryError(f"micro-op must be a non-empty list, got {mop!r}", line)
+        name = mop[0]
+        if name == "send":
+            if len(mop) != 3:
+                raise HistoryError(f"send micro-op must be [send, key, value], got {mop!r}", line)
+            x = mop[2]
+            if type(x) is list:
+                if len(x) != 2:
+                    raise HistoryError(f"send result must be [offset, value], got {x!r}", line)
+                sends.append((mop[1], x[0], x[1]))
+            else:
+                sends.append((mop[1], None, x))
+        elif name == "poll":
+            if not with_reads or len(mop) < 2 or mop[1] is None:
+                continue
+            m = mop[1]
+            if type(m) is not dict:
+                raise HistoryError(
+                    f"poll result must be an object of key -> pairs, got {m!r}", line
+                )
+            for k, pairs in m.items():
+                if type(pairs) is not list:
+                    raise HistoryError(f"poll result for {k!r} must be a list of pairs", line)
+                for pair in pairs:
+                    if type(pair) is not list or len(pair) != 2:
+                        raise HistoryError(f"poll pair must be [offset, value], got {pair!r}", line)
+                have = reads.get(k)
+                if have is None:
+                    reads[k] = pairs
+                else:
+                    reads[k] = have + pairs
+        else:
+            raise HistoryError(f"unknown micro-op {name!r} (expected send or poll)", line)
+
+
+def parse_ops(ops: Sequence[dict[str, Any]]) -> tuple[list[QueueOp], dict[Any, set[Any]], bool]:
+    """Parse client ops into `QueueOp`s in completion order.
+
+    Returns (records, attempted, saw_subscribe) where attempted maps each key to every
+    value any op (invoke or completion) tried to send to it.
+    """
+    records: list[QueueOp] = []
+    pending: dict[Any, tuple[int, dict[str, Any]]] = {}
+    attempted: dict[Any, set[Any]] = {}
+    saw_subscribe = False
+    for pos, op in enumerate(ops):
+        process = op["process"]
+        if process == "nemesis":
+            continue
+        typ = op["type"]
+        f = op["f"]
+        if typ == "invoke":
+            pending[process] = (pos, op)
+            if f == "send" or f == "txn":
+                probe = QueueOp(f, INFO, pos, pos, pos, process)
+                _parse_mops(probe, op.get("value"), pos + 1, False)
+                for k, _o, v in probe.sends:
+                    s = attempted.get(k)
+                    if s is None:
+                        attempted[k] = {v}
+                    else:
+                        s.add(v)
+            continue
+        inv_pos, inv_op = pending.pop(process, (-1, None))
+        if f in DATA_FS:
+            rec = QueueOp(f, _KIND.get(typ, INFO), pos, op.get("index", pos), inv_pos, process)
+            if inv_op is not None:
+                rec.inv_index = inv_op.get("index", inv_pos)
+            _parse_mops(rec, op.get("value"), pos + 1, True)
+            rec.wm = op.get("watermarks")
+            producer = op.get("producer")
+            if producer:
+                rec.idem = bool(producer.get("idempotent"))
+            for k, _o, v in rec.sends:
+                s = attempted.get(k)
+                if s is None:
+                    attempted[k] = {v}
+                else:
+                    s.add(v)
+            records.append(rec)
+        elif f in ASSIGN_FS:
+            if f == "subscribe":
+                saw_subscribe = True
+            rec = QueueOp(f, _KIND.get(typ, INFO), pos, op.get("index", pos), inv_pos, process)
+            rec.value = op.get("value")
+            records.append(rec)
+    # Invokes never completed count as info: they may have happened at any later time.
+    end = len(ops)
+    for process, (inv_pos, inv_op) in pending.items():
+        f = inv_op["f"]
+        if f == "subscribe":
+            saw_subscribe = True
+        if f not in DATA_FS:
+            continue
+        rec = QueueOp(f, INFO, end, inv_op.get("index", inv_pos), inv_pos, process)
+        rec.inv_index = rec.index
+        end += 1
+        _parse_mops(rec, inv_op.get("value"), inv_pos + 1, False)
+        records.append(rec)
+    return records, attempted, saw_subscribe

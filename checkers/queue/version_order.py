@@ -1,0 +1,94 @@
+"""The version order of one key: what the history proves about a partition's log.
+
+Built from every poll of every completion type and from committed sends that report an
+offset (shared/reference/anomalies.md). Holds offset -> value (first seen) plus the
+offsets that held several values (`conflicts`) and the values seen at several offsets
+(`multi`). After `seal()`, *index* is the dense position of an offset once offsets nobody
+observed are removed, so gaps left by transaction markers or compaction are not skips.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["VersionOrder"]
+
+
+class VersionOrder:
+    __slots__ = ("conflicts", "key", "log", "multi", "offsets", "oidx", "voff")
+
+    def __init__(self, key: Any) -> None:
+        self.key = key
+        self.log: dict[int, Any] = {}
+        self.voff: dict[Any, int] = {}
+        self.conflicts: dict[int, list[Any]] = {}
+        self.multi: dict[Any, set[int]] = {}
+        self.offsets: list[int] = []
+        self.oidx: dict[int, int] = {}
+
+    def add(self, offset: int, value: Any) -> None:
+        log = self.log
+        if offset in log:
+            cur = log[offset]
+            if cur != value:
+                vals = self.conflicts.get(offset)
+                if vals is None:
+                    self.conflicts[offset] = [cur, value]
+                elif value not in vals:
+                    vals.append(value)
+        else:
+            log[offset] = value
+        o0 = self.voff.get(value)
+        if o0 is None:
+            self.voff[value] = offset
+        elif o0 != offset:
+            s = self.multi.get(value)
+            if s is None:
+                self.multi[value] = {o0, offset}
+            else:
+                s.add(offset)
+
+    def seal(self) -> None:
+        self.offsets = sorted(self.log)
+        self.oidx = {o: i for i, o in enumerate(self.offsets)}
+
+    def value_offsets(self, value: Any) -> list[int]:
+        s = self.multi.get(value)
+        if s is not None:
+            return sorted(s)
+        o = self.voff.get(value)
+        return [] if o is None else [o]
+
+    def first_index(self, value: Any) -> int | None:
+        s = self.multi.get(value)
+        if s is not None:
+            return self.oidx[min(s)]
+        o = self.voff.get(value)
+        return None if o is None else self.oidx[o]
+
+    def last_index(self, value: Any) -> int | None:
+        s = self.multi.get(value)
+        if s is not None:
+            return self.oidx[max(s)]
+        o = self.voff.get(value)
+        return None if o is None else self.oidx[o]
+
+    def index_of(self, offset: Any, value: Any) -> int | None:
+        """Index of a record read or acked at `offset` (value's first index if unknown)."""
+        if offset is not None:
+            i = self.oidx.get(offset)
+            if i is not None:
+                return i
+        return self.first_index(value)
+
+    def values_at(self, offset: int) -> list[Any]:
+        c = self.conflicts.get(offset)
+        if c is not None:
+            return c
+        return [self.log[offset]] if offset in self.log else []
+
+    def offset_at_index(self, index: int) -> int:
+        return self.offsets[index]
+
+    def all_values(self) -> list[Any]:
+        return list(self.voff)

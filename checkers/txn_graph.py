@@ -1,0 +1,286 @@
+"""Transaction dependency graphs and the cycle anomalies found in them.
+
+Nodes are ints (history positions of committed ops; negative ids are virtual realtime
+nodes). Every edge carries a bit mask of kinds: `WW` (version order), `WR` (a read of
+another op's write), `PROCESS` (consecutive ops of one process) and `REALTIME`.
+
+Realtime order is encoded without a quadratic number of edges: `add_realtime_chain`
+threads a chain of virtual nodes through the history, op -> (event after its completion)
+-> ... -> (event before an invoke) -> op, so A reaches B through virtual nodes exactly
+when A completed before B was invoked. Cycles that pass through virtual nodes are
+reported with those stretches collapsed into one realtime step.
+
+`find_cycles` implements the anomalies.md cycle rules:
+
+| name | edges allowed | a cycle must use |
+|---|---|---|
+| G0 / G0-process / G0-realtime | ww (+process / +realtime) | ww (+process / +realtime) |
+| G1c / -process / -realtime | wr (+...) | wr (+...) |
+| G1c-ww / -process / -realtime | ww, wr (+...) | ww and wr (+...) |
+
+Steps: nodes that cannot lie on any cycle (no in- or no out-edges, repeatedly) are
+trimmed in plain Python, so a valid history costs one linear pass; networkx then finds
+strongly connected components of what is left for each anomaly's edge set, and each
+component is explained by a shortest simple cycle that uses every required kind,
+found by breadth-first search over (node, kinds used) states.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import networkx as nx
+
+__all__ = [
+    "CYCLE_RULES",
+    "PROCESS",
+    "REALTIME",
+    "WR",
+    "WW",
+    "DepGraph",
+    "find_cycles",
+    "kind_name",
+]
+
+WW, WR, PROCESS, REALTIME = 1, 2, 4, 8
+_KIND_NAMES = {WW: "ww", WR: "wr", PROCESS: "process", REALTIME: "realtime"}
+
+# name -> (allowed edge kinds, kinds a cycle must contain); order matters: weaker first.
+CYCLE_RULES: dict[str, tuple[int, int]] = {
+    "G0": (WW, WW),
+    "G1c": (WR, WR),
+    "G1c-ww": (WW | WR, WW | WR),
+    "G0-process": (WW | PROCESS, WW | PROCESS),
+    "G1c-process": (WR | PROCESS, WR | PROCESS),
+    "G1c-ww-process": (WW | WR | PROCESS, WW | WR | PROCESS),
+    "G0-realtime": (WW | REALTIME, WW | REALTIME),
+    "G1c-realtime": (WR | REALTIME, WR | REALTIME),
+    "G1c-ww-realtime": (WW | WR | REALTIME, WW | WR | REALTIME),
+}
+
+
+def kind_name(bit: int) -> str:
+    return _KIND_NAMES[bit]
+
+
+class DepGraph:
+    """A directed multigraph-by-mask over int nodes, cheap to build in one pass."""
+
+    __slots__ = ("_last_event", "_next_virtual", "_open_event", "succ")
+
+    def __init__(self) -> None:
+        self.succ: dict[int, dict[int, int]] = {}
+        self._next_virtual = -1
+        self._last_event: int | None = None
+        self._open_event = False
+
+    def link(self, a: int, b: int, kind: int) -> None:
+        if a == b:
+            return
+        s = self.succ.get(a)
+        if s is None:
+            self.succ[a] = {b: kind}
+        else:
+            s[b] = s.get(b, 0) | kind
+
+    def add_realtime_chain(self, events: Iterable[tuple[int, bool]]) -> None:
+        """Events in history order: (node, True) at a completion, (node, False) at an invoke.
+
+        Only ops whose completion is certain should be given completion events.
+        """
+        last: int | None = None
+        fresh = False  # does `last` already precede some invoke?
+        for node, completed in events:
+            if completed:
+                if last is None or fresh:
+                    v = self._next_virtual
+                    self._next_virtual -= 1
+                    if last is not None:
+                        self.link(last, v, REALTIME)
+                    last = v
+                    fresh = False
+                self.link(node, last, REALTIME)
+            elif last is not None:
+                self.link(last, node, REALTIME)
+                fresh = True
+
+    def edge_count(self) -> int:
+        return sum(len(s) for s in self.succ.values())
+
+
+def _trim(succ: dict[int, dict[int, int]]) -> set[int]:
+    """Nodes that may lie on a cycle: repeatedly drop nodes without in- or out-edges."""
+    pred: dict[int, list[int]] = {}
+    indeg: dict[int, int] = {}
+    for a, s in succ.items():
+        indeg.setdefault(a, 0)
+        for b in s:
+            indeg[b] = indeg.get(b, 0) + 1
+            p = pred.get(b)
+            if p is None:
+                pred[b] = [a]
+            else:
+                p.append(a)
+    outdeg = {n: len(succ.get(n, ())) for n in indeg}
+    alive = set(indeg)
+    queue = deque(n for n in indeg if indeg[n] == 0 or outdeg[n] == 0)
+    while queue:
+        n = queue.pop()
+        if n not in alive:
+            continue
+        alive.discard(n)
+        for b in succ.get(n, ()):
+            if b in alive:
+                indeg[b] -= 1
+                if indeg[b] == 0:
+                    queue.append(b)
+        for a in pred.get(n, ()):
+            if a in alive:
+                outdeg[a] -= 1
+                if outdeg[a] == 0:
+                    queue.append(a)
+    return alive
+
+
+def _bits(mask: int) -> list[int]:
+    return [b for b in (WW, WR, PROCESS, REALTIME) if mask & b]
+
+
+def _cycle_through(
+    adj: dict[int, dict[int, int]], u: int, v: int, first: int, required: int, limit: int
+) -> list[tuple[int, int, int]] | None:
+    """Shortest closed walk u -(first)-> v ~> u whose steps use every `required` kind."""
+    start = (v, first & required)
+    parent: dict[tuple[int, int], tuple[tuple[int, int], int] | None] = {start: None}
+    queue = deque([start])
+    goal = None
+    while queue:
+        state = queue.popleft()
+        node, mask = state
+        if node == u and mask == required:
+            goal = state
+            break
+        if len(parent) > limit:
+            return None
+        for nxt, kinds in adj[node].items():
+            for b in _bits(kinds):
+                ns = (nxt, mask | (b & required))
+                if ns not in parent:
+                    parent[ns] = (state, b)
+                    queue.append(ns)
+    if goal is None:
+        return None
+    steps: list[tuple[int, int, int]] = []
+    cur = goal
+    while True:
+        link = parent[cur]
+        if link is None:
+            break
+        prev, b = link
+        steps.append((prev[0], cur[0], b))
+        cur = prev
+    steps.reverse()
+    return [(u, v, first), *steps]
+
+
+def _collapse(steps: list[tuple[int, int, int]]) -> list[tuple[int, int, int]] | None:
+    """Collapse virtual stretches into realtime steps; None if the cycle is not simple."""
+    # Rotate so the cycle starts at a real node.
+    for i, (a, _b, _k) in enumerate(steps):
+        if a >= 0:
+            steps = steps[i:] + steps[:i]
+            break
+    else:
+        return None
+    out: list[tuple[int, int, int]] = []
+    src: int | None = None
+    for a, b, k in steps:
+        if a >= 0 and b >= 0:
+            out.append((a, b, k))
+        elif a >= 0:
+            src = a
+        elif b >= 0:
+            assert src is not None
+            out.append((src, b, REALTIME))
+            src = None
+    seen = [a for a, _b, _k in out]
+    if len(seen) != len(set(seen)) or len(out) < 2:
+        return None
+    return out
+
+
+def find_cycles(
+    graph: DepGraph,
+    explain_step: Callable[[int, int, int], dict[str, Any]],
+    *,
+    rules: Iterable[str] | None = None,
+    tries: int = 8,
+    state_limit: int = 2_000_000,
+) -> tuple[dict[str, list[dict[str, Any]]], dict[str, int]]:
+    """Find cycle anomalies; return ({name: [case, ...]}, stats)."""
+    alive = _trim(graph.succ)
+    stats = {
+        "graph_nodes": len({*graph.succ, *(b for s in graph.succ.values() for b in s)}),
+        "graph_edges": graph.edge_count(),
+        "cyclic_nodes": len(alive),
+    }
+    found: dict[str, list[dict[str, Any]]] = {}
+    if not alive:
+        return found, stats
+    core = nx.DiGraph()
+    for a in alive:
+        for b, kinds in graph.succ.get(a, {}).items():
+            if b in alive:
+                core.add_edge(a, b, kinds=kinds)
+    explained: dict[str, list[frozenset[int]]] = {}
+    for name in rules or CYCLE_RULES:
+        allowed, required = CYCLE_RULES[name]
+        base = name.replace("-process", "").replace("-realtime", "")
+        sub = nx.DiGraph()
+        for a, b, kinds in core.edges(data="kinds"):
+            k = kinds & allowed
+            if k:
+                sub.add_edge(a, b, kinds=k)
+        for scc in nx.strongly_connected_components(sub):
+            if len(scc) < 2:
+                continue
+            real = frozenset(n for n in scc if n >= 0)
+            if real in explained.get(base, ()):
+                continue
+            adj = {n: {b: d["kinds"] for b, d in sub.adj[n].items() if b in scc} for n in scc}
+            counts: dict[int, list[tuple[int, int]]] = {b: [] for b in _bits(required)}
+            for a, s in adj.items():
+                for b, kinds in s.items():
+                    for bit in _bits(kinds & required):
+                        counts[bit].append((a, b))
+            if any(not edges for edges in counts.values()):
+                continue
+            anchor = min(counts, key=lambda bit: len(counts[bit]))
+            best: list[tuple[int, int, int]] | None = None
+            for a, b in counts[anchor][:tries]:
+                walk = _cycle_through(adj, a, b, anchor, required, state_limit)
+                if walk is None:
+                    continue
+                cyc = _collapse(walk)
+                if cyc is not None and (best is None or len(cyc) < len(best)):
+                    best = cyc
+            if best is None:
+                continue
+            explained.setdefault(base, []).append(real)
+            steps = [
+                {"from": a, "to": b, "type": kind_name(k), **explain_step(a, b, k)}
+                for a, b, k in best
+            ]
+            text = "; ".join(s["explanation"] for s in steps)
+            found.setdefault(name, []).append(
+                {
+                    "cycle": [s["from"] for s in steps],
+                    "steps": steps,
+                    "scc_size": len(real),
+                    "explanation": f"{name} cycle over {len(best)} ops (one of a strongly "
+                    f"connected component of {len(real)}): {text}; which closes the cycle",
+                }
+            )
+    return found, stats

@@ -1,0 +1,123 @@
+from pathlib import Path
+
+from broker.log.record_batch import iter_batches, stamp
+from broker.log.segment import LogSegment, log_path
+from tests.log.batches import decode_values, make_batch
+
+
+class FakeClock:
+    def __init__(self, now: float = 1_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def filled_segment(tmp_path: Path, batches: int = 10, base: int = 100, interval: int = 200) -> LogSegment:
+    segment = LogSegment(tmp_path, base, index_interval_bytes=interval, max_index_size=4096, clock=FakeClock())
+    offset = base
+    for i in range(batches):
+        data = bytearray(make_batch(4, timestamp=10_000 + 10 * i, tag=i))
+        stamp(data, 0, offset, 0)
+        segment.append(offset + 3, 10_000 + 10 * i + 3, offset + 3, memoryview(data))
+        offset += 4
+    return segment
+
+
+def test_file_names_are_padded_base_offsets(tmp_path: Path) -> None:
+    segment = filled_segment(tmp_path, batches=1, base=42)
+    assert segment.log_file.name == "00000000000000000042.log"
+    assert segment.offset_index.path.name == "00000000000000000042.index"
+    assert segment.time_index.path.name == "00000000000000000042.timeindex"
+    assert log_path(tmp_path, 42) == segment.log_file
+
+
+def test_append_indexes_every_interval_bytes(tmp_path: Path) -> None:
+    segment = filled_segment(tmp_path)
+    size = len(make_batch(4))
+    entries = segment.offset_index.entries_list()
+    assert entries, "an interval of 200 bytes with batches of ~150 must index"
+    batch_positions = {h.position: h.last_offset for h in segment.batches()}
+    for offset, position in entries:
+        assert batch_positions[position] == offset  # (batch last offset, batch position)
+    assert segment.size == 10 * size
+    assert segment.next_offset == 140
+    assert segment.max_timestamp_so_far == 10_093 and segment.offset_of_max_timestamp_so_far == 139
+
+
+def test_read_from_the_batch_holding_the_offset(tmp_path: Path) -> None:
+    segment = filled_segment(tmp_path)
+    size = len(make_batch(4))
+    region = segment.read(105, 10 * size)
+    assert region is not None
+    assert region.position == size  # batch 104..107
+    records = decode_values(region.read_bytes())
+    assert records[0][0] == 104 and records[-1][0] == 139
+    assert segment.read(140, 1000) is None  # past the last batch
+
+
+def test_read_respects_max_size_whole_batches_and_min_one(tmp_path: Path) -> None:
+    segment = filled_segment(tmp_path)
+    size = len(make_batch(4))
+    region = segment.read(100, 2 * size + size // 2)
+    assert region is not None and region.size == 2 * size
+    assert segment.read(100, 10).size == 0  # type: ignore[union-attr]
+    one = segment.read(100, 10, min_one_message=True)
+    assert one is not None and one.size == size
+
+
+def test_read_stops_before_max_offset_and_max_position(tmp_path: Path) -> None:
+    segment = filled_segment(tmp_path)
+    size = len(make_batch(4))
+    region = segment.read(100, 100 * size, max_offset=110)  # 108..111 holds 110: excluded
+    assert region is not None and region.size == 2 * size
+    region = segment.read(100, 100 * size, max_position=3 * size)
+    assert region is not None and region.size == 3 * size
+    at_limit = segment.read(112, 100 * size, max_offset=112, min_one_message=True)
+    assert at_limit is not None and at_limit.size == 0
+
+
+def test_find_offset_by_timestamp_is_record_precise(tmp_path: Path) -> None:
+    segment = filled_segment(tmp_path)
+    assert segment.find_offset_by_timestamp(0) == (100, 10_000)
+    assert segment.find_offset_by_timestamp(10_052) == (122, 10_052)  # batch 5 (120..123), record 2
+    assert segment.find_offset_by_timestamp(10_055) == (124, 10_060)
+    assert segment.find_offset_by_timestamp(20_000) is None
+    assert segment.find_offset_by_timestamp(0, starting_offset=130) == (130, 10_072)
+
+
+def test_truncate_to_drops_the_batch_holding_the_offset(tmp_path: Path) -> None:
+    segment = filled_segment(tmp_path)
+    size = len(make_batch(4))
+    removed = segment.truncate_to(118)  # batch 116..119
+    assert removed == 6 * size
+    assert segment.size == 4 * size and segment.next_offset == 116
+    assert all(offset < 118 for offset, _ in segment.offset_index.entries_list())
+    assert segment.max_timestamp_so_far == 10_033
+    assert segment.truncate_to(500) == 0
+
+
+def test_recover_rebuilds_indexes_and_cuts_torn_tail(tmp_path: Path) -> None:
+    segment = filled_segment(tmp_path)
+    entries = segment.offset_index.entries_list()
+    size = len(make_batch(4))
+    with open(segment.log_file, "ab") as out:
+        out.write(make_batch(4)[:50])  # a torn write
+    segment.close_handlers()
+    reopened = LogSegment(tmp_path, 100, index_interval_bytes=200, max_index_size=4096, clock=FakeClock())
+    reopened.offset_index.reset()
+    assert reopened.recover() == 50
+    assert reopened.size == 10 * size
+    assert reopened.offset_index.entries_list() == entries
+    assert reopened.max_timestamp_so_far == 10_093
+    assert [h.base_offset for h in iter_batches(reopened.read(100, 10**6).read_bytes())][-1] == 136  # type: ignore[union-attr]
+
+
+def test_close_trims_indexes_and_keeps_largest_timestamp(tmp_path: Path) -> None:
+    segment = filled_segment(tmp_path)
+    segment.close()
+    assert segment.offset_index.path.stat().st_size == 8 * segment.offset_index.entries
+    reopened = LogSegment(tmp_path, 100, index_interval_bytes=200, max_index_size=4096, clock=FakeClock())
+    reopened.sanity_check()
+    assert reopened.max_timestamp_so_far == 10_093
+    assert reopened.next_offset == 140

@@ -1,1 +1,57 @@
-"""isrlab broker.replication."""
+"""isrlab broker.replication: the sans-IO replication core.
+
+- ``partition.Partition``: leader/follower logic of one partition replica (HW, ISR, acks,
+  delayed produce, fetch epoch checks, KIP-101/KIP-279 truncation);
+- ``replica.Replica``: what a leader knows about a follower;
+- ``replica_log.ReplicaLog`` / ``MemoryLog``: the log interface the core drives, in memory;
+- ``state``: the partition state znode (``LeaderAndIsr``) and the ``WriteStateZnode`` action;
+- ``actions``: what the core asks its shell to do; ``errors``: Kafka error codes;
+- ``config.ReplicationConfig``: min.insync.replicas, replica.lag.time.max.ms, truncation mode.
+"""
+
+from broker.replication.actions import (
+    CONSUMER_REPLICA_ID,
+    Action,
+    FetchResponse,
+    OffsetsForLeaderEpochResponse,
+    ProduceResponse,
+    SendFetch,
+    SendOffsetsForLeaderEpoch,
+)
+from broker.replication.config import ReplicationConfig, TruncationMode
+from broker.replication.errors import ErrorCode
+from broker.replication.partition import ACKS_ALL, FollowerPhase, Partition, Role
+from broker.replication.replica import Replica
+from broker.replication.replica_log import MemoryLog, ReplicaLog
+from broker.replication.state import (
+    NO_LEADER,
+    LeaderAndIsr,
+    TopicPartition,
+    WriteStateZnode,
+    partition_state_path,
+)
+
+__all__ = [
+    "ACKS_ALL",
+    "CONSUMER_REPLICA_ID",
+    "NO_LEADER",
+    "Action",
+    "ErrorCode",
+    "FetchResponse",
+    "FollowerPhase",
+    "LeaderAndIsr",
+    "MemoryLog",
+    "OffsetsForLeaderEpochResponse",
+    "Partition",
+    "ProduceResponse",
+    "Replica",
+    "ReplicaLog",
+    "ReplicationConfig",
+    "Role",
+    "SendFetch",
+    "SendOffsetsForLeaderEpoch",
+    "TopicPartition",
+    "TruncationMode",
+    "WriteStateZnode",
+    "partition_state_path",
+]

@@ -13,8 +13,12 @@ class FakeClock:
         return self.now
 
 
-def filled_segment(tmp_path: Path, batches: int = 10, base: int = 100, interval: int = 200) -> LogSegment:
-    segment = LogSegment(tmp_path, base, index_interval_bytes=interval, max_index_size=4096, clock=FakeClock())
+def filled_segment(
+    tmp_path: Path, batches: int = 10, base: int = 100, interval: int = 200
+) -> LogSegment:
+    segment = LogSegment(
+        tmp_path, base, index_interval_bytes=interval, max_index_size=4096, clock=FakeClock()
+    )
     offset = base
     for i in range(batches):
         data = bytearray(make_batch(4, timestamp=10_000 + 10 * i, tag=i))
@@ -104,7 +108,9 @@ def test_recover_rebuilds_indexes_and_cuts_torn_tail(tmp_path: Path) -> None:
     with open(segment.log_file, "ab") as out:
         out.write(make_batch(4)[:50])  # a torn write
     segment.close_handlers()
-    reopened = LogSegment(tmp_path, 100, index_interval_bytes=200, max_index_size=4096, clock=FakeClock())
+    reopened = LogSegment(
+        tmp_path, 100, index_interval_bytes=200, max_index_size=4096, clock=FakeClock()
+    )
     reopened.offset_index.reset()
     assert reopened.recover() == 50
     assert reopened.size == 10 * size
@@ -117,7 +123,9 @@ def test_close_trims_indexes_and_keeps_largest_timestamp(tmp_path: Path) -> None
     segment = filled_segment(tmp_path)
     segment.close()
     assert segment.offset_index.path.stat().st_size == 8 * segment.offset_index.entries
-    reopened = LogSegment(tmp_path, 100, index_interval_bytes=200, max_index_size=4096, clock=FakeClock())
+    reopened = LogSegment(
+        tmp_path, 100, index_interval_bytes=200, max_index_size=4096, clock=FakeClock()
+    )
     reopened.sanity_check()
     assert reopened.max_timestamp_so_far == 10_093
     assert reopened.next_offset == 140

@@ -1,0 +1,331 @@
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from broker.log.errors import (
+    CorruptRecordError,
+    InvalidRecordError,
+    KafkaStorageError,
+    LogError,
+    OffsetOutOfRangeError,
+    RecordBatchTooLargeError,
+    RecordTooLargeError,
+)
+from broker.log.log import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, AppendOrigin, Log, LogConfig
+from broker.log.record_batch import CONTROL_MASK, iter_batches, stamp
+from tests.log.batches import decode_values, make_batch
+from tests.log.conftest import FakeClock
+
+Opener = Callable[..., Log]
+BATCH = len(make_batch(3))
+
+
+def fill(log: Log, batches: int, *, epoch: int = 0, timestamp: int = 1_000) -> None:
+    for i in range(batches):
+        log.append_as_leader(make_batch(3, timestamp=timestamp + 10 * i, tag=i), epoch)
+
+
+def test_topic_and_partition_come_from_the_directory(open_log: Opener) -> None:
+    log = open_log(name="orders-eu-west-12")
+    assert (log.topic, log.partition) == ("orders-eu-west", 12)
+    assert log.dir.name == "orders-eu-west-12"
+
+
+def test_bad_directory_name_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(KafkaStorageError, match="<topic>-<partition>"):
+        Log.open(tmp_path / "orders", LogConfig())
+
+
+def test_append_as_leader_assigns_offsets_and_epoch(open_log: Opener) -> None:
+    log = open_log()
+    records = make_batch(3, tag=1) + make_batch(2, tag=2)
+    original = bytes(records)
+    info = log.append_as_leader(records, 5)
+    assert (info.first_offset, info.last_offset, info.num_records, info.num_batches) == (0, 4, 5, 2)
+    assert info.valid_bytes == len(records) and info.log_append_time == -1
+    assert info.max_timestamp == 1_002 and info.offset_of_max_timestamp == 2
+    info2 = log.append_as_leader(make_batch(4, tag=3), 5)
+    assert (info2.first_offset, info2.last_offset) == (5, 8)
+    assert records == original  # the caller's buffer is not modified
+    stored = log.read(0, 10**6).read_bytes()
+    headers = list(iter_batches(stored))
+    assert [(h.base_offset, h.partition_leader_epoch) for h in headers] == [(0, 5), (3, 5), (5, 5)]
+    assert [o for o, _ in decode_values(stored)] == list(range(9))
+    assert log.log_end_offset == 9
+    assert log.leader_epoch_cache.epoch_entries() == [(5, 0)]
+    log.append_as_leader(make_batch(1), 7)
+    assert log.leader_epoch_cache.epoch_entries() == [(5, 0), (7, 9)]
+
+
+def test_a_bad_batch_rejects_the_whole_append(open_log: Opener) -> None:
+    log = open_log()
+    fill(log, 2)
+    bad = bytearray(make_batch(3))
+    bad[-2] ^= 0x01
+    with pytest.raises(CorruptRecordError):
+        log.append_as_leader(make_batch(3) + bytes(bad), 0)
+    with pytest.raises(CorruptRecordError):
+        log.append_as_leader(make_batch(3) + make_batch(3)[:40], 0)
+    with pytest.raises(InvalidRecordError):
+        log.append_as_leader(b"", 0)
+    assert log.log_end_offset == 6 and log.size_in_bytes == 2 * BATCH
+
+
+def test_size_limits(open_log: Opener) -> None:
+    log = open_log(LogConfig(segment_bytes=1_000, max_message_bytes=500, file_delete_delay_ms=0))
+    with pytest.raises(RecordTooLargeError) as info:
+        log.append_as_leader(make_batch(1, value_size=600), 0)
+    assert info.value.code == 10
+    with pytest.raises(RecordBatchTooLargeError) as info2:
+        log.append_as_leader(b"".join(make_batch(2, value_size=100, tag=i) for i in range(6)), 0)
+    assert info2.value.code == 18
+    assert log.log_end_offset == 0
+
+
+def test_clients_cannot_write_control_batches(open_log: Opener) -> None:
+    log = open_log()
+    data = bytearray(make_batch(1, producer_id=3, transactional=True))
+    attributes = int.from_bytes(data[21:23], "big") | CONTROL_MASK
+    data[21:23] = attributes.to_bytes(2, "big")
+    from crc32c import crc32c
+
+    data[17:21] = crc32c(bytes(data[21:])).to_bytes(4, "big")
+    with pytest.raises(InvalidRecordError, match="control"):
+        log.append_as_leader(bytes(data), 0)
+    assert log.append_as_leader(bytes(data), 0, origin=AppendOrigin.COORDINATOR).num_batches == 1
+
+
+def test_append_as_follower_keeps_offsets_and_epochs(open_log: Opener, tmp_path: Path) -> None:
+    leader = open_log(name="leader-0")
+    leader.append_as_leader(make_batch(3, tag=1), 2)
+    leader.append_as_leader(make_batch(3, tag=2), 4)
+    fetched = leader.read(0, 10**6).read_bytes()
+    follower = open_log(name="follower-0")
+    assert follower.append_as_follower(b"").num_batches == 0
+    info = follower.append_as_follower(fetched)
+    assert (info.first_offset, info.last_offset) == (0, 5)
+    assert follower.read(0, 10**6).read_bytes() == fetched
+    assert follower.leader_epoch_cache.epoch_entries() == [(2, 0), (4, 3)]
+    with pytest.raises(LogError, match="log end offset is 6"):
+        follower.append_as_follower(fetched)
+    gap = bytearray(make_batch(2))
+    stamp(gap, 0, 10, 4)
+    with pytest.raises(LogError):
+        follower.append_as_follower(bytes(gap))
+
+
+def test_roll_on_segment_bytes(open_log: Opener) -> None:
+    log = open_log(LogConfig(segment_bytes=3 * BATCH, file_delete_delay_ms=0))
+    fill(log, 7)
+    assert [s.base_offset for s in log.segments] == [0, 9, 18]
+    assert all(s.size <= 3 * BATCH for s in log.segments)
+    assert log.recovery_point == 18  # rolled segments are flushed
+
+
+def test_roll_on_segment_ms(open_log: Opener, clock: FakeClock) -> None:
+    log = open_log(LogConfig(segment_ms=60_000, file_delete_delay_ms=0))
+    fill(log, 2)
+    clock.advance_ms(60_000)
+    fill(log, 1)
+    assert len(log.segments) == 1  # not yet past segment.ms
+    clock.advance_ms(1)
+    fill(log, 1)
+    assert [s.base_offset for s in log.segments] == [0, 9]
+    clock.advance_ms(10 * 60_000)
+    assert len(log.segments) == 2  # time alone never rolls an idle (empty) segment
+
+
+def test_full_index_forces_a_roll(open_log: Opener) -> None:
+    log = open_log(
+        LogConfig(segment_index_bytes=24, index_interval_bytes=1, file_delete_delay_ms=0)
+    )
+    fill(log, 12)
+    assert len(log.segments) > 1
+    for segment in log.segments[:-1]:
+        assert segment.offset_index.entries <= 3
+    assert [o for o, _ in decode_values(log.read(0, 10**6).read_bytes())] == list(range(36))
+
+
+def test_explicit_roll_and_empty_roll_is_a_noop(open_log: Opener) -> None:
+    log = open_log()
+    assert log.roll() is log.active_segment and len(log.segments) == 1
+    fill(log, 1)
+    new = log.roll()
+    assert new.base_offset == 3 and len(log.segments) == 2
+    assert log.roll() is new
+
+
+def test_read_errors_and_empty_read(open_log: Opener) -> None:
+    log = open_log()
+    fill(log, 2)
+    assert log.read(6, 1000).size == 0
+    with pytest.raises(OffsetOutOfRangeError) as info:
+        log.read(7, 1000)
+    assert info.value.code == 1
+    log.maybe_increment_log_start_offset(3)
+    with pytest.raises(OffsetOutOfRangeError):
+        log.read(2, 1000)
+    assert log.read(3, 1000).size == BATCH
+
+
+def test_read_across_segments_with_limits(open_log: Opener) -> None:
+    log = open_log(LogConfig(segment_bytes=2 * BATCH, file_delete_delay_ms=0))
+    fill(log, 6)  # segments 0, 6, 12 with two batches each
+    assert len(log.segments) == 3
+    everything = log.read(0, 10**6)
+    assert len(everything.regions) == 3 and everything.size == 6 * BATCH
+    assert [o for o, _ in decode_values(everything.read_bytes())] == list(range(18))
+    middle = log.read(4, 3 * BATCH + 5)  # batch 3..5, then 6..8, 9..11
+    assert decode_values(middle.read_bytes())[0][0] == 3
+    assert middle.size == 3 * BATCH
+    capped = log.read(0, 10**6, max_offset=10)  # stops before batch 9..11
+    assert [o for o, _ in decode_values(capped.read_bytes())][-1] == 8
+    assert log.read(9, 10**6, max_offset=9).size == 0
+    assert log.read(0, 1).size == BATCH  # min_one_message
+    assert log.read(0, 1, min_one_message=False).size == 0
+
+
+def test_offset_for_timestamp(open_log: Opener) -> None:
+    log = open_log(LogConfig(segment_bytes=2 * BATCH, file_delete_delay_ms=0))
+    fill(log, 6, timestamp=5_000)  # batch i has timestamps 5000+10i .. +2
+    assert log.offset_for_timestamp(0) == (0, 5_000)
+    assert log.offset_for_timestamp(5_031) == (10, 5_031)
+    assert log.offset_for_timestamp(5_033) == (12, 5_040)
+    assert log.offset_for_timestamp(6_000) is None
+    assert log.offset_for_timestamp(EARLIEST_TIMESTAMP) == (0, -1)
+    assert log.offset_for_timestamp(LATEST_TIMESTAMP) == (18, -1)
+
+
+def test_truncate_to_drops_data_segments_and_epochs(open_log: Opener) -> None:
+    log = open_log(LogConfig(segment_bytes=2 * BATCH, file_delete_delay_ms=0))
+    fill(log, 2, epoch=1)
+    fill(log, 2, epoch=2)
+    fill(log, 2, epoch=3)
+    assert log.leader_epoch_cache.epoch_entries() == [(1, 0), (2, 6), (3, 12)]
+    assert log.truncate_to(7)  # inside batch 6..8: the whole batch goes
+    assert log.log_end_offset == 6
+    assert [s.base_offset for s in log.segments] == [0, 6]
+    assert log.leader_epoch_cache.epoch_entries() == [(1, 0)]
+    assert not log.truncate_to(100)
+    info = log.append_as_leader(make_batch(3), 4)
+    assert info.first_offset == 6
+    assert log.leader_epoch_cache.epoch_entries() == [(1, 0), (4, 6)]
+    assert [o for o, _ in decode_values(log.read(0, 10**6).read_bytes())] == list(range(9))
+
+
+def test_truncate_fully_and_start_at(open_log: Opener) -> None:
+    log = open_log()
+    fill(log, 3, epoch=1)
+    log.truncate_fully_and_start_at(50)
+    assert (log.log_start_offset, log.log_end_offset, log.recovery_point) == (50, 50, 50)
+    assert log.leader_epoch_cache.epoch_entries() == []
+    assert log.append_as_leader(make_batch(2), 2).first_offset == 50
+    assert sorted(p.name for p in log.dir.glob("*.log")) == ["00000000000000000050.log"]
+
+
+def test_retention_by_time_never_deletes_the_active_segment(
+    open_log: Opener, clock: FakeClock
+) -> None:
+    log = open_log(LogConfig(segment_bytes=2 * BATCH, retention_ms=60_000, file_delete_delay_ms=0))
+    now_ms = int(clock() * 1000)
+    fill(log, 3, timestamp=now_ms - 120_000)  # old: segments 0 and 6
+    fill(log, 3, timestamp=now_ms)
+    bases = [s.base_offset for s in log.segments]
+    assert bases == [0, 6, 12]
+    assert log.delete_old_segments() == 1  # segment 6 holds a fresh batch
+    assert log.log_start_offset == 6
+    assert not (log.dir / "00000000000000000000.log").exists()
+    clock.advance_ms(10 * 60_000)
+    assert log.delete_old_segments() == 1
+    assert [s.base_offset for s in log.segments] == [12]
+    assert log.delete_old_segments() == 0  # only the active one is left
+    assert log.log_start_offset == 12
+    with pytest.raises(OffsetOutOfRangeError):
+        log.read(0, 100)
+
+
+def test_retention_by_size(open_log: Opener) -> None:
+    log = open_log(
+        LogConfig(
+            segment_bytes=2 * BATCH,
+            retention_bytes=3 * BATCH,
+            retention_ms=-1,
+            file_delete_delay_ms=0,
+        )
+    )
+    fill(log, 7)  # segments: [0,6) [6,12) [12,18) [18,21)
+    assert log.delete_old_segments() == 2
+    assert [s.base_offset for s in log.segments] == [12, 18]
+    assert log.size_in_bytes <= 3 * BATCH
+    assert log.log_start_offset == 12
+
+
+def test_retention_respects_the_high_watermark(open_log: Opener) -> None:
+    log = open_log(
+        LogConfig(
+            segment_bytes=2 * BATCH, retention_bytes=0, retention_ms=-1, file_delete_delay_ms=0
+        )
+    )
+    fill(log, 6)
+    assert log.delete_old_segments(high_watermark=7) == 1  # segment 6 ends at 12 > 7
+    assert log.log_start_offset == 6
+
+
+def test_log_start_offset_advancement_deletes_segments_below_it(open_log: Opener) -> None:
+    log = open_log(LogConfig(segment_bytes=2 * BATCH, retention_ms=-1, file_delete_delay_ms=0))
+    fill(log, 6)
+    assert log.maybe_increment_log_start_offset(13)
+    assert not log.maybe_increment_log_start_offset(5)
+    with pytest.raises(OffsetOutOfRangeError):
+        log.maybe_increment_log_start_offset(100)
+    assert log.delete_old_segments() == 2
+    assert log.log_start_offset == 13
+    assert decode_values(log.read(13, 10**6).read_bytes())[0][0] == 12  # whole batch holding 13
+
+
+def test_deleted_segments_wait_for_file_delete_delay(open_log: Opener, clock: FakeClock) -> None:
+    log = open_log(LogConfig(segment_bytes=2 * BATCH, retention_ms=-1, file_delete_delay_ms=30_000))
+    fill(log, 6)
+    in_flight = log.read(0, 2 * BATCH)
+    log.maybe_increment_log_start_offset(6)
+    assert log.delete_old_segments() == 1
+    assert (log.dir / "00000000000000000000.log.deleted").exists()
+    assert len(in_flight.read_bytes()) == 2 * BATCH  # a region handed out before still reads
+    clock.advance_ms(30_000)
+    log.maybe_flush()
+    assert not (log.dir / "00000000000000000000.log.deleted").exists()
+
+
+def test_flush_policies_advance_the_recovery_point(open_log: Opener, clock: FakeClock) -> None:
+    log = open_log(LogConfig(flush_interval_messages=6, file_delete_delay_ms=0))
+    fill(log, 1)
+    assert log.recovery_point == 0
+    fill(log, 1)
+    assert log.recovery_point == 6
+    timed = open_log(LogConfig(flush_interval_ms=1_000, file_delete_delay_ms=0), name="timed-0")
+    fill(timed, 2)
+    assert not timed.maybe_flush() and timed.recovery_point == 0
+    clock.advance_ms(1_000)
+    assert timed.maybe_flush() and timed.recovery_point == 6
+    fill(timed, 1)
+    timed.flush(up_to=100)
+    assert timed.recovery_point == 9
+
+
+def test_close_reopen_and_delete(open_log: Opener, tmp_path: Path) -> None:
+    log = open_log(LogConfig(segment_bytes=2 * BATCH, file_delete_delay_ms=0))
+    fill(log, 5, epoch=3)
+    before = log.read(0, 10**6).read_bytes()
+    log.close()
+    assert (log.dir / ".kafka_cleanshutdown").exists()
+    with pytest.raises(KafkaStorageError):
+        log.read(0, 10)
+    again = open_log(LogConfig(segment_bytes=2 * BATCH, file_delete_delay_ms=0))
+    assert not (again.dir / ".kafka_cleanshutdown").exists()
+    assert again.read(0, 10**6).read_bytes() == before
+    assert again.recovery_point == again.log_end_offset == 15
+    assert again.leader_epoch_cache.epoch_entries() == [(3, 0)]
+    assert again.append_as_leader(make_batch(1), 3).first_offset == 15
+    again.delete()
+    assert not (tmp_path / "orders-0").exists()

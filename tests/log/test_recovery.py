@@ -1,0 +1,178 @@
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from broker.log.log import CLEAN_SHUTDOWN_FILE, Log, LogConfig
+from broker.log.record_batch import HEADER_SIZE
+from tests.log.batches import decode_values, make_batch
+
+Opener = Callable[..., Log]
+BATCH = len(make_batch(3))
+CONFIG = LogConfig(segment_bytes=4 * BATCH, index_interval_bytes=BATCH, file_delete_delay_ms=0)
+
+
+def fill(log: Log, batches: int, epoch: int = 0) -> None:
+    for i in range(batches):
+        log.append_as_leader(make_batch(3, tag=i), epoch)
+
+
+def crash(log: Log) -> None:
+    """Leave the files as a kill -9 would: no flush, no trim, no clean-shutdown marker."""
+    log.close_without_flush()
+
+
+def offsets(log: Log) -> list[int]:
+    return [o for o, _ in decode_values(log.read(log.log_start_offset, 10**7).read_bytes())]
+
+
+def test_torn_tail_is_truncated_and_appends_continue(open_log: Opener) -> None:
+    log = open_log(CONFIG)
+    fill(log, 6)  # segments 0 (4 batches) and 12 (2 batches)
+    crash(log)
+    active = log.dir / "00000000000000000012.log"
+    os.truncate(active, active.stat().st_size - 7)  # cut the last batch mid-way
+    again = open_log(CONFIG)
+    assert again.log_end_offset == 15
+    assert offsets(again) == list(range(15))
+    assert again.recovery_point == 15
+    assert again.append_as_leader(make_batch(3), 0).first_offset == 15
+    assert offsets(again) == list(range(18))
+
+
+def test_torn_header_is_truncated(open_log: Opener) -> None:
+    log = open_log(CONFIG)
+    fill(log, 2)
+    crash(log)
+    with open(log.dir / "00000000000000000000.log", "ab") as out:
+        out.write(make_batch(3)[: HEADER_SIZE - 20])
+    again = open_log(CONFIG)
+    assert again.log_end_offset == 6
+    assert (again.dir / "00000000000000000000.log").stat().st_size == 2 * BATCH
+
+
+def test_corrupt_middle_batch_truncates_there_and_drops_later_segments(open_log: Opener) -> None:
+    log = open_log(CONFIG)
+    fill(log, 10)  # segments 0, 12, 24
+    crash(log)
+    middle = log.dir / "00000000000000000012.log"
+    data = bytearray(middle.read_bytes())
+    data[BATCH + BATCH // 2] ^= 0xFF  # inside the second batch of segment 12 (offsets 15..17)
+    middle.write_bytes(bytes(data))
+    again = open_log(CONFIG)
+    assert again.log_end_offset == 15
+    assert [s.base_offset for s in again.segments] == [0, 12]
+    assert not (again.dir / "00000000000000000024.log").exists()
+    assert not (again.dir / "00000000000000000024.index").exists()
+    assert offsets(again) == list(range(15))
+
+
+def test_recovery_point_limits_the_scan(open_log: Opener) -> None:
+    log = open_log(CONFIG)
+    fill(log, 10)
+    crash(log)
+    first = log.dir / "00000000000000000000.log"
+    data = bytearray(first.read_bytes())
+    data[BATCH // 2] ^= 0xFF  # corrupt payload in the flushed first segment: not rescanned
+    first.write_bytes(bytes(data))
+    again = open_log(CONFIG, recovery_point=24)
+    assert again.log_end_offset == 30
+    crash(again)
+    rescanned = open_log(CONFIG, recovery_point=0)
+    assert rescanned.log_end_offset == 0  # now the scan finds it and drops everything after
+
+
+def test_clean_shutdown_marker_skips_the_scan(open_log: Opener) -> None:
+    log = open_log(CONFIG)
+    fill(log, 3)
+    log.close()
+    path = log.dir / "00000000000000000000.log"
+    data = bytearray(path.read_bytes())
+    data[BATCH + BATCH // 2] ^= 0xFF  # a flipped payload byte only a CRC scan would notice
+    path.write_bytes(bytes(data))
+    trusted = open_log(CONFIG)
+    assert not (trusted.dir / CLEAN_SHUTDOWN_FILE).exists()
+    assert trusted.log_end_offset == 9  # trusted: no CRC scan
+    crash(trusted)
+    scanned = open_log(CONFIG)
+    assert scanned.log_end_offset == 3
+
+
+def test_missing_index_is_rebuilt(open_log: Opener) -> None:
+    log = open_log(CONFIG)
+    fill(log, 6)
+    expected = log.segments[0].offset_index.entries_list()
+    assert expected
+    log.close()
+    (log.dir / "00000000000000000000.index").unlink()
+    (log.dir / "00000000000000000000.timeindex").unlink()
+    again = open_log(CONFIG)
+    assert again.segments[0].offset_index.entries_list() == expected
+    assert again.segments[0].max_timestamp_so_far == 1_002
+    assert offsets(again) == list(range(18))
+
+
+def test_garbage_index_is_rebuilt(open_log: Opener) -> None:
+    log = open_log(CONFIG)
+    fill(log, 6)
+    expected = log.segments[0].offset_index.entries_list()
+    log.close()
+    (log.dir / "00000000000000000000.index").write_bytes(b"\xff" * 13)
+    (log.dir / "00000000000000000000.timeindex").write_bytes(b"\x00" * 24)
+    again = open_log(CONFIG)
+    assert again.segments[0].offset_index.entries_list() == expected
+    assert again.read(7, 10).size == BATCH
+
+
+def test_preallocated_active_index_after_crash_is_rebuilt(open_log: Opener) -> None:
+    log = open_log(CONFIG)
+    fill(log, 4)
+    expected = log.segments[0].offset_index.entries_list()
+    assert expected
+    crash(log)
+    index = log.dir / "00000000000000000000.index"
+    assert index.stat().st_size == CONFIG.segment_index_bytes  # still preallocated
+    again = open_log(CONFIG)
+    assert again.segments[0].offset_index.entries_list() == expected
+    assert offsets(again) == list(range(12))
+
+
+def test_stray_files_are_removed(open_log: Opener, tmp_path: Path) -> None:
+    log = open_log(CONFIG)
+    fill(log, 1)
+    log.close()
+    for name in [
+        "00000000000000000007.log.deleted",
+        "00000000000000000009.log.swap",
+        "00000000000000000003.index.cleaned",
+        "00000000000000000050.index",
+    ]:
+        (log.dir / name).write_bytes(b"junk")
+    again = open_log(CONFIG)
+    names = sorted(p.name for p in again.dir.iterdir())
+    assert names == [
+        "00000000000000000000.index",
+        "00000000000000000000.log",
+        "00000000000000000000.timeindex",
+        "leader-epoch-checkpoint",
+    ]
+
+
+def test_log_start_past_the_surviving_data_starts_empty_there(open_log: Opener) -> None:
+    log = open_log(CONFIG)
+    fill(log, 2, epoch=1)
+    crash(log)
+    os.truncate(log.dir / "00000000000000000000.log", BATCH)
+    again = open_log(CONFIG, log_start_offset=6)
+    assert (again.log_start_offset, again.log_end_offset) == (6, 6)
+    assert again.append_as_leader(make_batch(1), 2).first_offset == 6
+
+
+def test_epoch_cache_is_trimmed_to_the_recovered_log(open_log: Opener) -> None:
+    log = open_log(CONFIG)
+    fill(log, 2, epoch=1)
+    fill(log, 2, epoch=2)
+    crash(log)
+    os.truncate(log.dir / "00000000000000000000.log", 2 * BATCH + 10)
+    again = open_log(CONFIG)
+    assert again.log_end_offset == 6
+    assert again.leader_epoch_cache.epoch_entries() == [(1, 0)]

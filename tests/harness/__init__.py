@@ -1,0 +1,1 @@
+"""Tests of harness.control and harness.cluster."""

@@ -1,0 +1,114 @@
+"""CreateTopics, DeleteTopics and InitProducerId.
+
+CreateTopics validates the name, the partition count, the replication factor against the live
+brokers, explicit assignments and topic configs, each failure answered per topic with Kafka's error
+code and a message; `validate_only` checks without creating. DeleteTopics removes the topic and its
+partition logs. InitProducerId hands an idempotent producer a fresh producer id (epoch 0).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from kafka.protocol.admin import (
+    CreateTopicsResponse,
+    DeleteTopicsResponse,
+)
+from kafka.protocol.producer.transaction import InitProducerIdResponse
+
+from broker.config import ConfigError, parse_topic_configs
+from broker.errors import ErrorCode, KafkaError
+from broker.network.codec import FileRegion, Request, encode_response
+from broker.topics import topic_name_problem
+
+if TYPE_CHECKING:
+    from broker.server import KafkaServer
+
+
+async def handle_create_topics(server: KafkaServer, request: Request) -> list[bytes | FileRegion]:
+    v = request.api_version
+    req = request.body
+    cls = CreateTopicsResponse[v]
+    R = cls.CreatableTopicResult
+    results = []
+    seen: set[str] = set()
+    for t in req.topics:
+        code, message = ErrorCode.NONE, None
+        num_partitions = t.num_partitions
+        rf = t.replication_factor
+        try:
+            problem = topic_name_problem(t.name)
+            if problem:
+                raise KafkaError(ErrorCode.INVALID_TOPIC_EXCEPTION, problem)
+            if t.name in seen:
+                raise KafkaError(ErrorCode.INVALID_REQUEST, "topic listed twice in one request")
+            seen.add(t.name)
+            try:
+                parse_topic_configs(
+                    {c.name: c.value for c in t.configs}, server.config.topic_defaults()
+                )
+            except ConfigError as e:
+                raise KafkaError(ErrorCode.INVALID_CONFIG, str(e)) from None
+            assignment = {a.partition_index: list(a.broker_ids) for a in t.assignments} or None
+            overrides = {c.name: c.value for c in t.configs if c.value is not None}
+            info = await server.create_topic(
+                t.name,
+                num_partitions,
+                rf,
+                assignment,
+                overrides,
+                validate_only=bool(getattr(req, "validate_only", False)),
+            )
+            num_partitions = info.num_partitions
+            rf = info.replication_factor
+        except KafkaError as e:
+            code, message = e.code, e.message or e.code.name
+        results.append(
+            R(
+                name=t.name,
+                error_code=int(code),
+                error_message=message,
+                num_partitions=num_partitions if code == ErrorCode.NONE else -1,
+                replication_factor=rf if code == ErrorCode.NONE else -1,
+                configs=None,
+            )
+        )
+    return encode_response(cls(throttle_time_ms=0, topics=results), v, request.correlation_id)
+
+
+async def handle_delete_topics(server: KafkaServer, request: Request) -> list[bytes | FileRegion]:
+    v = request.api_version
+    req = request.body
+    cls = DeleteTopicsResponse[v]
+    R = cls.DeletableTopicResult
+    results = []
+    for name in req.topic_names:
+        code, message = ErrorCode.NONE, None
+        try:
+            if not server.config["delete.topic.enable"]:
+                raise KafkaError(ErrorCode.TOPIC_DELETION_DISABLED, "delete.topic.enable is false")
+            await server.delete_topic(name)
+        except KafkaError as e:
+            code, message = e.code, e.message or e.code.name
+        results.append(R(name=name, error_code=int(code), error_message=message))
+    return encode_response(cls(throttle_time_ms=0, responses=results), v, request.correlation_id)
+
+
+async def handle_init_producer_id(
+    server: KafkaServer, request: Request
+) -> list[bytes | FileRegion]:
+    v = request.api_version
+    req = request.body
+    cls = InitProducerIdResponse[v]
+    if req.transactional_id:
+        # Transactions are not implemented yet: a non-retriable error, so the client stops.
+        resp = cls(
+            throttle_time_ms=0,
+            error_code=int(ErrorCode.INVALID_REQUEST),
+            producer_id=-1,
+            producer_epoch=-1,
+        )
+    else:
+        pid = await server.allocate_producer_id()
+        resp = cls(throttle_time_ms=0, error_code=0, producer_id=pid, producer_epoch=0)
+    return encode_response(resp, v, request.correlation_id)

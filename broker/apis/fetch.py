@@ -1,0 +1,111 @@
+"""Fetch: serve stored batches unchanged, zero-copy, with long polling.
+
+Consumers (replica_id -1) read below the high watermark (read_uncommitted) or the last stable offset
+(read_committed); followers (replica_id >= 0) read up to the log end offset, and their fetch offset
+is their acknowledgement (handed to the replication core). `max_wait_ms`/`min_bytes` make the
+request wait until enough data is fetchable or the time is up; `max_bytes` bounds the whole response
+and `partition_max_bytes` each partition, except that the first batch of the first non-empty
+partition is returned even when it is larger (so a consumer can always make progress), as in Kafka.
+
+Large record data is sent with sendfile: see `broker.network.codec`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, Any
+
+from kafka.protocol.consumer import FetchResponse
+
+from broker.errors import ErrorCode
+from broker.network.codec import FileRegion, RecordsPlaceholder, Request, encode_response
+from broker.replica_manager import ReadResult
+
+if TYPE_CHECKING:
+    from broker.server import KafkaServer
+
+
+def _read_all(server: KafkaServer, req: Any, replica_id: int) -> tuple[list[Any], int, bool]:
+    """One pass over the requested partitions -> (per-topic results, bytes, any error)."""
+    read_committed = getattr(req, "isolation_level", 0) == 1
+    remaining = req.max_bytes if req.max_bytes is not None else 0x7FFFFFFF
+    total = 0
+    errors = False
+    out: list[Any] = []
+    for topic in req.topics:
+        parts = []
+        for p in topic.partitions:
+            tp = (topic.topic, p.partition)
+            res = server.read_partition(
+                tp,
+                p.fetch_offset,
+                min(p.partition_max_bytes, max(remaining, 0)),
+                replica_id=replica_id,
+                current_leader_epoch=p.current_leader_epoch,
+                read_committed=read_committed,
+                min_one_message=total == 0,
+                fetcher_log_start=p.log_start_offset,
+            )
+            if res.error != ErrorCode.NONE:
+                errors = True
+            total += res.size
+            remaining -= res.size
+            parts.append((p.partition, res))
+        out.append((topic.topic, parts))
+    return out, total, errors
+
+
+async def handle_fetch(server: KafkaServer, request: Request) -> list[bytes | FileRegion]:
+    req = request.body
+    replica_id = req.replica_id if req.replica_id is not None else -1
+    deadline = time.monotonic() + max(req.max_wait_ms, 0) / 1000
+    while True:
+        results, total, errors = _read_all(server, req, replica_id)
+        now = time.monotonic()
+        if total >= max(req.min_bytes, 1) or errors or now >= deadline or server.stopping:
+            break
+        await server.replica_manager.notifier.wait(deadline - now)
+        # A fresh read after waking: the wake-up may be for another partition.
+        await asyncio.sleep(0)
+    return _encode(server, request, results)
+
+
+def _encode(
+    server: KafkaServer, request: Request, results: list[tuple[str, list[tuple[int, ReadResult]]]]
+) -> list[bytes | FileRegion]:
+    v = request.api_version
+    cls = FetchResponse[v]
+    threshold = server.config["zero.copy.threshold.bytes"]
+    placeholders: list[RecordsPlaceholder] = []
+    read_committed = getattr(request.body, "isolation_level", 0) == 1
+    topics = []
+    for topic, parts in results:
+        partitions = []
+        for index, res in parts:
+            records: bytes | bytearray | None = b""
+            data = res.data
+            if data is not None and data.size > 0:
+                if data.size >= threshold > 0:
+                    ph = RecordsPlaceholder(
+                        [FileRegion(r.file, r.position, r.size) for r in data.regions]
+                    )
+                    placeholders.append(ph)
+                    records = ph.buffer()
+                else:
+                    records = data.read_bytes()
+            partitions.append(
+                cls.FetchableTopicResponse.PartitionData(
+                    partition_index=index,
+                    error_code=int(res.error),
+                    high_watermark=res.high_watermark,
+                    last_stable_offset=res.last_stable_offset,
+                    log_start_offset=res.log_start_offset,
+                    aborted_transactions=[] if read_committed else None,
+                    preferred_read_replica=-1,
+                    records=records,
+                )
+            )
+        topics.append(cls.FetchableTopicResponse(topic=topic, partitions=partitions))
+    resp = cls(throttle_time_ms=0, error_code=0, session_id=0, responses=topics)
+    return encode_response(resp, v, request.correlation_id, placeholders)

@@ -1,0 +1,104 @@
+"""ListOffsets and OffsetForLeaderEpoch.
+
+ListOffsets: timestamp -2 = earliest (log start offset), -1 = latest (high watermark, or the last
+stable offset under read_committed), otherwise the
+first offset whose timestamp is >= the given one, found through the time index. Consumers never see
+an offset at or past what they may read.
+
+OffsetForLeaderEpoch: the end offset of a leader epoch from the leader-epoch-checkpoint cache, used
+by followers to truncate (KIP-101/279) and by clients to detect log truncation (KIP-320).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from kafka.protocol.consumer import ListOffsetsResponse, OffsetForLeaderEpochResponse
+
+from broker.errors import ErrorCode, KafkaError
+from broker.network.codec import FileRegion, Request, encode_response
+
+if TYPE_CHECKING:
+    from broker.server import KafkaServer
+
+EARLIEST = -2
+LATEST = -1
+
+
+async def handle_list_offsets(server: KafkaServer, request: Request) -> list[bytes | FileRegion]:
+    v = request.api_version
+    req = request.body
+    cls = ListOffsetsResponse[v]
+    T = cls.ListOffsetsTopicResponse
+    P = T.ListOffsetsPartitionResponse
+    read_committed = getattr(req, "isolation_level", 0) == 1
+    topics = []
+    for topic in req.topics:
+        parts = []
+        for p in topic.partitions:
+            tp = (topic.name, p.partition_index)
+            try:
+                hp = server.leader_partition(tp, getattr(p, "current_leader_epoch", -1))
+                hw = hp.high_watermark
+                bound = hp.last_stable_offset if read_committed else hw
+                if req.replica_id >= 0:
+                    bound = hp.log.log_end_offset
+                ts, off = -1, -1
+                if p.timestamp == EARLIEST:
+                    off = hp.log.log_start_offset
+                elif p.timestamp == LATEST:
+                    off = bound
+                else:
+                    found = hp.log.offset_for_timestamp(p.timestamp)
+                    if found is not None and found[0] < bound:
+                        off, ts = found
+                parts.append(
+                    P(
+                        partition_index=p.partition_index,
+                        error_code=0,
+                        timestamp=ts,
+                        offset=off,
+                        leader_epoch=hp.leader_epoch,
+                    )
+                )
+            except KafkaError as e:
+                parts.append(
+                    P(
+                        partition_index=p.partition_index,
+                        error_code=int(e.code),
+                        timestamp=-1,
+                        offset=-1,
+                    )
+                )
+        topics.append(T(name=topic.name, partitions=parts))
+    return encode_response(cls(throttle_time_ms=0, topics=topics), v, request.correlation_id)
+
+
+async def handle_offset_for_leader_epoch(
+    server: KafkaServer, request: Request
+) -> list[bytes | FileRegion]:
+    v = request.api_version
+    req = request.body
+    cls = OffsetForLeaderEpochResponse[v]
+    T = cls.OffsetForLeaderTopicResult
+    P = T.EpochEndOffset
+    topics = []
+    for topic in req.topics:
+        parts = []
+        for p in topic.partitions:
+            tp = (topic.topic, p.partition)
+            try:
+                hp = server.leader_partition(tp, p.current_leader_epoch)
+                epoch, end = hp.end_offset_for_epoch(p.leader_epoch)
+                parts.append(
+                    P(error_code=0, partition=p.partition, leader_epoch=epoch, end_offset=end)
+                )
+            except KafkaError as e:
+                parts.append(
+                    P(error_code=int(e.code), partition=p.partition, leader_epoch=-1, end_offset=-1)
+                )
+        topics.append(T(topic=topic.topic, partitions=parts))
+    return encode_response(cls(throttle_time_ms=0, topics=topics), v, request.correlation_id)
+
+
+__all__ = ["ErrorCode", "handle_list_offsets", "handle_offset_for_leader_epoch"]

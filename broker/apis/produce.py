@@ -1,0 +1,98 @@
+"""Produce: validate and append RecordBatch v2 data, answer per partition.
+
+Each partition's records must be exactly one v2 batch (as Kafka requires from v3 on); the batch is
+stored as received except baseOffset and partitionLeaderEpoch. Every failure is per partition and
+leaves that partition's log untouched. acks=0 gets no response at all (the client does not read one);
+acks=1 is answered after the leader's append; acks=all (-1) after the high watermark passes the batch,
+bounded by the request's timeout (see the replication core).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+from kafka.protocol.producer import ProduceResponse
+
+from broker.errors import ErrorCode
+from broker.network.codec import FileRegion, Request, encode_response
+from broker.replica_manager import AppendResult
+
+if TYPE_CHECKING:
+    from broker.server import KafkaServer
+
+log = logging.getLogger(__name__)
+
+
+async def handle_produce(server: KafkaServer, request: Request) -> list[bytes | FileRegion] | None:
+    req = request.body
+    acks = req.acks
+    results: list[tuple[str, list[tuple[int, AppendResult]]]] = []
+    pending: list[tuple[int, int, asyncio.Future[AppendResult] | AppendResult]] = []
+    if acks not in (0, 1, -1):
+        for t_i, topic in enumerate(req.topic_data):
+            results.append((topic.name, []))
+            for p in topic.partition_data:
+                results[t_i][1].append((p.index, AppendResult(ErrorCode.INVALID_REQUIRED_ACKS)))
+        return _encode(request, results)
+    for t_i, topic in enumerate(req.topic_data):
+        results.append((topic.name, []))
+        for p_i, p in enumerate(topic.partition_data):
+            tp = (topic.name, p.index)
+            records = p.records
+            if records is None or len(records) == 0:
+                res: Any = AppendResult(ErrorCode.INVALID_RECORD, message="no records")
+            elif len(records) > server.config["message.max.bytes"] + 61:
+                res = AppendResult(
+                    ErrorCode.MESSAGE_TOO_LARGE, message="batch over message.max.bytes"
+                )
+            else:
+                res = server.produce_to_partition(tp, memoryview(records), acks, req.timeout_ms)
+            results[t_i][1].append((p.index, AppendResult()))
+            pending.append((t_i, p_i, res))
+    for t_i, p_i, res in pending:
+        if isinstance(res, asyncio.Future):
+            res = await res
+        index = results[t_i][1][p_i][0]
+        results[t_i][1][p_i] = (index, res)
+        if res.error != ErrorCode.NONE:
+            log.info(
+                "produce to %s-%d rejected: %s %s",
+                results[t_i][0],
+                index,
+                res.error.name,
+                res.message or "",
+            )
+    if acks == 0:
+        return None
+    return _encode(request, results)
+
+
+def _encode(
+    request: Request, results: list[tuple[str, list[tuple[int, AppendResult]]]]
+) -> list[bytes | FileRegion]:
+    v = request.api_version
+    cls = ProduceResponse[v]
+    T = cls.TopicProduceResponse
+    P = T.PartitionProduceResponse
+    topics = []
+    for name, parts in results:
+        prs = []
+        for index, r in parts:
+            prs.append(
+                P(
+                    index=index,
+                    error_code=int(r.error),
+                    base_offset=r.base_offset,
+                    log_append_time_ms=-1,
+                    log_start_offset=r.log_start_offset,
+                    record_errors=[
+                        P.BatchIndexAndErrorMessage(batch_index=i, batch_index_error_message=m)
+                        for i, m in r.record_errors
+                    ],
+                    error_message=r.message if r.error != ErrorCode.NONE else None,
+                )
+            )
+        topics.append(T(name=name, partition_responses=prs))
+    return encode_response(cls(responses=topics, throttle_time_ms=0), v, request.correlation_id)

@@ -1,0 +1,81 @@
+"""`isrlab-broker`: run the reference broker and its tools.
+
+isrlab-broker start --config server.properties [--override key=value ...]
+isrlab-broker dump-log --files 00000000000000000000.log [--print-data-log]
+isrlab-broker config-doc
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from broker.config import BrokerConfig, ConfigError, config_doc_markdown
+
+app = typer.Typer(add_completion=False, help="The isrlab reference broker (Kafka wire protocol).")
+
+
+def _fail(message: str) -> None:
+    typer.echo(f"isrlab-broker: {message}", err=True)
+    raise typer.Exit(2)
+
+
+@app.command()
+def start(
+    config: Annotated[
+        Path | None, typer.Option("--config", "-c", help="server.properties file")
+    ] = None,
+    override: Annotated[
+        list[str] | None, typer.Option("--override", "-o", help="key=value, wins over the file")
+    ] = None,
+) -> None:
+    """Start a broker and serve until SIGTERM/SIGINT (then shut down cleanly)."""
+    try:
+        cfg = BrokerConfig.load(config, override or [])
+    except ConfigError as e:
+        _fail(str(e))
+        return
+    logging.basicConfig(
+        level=cfg["log.level"],
+        format=f"%(asctime)s %(levelname)s [broker {cfg.broker_id}] %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    from broker.main import run
+
+    try:
+        asyncio.run(run(cfg))
+    except OSError as e:
+        _fail(f"cannot start: {e}")
+    except RuntimeError as e:
+        _fail(str(e))
+
+
+@app.command("dump-log")
+def dump_log(
+    files: Annotated[list[Path], typer.Option("--files", help=".log, .index or .timeindex files")],
+    print_data_log: Annotated[
+        bool, typer.Option("--print-data-log", help="also print each record")
+    ] = False,
+) -> None:
+    """Print batches or index entries of segment files, like kafka-dump-log.sh."""
+    from broker.log.dump import dump_files
+
+    for f in files:
+        if not f.exists():
+            _fail(f"no such file: {f}")
+    dump_files(list(files), print_records=print_data_log)
+
+
+@app.command("config-doc")
+def config_doc() -> None:
+    """Print the configuration reference (Markdown)."""
+    typer.echo(config_doc_markdown(), nl=False)
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,440 @@
+"""Broker configuration: a `server.properties` file with Kafka's key names, plus overrides.
+
+Every key the broker understands is declared once in `CONFIG_DEFS` with its type, Kafka's default
+and a one-line meaning; `docs/configuration.md` is generated from the same table
+(`isrlab-broker config-doc`). Parsing is strict: an unknown key, a malformed line or a value of the
+wrong type stops start-up with a `ConfigError` that names the key (and the file line), so a typo never
+silently falls back to a default.
+
+Values are parsed from strings exactly as Kafka does for its `server.properties`: integers in decimal,
+booleans `true`/`false`, lists comma separated. Overrides (`--override key=value` on the CLI) take
+precedence over the file.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A configuration problem the user must fix; the message says what and where."""
+
+
+@dataclass(frozen=True)
+class ConfigDef:
+    name: str
+    kind: str  # int | long | bool | string | list | double
+    default: Any
+    doc: str
+    validator: Callable[[Any], str | None] | None = None
+
+
+def _at_least(n: int) -> Callable[[Any], str | None]:
+    def check(v: Any) -> str | None:
+        return None if v is None or v >= n else f"must be >= {n}"
+
+    return check
+
+
+def _one_of(*choices: str) -> Callable[[Any], str | None]:
+    def check(v: Any) -> str | None:
+        return None if v in choices else f"must be one of {', '.join(choices)}"
+
+    return check
+
+
+_LISTENER = re.compile(r"^(?P<name>[A-Za-z_]+)://(?P<host>[^:\s]*):(?P<port>\d+)$")
+
+
+def _listeners(v: Any) -> str | None:
+    for item in v:
+        if not _LISTENER.match(item):
+            return f"'{item}' is not of the form PLAINTEXT://host:port"
+    return None
+
+
+DAY_MS = 24 * 3600 * 1000
+
+CONFIG_DEFS: dict[str, ConfigDef] = {
+    d.name: d
+    for d in [
+        ConfigDef("broker.id", "int", 0, "This broker's id in the cluster.", _at_least(0)),
+        ConfigDef(
+            "listeners",
+            "list",
+            ["PLAINTEXT://127.0.0.1:9092"],
+            "Where to accept Kafka clients (PLAINTEXT only).",
+            _listeners,
+        ),
+        ConfigDef(
+            "advertised.listeners",
+            "list",
+            None,
+            "Address given to clients in Metadata (defaults to listeners).",
+            _listeners,
+        ),
+        ConfigDef(
+            "log.dirs", "list", ["/tmp/isrlab-logs"], "Data directories (the first is used)."
+        ),
+        ConfigDef("num.partitions", "int", 1, "Partitions of auto-created topics.", _at_least(1)),
+        ConfigDef(
+            "default.replication.factor",
+            "int",
+            1,
+            "Replication factor of auto-created topics.",
+            _at_least(1),
+        ),
+        ConfigDef(
+            "auto.create.topics.enable",
+            "bool",
+            True,
+            "Create a topic when a client asks Metadata for an unknown one.",
+        ),
+        ConfigDef(
+            "delete.topic.enable",
+            "bool",
+            True,
+            "Allow DeleteTopics (else TOPIC_DELETION_DISABLED).",
+        ),
+        ConfigDef(
+            "log.segment.bytes", "int", 1 << 30, "Roll a segment at this size.", _at_least(14)
+        ),
+        ConfigDef("log.roll.ms", "long", 7 * DAY_MS, "Roll a segment this old.", _at_least(1)),
+        ConfigDef(
+            "log.index.size.max.bytes",
+            "int",
+            10 * 1024 * 1024,
+            "Size of an offset/time index; a full index rolls the segment.",
+            _at_least(24),
+        ),
+        ConfigDef(
+            "log.index.interval.bytes",
+            "int",
+            4096,
+            "Bytes of log between two sparse index entries.",
+            _at_least(0),
+        ),
+        ConfigDef(
+            "log.retention.ms",
+            "long",
+            7 * DAY_MS,
+            "Delete segments whose newest record is older (-1: keep forever).",
+            _at_least(-1),
+        ),
+        ConfigDef(
+            "log.retention.bytes",
+            "long",
+            -1,
+            "Delete old segments while a partition is larger (-1: no limit).",
+            _at_least(-1),
+        ),
+        ConfigDef(
+            "log.retention.check.interval.ms",
+            "long",
+            300000,
+            "How often retention runs.",
+            _at_least(1),
+        ),
+        ConfigDef(
+            "log.flush.interval.messages",
+            "long",
+            None,
+            "fsync after this many messages (unset: rely on the page cache, as Kafka does).",
+            _at_least(1),
+        ),
+        ConfigDef(
+            "log.flush.interval.ms",
+            "long",
+            None,
+            "fsync when data is this old (unset: rely on the page cache).",
+            _at_least(0),
+        ),
+        ConfigDef(
+            "log.flush.scheduler.interval.ms",
+            "long",
+            1000,
+            "How often the time-based flush policy is checked.",
+            _at_least(1),
+        ),
+        ConfigDef(
+            "message.max.bytes",
+            "int",
+            1048588,
+            "Largest record batch a producer may send.",
+            _at_least(0),
+        ),
+        ConfigDef(
+            "socket.request.max.bytes",
+            "int",
+            104857600,
+            "Largest request frame; bigger frames close the connection.",
+            _at_least(1),
+        ),
+        ConfigDef(
+            "zero.copy.threshold.bytes",
+            "int",
+            65536,
+            "Fetch data at least this large is sent with sendfile (zero-copy); smaller is copied.",
+            _at_least(0),
+        ),
+        ConfigDef(
+            "min.insync.replicas",
+            "int",
+            1,
+            "acks=all needs at least this many in-sync replicas.",
+            _at_least(1),
+        ),
+        ConfigDef(
+            "replica.lag.time.max.ms",
+            "long",
+            10000,
+            "A follower not caught up for this long leaves the ISR.",
+            _at_least(1),
+        ),
+        ConfigDef(
+            "replica.fetch.wait.max.ms", "int", 500, "Follower fetch long-poll time.", _at_least(0)
+        ),
+        ConfigDef("replica.fetch.max.bytes", "int", 1048576, "Follower fetch size.", _at_least(1)),
+        ConfigDef(
+            "unclean.leader.election.enable",
+            "bool",
+            False,
+            "HISTORIC FAILURE SWITCH: elect an out-of-sync replica when no ISR member is alive.",
+        ),
+        ConfigDef(
+            "replica.truncation.mode",
+            "string",
+            "leader-epoch",
+            "leader-epoch (KIP-101/279) or high-watermark (HISTORIC FAILURE SWITCH: pre-KIP-101).",
+            _one_of("leader-epoch", "high-watermark"),
+        ),
+        ConfigDef("zookeeper.connect", "string", None, "host:port[,host:port][/chroot]."),
+        ConfigDef(
+            "zookeeper.session.timeout.ms",
+            "int",
+            18000,
+            "ZooKeeper session timeout.",
+            _at_least(1),
+        ),
+        ConfigDef(
+            "controlled.shutdown.enable",
+            "bool",
+            True,
+            "Move leadership away before a clean shutdown.",
+        ),
+        ConfigDef(
+            "transactional.id.expiration.ms",
+            "long",
+            7 * DAY_MS,
+            "Forget idle transactional ids after this long.",
+            _at_least(1),
+        ),
+        ConfigDef(
+            "producer.id.expiration.ms",
+            "long",
+            DAY_MS,
+            "Forget idle idempotent producers after this long.",
+            _at_least(1),
+        ),
+        ConfigDef(
+            "request.timeout.ms.max",
+            "int",
+            300000,
+            "Upper bound on a client's produce timeout.",
+            _at_least(1),
+        ),
+        ConfigDef(
+            "log.level",
+            "string",
+            "INFO",
+            "Logging level.",
+            _one_of("DEBUG", "INFO", "WARNING", "ERROR"),
+        ),
+    ]
+}
+
+# Topic-level keys (CreateTopics configs) and the broker key that supplies their default.
+TOPIC_CONFIG_KEYS: dict[str, str] = {
+    "segment.bytes": "log.segment.bytes",
+    "segment.ms": "log.roll.ms",
+    "segment.index.bytes": "log.index.size.max.bytes",
+    "index.interval.bytes": "log.index.interval.bytes",
+    "retention.ms": "log.retention.ms",
+    "retention.bytes": "log.retention.bytes",
+    "flush.messages": "log.flush.interval.messages",
+    "flush.ms": "log.flush.interval.ms",
+    "max.message.bytes": "message.max.bytes",
+    "min.insync.replicas": "min.insync.replicas",
+    "unclean.leader.election.enable": "unclean.leader.election.enable",
+}
+
+
+def parse_value(d: ConfigDef, raw: str) -> Any:
+    """Parse one raw string for key `d`; raise ConfigError naming the key on a bad value."""
+    raw = raw.strip()
+    try:
+        if d.kind in ("int", "long"):
+            value: Any = int(raw)
+        elif d.kind == "double":
+            value = float(raw)
+        elif d.kind == "bool":
+            low = raw.lower()
+            if low not in ("true", "false"):
+                raise ValueError("expected true or false")
+            value = low == "true"
+        elif d.kind == "list":
+            value = [part.strip() for part in raw.split(",") if part.strip()]
+        else:
+            value = raw
+    except ValueError as e:
+        raise ConfigError(f"{d.name}: invalid value {raw!r} ({d.kind} expected: {e})") from None
+    if d.validator is not None:
+        problem = d.validator(value)
+        if problem:
+            raise ConfigError(f"{d.name}: invalid value {raw!r}: {problem}")
+    return value
+
+
+def parse_properties(text: str, source: str = "<string>") -> dict[str, str]:
+    """Read Java-properties style `key=value` lines (comments with # or !, `key: value` too)."""
+    out: dict[str, str] = {}
+    for lineno, line in enumerate(text.splitlines(), 1):
+        stripped = line.strip()
+        if not stripped or stripped[0] in "#!":
+            continue
+        m = re.match(r"^([^=:\s]+)\s*[=:]\s*(.*)$", stripped)
+        if not m:
+            raise ConfigError(f"{source}:{lineno}: expected key=value, got {stripped!r}")
+        out[m.group(1)] = m.group(2)
+    return out
+
+
+class BrokerConfig(Mapping[str, Any]):
+    """The broker's effective configuration: defaults < file < overrides."""
+
+    def __init__(self, values: Mapping[str, str] | None = None, source: str = "<overrides>"):
+        self._values: dict[str, Any] = {name: d.default for name, d in CONFIG_DEFS.items()}
+        self._explicit: set[str] = set()
+        self.update_raw(values or {}, source)
+
+    def update_raw(self, raw: Mapping[str, str], source: str) -> None:
+        for key, value in raw.items():
+            d = CONFIG_DEFS.get(key)
+            if d is None:
+                close = [k for k in CONFIG_DEFS if k.split(".")[-1] == key.split(".")[-1]]
+                hint = f" (did you mean {close[0]}?)" if close else ""
+                raise ConfigError(
+                    f"{source}: unknown configuration key {key!r}{hint}; "
+                    "see `isrlab-broker config-doc` for the keys this broker understands"
+                )
+            self._values[key] = parse_value(d, value)
+            self._explicit.add(key)
+
+    @classmethod
+    def load(cls, path: Path | None, overrides: Iterable[str] = ()) -> BrokerConfig:
+        cfg = cls()
+        if path is not None:
+            try:
+                text = Path(path).read_text()
+            except OSError as e:
+                raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
+            cfg.update_raw(parse_properties(text, str(path)), str(path))
+        parsed: dict[str, str] = {}
+        for item in overrides:
+            if "=" not in item:
+                raise ConfigError(f"override {item!r} is not of the form key=value")
+            k, v = item.split("=", 1)
+            parsed[k.strip()] = v
+        cfg.update_raw(parsed, "--override")
+        return cfg
+
+    def __getitem__(self, key: str) -> Any:
+        return self._values[key]
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def is_explicit(self, key: str) -> bool:
+        return key in self._explicit
+
+    # Convenience accessors used across the broker.
+    @property
+    def broker_id(self) -> int:
+        return int(self["broker.id"])
+
+    @property
+    def log_dir(self) -> Path:
+        return Path(self["log.dirs"][0])
+
+    def listener(self) -> tuple[str, int]:
+        m = _LISTENER.match(self["listeners"][0])
+        assert m is not None  # validated on parse
+        return m.group("host") or "0.0.0.0", int(m.group("port"))
+
+    def advertised(self) -> tuple[str, int]:
+        listeners = self["advertised.listeners"] or self["listeners"]
+        m = _LISTENER.match(listeners[0])
+        assert m is not None
+        host = m.group("host") or "127.0.0.1"
+        if host == "0.0.0.0":
+            host = "127.0.0.1"
+        return host, int(m.group("port"))
+
+    def topic_defaults(self) -> dict[str, Any]:
+        return {topic_key: self[broker_key] for topic_key, broker_key in TOPIC_CONFIG_KEYS.items()}
+
+
+def parse_topic_configs(
+    raw: Mapping[str, str | None], defaults: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Validate CreateTopics configs against the topic keys; return the effective topic config."""
+    out = dict(defaults)
+    for key, value in raw.items():
+        broker_key = TOPIC_CONFIG_KEYS.get(key)
+        if broker_key is None:
+            raise ConfigError(
+                f"unknown topic config {key!r}; known: {', '.join(TOPIC_CONFIG_KEYS)}"
+            )
+        if value is None:
+            continue
+        d = CONFIG_DEFS[broker_key]
+        out[key] = parse_value(ConfigDef(key, d.kind, d.default, d.doc, d.validator), value)
+    return out
+
+
+def config_doc_markdown() -> str:
+    lines = [
+        "# Broker configuration",
+        "",
+        "Generated by `isrlab-broker config-doc` from `broker/config.py`. Keys are Kafka's; a "
+        "`server.properties` file uses `key=value` lines and `--override key=value` wins over it.",
+        "",
+        "| key | type | default | meaning |",
+        "|---|---|---|---|",
+    ]
+    for d in CONFIG_DEFS.values():
+        default = ",".join(d.default) if isinstance(d.default, list) else d.default
+        default = (
+            "(unset)"
+            if default is None
+            else str(default).lower()
+            if isinstance(default, bool)
+            else default
+        )
+        lines.append(f"| `{d.name}` | {d.kind} | `{default}` | {d.doc} |")
+    lines += [
+        "",
+        "Topic-level keys accepted by CreateTopics (default from the broker key):",
+        "",
+        "| topic key | broker default key |",
+        "|---|---|",
+    ]
+    lines += [f"| `{t}` | `{b}` |" for t, b in TOPIC_CONFIG_KEYS.items()]
+    return "\n".join(lines) + "\n"

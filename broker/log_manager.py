@@ -1,0 +1,170 @@
+"""Owns every partition log in the broker's log dir (Kafka's LogManager).
+
+Opens the `<topic>-<partition>` directories at start-up (recovering those that were not shut down
+cleanly, from the recovery point in `recovery-point-offset-checkpoint`), creates and deletes
+partition logs, runs the retention and flush schedulers, and writes the log-dir checkpoints
+(`recovery-point-offset-checkpoint`, `log-start-offset-checkpoint`). The high watermark checkpoint
+(`replication-offset-checkpoint`) belongs to the ReplicaManager.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import shutil
+import time
+from typing import Any
+
+from broker.config import BrokerConfig
+from broker.log.checkpoint import OffsetCheckpointFile
+from broker.log.log import Log, LogConfig
+
+log = logging.getLogger(__name__)
+
+TopicPartition = tuple[str, int]
+
+
+def log_config_from(topic_config: dict[str, Any]) -> LogConfig:
+    """Map topic-level keys (segment.bytes, ...) to the storage layer's LogConfig."""
+    return LogConfig(
+        segment_bytes=int(topic_config["segment.bytes"]),
+        segment_ms=int(topic_config["segment.ms"]),
+        segment_index_bytes=int(topic_config["segment.index.bytes"]),
+        index_interval_bytes=int(topic_config["index.interval.bytes"]),
+        retention_ms=int(topic_config["retention.ms"]),
+        retention_bytes=int(topic_config["retention.bytes"]),
+        flush_interval_messages=topic_config["flush.messages"],
+        flush_interval_ms=topic_config["flush.ms"],
+        max_message_bytes=int(topic_config["max.message.bytes"]),
+    )
+
+
+def parse_dir_name(name: str) -> TopicPartition | None:
+    topic, sep, part = name.rpartition("-")
+    if not sep or not part.isdigit() or not topic:
+        return None
+    return topic, int(part)
+
+
+class LogManager:
+    RECOVERY_POINT = "recovery-point-offset-checkpoint"
+    LOG_START = "log-start-offset-checkpoint"
+
+    def __init__(self, config: BrokerConfig):
+        self.config = config
+        self.dir = config.log_dir
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.logs: dict[TopicPartition, Log] = {}
+        self._recovery_cp = OffsetCheckpointFile(self.dir / self.RECOVERY_POINT)
+        self._log_start_cp = OffsetCheckpointFile(self.dir / self.LOG_START)
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def load(self, topic_configs: dict[str, dict[str, Any]]) -> None:
+        """Open every partition directory of a known topic; recover unclean ones."""
+        recovery = self._read_cp(self._recovery_cp)
+        starts = self._read_cp(self._log_start_cp)
+        for child in sorted(self.dir.iterdir()):
+            if not child.is_dir():
+                continue
+            tp = parse_dir_name(child.name)
+            if tp is None:
+                continue
+            if tp[0] not in topic_configs:
+                log.warning("log dir %s belongs to no known topic; removing it", child)
+                shutil.rmtree(child, ignore_errors=True)
+                continue
+            t0 = time.monotonic()
+            self.logs[tp] = Log.open(
+                child,
+                log_config_from(topic_configs[tp[0]]),
+                recovery_point=recovery.get(tp, 0),
+                log_start_offset=starts.get(tp),
+            )
+            lg = self.logs[tp]
+            log.info(
+                "loaded %s-%d: log start %d, end %d (%.1f ms)",
+                tp[0],
+                tp[1],
+                lg.log_start_offset,
+                lg.log_end_offset,
+                (time.monotonic() - t0) * 1000,
+            )
+
+    @staticmethod
+    def _read_cp(cp: OffsetCheckpointFile) -> dict[TopicPartition, int]:
+        try:
+            return dict(cp.read())
+        except FileNotFoundError:
+            return {}
+        except Exception as e:
+            log.warning("ignoring unreadable checkpoint %s: %s", cp.path, e)
+            return {}
+
+    def get_or_create(self, tp: TopicPartition, topic_config: dict[str, Any]) -> Log:
+        lg = self.logs.get(tp)
+        if lg is None:
+            path = self.dir / f"{tp[0]}-{tp[1]}"
+            path.mkdir(parents=True, exist_ok=True)
+            lg = Log.open(path, log_config_from(topic_config))
+            self.logs[tp] = lg
+        return lg
+
+    def delete(self, tp: TopicPartition) -> None:
+        lg = self.logs.pop(tp, None)
+        if lg is not None:
+            lg.delete()
+
+    def checkpoint(self) -> None:
+        self._recovery_cp.write({tp: lg.recovery_point for tp, lg in self.logs.items()})
+        self._log_start_cp.write({tp: lg.log_start_offset for tp, lg in self.logs.items()})
+
+    def start_schedulers(self) -> None:
+        self._tasks.append(asyncio.create_task(self._retention_loop()))
+        self._tasks.append(asyncio.create_task(self._flush_loop()))
+
+    async def _retention_loop(self) -> None:
+        interval = self.config["log.retention.check.interval.ms"] / 1000
+        while True:
+            await asyncio.sleep(interval)
+            self.run_retention()
+
+    def run_retention(self) -> int:
+        deleted = 0
+        for tp, lg in list(self.logs.items()):
+            try:
+                n = lg.delete_old_segments()
+            except Exception:
+                log.exception("retention failed for %s-%d", *tp)
+                continue
+            if n:
+                log.info("retention deleted %d segment(s) of %s-%d", n, *tp)
+                deleted += n
+        if deleted:
+            self.checkpoint()
+        return deleted
+
+    async def _flush_loop(self) -> None:
+        interval = self.config["log.flush.scheduler.interval.ms"] / 1000
+        while True:
+            await asyncio.sleep(interval)
+            for tp, lg in list(self.logs.items()):
+                try:
+                    lg.maybe_flush()
+                except Exception:
+                    log.exception("flush failed for %s-%d", *tp)
+            with contextlib.suppress(Exception):
+                self.checkpoint()
+
+    async def stop_schedulers(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        self._tasks.clear()
+
+    def close(self) -> None:
+        for lg in self.logs.values():
+            lg.close()
+        self.checkpoint()

@@ -1,0 +1,11 @@
+"""Process entry point: pick standalone or cluster mode from the config and run until stopped."""
+
+from __future__ import annotations
+
+from broker.config import BrokerConfig
+from broker.server import KafkaServer
+
+
+async def run(config: BrokerConfig) -> None:
+    server = KafkaServer(config)
+    await server.run_forever()

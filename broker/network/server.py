@@ -1,0 +1,182 @@
+"""The asyncio socket server: frames in, handler calls, responses out (Kafka's SocketServer).
+
+One task per connection reads size-prefixed frames and handles them strictly in order, as Kafka
+does by muting a channel while one of its requests is in flight: clients rely on responses arriving
+in request order. Anything wrong with a frame (too large, truncated, undecodable, an unknown API) is
+logged and the connection is closed; other connections are unaffected and nothing reaches the log.
+An unsupported ApiVersions version is answered with UNSUPPORTED_VERSION and the version table (so a
+newer client can downgrade), as Kafka does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import struct
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from kafka.protocol.metadata import ApiVersionsResponse
+
+from broker.network.codec import (
+    FileRegion,
+    FrameError,
+    Request,
+    UnsupportedVersion,
+    api_versions_table,
+    decode_request,
+    encode_response,
+)
+
+log = logging.getLogger(__name__)
+
+_SIZE = struct.Struct(">i")
+UNSUPPORTED_VERSION = 35
+
+# A handler returns the parts of an encoded response, or None when no response is due (acks=0).
+Handler = Callable[[Request, "Connection"], Awaitable[list[bytes | FileRegion] | None]]
+
+
+class Connection:
+    """State of one client connection, visible to handlers."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        self.reader = reader
+        self.writer = writer
+        peer = writer.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self.closed = False
+
+    async def send(self, parts: list[bytes | FileRegion]) -> None:
+        loop = asyncio.get_running_loop()
+        transport = self.writer.transport
+        for part in parts:
+            if isinstance(part, FileRegion):
+                await self.writer.drain()
+                # A fresh open file description: sendfile moves the file position, which must
+                # not disturb the log's own handle (works even if the segment was just deleted).
+                with open(f"/proc/self/fd/{part.file.fileno()}", "rb", buffering=0) as f:
+                    await loop.sendfile(transport, f, part.position, part.size)
+            else:
+                self.writer.write(part)
+        await self.writer.drain()
+
+
+class SocketServer:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        handler: Handler,
+        max_request_bytes: int,
+    ):
+        self.host = host
+        self.port = port
+        self.handler = handler
+        self.max_request_bytes = max_request_bytes
+        self._server: asyncio.AbstractServer | None = None
+        self._connections: set[asyncio.Task[Any]] = set()
+        self.bound_port: int | None = None
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(
+            self._serve, self.host, self.port, reuse_address=True, limit=1 << 20
+        )
+        sock = self._server.sockets[0]
+        self.bound_port = sock.getsockname()[1]
+        log.info("listening on %s:%s", self.host, self.bound_port)
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._connections):
+            task.cancel()
+        for task in list(self._connections):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 2)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections.add(task)
+        conn = Connection(reader, writer)
+        sock = writer.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                import socket
+
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            await self._loop(conn)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        except asyncio.CancelledError:
+            pass
+        except Exception:
+            log.exception("connection %s: unexpected error; closing it", conn.peer)
+        finally:
+            conn.closed = True
+            self._connections.discard(task)
+            with contextlib.suppress(Exception):
+                writer.close()
+
+    async def _loop(self, conn: Connection) -> None:
+        reader = conn.reader
+        while True:
+            try:
+                head = await reader.readexactly(4)
+            except asyncio.IncompleteReadError as e:
+                if e.partial:
+                    log.warning("connection %s: truncated frame size; closing", conn.peer)
+                return
+            (size,) = _SIZE.unpack(head)
+            if size < 0 or size > self.max_request_bytes:
+                log.warning(
+                    "connection %s: frame of %d bytes exceeds socket.request.max.bytes=%d; closing",
+                    conn.peer,
+                    size,
+                    self.max_request_bytes,
+                )
+                return
+            try:
+                frame = await reader.readexactly(size)
+            except asyncio.IncompleteReadError:
+                log.warning(
+                    "connection %s: truncated frame (wanted %d bytes); closing", conn.peer, size
+                )
+                return
+            try:
+                request = decode_request(frame)
+            except UnsupportedVersion as e:
+                if e.api_key == 18:
+                    await conn.send(_api_versions_unsupported(e.correlation_id))
+                    continue
+                log.warning("connection %s: %s; closing", conn.peer, e)
+                return
+            except FrameError as e:
+                log.warning("connection %s: %s; closing", conn.peer, e)
+                return
+            parts = await self.handler(request, conn)
+            if parts is not None:
+                await conn.send(parts)
+
+
+def _api_versions_unsupported(correlation_id: int) -> list[bytes | FileRegion]:
+    cls = ApiVersionsResponse[0]
+    resp = cls(
+        error_code=UNSUPPORTED_VERSION,
+        api_keys=[
+            cls.ApiVersion(api_key=k, min_version=lo, max_version=hi)
+            for k, lo, hi in api_versions_table()
+        ],
+    )
+    return encode_response(resp, 0, correlation_id)
+
+
+def env_flag(name: str) -> bool:
+    return os.environ.get(name, "").lower() in ("1", "true", "yes")

@@ -1,0 +1,319 @@
+"""KafkaServer: wires configuration, logs, partitions, topic metadata and the socket server.
+
+Standalone mode (no `zookeeper.connect`): this broker leads every partition of every topic, topics
+live in a JSON file in the log dir. Cluster mode (with ZooKeeper) is layered on the same methods by
+`broker.cluster`.
+
+Shutdown: SIGTERM/SIGINT stop accepting requests, close every log (flush, trim indexes, write the
+clean-shutdown marker) and write the checkpoints, so the next start skips recovery. A kill -9 skips
+all that; the next start recovers from the recovery point.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from broker.apis.admin import handle_create_topics, handle_delete_topics, handle_init_producer_id
+from broker.apis.fetch import handle_fetch
+from broker.apis.metadata import handle_api_versions, handle_metadata
+from broker.apis.offsets import handle_list_offsets, handle_offset_for_leader_epoch
+from broker.apis.produce import handle_produce
+from broker.config import BrokerConfig, parse_topic_configs
+from broker.errors import ErrorCode, KafkaError
+from broker.log_manager import LogManager
+from broker.network.codec import FileRegion, Request
+from broker.network.server import Connection, SocketServer
+from broker.replica_manager import AppendResult, HostedPartition, ReadResult, ReplicaManager
+from broker.topics import LocalTopicStore, TopicInfo, assign_replicas
+
+log = logging.getLogger(__name__)
+
+TopicPartition = tuple[str, int]
+
+
+@dataclass
+class PartitionMetadata:
+    leader: int
+    leader_epoch: int
+    replicas: list[int]
+    isr: list[int]
+    offline: list[int] = field(default_factory=list)
+
+
+class ProducerIdBlocks:
+    """Producer ids for a standalone broker: blocks of 1000 reserved in a file before use, so a
+    restart never hands out an id twice."""
+
+    BLOCK = 1000
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._next = 0
+        self._end = 0
+
+    def allocate(self) -> int:
+        if self._next >= self._end:
+            start = int(self.path.read_text()) if self.path.exists() else 0
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(str(start + self.BLOCK))
+            os.replace(tmp, self.path)
+            self._next, self._end = start, start + self.BLOCK
+        pid = self._next
+        self._next += 1
+        return pid
+
+
+class KafkaServer:
+    def __init__(self, config: BrokerConfig):
+        self.config = config
+        self.broker_id = config.broker_id
+        self.stopping = False
+        self.log_manager = LogManager(config)
+        self.replica_manager = ReplicaManager(self.broker_id)
+        self.topic_store = LocalTopicStore(config.log_dir)
+        self._topics: dict[str, TopicInfo] = {}
+        self.cluster_id = self._load_cluster_id()
+        self.producer_ids = ProducerIdBlocks(config.log_dir / "producer-id-block")
+        host, port = config.listener()
+        self.socket_server = SocketServer(
+            host, port, self.handle, config["socket.request.max.bytes"]
+        )
+        self._handlers = {
+            0: handle_produce,
+            1: handle_fetch,
+            2: handle_list_offsets,
+            3: handle_metadata,
+            18: handle_api_versions,
+            19: handle_create_topics,
+            20: handle_delete_topics,
+            22: handle_init_producer_id,
+            23: handle_offset_for_leader_epoch,
+        }
+        self._stopped = asyncio.Event()
+
+    # ----- lifecycle -------------------------------------------------------------------------
+
+    def _load_cluster_id(self) -> str:
+        """meta.properties as Kafka writes it: cluster.id and broker.id of this log dir."""
+        path = self.config.log_dir / "meta.properties"
+        self.config.log_dir.mkdir(parents=True, exist_ok=True)
+        if path.exists():
+            props = dict(
+                line.split("=", 1) for line in path.read_text().splitlines() if "=" in line
+            )
+            stored = int(props.get("broker.id", self.broker_id))
+            if stored != self.broker_id:
+                raise RuntimeError(
+                    f"{path} says broker.id={stored} but the config says {self.broker_id}: "
+                    "this log dir belongs to another broker"
+                )
+            return props.get("cluster.id", "isrlab")
+        cid = uuid.uuid4().hex[:22]
+        path.write_text(f"version=0\nbroker.id={self.broker_id}\ncluster.id={cid}\n")
+        return cid
+
+    async def start(self) -> None:
+        self._topics = self.topic_store.all()
+        self.log_manager.load({n: self.topic_config(n) for n in self._topics})
+        for name, info in self._topics.items():
+            for p in info.assignment:
+                self._host_partition((name, p))
+        self.log_manager.checkpoint()
+        self.log_manager.start_schedulers()
+        await self.socket_server.start()
+
+    @property
+    def bound_port(self) -> int:
+        assert self.socket_server.bound_port is not None
+        return self.socket_server.bound_port
+
+    async def stop(self) -> None:
+        if self.stopping:
+            return
+        self.stopping = True
+        self.replica_manager.notifier.notify()
+        await self.socket_server.stop()
+        await self.log_manager.stop_schedulers()
+        for hp in self.replica_manager.partitions.values():
+            hp.producer_state.take_snapshot()
+        self.log_manager.close()
+        self._stopped.set()
+        log.info("broker %d stopped cleanly", self.broker_id)
+
+    async def run_forever(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, lambda: asyncio.ensure_future(self.stop()))
+        await self.start()
+        await self._stopped.wait()
+
+    # ----- request dispatch ------------------------------------------------------------------
+
+    async def handle(self, request: Request, conn: Connection) -> list[bytes | FileRegion] | None:
+        handler = self._handlers[request.api_key]
+        return await handler(self, request)
+
+    # ----- topics ----------------------------------------------------------------------------
+
+    def topic_config(self, name: str) -> dict[str, Any]:
+        info = self._topics[name]
+        return parse_topic_configs(info.config, self.config.topic_defaults())
+
+    def topics_snapshot(self) -> dict[str, TopicInfo]:
+        return dict(self._topics)
+
+    def live_brokers(self) -> dict[int, tuple[str, int]]:
+        host, _ = self.config.advertised()
+        port = self.config.advertised()[1] or self.bound_port
+        if port == 0:
+            port = self.bound_port
+        return {self.broker_id: (host, port)}
+
+    def controller_id(self) -> int:
+        return self.broker_id
+
+    def partition_metadata(self, tp: TopicPartition) -> PartitionMetadata:
+        hp = self.replica_manager.partitions.get(tp)
+        if hp is None:
+            return PartitionMetadata(-1, -1, [], [])
+        return PartitionMetadata(hp.leader_id, hp.leader_epoch, hp.replicas, hp.isr)
+
+    def _host_partition(self, tp: TopicPartition) -> HostedPartition:
+        cfg = self.topic_config(tp[0])
+        lg = self.log_manager.get_or_create(tp, cfg)
+        return self.replica_manager.add(tp, lg, cfg)
+
+    async def create_topic(
+        self,
+        name: str,
+        num_partitions: int,
+        replication_factor: int,
+        assignment: dict[int, list[int]] | None,
+        config: dict[str, str],
+        validate_only: bool = False,
+    ) -> TopicInfo:
+        if name in self._topics:
+            raise KafkaError(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists")
+        brokers = sorted(self.live_brokers())
+        if assignment:
+            if num_partitions not in (-1, len(assignment)) or replication_factor != -1:
+                raise KafkaError(
+                    ErrorCode.INVALID_REQUEST,
+                    "with an explicit assignment, partitions and replication factor must be -1",
+                )
+            if sorted(assignment) != list(range(len(assignment))):
+                raise KafkaError(ErrorCode.INVALID_REPLICA_ASSIGNMENT, "partitions must be 0..n-1")
+            for p, replicas in assignment.items():
+                if not replicas or len(set(replicas)) != len(replicas):
+                    raise KafkaError(
+                        ErrorCode.INVALID_REPLICA_ASSIGNMENT, f"partition {p}: bad replica list"
+                    )
+        else:
+            if num_partitions == -1:
+                num_partitions = self.config["num.partitions"]
+            if replication_factor == -1:
+                replication_factor = self.config["default.replication.factor"]
+            if num_partitions <= 0:
+                raise KafkaError(ErrorCode.INVALID_PARTITIONS, "number of partitions must be > 0")
+            if replication_factor <= 0:
+                raise KafkaError(
+                    ErrorCode.INVALID_REPLICATION_FACTOR, "replication factor must be > 0"
+                )
+            if replication_factor > len(brokers):
+                raise KafkaError(
+                    ErrorCode.INVALID_REPLICATION_FACTOR,
+                    f"replication factor {replication_factor} larger than {len(brokers)} "
+                    "available broker(s)",
+                )
+            assignment = assign_replicas(num_partitions, replication_factor, brokers)
+        info = TopicInfo(name, uuid.uuid4(), assignment, dict(config))
+        if validate_only:
+            return info
+        self.topic_store.create(info)
+        self._topics[name] = info
+        for p in assignment:
+            self._host_partition((name, p))
+        log.info("created topic %s with %d partition(s)", name, len(assignment))
+        return info
+
+    async def auto_create_topic(self, name: str) -> ErrorCode:
+        try:
+            await self.create_topic(name, -1, -1, None, {})
+        except KafkaError as e:
+            if e.code == ErrorCode.TOPIC_ALREADY_EXISTS:
+                return ErrorCode.NONE
+            log.warning("auto-creating %s failed: %s", name, e)
+            return e.code
+        return ErrorCode.NONE
+
+    async def delete_topic(self, name: str) -> None:
+        info = self._topics.get(name)
+        if info is None:
+            raise KafkaError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"no topic {name!r}")
+        for p in info.assignment:
+            self.replica_manager.remove((name, p))
+            self.log_manager.delete((name, p))
+        self.topic_store.delete(name)
+        del self._topics[name]
+        self.log_manager.checkpoint()
+        log.info("deleted topic %s", name)
+
+    async def allocate_producer_id(self) -> int:
+        return self.producer_ids.allocate()
+
+    # ----- produce / fetch -------------------------------------------------------------------
+
+    def produce_to_partition(
+        self, tp: TopicPartition, records: memoryview, acks: int, timeout_ms: int
+    ) -> AppendResult | asyncio.Future[AppendResult]:
+        hp = self.replica_manager.partitions.get(tp)
+        if hp is None:
+            return AppendResult(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+        result = hp.append_as_leader(records, acks)
+        if result.error == ErrorCode.NONE:
+            self.replica_manager.notifier.notify()
+        return result
+
+    def leader_partition(
+        self, tp: TopicPartition, current_leader_epoch: int = -1
+    ) -> HostedPartition:
+        hp = self.replica_manager.get(tp)
+        if not hp.is_leader:
+            raise KafkaError(ErrorCode.NOT_LEADER_OR_FOLLOWER)
+        if current_leader_epoch is not None and current_leader_epoch >= 0:
+            if current_leader_epoch < hp.leader_epoch:
+                raise KafkaError(ErrorCode.FENCED_LEADER_EPOCH)
+            if current_leader_epoch > hp.leader_epoch:
+                raise KafkaError(ErrorCode.UNKNOWN_LEADER_EPOCH)
+        return hp
+
+    def read_partition(
+        self,
+        tp: TopicPartition,
+        fetch_offset: int,
+        max_bytes: int,
+        *,
+        replica_id: int,
+        current_leader_epoch: int,
+        read_committed: bool,
+        min_one_message: bool,
+        fetcher_log_start: int = -1,
+    ) -> ReadResult:
+        try:
+            hp = self.leader_partition(tp, current_leader_epoch)
+        except KafkaError as e:
+            return ReadResult(error=e.code)
+        return hp.read(
+            fetch_offset,
+            max_bytes,
+            replica_id=replica_id,
+            read_committed=read_committed,
+            min_one_message=min_one_message,
+        )

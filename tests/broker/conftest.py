@@ -1,0 +1,94 @@
+"""Fixtures that run the broker as a real process, the way users run it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class BrokerProcess:
+    def __init__(self, log_dir: Path, port: int, overrides: dict[str, str] | None = None):
+        self.log_dir = log_dir
+        self.port = port
+        self.overrides = {
+            "broker.id": "0",
+            "listeners": f"PLAINTEXT://127.0.0.1:{port}",
+            "log.dirs": str(log_dir),
+            **(overrides or {}),
+        }
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.stderr_path = log_dir.parent / f"broker-{port}.stderr"
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 20) -> None:
+        args = [sys.executable, "-m", "broker", "start"]
+        for k, v in self.overrides.items():
+            args += ["--override", f"{k}={v}"]
+        self.stderr = open(self.stderr_path, "ab")
+        self.proc = subprocess.Popen(args, stdout=self.stderr, stderr=self.stderr)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"broker exited: {self.stderr_path.read_text()[-3000:]}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("broker did not start listening")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def kill9(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self.proc = None
+
+    def log_text(self) -> str:
+        return self.stderr_path.read_text() if self.stderr_path.exists() else ""
+
+
+@pytest.fixture
+def broker_factory(tmp_path: Path) -> Iterator[type]:
+    started: list[BrokerProcess] = []
+
+    def make(overrides: dict[str, str] | None = None, log_dir: Path | None = None) -> BrokerProcess:
+        b = BrokerProcess(log_dir or tmp_path / f"logs-{len(started)}", free_port(), overrides)
+        b.start()
+        started.append(b)
+        return b
+
+    yield make  # type: ignore[misc]
+    for b in started:
+        b.stop()
+
+
+@pytest.fixture
+def broker(broker_factory) -> BrokerProcess:  # type: ignore[no-untyped-def]
+    return broker_factory()

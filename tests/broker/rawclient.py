@@ -1,0 +1,78 @@
+"""A tiny blocking Kafka client over one socket, for tests that need exact control of the bytes."""
+
+from __future__ import annotations
+
+import socket
+import struct
+from typing import Any
+
+from kafka.protocol.metadata import ApiVersionsResponse
+from kafka.record.memory_records import MemoryRecordsBuilder
+
+
+class RawClient:
+    def __init__(self, port: int, timeout: float = 10):
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+        self.correlation_id = 0
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def send_bytes(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def send_frame(self, payload: bytes) -> None:
+        self.sock.sendall(struct.pack(">i", len(payload)) + payload)
+
+    def recv_frame(self) -> bytes:
+        head = self._recv_exactly(4)
+        (size,) = struct.unpack(">i", head)
+        return self._recv_exactly(size)
+
+    def _recv_exactly(self, n: int) -> bytes:
+        buf = bytearray()
+        while len(buf) < n:
+            chunk = self.sock.recv(n - len(buf))
+            if not chunk:
+                raise ConnectionError("closed by broker")
+            buf += chunk
+        return bytes(buf)
+
+    def encode(self, request: Any) -> bytes:
+        self.correlation_id += 1
+        request.with_header(correlation_id=self.correlation_id, client_id="raw")
+        return bytes(request.encode(header=True))
+
+    def call(self, request: Any) -> Any:
+        self.send_frame(self.encode(request))
+        if request.API_KEY == 0 and request.acks == 0:
+            return None
+        frame = self.recv_frame()
+        cls = _response_class(request)
+        version = request.API_VERSION
+        if request.API_KEY == 18:
+            return ApiVersionsResponse[version].decode(frame, header=True)
+        return cls[version].decode(frame, header=True)
+
+    def is_closed(self, timeout: float = 5) -> bool:
+        self.sock.settimeout(timeout)
+        try:
+            return self.sock.recv(1) == b""
+        except (ConnectionResetError, BrokenPipeError):
+            return True
+        except TimeoutError:
+            return False
+
+
+def _response_class(request: Any) -> Any:
+    from kafka.protocol.api_header import ResponseClassRegistry
+
+    return ResponseClassRegistry._response_class_registry[request.API_KEY]
+
+
+def build_batch(values: list[bytes], *, timestamp: int = 1_700_000_000_000, **kw: Any) -> bytes:
+    builder = MemoryRecordsBuilder(magic=2, compression_type=0, batch_size=1 << 20, **kw)
+    for i, v in enumerate(values):
+        builder.append(timestamp=timestamp + i, key=None, value=v, headers=[])
+    builder.close()
+    return bytes(builder.buffer())

@@ -27,8 +27,9 @@ found by breadth-first search over (node, kinds used) states.
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Callable, Iterable
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Mapping
+from itertools import chain
 from typing import Any
 
 import networkx as nx
@@ -42,6 +43,7 @@ __all__ = [
     "DepGraph",
     "find_cycles",
     "kind_name",
+    "trim",
 ]
 
 WW, WR, PROCESS, REALTIME = 1, 2, 4, 8
@@ -110,38 +112,34 @@ class DepGraph:
         return sum(len(s) for s in self.succ.values())
 
 
-def _trim(succ: dict[int, dict[int, int]]) -> set[int]:
-    """Nodes that may lie on a cycle: repeatedly drop nodes without in- or out-edges."""
-    pred: dict[int, list[int]] = {}
-    indeg: dict[int, int] = {}
-    for a, s in succ.items():
-        indeg.setdefault(a, 0)
-        for b in s:
-            indeg[b] = indeg.get(b, 0) + 1
-            p = pred.get(b)
-            if p is None:
-                pred[b] = [a]
-            else:
-                p.append(a)
-    outdeg = {n: len(succ.get(n, ())) for n in indeg}
-    alive = set(indeg)
-    queue = deque(n for n in indeg if indeg[n] == 0 or outdeg[n] == 0)
-    while queue:
-        n = queue.pop()
-        if n not in alive:
-            continue
-        alive.discard(n)
+def trim(succ: Mapping[int, Iterable[int]]) -> set[int]:
+    """Nodes that may lie on a cycle: peel sources forward, then sinks backward."""
+    indeg = Counter(chain.from_iterable(succ.values()))
+    stack = [n for n in succ if n not in indeg]
+    while stack:
+        n = stack.pop()
         for b in succ.get(n, ()):
-            if b in alive:
-                indeg[b] -= 1
-                if indeg[b] == 0:
-                    queue.append(b)
+            d = indeg[b] - 1
+            indeg[b] = d
+            if d == 0:
+                stack.append(b)
+    survivors = {n for n, d in indeg.items() if d > 0}
+    if not survivors:
+        return survivors
+    sub = {a: [b for b in succ.get(a, ()) if b in survivors] for a in survivors}
+    outdeg = {a: len(bs) for a, bs in sub.items()}
+    pred: dict[int, list[int]] = {}
+    for a, bs in sub.items():
+        for b in bs:
+            pred.setdefault(b, []).append(a)
+    stack = [a for a, d in outdeg.items() if d == 0]
+    while stack:
+        n = stack.pop()
         for a in pred.get(n, ()):
-            if a in alive:
-                outdeg[a] -= 1
-                if outdeg[a] == 0:
-                    queue.append(a)
-    return alive
+            outdeg[a] -= 1
+            if outdeg[a] == 0:
+                stack.append(a)
+    return {a for a, d in outdeg.items() if d > 0}
 
 
 def _bits(mask: int) -> list[int]:
@@ -220,7 +218,7 @@ def find_cycles(
     state_limit: int = 2_000_000,
 ) -> tuple[dict[str, list[dict[str, Any]]], dict[str, int]]:
     """Find cycle anomalies; return ({name: [case, ...]}, stats)."""
-    alive = _trim(graph.succ)
+    alive = trim(graph.succ)
     stats = {
         "graph_nodes": len({*graph.succ, *(b for s in graph.succ.values() for b in s)}),
         "graph_edges": graph.edge_count(),

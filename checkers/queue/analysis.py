@@ -23,11 +23,12 @@ from bisect import bisect_left, insort
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from checkers.queue.ops import FAIL, INFO, OK, QueueOp, parse_ops
+from checkers.history import HistoryError, gc_paused
+from checkers.queue.ops import FAIL, INFO, OK, QueueOp, check_pairs, parse_ops
 from checkers.queue.policy import allowed_types
 from checkers.queue.results import Anomalies, results_dict
 from checkers.queue.version_order import VersionOrder
-from checkers.txn_graph import PROCESS, WR, WW, DepGraph, find_cycles
+from checkers.txn_graph import PROCESS, REALTIME, WR, WW, DepGraph, find_cycles, trim
 
 __all__ = ["QueueAnalysis", "check_queue"]
 
@@ -80,6 +81,8 @@ class QueueAnalysis:
         self.ok_reads: dict[Any, set[Any]] = {}
         self.by_pos: dict[int, QueueOp] = {}
         self.stats: dict[str, Any] = {}
+        # Keys where committed data may have been replaced or have vanished.
+        self.suspect_keys: set[Any] = set()
 
     # -- building -------------------------------------------------------------------------
 
@@ -277,9 +280,6 @@ class QueueAnalysis:
         hw_seen: dict[Any, dict[Any, tuple[int, QueueOp]]] = {}
         hw_max: dict[Any, _RunningMax] = {}
         send_max: dict[Any, _RunningMax] = {}
-        committed: dict[Any, dict[int, tuple[Any, int, QueueOp]]] = {}
-        committed_sorted: dict[Any, list[int]] = {}
-        low_max: dict[Any, int] = {}
         empty: dict[Any, QueueOp] = {}
         for rec in self.records:
             p = rec.process
@@ -320,6 +320,7 @@ class QueueAnalysis:
                     elif prev_i is not None and i is not None:
                         delta = i - prev_i
                         if delta > 1:
+                            self.suspect_keys.add(k)
                             self._skip("int-poll-skip", rec, rec, k, prev, v, prev_i, i, vo)
                         elif delta < 1:
                             self._nonmono("int-nonmonotonic-poll", rec, rec, k, prev, v, delta)
@@ -402,9 +403,6 @@ class QueueAnalysis:
                     hw_seen[p] = seen = {}
                 for k, marks in wm.items():
                     high = marks.get("high") if isinstance(marks, dict) else None
-                    low = marks.get("low") if isinstance(marks, dict) else None
-                    if isinstance(low, int) and low > low_max.get(k, -1):
-                        low_max[k] = low
                     if not isinstance(high, int):
                         continue
                     last_hw = seen.get(k)
@@ -416,54 +414,7 @@ class QueueAnalysis:
                         prior = rm.before(rec.inv)
                         if prior is not None and prior[0] > high:
                             self._hw_regression_rt(prior[1], prior[0], rec, k, high)
-            # ---- committed truncation: check this op's reads, then register what it commits
-            for k, pairs in rec.reads.items():
-                cm = committed.get(k)
-                if not cm or not pairs:
-                    continue
-                low = low_max.get(k, -1)
-                prev_o = None
-                for o, v in pairs:
-                    if o is None:
-                        continue
-                    c = cm.get(o)
-                    if c is not None and c[1] < rec.inv and c[0] != v and o >= low:
-                        self._truncation(c[2], k, o, c[0], rec, f"returned {_fmt(v)} there")
-                    if prev_o is not None and o > prev_o + 1:
-                        cs = committed_sorted[k]
-                        j = bisect_left(cs, prev_o + 1)
-                        while j < len(cs) and cs[j] < o:
-                            mo = cs[j]
-                            c = cm[mo]
-                            if c[1] < rec.inv and mo >= low:
-                                self._truncation(
-                                    c[2],
-                                    k,
-                                    mo,
-                                    c[0],
-                                    rec,
-                                    f"returned offsets {prev_o} and {o} but not {mo}",
-                                )
-                            j += 1
-                    prev_o = o
             if wm:
-                for k, marks in wm.items():
-                    high = marks.get("high") if isinstance(marks, dict) else None
-                    if not isinstance(high, int):
-                        continue
-                    cm = committed.get(k)
-                    if cm is None:
-                        committed[k] = cm = {}
-                        committed_sorted[k] = []
-                    cs = committed_sorted[k]
-                    for o, v in rec.reads.get(k, ()):
-                        if o is not None and o < high and o not in cm:
-                            cm[o] = (v, rec.pos, rec)
-                            insort(cs, o)
-                    for sk, o, v in rec.sends:
-                        if sk == k and o is not None and o < high and o not in cm:
-                            cm[o] = (v, rec.pos, rec)
-                            insort(cs, o)
                 rm_add = [(k, m.get("high")) for k, m in wm.items() if isinstance(m, dict)]
                 for k, high in rm_add:
                     if isinstance(high, int):
@@ -471,6 +422,62 @@ class QueueAnalysis:
                         if rm is None:
                             hw_max[k] = rm = _RunningMax()
                         rm.add(rec.pos, high, rec)
+
+    def _truncation_checks(self) -> None:
+        """committed-truncation, for keys with a conflicting offset or a gap inside a poll.
+
+        Replacing committed data makes an offset hold two values (inconsistent-offsets) and
+        losing it makes a later poll jump over a known offset (int-poll-skip), so only
+        those keys need the exact, position-aware replay done here.
+        """
+        keys = self.suspect_keys | {k for k, vo in self.orders.items() if vo.conflicts}
+        for k in sorted(keys, key=str):
+            committed: dict[int, tuple[Any, int, QueueOp]] = {}
+            committed_sorted: list[int] = []
+            low = -1
+            for rec in self.records:
+                if rec.kind != OK:
+                    continue
+                wm = rec.wm
+                marks = wm.get(k) if wm else None
+                pairs = rec.reads.get(k)
+                if pairs and committed:
+                    prev_o = None
+                    for o, v in pairs:
+                        if o is None:
+                            continue
+                        c = committed.get(o)
+                        if c is not None and c[1] < rec.inv and c[0] != v and o >= low:
+                            self._truncation(c[2], k, o, c[0], rec, f"returned {_fmt(v)} there")
+                        if prev_o is not None and o > prev_o + 1:
+                            j = bisect_left(committed_sorted, prev_o + 1)
+                            while j < len(committed_sorted) and committed_sorted[j] < o:
+                                mo = committed_sorted[j]
+                                c = committed[mo]
+                                if c[1] < rec.inv and mo >= low:
+                                    self._truncation(
+                                        c[2],
+                                        k,
+                                        mo,
+                                        c[0],
+                                        rec,
+                                        f"returned offsets {prev_o} and {o} but not {mo}",
+                                    )
+                                j += 1
+                        prev_o = o
+                if not isinstance(marks, dict):
+                    continue
+                lw = marks.get("low")
+                if isinstance(lw, int) and lw > low:
+                    low = lw
+                high = marks.get("high")
+                if not isinstance(high, int):
+                    continue
+                acked = [(o, v) for sk, o, v in rec.sends if sk == k]
+                for o, v in [*(pairs or ()), *acked]:
+                    if o is not None and o < high and o not in committed:
+                        committed[o] = (v, rec.pos, rec)
+                        insort(committed_sorted, o)
 
     # -- case builders ---------------------------------------------------------------------
 
@@ -630,47 +637,112 @@ class QueueAnalysis:
     # -- transactions ------------------------------------------------------------------------
 
     def _graph(self) -> None:
-        g = DepGraph()
+        """Dependency-graph cycles (G0, G1c, G1c-ww and variants).
+
+        A first, reduced graph keeps reachability but not every edge: a reader gets a wr
+        edge only from the writer of the highest-indexed value it read of each key, the
+        others reach that writer along the key's ww chain. Nodes this graph cannot place
+        on a cycle are dropped; only the survivors get their full wr edges and go to
+        `find_cycles`. A valid history therefore costs a few edges per op.
+        """
         writer = self.writer
         nodes = [r for r in self.records if r.committed and r.f != "assign" and r.f != "subscribe"]
+        chains: list[tuple[int, int]] = []
         if self.ww_deps:
             for k, vo in self.orders.items():
                 ws = writer.get(k)
                 if not ws:
                     continue
                 prev: QueueOp | None = None
+                log = vo.log
                 for o in vo.offsets:
-                    w = ws.get(vo.log[o])
+                    w = ws.get(log[o])
                     if w is None or not w.committed:
                         continue
                     if prev is not None and prev is not w:
-                        g.link(prev.pos, w.pos, WW)
+                        chains.append((prev.pos, w.pos))
                     prev = w
+        process_edges: list[tuple[int, int]] = []
         last_by_process: dict[Any, QueueOp] = {}
+        events: list[tuple[int, int, bool]] = []
         for rec in nodes:
+            prior = last_by_process.get(rec.process)
+            if prior is not None:
+                process_edges.append((prior.pos, rec.pos))
+            last_by_process[rec.process] = rec
+            # An info op's effects may land any time later, so it never precedes anything.
+            if rec.inv >= 0:
+                events.append((rec.inv, rec.pos, False))
+            if rec.kind == OK:
+                events.append((rec.pos, rec.pos, True))
+        events.sort()
+
+        def base(g: DepGraph, alive: set[int] | None) -> None:
+            for a, b in chains:
+                if alive is None or (a in alive and b in alive):
+                    g.link(a, b, WW)
+            for a, b in process_edges:
+                if alive is None or (a in alive and b in alive):
+                    g.link(a, b, PROCESS)
+
+        reduced = DepGraph()
+        base(reduced, None)
+        reduced.add_realtime_chain((node, done) for _at, node, done in events)
+        orders = self.orders
+        for rec in nodes:
+            for k, pairs in rec.reads.items():
+                ws = writer.get(k)
+                if not ws or not pairs:
+                    continue
+                if self.ww_deps:
+                    oidx = orders[k].oidx
+                    best_i = -1
+                    best_w: QueueOp | None = None
+                    for o, v in pairs:
+                        w = ws.get(v)
+                        if w is not None and w is not rec and w.committed and o is not None:
+                            i = oidx[o]
+                            if i > best_i:
+                                best_i, best_w = i, w
+                    if best_w is not None:
+                        reduced.link(best_w.pos, rec.pos, WR)
+                    # reads the chain does not place (no offset, or a conflicting value at
+                    # the offset) keep their own edge
+                    log = orders[k].log
+                    for o, v in pairs:
+                        if o is None or log[o] != v:
+                            w = ws.get(v)
+                            if w is not None and w is not rec and w.committed:
+                                reduced.link(w.pos, rec.pos, WR)
+                else:
+                    for _o, v in pairs:
+                        w = ws.get(v)
+                        if w is not None and w is not rec and w.committed:
+                            reduced.link(w.pos, rec.pos, WR)
+        alive = trim(reduced.succ)
+        self.stats.update(
+            graph_nodes=len(nodes), graph_edges=reduced.edge_count(), cyclic_nodes=len(alive)
+        )
+        if not alive:
+            return
+        full = DepGraph()
+        base(full, alive)
+        for a in alive:
+            for b, kinds in reduced.succ.get(a, {}).items():
+                if kinds & REALTIME and b in alive:
+                    full.link(a, b, REALTIME)
+        for rec in nodes:
+            if rec.pos not in alive:
+                continue
             for k, pairs in rec.reads.items():
                 ws = writer.get(k)
                 if not ws:
                     continue
                 for _o, v in pairs:
                     w = ws.get(v)
-                    if w is not None and w is not rec and w.committed:
-                        g.link(w.pos, rec.pos, WR)
-            prior = last_by_process.get(rec.process)
-            if prior is not None:
-                g.link(prior.pos, rec.pos, PROCESS)
-            last_by_process[rec.process] = rec
-        # An info op's effects may land any time later, so it never precedes anything.
-        events: list[tuple[int, int, bool]] = []
-        for rec in nodes:
-            if rec.inv >= 0:
-                events.append((rec.inv, rec.pos, False))
-            if rec.kind == OK:
-                events.append((rec.pos, rec.pos, True))
-        events.sort()
-        g.add_realtime_chain((node, done) for _at, node, done in events)
-        found, gstats = find_cycles(g, self._explain_step)
-        self.stats.update(gstats)
+                    if w is not None and w is not rec and w.committed and w.pos in alive:
+                        full.link(w.pos, rec.pos, WR)
+        found, _ = find_cycles(full, self._explain_step)
         for name, cases in found.items():
             self.anomalies.add_all(name, cases)
 
@@ -724,6 +796,7 @@ class QueueAnalysis:
         self._order_checks()
         self._lost_and_unseen()
         self._op_checks()
+        self._truncation_checks()
         self._graph()
         if eos:
             from checkers.eos import check_eos
@@ -761,8 +834,16 @@ def check_queue(
     consume-transform-produce keys: {"input": [...], "output": [...]}. ww_deps=False
     drops version-order (ww) edges from the dependency graph, as Jepsen's :ww-deps.
     """
-    analysis = QueueAnalysis(ops, ww_deps=ww_deps, max_examples=max_examples)
-    analysis.run(eos)
+    with gc_paused():
+        try:
+            analysis = QueueAnalysis(ops, ww_deps=ww_deps, max_examples=max_examples)
+            analysis.run(eos)
+        except (TypeError, ValueError, IndexError, KeyError) as e:
+            if isinstance(e, HistoryError):
+                raise
+            # The fast path does not check every pair; find the op that broke it.
+            check_pairs(ops)
+            raise HistoryError(f"malformed queue history: {e!r}") from e
     sub = analysis.saw_subscribe if subscribe is None else subscribe
     allowed = allowed_types(subscribe=sub, allow=allow, disallow=disallow)
     stats = dict(analysis.stats)

@@ -20,7 +20,7 @@ from typing import Any
 
 from checkers.history import HistoryError
 
-__all__ = ["FAIL", "INFO", "OK", "QueueOp", "parse_ops"]
+__all__ = ["FAIL", "INFO", "OK", "QueueOp", "check_pairs", "parse_ops"]
 
 OK, INFO, FAIL = 0, 1, 2
 _KIND = {"ok": OK, "info": INFO, "fail": FAIL}
@@ -100,9 +100,6 @@ def _parse_mops(rec: QueueOp, value: Any, line: int, with_reads: bool) -> None:
             for k, pairs in m.items():
                 if type(pairs) is not list:
                     raise HistoryError(f"poll result for {k!r} must be a list of pairs", line)
-                for pair in pairs:
-                    if type(pair) is not list or len(pair) != 2:
-                        raise HistoryError(f"poll pair must be [offset, value], got {pair!r}", line)
                 have = reads.get(k)
                 if have is None:
                     reads[k] = pairs
@@ -110,6 +107,30 @@ def _parse_mops(rec: QueueOp, value: Any, line: int, with_reads: bool) -> None:
                     reads[k] = have + pairs
         else:
             raise HistoryError(f"unknown micro-op {name!r} (expected send or poll)", line)
+
+
+def check_pairs(ops: Sequence[dict[str, Any]]) -> None:
+    """Strict check of every poll pair (run only to locate an error the fast path hit)."""
+    for pos, op in enumerate(ops):
+        value = op.get("value")
+        if op.get("f") not in DATA_FS or type(value) is not list:
+            continue
+        for mop in value:
+            if type(mop) is list and len(mop) >= 2 and mop[0] == "poll" and type(mop[1]) is dict:
+                for pairs in mop[1].values():
+                    for pair in pairs:
+                        if type(pair) is not list or len(pair) != 2:
+                            raise HistoryError(
+                                f"poll pair must be [offset, value], got {pair!r}", pos + 1
+                            )
+                        if pair[0] is not None and type(pair[0]) is not int:
+                            raise HistoryError(
+                                f"offset must be an integer, got {pair[0]!r}", pos + 1
+                            )
+            if type(mop) is list and len(mop) == 3 and mop[0] == "send":
+                x = mop[2]
+                if type(x) is list and x[0] is not None and type(x[0]) is not int:
+                    raise HistoryError(f"offset must be an integer, got {x[0]!r}", pos + 1)
 
 
 def parse_ops(ops: Sequence[dict[str, Any]]) -> tuple[list[QueueOp], dict[Any, set[Any]], bool]:

@@ -1,0 +1,97 @@
+"""One entry point for every checker: load a history in any supported format, check it.
+
+- `load(path, fmt)`: ``jsonl`` (checkers.history), ``edn`` and ``jepsen-log``
+  (checkers.formats, imported lazily);
+- `check(ops, workload, **opts)`: ``queue`` -> `checkers.queue.check_queue`;
+  ``register``, ``cas-register``, ``kv`` -> `checkers.linear.api.check_workload`
+  (imported lazily);
+- `policy_from_test(test)`: the checker options a run's test.json asks for.
+
+All return the spec's results dict (shared/spec/history-format.md, "Checker output").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from checkers.history import HistoryError, load_history
+
+__all__ = ["FORMATS", "WORKLOADS", "check", "load", "policy_from_test"]
+
+WORKLOADS = ("queue", "register", "cas-register", "kv")
+FORMATS = ("jsonl", "edn", "jepsen-log")
+QUEUE_OPTS = ("allow", "disallow", "subscribe", "eos", "ww_deps", "max_examples")
+
+
+def load(path: Path, fmt: str = "jsonl") -> list[dict[str, Any]]:
+    """Load a history file; raises HistoryError for unreadable or malformed input."""
+    if fmt == "jsonl":
+        return load_history(Path(path))
+    if fmt == "edn":
+        from checkers.formats import load_edn
+
+        return list(load_edn(Path(path)))
+    if fmt == "jepsen-log":
+        from checkers.formats import load_jepsen_log
+
+        return list(load_jepsen_log(Path(path)))
+    raise HistoryError(f"unknown history format {fmt!r}; use one of {', '.join(FORMATS)}")
+
+
+def check(ops: Sequence[dict[str, Any]], workload: str, **opts: Any) -> dict[str, Any]:
+    """Check `ops` as `workload`; queue options: allow, disallow, subscribe, eos, ww_deps.
+
+    Linearizability workloads take timeout_s and out_dir.
+    """
+    if workload == "queue":
+        from checkers.queue import check_queue
+
+        return check_queue(ops, **{k: v for k, v in opts.items() if k in QUEUE_OPTS})
+    if workload in ("register", "cas-register", "kv"):
+        from checkers.linear.api import check_workload
+
+        return dict(
+            check_workload(
+                ops, workload, timeout_s=opts.get("timeout_s"), out_dir=opts.get("out_dir")
+            )
+        )
+    raise ValueError(f"unknown workload {workload!r}; use one of {', '.join(WORKLOADS)}")
+
+
+def _as_list(x: Any) -> list[str] | None:
+    if x is None:
+        return None
+    if isinstance(x, str):
+        return [s.strip() for s in x.split(",") if s.strip()]
+    return [str(s) for s in x]
+
+
+def policy_from_test(test: Mapping[str, Any]) -> dict[str, Any]:
+    """Checker options from a test configuration (test.json).
+
+    Reads `workload`, `eos` {"input", "output"}, `subscribe` (bool) or `sub_via`
+    (Jepsen's name: a list or string containing "subscribe"), `ww_deps`, and the
+    anomaly lists `allow` / `disallow` (top level or under `checker`).
+    """
+    conf: dict[str, Any] = dict(test)
+    conf.update(test.get("checker") or {})
+    policy: dict[str, Any] = {}
+    if conf.get("workload"):
+        policy["workload"] = conf["workload"]
+    eos = conf.get("eos")
+    if isinstance(eos, Mapping) and (eos.get("input") or eos.get("output")):
+        policy["eos"] = {"input": list(eos.get("input", ())), "output": list(eos.get("output", ()))}
+    if "subscribe" in conf and isinstance(conf["subscribe"], bool):
+        policy["subscribe"] = conf["subscribe"]
+    elif "sub_via" in conf:
+        sub = conf["sub_via"]
+        policy["subscribe"] = "subscribe" in (sub if isinstance(sub, list | tuple) else [sub])
+    if isinstance(conf.get("ww_deps"), bool):
+        policy["ww_deps"] = conf["ww_deps"]
+    for name in ("allow", "disallow"):
+        items = _as_list(conf.get(name))
+        if items:
+            policy[name] = set(items)
+    return policy

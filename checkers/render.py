@@ -1,0 +1,157 @@
+"""Artefacts of a check for a run directory: a text summary and per-key offset diagrams.
+
+`render_artifacts(ops, results, out_dir)` writes
+
+- `summary.txt`: verdict, every anomaly type with its count (marked when it is not
+  allowed), the first explanations of each, and the stats;
+- `offsets-<key>.png` and `.svg` (queue histories, only for keys named by an anomaly,
+  at most `max_keys`): offset over history position for every send ack and poll read of
+  that key, coloured by completion type, with the offsets the anomalies name ringed in red.
+
+`summary_text(results)` is the same summary as a string (the CLI prints it).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["render_artifacts", "summary_text"]
+
+
+def summary_text(results: dict[str, Any], per_type: int = 3) -> str:
+    valid = results.get("valid")
+    verdict = "VALID" if valid is True else "INVALID" if valid is False else "UNKNOWN"
+    lines = [f"verdict: {verdict}"]
+    bad = set(results.get("not_allowed", ()))
+    anomalies = results.get("anomalies", {})
+    if not anomalies:
+        lines.append("no anomalies found")
+    for name in results.get("anomaly_types", sorted(anomalies)):
+        a = anomalies.get(name, {})
+        flag = "" if name not in bad else "  (not allowed)"
+        lines.append(f"{name}: {a.get('count', 0)}{flag}")
+        for ex in a.get("examples", [])[:per_type]:
+            lines.append(f"    - {ex.get('explanation', ex)}")
+    stats = results.get("stats") or {}
+    if stats:
+        lines.append("stats: " + ", ".join(f"{k}={v}" for k, v in stats.items()))
+    if results.get("error"):
+        lines.append(f"error: {results['error']}")
+    return "\n".join(lines) + "\n"
+
+
+def _safe(name: Any) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", str(name)) or "_"
+
+
+def _anomalous_offsets(results: dict[str, Any]) -> dict[Any, set[int]]:
+    marks: dict[Any, set[int]] = {}
+    for a in results.get("anomalies", {}).values():
+        for ex in a.get("examples", []):
+            if not isinstance(ex, dict) or "key" not in ex:
+                continue
+            try:
+                hash(ex["key"])
+            except TypeError:
+                continue
+            s = marks.setdefault(ex["key"], set())
+            for field in ("offset", "max_read_offset"):
+                if isinstance(ex.get(field), int):
+                    s.add(ex[field])
+            for field in ("offsets",):
+                s.update(o for o in ex.get(field) or () if isinstance(o, int))
+    return marks
+
+
+_COLORS = {"ok": "tab:blue", "info": "tab:orange", "fail": "tab:gray"}
+
+
+def _points(
+    ops: Sequence[dict[str, Any]], key: Any
+) -> dict[tuple[str, str], list[tuple[int, int]]]:
+    pts: dict[tuple[str, str], list[tuple[int, int]]] = {}
+    for pos, op in enumerate(ops):
+        typ = op.get("type")
+        if typ == "invoke" or op.get("f") not in ("send", "poll", "txn"):
+            continue
+        value = op.get("value")
+        if not isinstance(value, list):
+            continue
+        x = op.get("index", pos)
+        for mop in value:
+            if not isinstance(mop, list) or len(mop) < 2:
+                continue
+            if mop[0] == "send" and len(mop) == 3 and mop[1] == key:
+                if isinstance(mop[2], list) and isinstance(mop[2][0], int):
+                    pts.setdefault(("send", str(typ)), []).append((x, mop[2][0]))
+            elif mop[0] == "poll" and isinstance(mop[1], dict) and key in mop[1]:
+                for pair in mop[1][key]:
+                    if isinstance(pair, list) and pair and isinstance(pair[0], int):
+                        pts.setdefault(("poll", str(typ)), []).append((x, pair[0]))
+    return pts
+
+
+def _plot_key(ops: Sequence[dict[str, Any]], key: Any, marked: set[int], out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pts = _points(ops, key)
+    fig, ax = plt.subplots(figsize=(10, 5))
+    for (what, typ), xy in sorted(pts.items()):
+        xs, ys = zip(*xy, strict=True)
+        ax.scatter(
+            xs,
+            ys,
+            s=8,
+            marker="^" if what == "send" else "o",
+            color=_COLORS.get(typ, "black"),
+            label=f"{what} ({typ})",
+            alpha=0.7,
+        )
+    if marked:
+        hits = [(x, o) for xy in pts.values() for x, o in xy if o in marked]
+        if hits:
+            xs, ys = zip(*hits, strict=True)
+            ax.scatter(xs, ys, s=60, facecolors="none", edgecolors="red", label="anomaly offsets")
+        for o in sorted(marked)[:50]:
+            ax.axhline(o, color="red", linewidth=0.4, alpha=0.4)
+    ax.set_xlabel("history index")
+    ax.set_ylabel("offset")
+    ax.set_title(f"key {key}: offsets sent and read")
+    if pts:
+        ax.legend(loc="upper left", fontsize="small")
+    fig.tight_layout()
+    written = []
+    for ext in ("png", "svg"):
+        path = out / f"offsets-{_safe(key)}.{ext}"
+        fig.savefig(path)
+        written.append(path)
+    plt.close(fig)
+    return written
+
+
+def render_artifacts(
+    ops: Sequence[dict[str, Any]],
+    results: dict[str, Any],
+    out_dir: Path,
+    *,
+    max_keys: int = 16,
+) -> list[Path]:
+    """Write summary.txt and offset diagrams into out_dir; return the paths written."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    summary = out / "summary.txt"
+    summary.write_text(summary_text(results, per_type=8))
+    written.append(summary)
+    marks = _anomalous_offsets(results)
+    queue_like = any(op.get("f") in ("send", "poll", "txn") for op in ops[:1000])
+    if queue_like:
+        for key in sorted(marks, key=str)[:max_keys]:
+            written.extend(_plot_key(ops, key, marks[key], out))
+    return written

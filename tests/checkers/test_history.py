@@ -1,0 +1,113 @@
+"""history.jsonl loading, validation (with line numbers) and writing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from checkers.history import HistoryError, iter_history, load_history, validate, write_history
+from checkers.queue.simulate import simulate
+
+
+def op(i: int, process: Any, typ: str, f: str = "send", **kw: Any) -> dict[str, Any]:
+    return {
+        "index": i,
+        "time": i * 10,
+        "process": process,
+        "type": typ,
+        "f": f,
+        "value": None,
+        **kw,
+    }
+
+
+def write_lines(tmp_path: Path, lines: list[bytes]) -> Path:
+    p = tmp_path / "history.jsonl"
+    p.write_bytes(b"\n".join(lines) + b"\n")
+    return p
+
+
+def test_round_trip(tmp_path: Path) -> None:
+    ops = simulate(500, seed=3)
+    p = tmp_path / "h.jsonl"
+    write_history(ops, p)
+    assert load_history(p) == ops
+    assert list(iter_history(p)) == ops
+
+
+def test_blank_lines_are_skipped_but_counted(tmp_path: Path) -> None:
+    a = orjson.dumps(op(0, 0, "invoke"))
+    b = orjson.dumps(op(1, 0, "ok"))
+    p = write_lines(tmp_path, [a, b"", b"   ", b])
+    assert [o["index"] for o in load_history(p)] == [0, 1]
+    bad = write_lines(tmp_path, [a, b"", b"{oops"])
+    with pytest.raises(HistoryError) as e:
+        load_history(bad)
+    assert e.value.line == 3
+
+
+@pytest.mark.parametrize(
+    ("lines", "line", "words"),
+    [
+        ([b'{"index": 0', b"{}"], 1, "malformed JSON"),
+        ([orjson.dumps(op(0, 0, "invoke")), b"[1, 2]"], 2, "JSON object"),
+        ([orjson.dumps(op(0, 0, "invoke")), orjson.dumps(op(2, 0, "ok"))], 2, "not dense"),
+        ([orjson.dumps(op(0, 0, "ok"))], 1, "without a preceding invoke"),
+        (
+            [
+                orjson.dumps(op(0, 0, "invoke")),
+                orjson.dumps(op(1, 0, "info")),
+                orjson.dumps(op(2, 0, "invoke")),
+            ],
+            3,
+            "after its info completion",
+        ),
+        (
+            [orjson.dumps(op(0, 0, "invoke")), orjson.dumps(op(1, 0, "invoke"))],
+            2,
+            "has not completed",
+        ),
+        (
+            [orjson.dumps(op(0, 0, "invoke")), orjson.dumps(op(1, 0, "ok", f="poll"))],
+            2,
+            "does not match",
+        ),
+        ([orjson.dumps({**op(0, 0, "invoke"), "type": "started"})], 1, "type must be"),
+        ([orjson.dumps({"index": 0, "time": 0, "process": 0, "type": "invoke"})], 1, "'f'"),
+        (
+            [orjson.dumps({**op(0, 0, "invoke"), "time": 100}), orjson.dumps(op(1, 0, "ok"))],
+            2,
+            "backwards",
+        ),
+        ([orjson.dumps(op(0, 1.5, "invoke"))], 1, "process must be"),
+    ],
+)
+def test_errors_name_the_line(tmp_path: Path, lines: list[bytes], line: int, words: str) -> None:
+    p = write_lines(tmp_path, lines)
+    with pytest.raises(HistoryError) as e:
+        load_history(p)
+    assert e.value.line == line
+    assert words in str(e.value)
+    assert str(e.value).startswith(f"line {line}:")
+    with pytest.raises(HistoryError) as e2:
+        list(iter_history(p))
+    assert e2.value.line == line
+
+
+def test_nemesis_ops_are_not_paired() -> None:
+    validate(
+        [
+            op(0, "nemesis", "info", f="start-partition"),
+            op(1, 0, "invoke"),
+            op(2, "nemesis", "info", f="start-partition"),
+            op(3, 0, "ok"),
+        ]
+    )
+
+
+def test_missing_file_is_a_history_error(tmp_path: Path) -> None:
+    with pytest.raises(HistoryError, match="cannot read"):
+        load_history(tmp_path / "nope.jsonl")

@@ -1,0 +1,151 @@
+"""Property tests: histories of a correct log are valid; injected faults are named correctly.
+
+Histories come from `checkers.queue.simulate` (concurrency, info timeouts, failed ops,
+crashes, reassignments, transactions with markers and aborted offsets), driven by
+hypothesis-chosen seeds and shapes. Each mutation models one kind of broker bug and must
+be reported under its anomaly name.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from checkers.history import validate
+from checkers.queue import check_queue, keys_of, merge_results, project_key
+from checkers.queue.simulate import simulate
+
+shapes = st.fixed_dictionaries(
+    {
+        "n_ops": st.integers(50, 600),
+        "processes": st.integers(1, 6),
+        "keys": st.integers(1, 4),
+        "seed": st.integers(0, 2**32 - 1),
+        "txn_rate": st.sampled_from([0.0, 0.3, 0.8]),
+        "info_rate": st.sampled_from([0.0, 0.05, 0.2]),
+        "fail_rate": st.sampled_from([0.0, 0.05, 0.2]),
+        "crash_rate": st.sampled_from([0.0, 0.02]),
+        "assign_rate": st.sampled_from([0.0, 0.05]),
+    }
+)
+SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def drains(ops: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """key -> the final drain's ok poll completion (it reads every record of the key)."""
+    drain_process = ops[-1]["process"]
+    out = {}
+    for op in ops:
+        if op["process"] == drain_process and op["type"] == "ok" and op["f"] == "poll":
+            (k,) = op["value"][0][1].keys()
+            out[k] = op
+    return out
+
+
+def known_elsewhere(ops: list[dict[str, Any]], skip: dict[str, Any]) -> set[tuple[str, Any]]:
+    """(key, value) pairs whose offset some op other than `skip` establishes."""
+    known = set()
+    for op in ops:
+        if op is skip or op["type"] != "ok" or op["f"] not in ("send", "poll", "txn"):
+            continue
+        for mop in op["value"]:
+            if mop[0] == "send" and isinstance(mop[2], list) and mop[2][0] is not None:
+                known.add((mop[1], mop[2][1]))
+            elif mop[0] == "poll":
+                for k, pairs in mop[1].items():
+                    known.update((k, v) for _o, v in pairs)
+    return known
+
+
+@SETTINGS
+@given(shapes)
+def test_correct_log_histories_are_valid(shape: dict[str, Any]) -> None:
+    ops = simulate(**shape)
+    validate(ops)
+    r = check_queue(ops)
+    assert r["valid"] is True, r["anomalies"]
+    assert r["anomaly_types"] == []
+
+
+@SETTINGS
+@given(shapes)
+def test_per_key_checks_agree_with_the_whole(shape: dict[str, Any]) -> None:
+    ops = simulate(**{**shape, "txn_rate": 0.0})
+    parts = [check_queue(project_key(ops, k)) for k in keys_of(ops)]
+    merged = merge_results(parts)
+    assert merged["valid"] is True and merged["anomaly_types"] == []
+
+
+@SETTINGS
+@given(shapes, st.data())
+def test_dropped_read_is_a_skip(shape: dict[str, Any], data: st.DataObject) -> None:
+    ops = simulate(**shape)
+    d = drains(ops)
+    k = data.draw(st.sampled_from(sorted(d)))
+    drain = d[k]
+    pairs = drain["value"][0][1][k]
+    known = known_elsewhere(ops, drain)
+    middle = [i for i in range(1, len(pairs) - 1) if (k, pairs[i][1]) in known]
+    assume(middle)
+    i = data.draw(st.sampled_from(middle))
+    del pairs[i]
+    r = check_queue(ops)
+    assert "int-poll-skip" in r["anomaly_types"]
+    assert r["valid"] is False
+
+
+@SETTINGS
+@given(shapes, st.data())
+def test_duplicated_record_is_a_duplicate(shape: dict[str, Any], data: st.DataObject) -> None:
+    ops = simulate(**shape)
+    d = drains(ops)
+    candidates = [k for k in sorted(d) if d[k]["value"][0][1][k]]
+    assume(candidates)
+    k = data.draw(st.sampled_from(candidates))
+    pairs = d[k]["value"][0][1][k]
+    _o, v = data.draw(st.sampled_from(pairs))
+    pairs.append([pairs[-1][0] + 1, v])
+    r = check_queue(ops)
+    assert "duplicate" in r["anomaly_types"] and r["valid"] is False
+    assert any(ex["value"] == v for ex in r["anomalies"]["duplicate"]["examples"])
+
+
+@SETTINGS
+@given(shapes, st.data())
+def test_swapped_offsets_are_inconsistent(shape: dict[str, Any], data: st.DataObject) -> None:
+    ops = simulate(**shape)
+    d = drains(ops)
+    k = data.draw(st.sampled_from(sorted(d)))
+    drain = d[k]
+    pairs = drain["value"][0][1][k]
+    known = known_elsewhere(ops, drain)
+    idx = [i for i, (_o, v) in enumerate(pairs) if (k, v) in known]
+    assume(len(idx) >= 2)
+    i, j = sorted(data.draw(st.lists(st.sampled_from(idx), min_size=2, max_size=2, unique=True)))
+    pairs[i][0], pairs[j][0] = pairs[j][0], pairs[i][0]
+    r = check_queue(ops)
+    assert "inconsistent-offsets" in r["anomaly_types"] and r["valid"] is False
+
+
+@SETTINGS
+@given(shapes, st.data())
+def test_lowered_watermark_is_a_regression(shape: dict[str, Any], data: st.DataObject) -> None:
+    ops = simulate(**shape)
+    seen: dict[tuple[Any, str], int] = {}
+    candidates = []
+    for op in ops:
+        for k, m in (op.get("watermarks") or {}).items():
+            prior = seen.get((op["process"], k))
+            if prior is not None and prior >= 1:
+                candidates.append((op["index"], k, prior))
+            seen[(op["process"], k)] = m["high"]
+    assume(candidates)
+    index, k, prior = data.draw(st.sampled_from(candidates))
+    mutated = copy.deepcopy(ops)
+    mutated[index]["watermarks"][k]["high"] = prior - 1
+    r = check_queue(mutated)
+    assert "hw-regression" in r["anomaly_types"] and r["valid"] is False
+    assert "hw-regression-realtime" in r["anomaly_types"]

@@ -18,11 +18,10 @@ from typing import Any
 
 from broker.errors import ErrorCode, KafkaError
 from broker.log.errors import (
-    CorruptRecordError,
     InvalidRecordError,
+    KafkaStorageError,
     LogError,
     OffsetOutOfRangeError,
-    RecordTooLargeError,
 )
 from broker.log.log import FetchDataInfo, Log
 from broker.log.producer_state import DuplicateBatch, ProducerStateError, ProducerStateManager
@@ -134,17 +133,15 @@ class HostedPartition:
             )
         except ProducerStateError as e:
             return AppendResult(ErrorCode(e.code), message=str(e))
-        except RecordTooLargeError as e:
-            return AppendResult(ErrorCode.MESSAGE_TOO_LARGE, message=str(e))
-        except CorruptRecordError as e:
-            return AppendResult(ErrorCode.CORRUPT_MESSAGE, message=str(e))
         except InvalidRecordError as e:
             return AppendResult(
                 ErrorCode.INVALID_RECORD, message=str(e), record_errors=[(0, str(e))]
             )
-        except LogError as e:
+        except (KafkaStorageError, OSError) as e:
             log.error("append to %s-%d failed: %s", *self.tp, e)
             return AppendResult(ErrorCode.KAFKA_STORAGE_ERROR, message=str(e))
+        except LogError as e:  # each storage error carries its Kafka error code
+            return AppendResult(ErrorCode(e.code), message=str(e))
         self.high_watermark = self.log.log_end_offset
         return AppendResult(
             base_offset=info.first_offset,

@@ -233,6 +233,19 @@ class SimCluster:
                 return
             self.deliver(0)
 
+    def find(self, kind: str, src: int | None = None, dst: int | None = None) -> int:
+        """Index of the first in-flight message matching; raises LookupError if none."""
+        for i, m in enumerate(self.network):
+            if m.kind == kind and src in (None, m.src) and dst in (None, m.dst):
+                return i
+        raise LookupError(f"no {kind} message {src}->{dst} in flight: {self.network}")
+
+    def deliver_where(self, kind: str, src: int | None = None, dst: int | None = None) -> Message:
+        return self.deliver(self.find(kind, src, dst))
+
+    def drop_where(self, kind: str, src: int | None = None, dst: int | None = None) -> Message:
+        return self.drop(self.find(kind, src, dst))
+
     def drop(self, index: int = 0) -> Message:
         msg = self.network.pop(index)
         self.trace.append(f"drop {msg.kind} {msg.src}->{msg.dst}")
@@ -260,12 +273,18 @@ class SimCluster:
         self.trace.append(f"expire {b}")
         self._run_controller(self.controller.on_broker_change(self.registered))
 
-    def restart(self, b: int) -> None:
-        """Start broker ``b`` again from its log; a bounce the controller had not yet noticed
-        is handled as failure + startup, as Kafka's controller does."""
+    def restart(self, b: int, noticed: bool = True) -> None:
+        """Start broker ``b`` again from its log. A bounce the controller had not yet noticed
+        is handled as failure + startup, as Kafka's controller does since 1.1; with
+        ``noticed=False`` the controller misses it (a restart within the session timeout,
+        KAFKA-1120) and the broker only reads its partition state from ZooKeeper."""
         self.alive[b] = True
         self.partitions[b] = Partition(TP, b, self.logs[b], self.config)
-        self.trace.append(f"restart {b}")
+        self.trace.append(f"restart {b} noticed={noticed}")
+        if not noticed and b in self.registered:
+            assert self.zk_state is not None
+            self.network.append(Message("leader_and_isr", -1, b, (self.zk_state, self.brokers)))
+            return
         if b in self.registered:
             self._run_controller(self.controller.on_broker_change(self.registered - {b}))
         self.registered.add(b)

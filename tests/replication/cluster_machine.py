@@ -1,0 +1,211 @@
+"""Hypothesis state machines over :class:`SimCluster`: random faults, checked invariants.
+
+:class:`ClusterMachine` drives a 3-broker cluster (acks=all and acks=1 produces, message
+delivery in any order, message loss, time passing, crashes with or without losing unflushed
+data, ZooKeeper session expiry, restarts, flushes) and after every step checks:
+
+1. log start <= HW <= LEO on every live replica;
+2. a leader's HW never decreases while it leads in one epoch;
+3. every acks=all record is, at its acked offset, in the log of the current leader and of every
+   live replica whose HW has passed it;
+4. the committed prefixes of any two live replicas (below the smaller HW) are identical.
+
+Fault budget (Kafka's own durability assumptions, since it does not fsync per write): a crash
+that loses unflushed data may only hit a broker while every other broker is up and, if the
+broker is in the ISR, while the ISR still has at least ``min.insync.replicas`` members; after
+such a crash no other broker may crash until the damaged one is back in the ISR. Clean crashes
+are otherwise unrestricted.
+
+Subclasses flip one historic switch each; with it the same checks must fail.
+"""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from broker.replication import ACKS_ALL, ReplicationConfig, TruncationMode
+from tests.replication.cluster_sim import SimCluster
+
+BROKERS = (0, 1, 2)
+
+
+def config(**overrides: object) -> ReplicationConfig:
+    """Short timeouts so that interesting things happen within a few dozen steps."""
+    base: dict[str, object] = {
+        "min_insync_replicas": 2,
+        "replica_lag_time_max_ms": 10_000,
+        "replica_fetch_wait_max_ms": 500,
+        "replica_fetch_backoff_ms": 1_000,
+        "replica_socket_timeout_ms": 3_000,
+    }
+    base.update(overrides)
+    return ReplicationConfig(**base)  # type: ignore[arg-type]
+
+
+class ClusterMachine(RuleBasedStateMachine):
+    """Safe settings: leader-epoch truncation, clean elections, min.insync.replicas=2."""
+
+    CONFIG = config()
+    UNCLEAN = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c = SimCluster(3, self.CONFIG, self.UNCLEAN, produce_timeout_ms=20_000)
+        self.c.settle()
+        self.tainted: set[int] = set()
+        self.leader_hw: dict[tuple[int, int, int], int] = {}
+
+    # ------------------------------------------------------------------ budget
+    def _may_crash(self, b: int, lossy: bool) -> bool:
+        if not self.c.alive[b] or self.tainted - {b}:
+            return False
+        if not lossy:
+            return True
+        if not all(self.c.alive[o] for o in BROKERS if o != b):
+            return False
+        isr = self.c.zk_state.isr if self.c.zk_state else ()
+        return b not in isr or len(isr) >= self.CONFIG.min_insync_replicas
+
+    # ------------------------------------------------------------------ rules
+    @rule(acks=st.sampled_from([ACKS_ALL, ACKS_ALL, 1]))
+    def produce(self, acks: int) -> None:
+        self.c.produce(acks=acks)
+
+    @precondition(lambda self: bool(self.c.network))
+    @rule(i=st.integers(0, 31))
+    def deliver(self, i: int) -> None:
+        self.c.deliver(i % len(self.c.network))
+
+    @precondition(lambda self: bool(self.c.network))
+    @rule()
+    def deliver_oldest(self) -> None:
+        self.c.deliver(0)
+
+    @precondition(lambda self: bool(self.c.network))
+    @rule(n=st.integers(1, 20))
+    def deliver_many(self, n: int) -> None:
+        self.c.deliver_all(max_messages=n)
+
+    @precondition(lambda self: any(m.droppable for m in self.c.network))
+    @rule(i=st.integers(0, 31))
+    def drop(self, i: int) -> None:
+        droppable = [k for k, m in enumerate(self.c.network) if m.droppable]
+        self.c.drop(droppable[i % len(droppable)])
+
+    @rule(ms=st.sampled_from([100, 600, 3_000, 11_000]))
+    def advance(self, ms: int) -> None:
+        self.c.advance(ms)
+
+    def _target(self, target: int | str) -> int | None:
+        # Nemeses like Jepsen's aim at roles as well as at fixed nodes.
+        if isinstance(target, int):
+            return target
+        leader = self.c.zk_state.leader if self.c.zk_state else -1
+        if target == "leader":
+            return leader if leader >= 0 else None
+        followers = [b for b in BROKERS if b != leader and self.c.alive[b]]
+        return followers[0] if followers else None
+
+    @rule(
+        victim=st.sampled_from(["leader", "leader", "follower", *BROKERS]),
+        lossy=st.booleans(),
+        detected=st.booleans(),
+    )
+    def crash(self, victim: int | str, lossy: bool, detected: bool) -> None:
+        """Kill a broker; ``detected``: its ZooKeeper session expires right away."""
+        b = self._target(victim)
+        if b is None or not self._may_crash(b, lossy):
+            return
+        self.c.crash(b, lose_unflushed=lossy)
+        if lossy:
+            self.tainted.add(b)
+        if detected:
+            self.c.expire(b)
+
+    @rule(i=st.integers(0, 2))
+    def expire(self, i: int) -> None:
+        pending = [b for b in BROKERS if not self.c.alive[b] and b in self.c.registered]
+        if pending:
+            self.c.expire(pending[i % len(pending)])
+
+    @rule(i=st.integers(0, 2))
+    def restart(self, i: int) -> None:
+        dead = [b for b in BROKERS if not self.c.alive[b]]
+        if dead:
+            self.c.restart(dead[i % len(dead)])
+
+    @rule(b=st.sampled_from(BROKERS))
+    def flush(self, b: int) -> None:
+        self.c.flush(b)
+
+    # ------------------------------------------------------------------ invariants
+    @invariant()
+    def check(self) -> None:
+        try:
+            self._check()
+        except AssertionError as exc:
+            # The cluster's own event trace explains a counterexample far better than the
+            # rule list alone.
+            trace = "\n  ".join(self.c.trace[-80:])
+            raise AssertionError(f"{exc}\nlast events:\n  {trace}") from None
+
+    def _check(self) -> None:
+        c = self.c
+        isr = c.zk_state.isr if c.zk_state else ()
+        self.tainted = {t for t in self.tainted if not (c.alive[t] and t in isr)}
+        live = [b for b in BROKERS if c.alive[b]]
+        for b in live:
+            p, log = c.partitions[b], c.logs[b]
+            assert log.log_start_offset <= p.high_watermark <= log.log_end_offset, (
+                f"broker {b}: log start {log.log_start_offset}, HW {p.high_watermark}, "
+                f"LEO {log.log_end_offset}"
+            )
+            if p.is_leader:
+                key = (b, p.leader_epoch, id(p))
+                previous = self.leader_hw.get(key, p.high_watermark)
+                assert p.high_watermark >= previous, (
+                    f"leader {b} epoch {p.leader_epoch}: HW went from {previous} to "
+                    f"{p.high_watermark}"
+                )
+                self.leader_hw[key] = p.high_watermark
+        leader = c.leader()
+        for value, offset in c.acked.items():
+            if leader is not None:
+                record = c.logs[leader].record_at(offset)
+                assert record is not None and record[0] == value, (
+                    f"acked value {value} at offset {offset} is missing on leader {leader} "
+                    f"(has {record}); log {c.values(leader)}"
+                )
+            for b in live:
+                if c.partitions[b].high_watermark > offset:
+                    record = c.logs[b].record_at(offset)
+                    assert record is not None and record[0] == value, (
+                        f"acked value {value} at offset {offset}: broker {b} has {record} "
+                        f"below its HW {c.partitions[b].high_watermark}"
+                    )
+        for i, a in enumerate(live):
+            for b in live[i + 1 :]:
+                hw = min(c.partitions[a].high_watermark, c.partitions[b].high_watermark)
+                assert c.logs[a].read(0, hw) == c.logs[b].read(0, hw), (
+                    f"brokers {a} and {b} diverge below HW {hw}: "
+                    f"{c.logs[a].read(0, hw)} vs {c.logs[b].read(0, hw)}"
+                )
+
+
+class HighWatermarkTruncationMachine(ClusterMachine):
+    """Pre-KIP-101: followers truncate to their own, possibly stale, high watermark."""
+
+    CONFIG = config(truncation_mode=TruncationMode.HIGH_WATERMARK)
+
+
+class UncleanElectionMachine(ClusterMachine):
+    """unclean.leader.election.enable=true: out-of-sync replicas may be elected."""
+
+    UNCLEAN = True
+
+
+class IsrOfOneMachine(ClusterMachine):
+    """min.insync.replicas=1 with acks=all: the ISR may shrink to the leader alone."""
+
+    CONFIG = config(min_insync_replicas=1)

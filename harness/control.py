@@ -21,9 +21,12 @@ Host-key policy (``SshOptions.host_key_policy``)
 Commands
     ``Remote(node).exec(cmd, check=True, timeout=None, env=None, cwd=None, stdin=None)``
     runs ``cmd`` through ``sh -c`` (under ``sudo -n`` when ``node.sudo`` and the user is not
-    root) and returns a ``Result`` (exit status, stdout, stderr, duration). With ``check`` a
+    root) and returns a ``Result`` (exit status, stdout, stderr, duration; exit status -1 when
+    the command was killed by a signal). With ``check`` a
     non-zero exit raises ``RemoteCommandError`` naming the node, the command, the exit status
-    and the tail of stderr; a command that outlives ``timeout`` raises ``RemoteTimeout``.
+    and the tail of stderr; a command that outlives ``timeout`` raises ``RemoteTimeout`` (its
+    channel is closed, but like with ``ssh host cmd`` the remote process is not killed: wrap
+    it in ``timeout(1)`` for that). A connection that dies mid-command raises ``ConnectionLost``.
     Environment variables are passed inline (``env K=V``) so no ``AcceptEnv`` is needed.
 
 Files
@@ -91,6 +94,8 @@ HostKeyPolicy = Literal["strict", "accept-new", "warn"]
 HOST_KEY_POLICIES: tuple[str, ...] = ("strict", "accept-new", "warn")
 
 _STDERR_TAIL_CHARS = 2000
+# how long to wait for EOF after a command's exit status when no more output arrives
+_EOF_GRACE = 1.0
 
 
 # --------------------------------------------------------------------------------------------
@@ -202,6 +207,21 @@ class RemoteTimeout(RemoteCommandError):
     def __init__(self, node: str, cmd: str, timeout: float, stderr: str) -> None:
         self.timeout = timeout
         super().__init__(node, cmd, None, stderr)
+
+
+class ConnectionLost(RemoteCommandError):
+    """The SSH connection closed before the command reported its exit status.
+
+    The command may or may not have run (or may still be running): the node crashed, its
+    sshd was killed, or the network was cut.
+    """
+
+    def __init__(self, node: str, cmd: str, stderr: str) -> None:
+        super().__init__(node, cmd, None, stderr)
+        self.args = (f"{node}: SSH connection lost before the command finished: {cmd[:300]}",)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
 class NodesError(ControlError):
@@ -381,13 +401,20 @@ class ConnectionPool:
         self._node_locks: dict[tuple[Node, SshOptions], threading.Lock] = {}
         self._clients: dict[tuple[Node, SshOptions], paramiko.SSHClient] = {}
 
-    def client(self, node: Node, ssh: SshOptions, *, fresh: bool = False) -> paramiko.SSHClient:
+    def client(
+        self, node: Node, ssh: SshOptions, *, stale: paramiko.SSHClient | None = None
+    ) -> paramiko.SSHClient:
+        """The pooled client, connecting if there is none or it is dead or is ``stale``.
+
+        Threads that saw the same connection fail all pass it as ``stale``: the first one
+        reconnects, the others get its new client instead of closing it again.
+        """
         key = (node, ssh)
         with self._lock:
             node_lock = self._node_locks.setdefault(key, threading.Lock())
         with node_lock:
             c = self._clients.get(key)
-            if c is not None and not fresh:
+            if c is not None and c is not stale:
                 t = c.get_transport()
                 if t is not None and t.is_active():
                     return c
@@ -541,22 +568,27 @@ class Remote:
         return self.node.sudo and self.node.user != "root"
 
     def _open_session(self) -> paramiko.Channel:
-        client = self.pool.client(self.node, self.ssh)
-        try:
-            t = client.get_transport()
-            if t is None:
-                raise paramiko.SSHException("no transport")
-            return t.open_session(timeout=self.ssh.connect_timeout)
-        except (paramiko.SSHException, EOFError, OSError):
-            # the pooled transport died under us (sshd restarted, node rebooted): reconnect
-            # once; nothing has run yet so this cannot run the command twice
-            client = self.pool.client(self.node, self.ssh, fresh=True)
-            t = client.get_transport()
-            if t is None:
+        stale: paramiko.SSHClient | None = None
+        for _ in range(2):
+            client = self.pool.client(self.node, self.ssh, stale=stale)
+            try:
+                t = client.get_transport()
+                if t is None or not t.is_active():
+                    raise paramiko.SSHException("transport is closed")
+                return t.open_session(timeout=self.ssh.connect_timeout)
+            except paramiko.ChannelException as e:
+                # the connection is fine but sshd refused one more channel: reconnecting would
+                # kill the other threads' commands
                 raise SshConnectError(
-                    self.node, "transport closed right after connecting"
+                    self.node,
+                    f"sshd refused a new session ({e}); raise MaxSessions in its sshd_config "
+                    f"or run fewer commands at once on this node",
                 ) from None
-            return t.open_session(timeout=self.ssh.connect_timeout)
+            except (paramiko.SSHException, EOFError, OSError):
+                # the pooled transport died (sshd restarted, node rebooted): reconnect once;
+                # nothing has run yet so this cannot run the command twice
+                stale = client
+        raise SshConnectError(self.node, "the connection closed again right after connecting")
 
     def exec(
         self,
@@ -589,6 +621,7 @@ class Remote:
             chan.shutdown_write()
             deadline = None if timeout is None else start + timeout
             idle = 0.002
+            quiet_since: float | None = None
             while True:
                 got = False
                 while chan.recv_ready():
@@ -597,16 +630,16 @@ class Remote:
                 while chan.recv_stderr_ready():
                     err += chan.recv_stderr(65536)
                     got = True
-                # the transport delivers messages in order, so once the exit status is here all
-                # output of the command itself is buffered; a background child still holding
-                # stdout open must not keep us waiting
-                if (
-                    chan.exit_status_ready()
-                    and not chan.recv_ready()
-                    and not chan.recv_stderr_ready()
-                ):
-                    break
-                if chan.closed and not got:
+                # sshd may send the exit status before the last of the output, so read on
+                # until EOF; but a background child still holding stdout open would delay EOF
+                # forever (plain `ssh host cmd` hangs there), so give up after a quiet spell
+                if chan.exit_status_ready():
+                    now = time.monotonic()
+                    if got or quiet_since is None:
+                        quiet_since = now
+                    if chan.eof_received or chan.closed or now - quiet_since > _EOF_GRACE:
+                        break
+                elif chan.closed and not got:
                     break
                 if deadline is not None and time.monotonic() >= deadline:
                     raise RemoteTimeout(
@@ -615,7 +648,17 @@ class Remote:
                 # Channel.fileno() only signals stdout data, so poll with a growing interval
                 idle = 0.002 if got else min(idle * 2, 0.05)
                 select.select([chan], [], [], idle)
+            # whatever arrived together with the EOF
+            while chan.recv_ready():
+                out += chan.recv(65536)
+            while chan.recv_stderr_ready():
+                err += chan.recv_stderr(65536)
             status = chan.recv_exit_status()
+            transport = chan.get_transport()
+            if status == -1 and not (transport is not None and transport.is_active()):
+                # -1 means no exit status arrived: either the command died of a signal (sshd
+                # then sends exit-signal, which paramiko does not surface) or the link died
+                raise ConnectionLost(self.node.name, cmd, err.decode(errors="replace"))
         finally:
             chan.close()
         res = Result(
@@ -634,10 +677,11 @@ class Remote:
     # ---------------------------------------------------------------- files
 
     def _sftp(self) -> paramiko.SFTPClient:
+        client = self.pool.client(self.node, self.ssh)
         try:
-            return self.pool.client(self.node, self.ssh).open_sftp()
+            return client.open_sftp()
         except (paramiko.SSHException, EOFError, OSError):
-            return self.pool.client(self.node, self.ssh, fresh=True).open_sftp()
+            return self.pool.client(self.node, self.ssh, stale=client).open_sftp()
 
     def upload(
         self, local: str | os.PathLike[str], remote: str, *, mode: int | None = None

@@ -14,7 +14,7 @@ is already gone). Fields:
 sshd_log, sshd_pid, host_key_pub}``.
 
 A lock file next to it (``cluster-<name>.lock``, ``flock``) serialises ``up``/``down`` of one
-cluster across processes.
+cluster across processes; ``down`` deletes it.
 """
 
 from __future__ import annotations
@@ -121,12 +121,28 @@ def all_states() -> list[ClusterState]:
 
 
 @contextlib.contextmanager
-def cluster_lock(name: str) -> Iterator[None]:
-    """Hold the exclusive per-cluster lock for the duration of an up or down."""
+def cluster_lock(name: str, *, remove: bool = False) -> Iterator[None]:
+    """Hold the exclusive per-cluster lock for the duration of an up or down.
+
+    With ``remove`` the lock file is deleted before the lock is released (``down`` leaves
+    nothing behind). A process that was waiting on the deleted file notices that the path no
+    longer names the file it locked and tries again, so two holders never coexist.
+    """
     STATE_DIR.mkdir(parents=True, exist_ok=True)
-    fd = os.open(lock_path(name), os.O_RDWR | os.O_CREAT, 0o600)
-    try:
+    path = lock_path(name)
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+    try:
         yield
+        if remove:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
     finally:
         os.close(fd)

@@ -45,7 +45,7 @@ def leftovers(name: str, subnet: str) -> list[str]:
     etc = Path("/etc/netns")
     if etc.is_dir():
         found += [f"etc {x}" for x in etc.iterdir() if x.name.startswith(f"isrlab-{name}-")]
-    for path in (st.state_path(name), Path(p.run_dir), Path(p.data_dir)):
+    for path in (st.state_path(name), st.lock_path(name), Path(p.run_dir), Path(p.data_dir)):
         if path.exists():
             found.append(f"path {path}")
     return found

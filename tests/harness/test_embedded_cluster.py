@@ -5,6 +5,7 @@ Uses cluster names ``itest*`` on 10.77.20x.0/24 so a user's ``default`` cluster 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -20,6 +21,7 @@ from harness.cluster import embedded, embedded_cluster
 from harness.cluster import state as st
 from harness.cluster.embedded import EmbeddedCluster
 from harness.control import (
+    ConnectionLost,
     ConnectionPool,
     Remote,
     RemoteTimeout,
@@ -119,6 +121,9 @@ def test_exec_env_stdin_errors_and_timeouts(cluster: EmbeddedCluster, pool: Conn
     assert r.exec("tr a-z A-Z", stdin="hello\n").stdout == "HELLO\n"
     res = r.exec("echo out; echo err >&2; exit 4", check=False)
     assert (res.exit_status, res.stdout, res.stderr) == (4, "out\n", "err\n")
+    assert r.exec("kill -9 $$", check=False).exit_status == -1  # died of a signal
+    # a background child holding stdout open does not make exec wait for it
+    assert r.exec("sleep 20 & echo bg", timeout=10).stdout == "bg\n"
     big = r.exec("head -c 3000000 /dev/zero | tr '\\0' x").stdout
     assert len(big) == 3_000_000
     with pytest.raises(RemoteTimeout) as ei:
@@ -231,10 +236,24 @@ def test_retries_while_sshd_is_briefly_down(cluster: EmbeddedCluster) -> None:
 
 def test_dead_pooled_connection_is_replaced(cluster: EmbeddedCluster, pool: ConnectionPool) -> None:
     r = cluster.remote("n3", pool)
-    assert r.exec("true").ok
+    errors: list[Exception] = []
+
+    def long_command() -> None:
+        try:
+            r.exec("echo started; sleep 30")
+        except Exception as e:
+            errors.append(e)
+
+    worker = threading.Thread(target=long_command)
+    worker.start()
+    r.exec("while ! pgrep -f 'sleep 30' >/dev/null; do sleep 0.05; done", timeout=10)
     # kill every sshd of n3, the one serving our pooled connection included
     for pid in embedded._netns_pids(cluster.netns["n3"]):
-        os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    worker.join(timeout=20)
+    assert len(errors) == 1 and isinstance(errors[0], ConnectionLost), errors
+    assert "n3: SSH connection lost" in str(errors[0])
     time.sleep(0.2)
     embedded.sshd_start(NAME, "n3")
     assert r.exec("hostname").stdout == "n3\n"

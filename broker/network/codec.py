@@ -142,7 +142,7 @@ def encode_response(
     response.with_header(correlation_id=correlation_id)
     # The version is the one the response object was built with (`Response[v](...)`); passing it
     # again would make kafka-python try to stamp it into the (response) header.
-    assert response.API_VERSION == version
+    assert version == response.API_VERSION
     data = response.encode(header=True, framed=True)
     if not placeholders:
         return [bytes(data)]

@@ -41,7 +41,7 @@ class BrokerProcess:
         args = [sys.executable, "-m", "broker", "start"]
         for k, v in self.overrides.items():
             args += ["--override", f"{k}={v}"]
-        self.stderr = open(self.stderr_path, "ab")
+        self.stderr = open(self.stderr_path, "ab")  # noqa: SIM115 - lives as long as the process
         self.proc = subprocess.Popen(args, stdout=self.stderr, stderr=self.stderr)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -34,7 +34,9 @@ def produce_confluent(bootstrap: str, topic: str, values: list[tuple[int, bytes]
     for i, (partition, value) in enumerate(values):
         while True:
             try:
-                p.produce(topic, value=value, partition=partition, timestamp=TS0 + i, on_delivery=cb)
+                p.produce(
+                    topic, value=value, partition=partition, timestamp=TS0 + i, on_delivery=cb
+                )
                 break
             except BufferError:
                 p.poll(0.01)
@@ -104,7 +106,8 @@ def test_confluent_seek_earliest_latest_and_time(broker):
 def test_kafka_python_default_producer_and_consumer(broker):
     from kafka import KafkaConsumer, KafkaProducer
     from kafka import TopicPartition as KTP
-    from kafka.admin import KafkaAdminClient, NewTopic as KNewTopic
+    from kafka.admin import KafkaAdminClient
+    from kafka.admin import NewTopic as KNewTopic
 
     admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
     admin.create_topics([KNewTopic("kp", 3, 1)])
@@ -135,7 +138,10 @@ def test_kafka_python_default_producer_and_consumer(broker):
 def test_idempotent_producer_writes_no_duplicates(broker):
     create_topic(broker.bootstrap, "idem", 1)
     acked = produce_confluent(
-        broker.bootstrap, "idem", [(0, str(i).encode()) for i in range(5000)], **{"enable.idempotence": True}
+        broker.bootstrap,
+        "idem",
+        [(0, str(i).encode()) for i in range(5000)],
+        **{"enable.idempotence": True},
     )
     got = consume_confluent(broker.bootstrap, [TopicPartition("idem", 0, 0)], 5000)
     assert [v for _, _, v in got] == [str(i).encode() for i in range(5000)]
@@ -160,8 +166,14 @@ def test_kill9_during_writes_recovers_to_a_clean_prefix(broker_factory):
     stop = threading.Event()
 
     def writer() -> None:
-        p = Producer({"bootstrap.servers": b.bootstrap, "linger.ms": 1, "acks": 1,
-                      "message.timeout.ms": 3000})
+        p = Producer(
+            {
+                "bootstrap.servers": b.bootstrap,
+                "linger.ms": 1,
+                "acks": 1,
+                "message.timeout.ms": 3000,
+            }
+        )
 
         def cb(err, msg):  # type: ignore[no-untyped-def]
             if not err:
@@ -188,7 +200,7 @@ def test_kill9_during_writes_recovers_to_a_clean_prefix(broker_factory):
     assert len(acked) >= 1000
     b.start()
     c = Consumer({"bootstrap.servers": b.bootstrap, "group.id": "c"})
-    low, high = c.get_watermark_offsets(TopicPartition("crash", 0), timeout=10)
+    _low, high = c.get_watermark_offsets(TopicPartition("crash", 0), timeout=10)
     c.close()
     got = consume_confluent(b.bootstrap, [TopicPartition("crash", 0, 0)], high)
     offsets = [o for _, o, _ in got]

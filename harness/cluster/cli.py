@@ -7,6 +7,8 @@ subnet clash) prints one message and exits with status 1; no tracebacks.
 
 from __future__ import annotations
 
+import sys
+
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -18,7 +20,8 @@ app = typer.Typer(
     help="The embedded cluster: N nodes as network namespaces with their own sshd.",
     no_args_is_help=True,
 )
-console = Console()
+# piped output would default to 80 columns and cut namespace names and addresses short
+console = Console(width=None if sys.stdout.isatty() else 120)
 err_console = Console(stderr=True)
 
 

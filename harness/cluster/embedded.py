@@ -17,8 +17,13 @@ directory ``/var/lib/isrlab/<cluster>/<node>``.
 
 The namespaces share the host's filesystem (the checkout and its .venv are usable on every node),
 its pid namespace (use pid files, or ``Remote.signal_pattern`` which filters by network
-namespace) and its kernel clock: clock faults on embedded nodes start daemons under libfaketime
-(``status`` reports whether it is installed).
+namespace) and its kernel clock. Clock faults on embedded nodes therefore start daemons under
+libfaketime: ``start_daemon(..., env={"LD_PRELOAD": libfaketime_path(),
+"FAKETIME_TIMESTAMP_FILE": <file holding e.g. "+2s">, "FAKETIME_NO_CACHE": "1"})`` and rewrite
+the file to skew; ``status`` reports whether libfaketime is installed.
+
+This module owns the cluster's shape and lifecycle; ``network`` does the namespaces, links and
+rules, ``sshd`` the per-node sshd and its keys (``keys``), ``state`` the state file.
 
 Lifecycle (all under a per-cluster file lock, all recorded in the state file, see ``state``):
 
@@ -47,18 +52,17 @@ import ipaddress
 import os
 import shutil
 import signal
-import socket
-import subprocess
 import time
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from harness.cluster import network, sshd
 from harness.cluster import state as st
-from harness.cluster.keys import generate_keypair, known_hosts_lines
+from harness.cluster.network import ClusterError
 from harness.control import ConnectionPool, Node, Remote, SshOptions
 
 DEFAULT_NAME = "default"
@@ -66,7 +70,6 @@ DEFAULT_SUBNET = "10.77.0.0/24"
 DEFAULT_BRIDGE = "isrlab0"
 FIRST_NODE_HOST = 11  # n1 = .11, n2 = .12, ...
 MAX_NODES = 200
-SSHD = "/usr/sbin/sshd"
 
 # tool -> Debian package that provides it
 REQUIRED_TOOLS: dict[str, str] = {
@@ -76,14 +79,9 @@ REQUIRED_TOOLS: dict[str, str] = {
     "hostname": "hostname",
 }
 
-_SBIN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 CAP_NET_ADMIN = 12
 CAP_SYS_ADMIN = 21
-
-
-class ClusterError(Exception):
-    """Something the user can fix; the message says what and how."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -109,7 +107,7 @@ def has_admin_privileges() -> bool:
 
 
 def find_tool(tool: str) -> str | None:
-    return shutil.which(tool, path=os.environ.get("PATH", "") + ":" + _SBIN_PATH)
+    return shutil.which(tool, path=os.environ.get("PATH", "") + ":" + network.SBIN_PATH)
 
 
 def preflight() -> None:
@@ -122,8 +120,8 @@ def preflight() -> None:
             "hosts or Vagrant VMs instead with `--nodes-file nodes.yaml` (see vagrant/README.md)."
         )
     missing = [(t, p) for t, p in REQUIRED_TOOLS.items() if find_tool(t) is None]
-    if not os.access(SSHD, os.X_OK):
-        missing.append((SSHD, "openssh-server"))
+    if not os.access(sshd.SSHD, os.X_OK):
+        missing.append((sshd.SSHD, "openssh-server"))
     if missing:
         pkgs = sorted({p for _, p in missing})
         raise ClusterError(
@@ -142,69 +140,6 @@ def libfaketime_path() -> str | None:
 
 # --------------------------------------------------------------------------------------------
 # Shell helpers
-
-
-def _run(
-    args: Sequence[str], *, check: bool = True, timeout: float = 30.0
-) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PATH=os.environ.get("PATH", "") + ":" + _SBIN_PATH)
-    try:
-        res = subprocess.run(
-            list(args), capture_output=True, text=True, timeout=timeout, env=env, check=False
-        )
-    except FileNotFoundError:
-        raise ClusterError(f"command not found: {args[0]} (run `make setup`)") from None
-    if check and res.returncode != 0:
-        raise ClusterError(
-            f"`{' '.join(args)}` failed with status {res.returncode}: {res.stderr.strip()}"
-        )
-    return res
-
-
-def _link_exists(name: str) -> bool:
-    return Path("/sys/class/net", name).exists()
-
-
-def _netns_exists(ns: str) -> bool:
-    return Path("/run/netns", ns).exists()
-
-
-def _netns_inode(ns: str) -> int | None:
-    try:
-        return os.stat(Path("/run/netns", ns)).st_ino
-    except OSError:
-        return None
-
-
-def _pid_in_netns(pid: int, ns: str) -> bool:
-    """True if ``pid`` lives (not a zombie) inside network namespace ``ns``."""
-    ino = _netns_inode(ns)
-    if ino is None:
-        return False
-    try:
-        if os.stat(f"/proc/{pid}/ns/net").st_ino != ino:
-            return False
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
-def _netns_pids(ns: str) -> list[int]:
-    if not _netns_exists(ns):
-        return []
-    res = _run(["ip", "netns", "pids", ns], check=False)
-    return [int(p) for p in res.stdout.split() if p.isdigit()]
-
-
-def _tcp_banner(address: str, port: int = 22, timeout: float = 2.0) -> bool:
-    """True if something at address:port speaks SSH (sends an SSH- banner)."""
-    try:
-        with socket.create_connection((address, port), timeout=timeout) as s:
-            s.settimeout(timeout)
-            return s.recv(4).startswith(b"SSH-")
-    except OSError:
-        return False
 
 
 # --------------------------------------------------------------------------------------------
@@ -344,157 +279,6 @@ def plan(name: str = DEFAULT_NAME, n: int = 5, subnet: str | None = None) -> st.
     )
 
 
-def _check_conflicts(p: st.ClusterState) -> None:
-    net = ipaddress.ip_network(p.subnet)
-    for other in st.all_states():
-        if other.name != p.name and ipaddress.ip_network(other.subnet).overlaps(net):
-            raise ClusterError(
-                f"subnet {p.subnet} overlaps cluster {other.name!r} ({other.subnet}); "
-                f"pass another --subnet or bring that cluster down"
-            )
-    res = _run(["ip", "-4", "-o", "addr", "show"], check=False)
-    for line in res.stdout.splitlines():
-        parts = line.split()
-        if len(parts) >= 4 and parts[2] == "inet" and parts[1] != p.bridge:
-            iface = ipaddress.ip_interface(parts[3])
-            if iface.network.overlaps(net):
-                raise ClusterError(
-                    f"subnet {p.subnet} overlaps {iface} on interface {parts[1]}; "
-                    f"pass another --subnet"
-                )
-
-
-# --------------------------------------------------------------------------------------------
-# Building
-
-
-def _sshd_config(s: st.ClusterState, n: st.NodeState, host_key: str) -> str:
-    return "\n".join(
-        [
-            f"# isrlab embedded cluster {s.name}, node {n.name}",
-            f"ListenAddress {n.address}",
-            "Port 22",
-            f"HostKey {host_key}",
-            f"PidFile {n.sshd_pidfile}",
-            f"AuthorizedKeysFile {s.run_dir}/authorized_keys",
-            "PermitRootLogin prohibit-password",
-            "PubkeyAuthentication yes",
-            "PasswordAuthentication no",
-            "KbdInteractiveAuthentication no",
-            "UsePAM no",
-            "UseDNS no",
-            # keys live under /run/isrlab/<name>, 0700 root; StrictModes would also demand
-            # the same of every parent, which a custom ISRLAB_STATE_DIR may not satisfy
-            "StrictModes no",
-            # the harness multiplexes many channels (client threads) over one connection
-            "MaxSessions 256",
-            "MaxStartups 200:30:400",
-            "PrintMotd no",
-            "PrintLastLog no",
-            "X11Forwarding no",
-            "LogLevel ERROR",
-            "Subsystem sftp internal-sftp",
-            # Debian's bash sources ~/.bashrc for `ssh host cmd` when SHLVL < 2; root's bashrc
-            # on a dev box (pyenv, conda...) costs ~100 ms per command and varies per machine
-            "SetEnv SHLVL=1",
-            "",
-        ]
-    )
-
-
-def _hosts_file(s: st.ClusterState, me: st.NodeState) -> str:
-    lines = [
-        "127.0.0.1\tlocalhost",
-        "::1\tlocalhost ip6-localhost ip6-loopback",
-        f"{s.host_address}\tisrlab-host",
-    ]
-    lines += [f"{n.address}\t{n.name}" for n in s.nodes]
-    return f"# isrlab embedded cluster {s.name}, seen from {me.name}\n" + "\n".join(lines) + "\n"
-
-
-def _build_network(s: st.ClusterState) -> None:
-    prefix = ipaddress.ip_network(s.subnet).prefixlen
-    if not _link_exists(s.bridge):
-        _run(["ip", "link", "add", s.bridge, "type", "bridge"])
-    _run(["ip", "addr", "replace", f"{s.host_address}/{prefix}", "dev", s.bridge])
-    _run(["ip", "link", "set", s.bridge, "up"])
-    for rule in s.iptables:
-        if _run(["iptables", "-w", "-C", *rule], check=False).returncode != 0:
-            _run(["iptables", "-w", "-I", rule[0], "1", *rule[1:]])
-    for n in s.nodes:
-        if not _netns_exists(n.netns):
-            _run(["ip", "netns", "add", n.netns])
-        if not _link_exists(n.veth_host):
-            peer = "isp" + n.veth_host[3:]
-            _run(["ip", "link", "add", n.veth_host, "type", "veth", "peer", "name", peer])
-            _run(["ip", "link", "set", peer, "netns", n.netns])
-            _run(["ip", "-n", n.netns, "link", "set", peer, "name", "eth0"])
-        _run(["ip", "link", "set", n.veth_host, "master", s.bridge])
-        _run(["ip", "link", "set", n.veth_host, "up"])
-        _run(["ip", "-n", n.netns, "link", "set", "lo", "up"])
-        _run(["ip", "-n", n.netns, "addr", "replace", f"{n.address}/{prefix}", "dev", "eth0"])
-        _run(["ip", "-n", n.netns, "link", "set", "eth0", "up"])
-
-
-def _write_files(s: st.ClusterState) -> None:
-    run_dir = Path(s.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    os.chmod(run_dir, 0o700)
-    client_pub = generate_keypair(Path(s.key_file), f"isrlab-{s.name}")
-    (run_dir / "authorized_keys").write_text(client_pub + "\n")
-    os.chmod(run_dir / "authorized_keys", 0o600)
-    entries = []
-    for n in s.nodes:
-        host_key = run_dir / f"ssh_host_ed25519_key-{n.name}"
-        n.host_key_pub = generate_keypair(host_key, f"root@{n.name}")
-        entries.append(([n.address, n.name], n.host_key_pub))
-        Path(n.sshd_config).write_text(_sshd_config(s, n, str(host_key)))
-        etc = Path(n.etc_netns_dir)
-        etc.mkdir(parents=True, exist_ok=True)
-        (etc / "hosts").write_text(_hosts_file(s, n))
-        Path(n.workdir).mkdir(parents=True, exist_ok=True)
-    Path(s.known_hosts).write_text(known_hosts_lines(entries))
-
-
-def start_sshd(s: st.ClusterState, node: str) -> int:
-    """(Re)start sshd on ``node``; returns its pid. Records it in the state file."""
-    n = next(x for x in s.nodes if x.name == node)
-    if n.sshd_pid and _pid_in_netns(n.sshd_pid, n.netns):
-        return n.sshd_pid
-    # sshd refuses to start without its privilege-separation directory
-    Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
-    with contextlib.suppress(FileNotFoundError):
-        Path(n.sshd_pidfile).unlink()
-    inner = f"hostname {n.name} && exec {SSHD} -f {n.sshd_config} -E {n.sshd_log}"
-    # sshd daemonises only after binding its socket, so the port is open once this returns
-    _run(["ip", "netns", "exec", n.netns, "unshare", "--uts", "sh", "-c", inner])
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        try:
-            pid = int(Path(n.sshd_pidfile).read_text().strip())
-            break
-        except (OSError, ValueError):
-            time.sleep(0.02)
-    else:
-        log_tail = Path(n.sshd_log).read_text()[-1000:] if Path(n.sshd_log).exists() else ""
-        raise ClusterError(f"sshd on {node} did not start: {log_tail.strip()}")
-    n.sshd_pid = pid
-    st.save_state(s)
-    return pid
-
-
-def stop_sshd(s: st.ClusterState, node: str) -> None:
-    """Kill the listening sshd of ``node`` (its open sessions live on, as with a real sshd)."""
-    n = next(x for x in s.nodes if x.name == node)
-    if n.sshd_pid and _pid_in_netns(n.sshd_pid, n.netns):
-        os.kill(n.sshd_pid, signal.SIGKILL)
-        deadline = time.monotonic() + 5
-        while _pid_in_netns(n.sshd_pid, n.netns) and time.monotonic() < deadline:
-            time.sleep(0.02)
-    n.sshd_pid = None
-    st.save_state(s)
-
-
 # --------------------------------------------------------------------------------------------
 # Health
 
@@ -513,10 +297,10 @@ class NodeHealth:
 
 
 def _node_health(s: st.ClusterState, n: st.NodeState, probe_ssh: bool) -> NodeHealth:
-    netns_ok = _netns_exists(n.netns)
-    link_ok = _link_exists(n.veth_host)
-    sshd_up = bool(n.sshd_pid) and _pid_in_netns(n.sshd_pid or 0, n.netns)
-    port_open = sshd_up and _tcp_banner(n.address)
+    netns_ok = network.netns_exists(n.netns)
+    link_ok = network.link_exists(n.veth_host)
+    sshd_up = bool(n.sshd_pid) and network.pid_in_netns(n.sshd_pid or 0, n.netns)
+    port_open = sshd_up and network.tcp_banner(n.address)
     ssh_ok: bool | None = None
     if probe_ssh:
         ssh_ok = False
@@ -541,15 +325,6 @@ def _node_health(s: st.ClusterState, n: st.NodeState, probe_ssh: bool) -> NodeHe
     )
 
 
-def _network_ok(s: st.ClusterState) -> bool:
-    if not _link_exists(s.bridge):
-        return False
-    for rule in s.iptables:
-        if _run(["iptables", "-w", "-C", *rule], check=False).returncode != 0:
-            return False
-    return all(_netns_exists(n.netns) and _link_exists(n.veth_host) for n in s.nodes)
-
-
 # --------------------------------------------------------------------------------------------
 # up / down / status
 
@@ -565,14 +340,14 @@ def up(name: str = DEFAULT_NAME, n: int = 5, subnet: str | None = None) -> Embed
             and cur.complete
             and cur.subnet == wanted.subnet
             and [x.name for x in cur.nodes] == [x.name for x in wanted.nodes]
-            and _network_ok(cur)
+            and network.network_ok(cur)
         ):
             # the network is intact: reuse it, restarting any sshd that died
             for node in cur.nodes:
-                if not (node.sshd_pid and _pid_in_netns(node.sshd_pid, node.netns)):
-                    start_sshd(cur, node.name)
+                if not (node.sshd_pid and network.pid_in_netns(node.sshd_pid, node.netns)):
+                    sshd.start_sshd(cur, node.name)
             for node in cur.nodes:
-                if not _wait_banner(node.address):
+                if not network.wait_banner(node.address):
                     break
             else:
                 return EmbeddedCluster.from_state(cur)
@@ -580,16 +355,16 @@ def up(name: str = DEFAULT_NAME, n: int = 5, subnet: str | None = None) -> Embed
             _teardown(cur, keep_data=False)
         # remove leftovers of a crashed run whose state file is gone too
         _teardown(wanted, keep_data=False)
-        _check_conflicts(wanted)
+        network.check_conflicts(wanted)
         st.save_state(wanted)  # record the plan before creating anything
         try:
-            _write_files(wanted)
+            sshd.write_ssh_files(wanted)
             st.save_state(wanted)
-            _build_network(wanted)
+            network.build_network(wanted)
             for node in wanted.nodes:
-                start_sshd(wanted, node.name)
+                sshd.start_sshd(wanted, node.name)
             for node in wanted.nodes:
-                if not _wait_banner(node.address):
+                if not network.wait_banner(node.address):
                     raise ClusterError(
                         f"sshd on {node.name} ({node.address}:22) does not answer; "
                         f"see {node.sshd_log}"
@@ -602,76 +377,13 @@ def up(name: str = DEFAULT_NAME, n: int = 5, subnet: str | None = None) -> Embed
         return EmbeddedCluster.from_state(wanted)
 
 
-def _wait_banner(address: str, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if _tcp_banner(address, timeout=1.0):
-            return True
-        time.sleep(0.05)
-    return False
-
-
-def _kill_netns_processes(s: st.ClusterState) -> list[int]:
-    killed = []
-    for _ in range(20):
-        pids = [p for n in s.nodes for p in _netns_pids(n.netns) if p != os.getpid()]
-        if not pids:
-            break
-        for p in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(p, signal.SIGKILL)
-                killed.append(p)
-        time.sleep(0.05)
-    # an sshd recorded but somehow outside its namespace (should not happen) goes too
-    for n in s.nodes:
-        for pid in {n.sshd_pid, _read_pid(n.sshd_pidfile)}:
-            if pid and _is_our_sshd(pid, n.sshd_config):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-                    killed.append(pid)
-    return sorted(set(killed))
-
-
-def _read_pid(path: str) -> int | None:
-    try:
-        return int(Path(path).read_text().strip())
-    except (OSError, ValueError):
-        return None
-
-
-def _is_our_sshd(pid: int, config: str) -> bool:
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return False
-    return config.encode() in cmdline
-
-
 def _teardown(s: st.ClusterState, keep_data: bool) -> list[str]:
     removed: list[str] = []
-    killed = _kill_netns_processes(s)
+    killed = network.kill_netns_processes([n.netns for n in s.nodes])
+    killed += sshd.kill_recorded_sshd(s)
     if killed:
-        removed.append(f"killed {len(killed)} process(es)")
-    for rule in s.iptables:
-        while _run(["iptables", "-w", "-C", *rule], check=False).returncode == 0:
-            _run(["iptables", "-w", "-D", *rule])
-            removed.append("iptables " + " ".join(rule))
-    for n in s.nodes:
-        if _link_exists(n.veth_host):
-            _run(["ip", "link", "del", n.veth_host], check=False)
-            removed.append(f"veth {n.veth_host}")
-        if _netns_exists(n.netns):
-            _run(["ip", "netns", "del", n.netns], check=False)
-            removed.append(f"netns {n.netns}")
-        etc = Path(n.etc_netns_dir)
-        if etc.exists():
-            shutil.rmtree(etc, ignore_errors=True)
-            removed.append(str(etc))
-    with contextlib.suppress(OSError):
-        Path("/etc/netns").rmdir()  # only if empty: other tools may use it
-    if _link_exists(s.bridge):
-        _run(["ip", "link", "del", s.bridge], check=False)
-        removed.append(f"bridge {s.bridge}")
+        removed.append(f"killed {len(set(killed))} process(es)")
+    removed += network.teardown_network(s)
     if Path(s.run_dir).exists():
         shutil.rmtree(s.run_dir, ignore_errors=True)
         removed.append(s.run_dir)
@@ -697,7 +409,9 @@ def down(name: str = DEFAULT_NAME, *, keep_data: bool = False) -> list[str]:
         capacity = ipaddress.ip_network(subnet or default_subnet(name)).num_addresses
         sweep = plan(name, min(MAX_NODES, capacity - FIRST_NODE_HOST - 1), subnet)
         sweep.nodes = [
-            x for x in sweep.nodes if _netns_exists(x.netns) or _link_exists(x.veth_host)
+            x
+            for x in sweep.nodes
+            if network.netns_exists(x.netns) or network.link_exists(x.veth_host)
         ]
         removed += _teardown(sweep, keep_data)
         return removed
@@ -742,7 +456,7 @@ def status(name: str = DEFAULT_NAME, *, probe_ssh: bool = True) -> ClusterStatus
         complete=cur.complete,
         subnet=cur.subnet,
         bridge=cur.bridge,
-        bridge_up=_link_exists(cur.bridge),
+        bridge_up=network.link_exists(cur.bridge),
         nodes=[_node_health(cur, n, probe_ssh) for n in cur.nodes],
         faketime=faketime,
         libfaketime=lib,
@@ -762,7 +476,7 @@ def sshd_stop(name: str, node: str) -> None:
     cur = st.load_state(name)
     if cur is None:
         raise ClusterError(f"cluster {name!r} is not up")
-    stop_sshd(cur, node)
+    sshd.stop_sshd(cur, node)
 
 
 def sshd_start(name: str, node: str) -> int:
@@ -770,7 +484,7 @@ def sshd_start(name: str, node: str) -> int:
     cur = st.load_state(name)
     if cur is None:
         raise ClusterError(f"cluster {name!r} is not up")
-    return start_sshd(cur, node)
+    return sshd.start_sshd(cur, node)
 
 
 # --------------------------------------------------------------------------------------------

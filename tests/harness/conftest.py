@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from harness.cluster import embedded
+from harness.cluster import embedded, sshd
 from harness.cluster import state as st
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if os.geteuid() == 0 and os.access(embedded.SSHD, os.X_OK):
+    if os.geteuid() == 0 and os.access(sshd.SSHD, os.X_OK):
         return
     why = "needs root and openssh-server (network namespaces, sshd)"
     for item in items:

@@ -8,7 +8,7 @@ import os
 import pytest
 from typer.testing import CliRunner
 
-from harness.cluster import embedded
+from harness.cluster import embedded, sshd
 from harness.cluster.cli import app
 from harness.cluster.embedded import ClusterError, plan
 
@@ -78,7 +78,7 @@ def test_cli_reports_errors_without_traceback(monkeypatch: pytest.MonkeyPatch) -
 def test_missing_tools_name_the_debian_package(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(embedded, "has_admin_privileges", lambda: True)
     monkeypatch.setattr(embedded, "find_tool", lambda t: None if t == "ip" else "/bin/" + t)
-    monkeypatch.setattr(embedded, "SSHD", "/nonexistent/sshd")
+    monkeypatch.setattr(sshd, "SSHD", "/nonexistent/sshd")
     with pytest.raises(ClusterError) as ei:
         embedded.preflight()
     msg = str(ei.value)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.cluster import embedded, embedded_cluster
+from harness.cluster import embedded, embedded_cluster, network
 from harness.cluster import state as st
 from harness.cluster.embedded import EmbeddedCluster
 from harness.control import (
@@ -248,7 +248,7 @@ def test_dead_pooled_connection_is_replaced(cluster: EmbeddedCluster, pool: Conn
     worker.start()
     r.exec("while ! pgrep -f 'sleep 30' >/dev/null; do sleep 0.05; done", timeout=10)
     # kill every sshd of n3, the one serving our pooled connection included
-    for pid in embedded._netns_pids(cluster.netns["n3"]):
+    for pid in network.netns_pids(cluster.netns["n3"]):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     worker.join(timeout=20)

@@ -137,3 +137,13 @@ def test_on_nodes_collects_errors_per_node_and_runs_in_parallel() -> None:
     # every call waits for all the others: only passes if they really run at the same time
     barrier = threading.Barrier(len(nodes), timeout=10)
     assert on_nodes(nodes, lambda r: barrier.wait() >= 0) == {n.name: True for n in nodes}
+
+
+def test_the_vagrant_example_nodes_file_is_valid() -> None:
+    path = Path(__file__).resolve().parents[2] / "vagrant" / "nodes.yaml"
+    inv = load_inventory(nodes_file=path)
+    assert [n.name for n in inv.nodes] == ["n1", "n2", "n3", "n4", "n5"]
+    assert inv.nodes[4].host == "192.168.56.15"
+    assert all(n.user == "vagrant" and n.sudo for n in inv.nodes)
+    assert inv.nodes[0].key_file == str(path.parent / ".vagrant/machines/n1/virtualbox/private_key")
+    assert inv.ssh.host_key_policy == "accept-new"

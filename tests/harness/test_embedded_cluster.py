@@ -195,6 +195,28 @@ def test_daemon_lifecycle_with_pidfile_port_and_signals(
         n2.wait_for_port(8000, host="n1", timeout=1)
 
 
+def test_clock_skew_hook_daemons_under_libfaketime_see_a_shifted_clock(
+    cluster: EmbeddedCluster, pool: ConnectionPool
+) -> None:
+    status = embedded.status(NAME, probe_ssh=False)
+    if status.libfaketime is None:
+        pytest.skip("libfaketime is not installed (apt-get install faketime)")
+    r = cluster.remote("n3", pool)
+    wd = cluster.workdir("n3")
+    offset_file = f"{wd}/clock-offset"
+    env = {
+        "LD_PRELOAD": status.libfaketime,
+        "FAKETIME_TIMESTAMP_FILE": offset_file,
+        "FAKETIME_NO_CACHE": "1",
+    }
+    clock = "python3 -c 'import time; print(int(time.time()))'"
+    r.write_file(offset_file, "+1d\n")
+    skewed, real = int(r.exec(clock, env=env).stdout), int(r.exec(clock).stdout)
+    assert 86400 - 60 < skewed - real <= 86400 + 60
+    r.write_file(offset_file, "+0\n")  # heal: same file, no restart
+    assert abs(int(r.exec(clock, env=env).stdout) - int(r.exec(clock).stdout)) < 60
+
+
 def test_daemon_that_dies_at_once_reports_its_log(
     cluster: EmbeddedCluster, pool: ConnectionPool
 ) -> None:

@@ -43,6 +43,7 @@ __all__ = [
     "DepGraph",
     "find_cycles",
     "kind_name",
+    "realtime_chain",
     "trim",
 ]
 
@@ -70,13 +71,11 @@ def kind_name(bit: int) -> str:
 class DepGraph:
     """A directed multigraph-by-mask over int nodes, cheap to build in one pass."""
 
-    __slots__ = ("_last_event", "_next_virtual", "_open_event", "succ")
+    __slots__ = ("_next_virtual", "succ")
 
     def __init__(self) -> None:
         self.succ: dict[int, dict[int, int]] = {}
         self._next_virtual = -1
-        self._last_event: int | None = None
-        self._open_event = False
 
     def link(self, a: int, b: int, kind: int) -> None:
         if a == b:
@@ -88,28 +87,42 @@ class DepGraph:
             s[b] = s.get(b, 0) | kind
 
     def add_realtime_chain(self, events: Iterable[tuple[int, bool]]) -> None:
-        """Events in history order: (node, True) at a completion, (node, False) at an invoke.
-
-        Only ops whose completion is certain should be given completion events.
-        """
-        last: int | None = None
-        fresh = False  # does `last` already precede some invoke?
-        for node, completed in events:
-            if completed:
-                if last is None or fresh:
-                    v = self._next_virtual
-                    self._next_virtual -= 1
-                    if last is not None:
-                        self.link(last, v, REALTIME)
-                    last = v
-                    fresh = False
-                self.link(node, last, REALTIME)
-            elif last is not None:
-                self.link(last, node, REALTIME)
-                fresh = True
+        """Link a `realtime_chain` over `events` into this graph."""
+        for a, b in realtime_chain(events, start=self._next_virtual):
+            self.link(a, b, REALTIME)
+            self._next_virtual = min(self._next_virtual, a - 1, b - 1)
 
     def edge_count(self) -> int:
         return sum(len(s) for s in self.succ.values())
+
+
+def realtime_chain(events: Iterable[tuple[int, bool]], start: int = -1) -> list[tuple[int, int]]:
+    """Edges encoding realtime order through virtual nodes (ids start, start-1, ...).
+
+    `events` in history order: (node, True) at a completion, (node, False) at an invoke.
+    Afterwards A reaches B exactly when A's completion event precedes B's invoke event.
+    Consecutive completions share one virtual node, so there are at most two edges per
+    event. Give completion events only for ops whose completion is certain.
+    """
+    edges: list[tuple[int, int]] = []
+    append = edges.append
+    nxt = start
+    last: int | None = None
+    fresh = False  # does `last` already precede some invoke?
+    for node, completed in events:
+        if completed:
+            if last is None or fresh:
+                v = nxt
+                nxt -= 1
+                if last is not None:
+                    append((last, v))
+                last = v
+                fresh = False
+            append((node, last))
+        elif last is not None:
+            append((last, node))
+            fresh = True
+    return edges
 
 
 def trim(succ: Mapping[int, Iterable[int]]) -> set[int]:

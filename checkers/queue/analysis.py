@@ -28,7 +28,16 @@ from checkers.queue.ops import FAIL, INFO, OK, QueueOp, check_pairs, parse_ops
 from checkers.queue.policy import allowed_types
 from checkers.queue.results import Anomalies, results_dict
 from checkers.queue.version_order import VersionOrder
-from checkers.txn_graph import PROCESS, REALTIME, WR, WW, DepGraph, find_cycles, trim
+from checkers.txn_graph import (
+    PROCESS,
+    REALTIME,
+    WR,
+    WW,
+    DepGraph,
+    find_cycles,
+    realtime_chain,
+    trim,
+)
 
 __all__ = ["QueueAnalysis", "check_queue"]
 
@@ -61,6 +70,21 @@ class _RunningMax:
         if i < 0:
             return None
         return self.values[i], self.recs[i]
+
+
+def _events(nodes: Sequence[QueueOp]) -> list[tuple[int, bool]]:
+    """Invoke and completion events of `nodes` in history order, for a realtime chain.
+
+    An info op's effects may land any time later, so it gets no completion event and
+    never precedes anything in real time.
+    """
+    slots: dict[int, tuple[int, bool]] = {}
+    for rec in nodes:
+        if rec.inv >= 0:
+            slots[rec.inv] = (rec.pos, False)
+        if rec.kind == OK:
+            slots[rec.pos] = (rec.pos, True)
+    return [slots[i] for i in sorted(slots)]
 
 
 class QueueAnalysis:
@@ -314,7 +338,7 @@ class QueueAnalysis:
                             self._precommitted(rec, k, o, v)
                         elif kind == OK and w.kind == FAIL:
                             self._g1a(rec, w, k, o, v)
-                    i = oidx.get(o) if o is not None else vo.first_index(v)
+                    i = oidx[o] if o is not None else vo.first_index(v)
                     if first_v is _MISSING:
                         first_i, first_v = i, v
                     elif prev_i is not None and i is not None:
@@ -341,10 +365,25 @@ class QueueAnalysis:
                         positions[p] = pp = {}
                     pp[k] = (prev_i, prev, rec)
             # ---- sends
-            if rec.sends:
+            sends = rec.sends
+            if len(sends) == 1 and rec.committed:
+                # The common single send: no internal order, just the process's order.
+                k, o, v = sends[0]
+                vo_k = orders.get(k)
+                i = None if vo_k is None else vo_k.index_of(o, v)
+                ls = last_sends.get(p)
+                if ls is None:
+                    last_sends[p] = ls = {}
+                last = ls.get(k)
+                if last is not None and last[0] is not None and i is not None:
+                    delta = i - last[0]
+                    if delta < 1:
+                        self._nonmono("nonmonotonic-send", last[2], rec, k, last[1], v, delta)
+                ls[k] = (i, v, rec)
+            elif sends:
                 this: dict[Any, tuple[int | None, Any]] = {}
                 firsts: dict[Any, tuple[int | None, Any]] = {}
-                for k, o, v in rec.sends:
+                for k, o, v in sends:
                     vo_k = orders.get(k)
                     if vo_k is None:
                         i = None
@@ -380,20 +419,19 @@ class QueueAnalysis:
                         ls[k] = (li, lv, rec)
             if kind != OK:
                 continue
-            # ---- realtime send order (ok sends with known offsets)
+            # ---- realtime send order (ok sends with known offsets); the bisect is only
+            # needed when the newest maximum exceeds this offset
             for k, o, v in rec.sends:
                 if o is None:
                     continue
                 rm = send_max.get(k)
-                if rm is not None:
+                if rm is None:
+                    send_max[k] = rm = _RunningMax()
+                elif rm.values[-1] > o:
                     prior = rm.before(rec.inv)
                     if prior is not None and prior[0] > o:
                         self._realtime_send(prior[1], prior[0], rec, k, o, v)
-            for k, o, _v in rec.sends:
-                if o is not None:
-                    rm = send_max.get(k)
-                    if rm is None:
-                        send_max[k] = rm = _RunningMax()
+                if not rm.values or o > rm.values[-1]:
                     rm.add(rec.pos, o, rec)
             # ---- watermarks
             wm = rec.wm
@@ -402,25 +440,21 @@ class QueueAnalysis:
                 if seen is None:
                     hw_seen[p] = seen = {}
                 for k, marks in wm.items():
-                    high = marks.get("high") if isinstance(marks, dict) else None
-                    if not isinstance(high, int):
+                    high = marks.get("high") if type(marks) is dict else None
+                    if type(high) is not int:
                         continue
                     last_hw = seen.get(k)
                     if last_hw is not None and high < last_hw[0]:
                         self._hw_regression(last_hw[1], last_hw[0], rec, k, high)
                     seen[k] = (high, rec)
                     rm = hw_max.get(k)
-                    if rm is not None:
+                    if rm is None:
+                        hw_max[k] = rm = _RunningMax()
+                    elif rm.values[-1] > high:
                         prior = rm.before(rec.inv)
                         if prior is not None and prior[0] > high:
                             self._hw_regression_rt(prior[1], prior[0], rec, k, high)
-            if wm:
-                rm_add = [(k, m.get("high")) for k, m in wm.items() if isinstance(m, dict)]
-                for k, high in rm_add:
-                    if isinstance(high, int):
-                        rm = hw_max.get(k)
-                        if rm is None:
-                            hw_max[k] = rm = _RunningMax()
+                    if not rm.values or high > rm.values[-1]:
                         rm.add(rec.pos, high, rec)
 
     def _truncation_checks(self) -> None:
@@ -640,16 +674,18 @@ class QueueAnalysis:
         """Dependency-graph cycles (G0, G1c, G1c-ww and variants).
 
         A first, reduced graph keeps reachability but not every edge: a reader gets a wr
-        edge only from the writer of the highest-indexed value it read of each key, the
-        others reach that writer along the key's ww chain. Nodes this graph cannot place
-        on a cycle are dropped; only the survivors get their full wr edges and go to
-        `find_cycles`. A valid history therefore costs a few edges per op.
+        edge only from the writer of the highest offset it read of each key (the others
+        reach that writer along the key's ww chain), process edges are left out (an ok op
+        completes before its process's next invoke, so realtime covers them). Nodes this
+        graph cannot place on a cycle are dropped; only the survivors get their full
+        edges and go to `find_cycles`. A valid history costs a few edges per op.
         """
         writer = self.writer
+        orders = self.orders
         nodes = [r for r in self.records if r.committed and r.f != "assign" and r.f != "subscribe"]
         chains: list[tuple[int, int]] = []
         if self.ww_deps:
-            for k, vo in self.orders.items():
+            for k, vo in orders.items():
                 ws = writer.get(k)
                 if not ws:
                     continue
@@ -662,78 +698,67 @@ class QueueAnalysis:
                     if prev is not None and prev is not w:
                         chains.append((prev.pos, w.pos))
                     prev = w
-        process_edges: list[tuple[int, int]] = []
-        last_by_process: dict[Any, QueueOp] = {}
-        events: list[tuple[int, int, bool]] = []
+        reduced: dict[int, list[int]] = {}
+        for a, b in chains:
+            lst = reduced.get(a)
+            if lst is None:
+                reduced[a] = [b]
+            else:
+                lst.append(b)
+        for a, b in realtime_chain(_events(nodes)):
+            lst = reduced.get(a)
+            if lst is None:
+                reduced[a] = [b]
+            else:
+                lst.append(b)
         for rec in nodes:
-            prior = last_by_process.get(rec.process)
-            if prior is not None:
-                process_edges.append((prior.pos, rec.pos))
-            last_by_process[rec.process] = rec
-            # An info op's effects may land any time later, so it never precedes anything.
-            if rec.inv >= 0:
-                events.append((rec.inv, rec.pos, False))
-            if rec.kind == OK:
-                events.append((rec.pos, rec.pos, True))
-        events.sort()
-
-        def base(g: DepGraph, alive: set[int] | None) -> None:
-            for a, b in chains:
-                if alive is None or (a in alive and b in alive):
-                    g.link(a, b, WW)
-            for a, b in process_edges:
-                if alive is None or (a in alive and b in alive):
-                    g.link(a, b, PROCESS)
-
-        reduced = DepGraph()
-        base(reduced, None)
-        reduced.add_realtime_chain((node, done) for _at, node, done in events)
-        orders = self.orders
-        for rec in nodes:
+            rpos = rec.pos
             for k, pairs in rec.reads.items():
                 ws = writer.get(k)
                 if not ws or not pairs:
                     continue
-                if self.ww_deps:
-                    oidx = orders[k].oidx
-                    best_i = -1
-                    best_w: QueueOp | None = None
-                    for o, v in pairs:
-                        w = ws.get(v)
-                        if w is not None and w is not rec and w.committed and o is not None:
-                            i = oidx[o]
-                            if i > best_i:
-                                best_i, best_w = i, w
-                    if best_w is not None:
-                        reduced.link(best_w.pos, rec.pos, WR)
-                    # reads the chain does not place (no offset, or a conflicting value at
-                    # the offset) keep their own edge
-                    log = orders[k].log
-                    for o, v in pairs:
-                        if o is None or log[o] != v:
-                            w = ws.get(v)
-                            if w is not None and w is not rec and w.committed:
-                                reduced.link(w.pos, rec.pos, WR)
-                else:
-                    for _o, v in pairs:
-                        w = ws.get(v)
+                if self.ww_deps and not orders[k].conflicts:
+                    try:
+                        top = max(pairs)  # the highest offset read (pairs are [offset, value])
+                    except TypeError:  # a null offset
+                        top = None
+                    if top is not None:
+                        w = ws.get(top[1])
                         if w is not None and w is not rec and w.committed:
-                            reduced.link(w.pos, rec.pos, WR)
-        alive = trim(reduced.succ)
+                            lst = reduced.get(w.pos)
+                            if lst is None:
+                                reduced[w.pos] = [rpos]
+                            else:
+                                lst.append(rpos)
+                            continue
+                for _o, v in pairs:
+                    w = ws.get(v)
+                    if w is not None and w is not rec and w.committed:
+                        lst = reduced.get(w.pos)
+                        if lst is None:
+                            reduced[w.pos] = [rpos]
+                        else:
+                            lst.append(rpos)
+        alive = trim(reduced)
         self.stats.update(
-            graph_nodes=len(nodes), graph_edges=reduced.edge_count(), cyclic_nodes=len(alive)
+            graph_nodes=len(nodes),
+            graph_edges=sum(map(len, reduced.values())),
+            cyclic_nodes=len(alive),
         )
         if not alive:
             return
         full = DepGraph()
-        base(full, alive)
-        for a in alive:
-            for b, kinds in reduced.succ.get(a, {}).items():
-                if kinds & REALTIME and b in alive:
-                    full.link(a, b, REALTIME)
+        for a, b in chains:
+            if a in alive and b in alive:
+                full.link(a, b, WW)
+        last_by_process: dict[Any, QueueOp] = {}
         for rec in nodes:
             if rec.pos not in alive:
                 continue
+            prior = last_by_process.get(rec.process)
+            if prior is not None:
+                full.link(prior.pos, rec.pos, PROCESS)
+            last_by_process[rec.process] = rec
             for k, pairs in rec.reads.items():
                 ws = writer.get(k)
                 if not ws:
@@ -742,6 +767,8 @@ class QueueAnalysis:
                     w = ws.get(v)
                     if w is not None and w is not rec and w.committed and w.pos in alive:
                         full.link(w.pos, rec.pos, WR)
+        for a, b in realtime_chain(_events([r for r in nodes if r.pos in alive])):
+            full.link(a, b, REALTIME)
         found, _ = find_cycles(full, self._explain_step)
         for name, cases in found.items():
             self.anomalies.add_all(name, cases)

@@ -152,14 +152,18 @@ def parse_ops(ops: Sequence[dict[str, Any]]) -> tuple[list[QueueOp], dict[Any, s
         if typ == "invoke":
             pending[process] = (pos, op)
             if f == "send" or f == "txn":
-                probe = QueueOp(f, INFO, pos, pos, pos, process)
-                _parse_mops(probe, op.get("value"), pos + 1, False)
-                for k, _o, v in probe.sends:
-                    s = attempted.get(k)
-                    if s is None:
-                        attempted[k] = {v}
-                    else:
-                        s.add(v)
+                value = op.get("value")
+                if type(value) is list:
+                    for mop in value:
+                        if type(mop) is list and len(mop) == 3 and mop[0] == "send":
+                            k, v = mop[1], mop[2]
+                            if type(v) is list and len(v) == 2:
+                                v = v[1]
+                            s = attempted.get(k)
+                            if s is None:
+                                attempted[k] = {v}
+                            else:
+                                s.add(v)
             continue
         inv_pos, inv_op = pending.pop(process, (-1, None))
         if f in DATA_FS:

@@ -1,0 +1,93 @@
+"""Queue checker throughput: load-only vs load+check on one synthetic history.
+
+Generates a history of a correct replicated log (checkers.queue.simulate: 20 processes,
+10 keys, sends, polls and transactions with some info/fail/crash), writes it as
+history.jsonl, then times, in the same run, loading alone (the baseline) and loading
+plus `check_queue`. Prints a markdown table row with ops/s (ops = history lines).
+
+    python benchmarks/bench_checker_queue.py [--ops N] [--keep PATH] [--header]
+
+Targets: load+check >= 250,000 ops/s on one core, check time <= 2x load time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from checkers.history import load_history, write_history
+from checkers.queue import check_queue
+from checkers.queue.simulate import simulate
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ops", type=float, default=1e6, help="history lines to generate")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--keep", type=Path, help="write the history here and keep it")
+    ap.add_argument("--header", action="store_true", help="print the table header first")
+    ap.add_argument("--repeat", type=int, default=1, help="best of N timings")
+    args = ap.parse_args()
+    n = int(args.ops)
+
+    t0 = time.perf_counter()
+    ops = simulate(
+        n,
+        processes=20,
+        keys=10,
+        seed=args.seed,
+        txn_rate=0.25,
+        info_rate=0.01,
+        fail_rate=0.02,
+        crash_rate=0.002,
+        assign_rate=0.002,
+    )
+    gen_s = time.perf_counter() - t0
+    with tempfile.TemporaryDirectory() as tmp:
+        path = args.keep or Path(tmp) / "history.jsonl"
+        write_history(ops, path)
+        size = path.stat().st_size
+        lines = len(ops)
+        del ops
+        gc.collect()
+
+        load_s = check_s = float("inf")
+        verdict = None
+        for _ in range(args.repeat):
+            t0 = time.perf_counter()
+            loaded = load_history(path)
+            load_s = min(load_s, time.perf_counter() - t0)
+            del loaded
+            gc.collect()
+            t0 = time.perf_counter()
+            loaded = load_history(path)
+            results = check_queue(loaded)
+            check_s = min(check_s, time.perf_counter() - t0)
+            verdict = results["valid"]
+            del loaded, results
+            gc.collect()
+
+    only_check = check_s - load_s
+    if args.header:
+        print(
+            "| ops | MB | load s | load ops/s | load+check s | load+check ops/s "
+            "| check/load | valid | python |"
+        )
+        print("|---|---|---|---|---|---|---|---|---|")
+    print(
+        f"| {lines:,} | {size / 1e6:.0f} | {load_s:.2f} | {lines / load_s:,.0f} | "
+        f"{check_s:.2f} | {lines / check_s:,.0f} | {only_check / load_s:.2f} | {verdict} | "
+        f"{platform.python_version()} |"
+    )
+    print(f"(generated in {gen_s:.1f} s; check alone {only_check:.2f} s)", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -398,7 +398,7 @@ def down(name: str = DEFAULT_NAME, *, keep_data: bool = False) -> list[str]:
     """Remove everything cluster ``name`` created; returns what was removed (empty if nothing)."""
     preflight()
     _validate_name(name)
-    with st.cluster_lock(name, remove=True):
+    with st.cluster_lock(name):
         cur = st.load_state(name)
         removed = []
         if cur is not None:

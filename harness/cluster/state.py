@@ -14,7 +14,7 @@ is already gone). Fields:
 sshd_log, sshd_pid, host_key_pub}``.
 
 A lock file next to it (``cluster-<name>.lock``, ``flock``) serialises ``up``/``down`` of one
-cluster across processes; ``down`` deletes it.
+cluster across processes; it is deleted whenever no state file remains.
 """
 
 from __future__ import annotations
@@ -121,12 +121,13 @@ def all_states() -> list[ClusterState]:
 
 
 @contextlib.contextmanager
-def cluster_lock(name: str, *, remove: bool = False) -> Iterator[None]:
+def cluster_lock(name: str) -> Iterator[None]:
     """Hold the exclusive per-cluster lock for the duration of an up or down.
 
-    With ``remove`` the lock file is deleted before the lock is released (``down`` leaves
-    nothing behind). A process that was waiting on the deleted file notices that the path no
-    longer names the file it locked and tries again, so two holders never coexist.
+    The lock file lives only as long as the cluster's state file: when the holder leaves no
+    state behind (a down, a failed up) it deletes the lock file before releasing it. A process
+    that was waiting on the deleted file notices that the path no longer names the file it
+    locked and tries again, so two holders never coexist.
     """
     STATE_DIR.mkdir(parents=True, exist_ok=True)
     path = lock_path(name)
@@ -141,8 +142,8 @@ def cluster_lock(name: str, *, remove: bool = False) -> Iterator[None]:
         os.close(fd)
     try:
         yield
-        if remove:
+    finally:
+        if not state_path(name).exists():
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
-    finally:
         os.close(fd)

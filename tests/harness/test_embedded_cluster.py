@@ -389,3 +389,10 @@ def test_context_manager_tears_down_on_sigterm_and_on_exceptions() -> None:
     ):
         raise RuntimeError("test body failed")
     assert leftovers(LIFE, LIFE_NET) == []
+
+
+def test_subnet_clash_is_refused_and_leaves_nothing(cluster: EmbeddedCluster) -> None:
+    with pytest.raises(embedded.ClusterError, match="overlaps cluster 'itest'"):
+        embedded.up("itest-clash", 1, SUBNET)
+    assert leftovers("itest-clash", SUBNET) == []
+    assert embedded.status(NAME, probe_ssh=False).healthy

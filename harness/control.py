@@ -28,6 +28,8 @@ Commands
     channel is closed, but like with ``ssh host cmd`` the remote process is not killed: wrap
     it in ``timeout(1)`` for that). A connection that dies mid-command raises ``ConnectionLost``.
     Environment variables are passed inline (``env K=V``) so no ``AcceptEnv`` is needed.
+    ``stdin`` is sent in full before output is read, so a command that echoes megabytes of its
+    input back can stall; sudo means ``sudo -n``: the login user needs passwordless sudo.
 
 Files
     ``upload(local, remote)`` / ``download(remote, local)`` use SFTP (through a temporary file and
@@ -527,6 +529,16 @@ def _q(s: str | os.PathLike[str]) -> str:
     return shlex.quote(str(s))
 
 
+def _env_prefix(env: Mapping[str, str] | None) -> str:
+    """``env K='v' ... `` (empty without variables); rejects names a shell would mangle."""
+    if not env:
+        return ""
+    for k in env:
+        if not k or not k.replace("_", "a").isalnum() or not k.isascii() or k[0].isdigit():
+            raise ValueError(f"bad environment variable name {k!r}")
+    return "env " + " ".join(f"{k}={_q(v)}" for k, v in env.items()) + " "
+
+
 def wrap_command(
     cmd: str,
     *,
@@ -538,13 +550,7 @@ def wrap_command(
     inner = cmd
     if cwd is not None:
         inner = f"cd {_q(cwd)} && {inner}"
-    prefix = ""
-    if env:
-        for k in env:
-            if not k.replace("_", "a").isalnum() or k[0].isdigit():
-                raise ValueError(f"bad environment variable name {k!r}")
-        prefix = "env " + " ".join(f"{k}={_q(v)}" for k, v in env.items()) + " "
-    wrapped = f"{prefix}sh -c {_q(inner)}"
+    wrapped = f"{_env_prefix(env)}sh -c {_q(inner)}"
     if sudo:
         wrapped = f"sudo -n -- {wrapped}"
     return wrapped
@@ -786,9 +792,7 @@ class Remote:
         carries the tail of ``logfile``.
         """
         inner = f"echo $$ > {_q(pidfile)}; exec {cmd}"
-        launch = f"setsid sh -c {_q(inner)}"
-        if env:
-            launch = "env " + " ".join(f"{k}={_q(v)}" for k, v in env.items()) + " " + launch
+        launch = f"{_env_prefix(env)}setsid sh -c {_q(inner)}"
         script = f"""
 set -e
 mkdir -p {_q(posixpath.dirname(pidfile) or ".")} {_q(posixpath.dirname(logfile) or ".")}

@@ -22,11 +22,11 @@ Commands
     ``Remote(node).exec(cmd, check=True, timeout=None, env=None, cwd=None, stdin=None)``
     runs ``cmd`` through ``sh -c`` (under ``sudo -n`` when ``node.sudo`` and the user is not
     root) and returns a ``Result`` (exit status, stdout, stderr, duration; exit status -1 when
-    the command was killed by a signal). With ``check`` a
-    non-zero exit raises ``RemoteCommandError`` naming the node, the command, the exit status
-    and the tail of stderr; a command that outlives ``timeout`` raises ``RemoteTimeout`` (its
-    channel is closed, but like with ``ssh host cmd`` the remote process is not killed: wrap
-    it in ``timeout(1)`` for that). A connection that dies mid-command raises ``ConnectionLost``.
+    the command was killed by a signal). With ``check`` a non-zero exit raises
+    ``RemoteCommandError`` naming the node, the command, the exit status and the tail of
+    stderr; a command that outlives ``timeout`` raises ``RemoteTimeout`` (its channel is
+    closed, but as with ``ssh host cmd`` the remote process is not killed: wrap it in
+    ``timeout(1)`` for that). A connection that dies mid-command raises ``ConnectionLost``.
     Environment variables are passed inline (``env K=V``) so no ``AcceptEnv`` is needed.
     ``stdin`` is sent in full before output is read, so a command that echoes megabytes of its
     input back can stall; sudo means ``sudo -n``: the login user needs passwordless sudo.
@@ -62,7 +62,9 @@ Connections and retries
 Many nodes
     ``on_nodes(nodes, fn, parallel=True)`` calls ``fn(Remote)`` for each node in a thread pool and
     returns ``{node name: value}``; if any node failed it raises ``NodesError`` carrying every
-    per-node exception and the partial results. ``try_on_nodes`` returns exceptions as values.
+    per-node exception and the partial results. ``try_on_nodes`` returns exceptions as values;
+    ``exec_on_nodes(nodes, cmd)`` is the common case of one command everywhere. All three take
+    ``ssh=`` (SshOptions) and ``pool=`` (a ``ConnectionPool``; default: the module's pool).
 """
 
 from __future__ import annotations

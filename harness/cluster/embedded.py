@@ -208,10 +208,11 @@ def _tag(name: str) -> str:
 
 
 def default_subnet(name: str) -> str:
-    """10.77.0.0/24 for the default cluster, 10.77.X.0/24 (X from a hash of the name) otherwise."""
+    """10.77.0.0/24 for the default cluster, 10.77.X.0/24 (X in 1..199 from a hash of the name)
+    otherwise; 10.77.200-255.0/24 are never picked, for tests and explicit ``--subnet``s."""
     if name == DEFAULT_NAME:
         return DEFAULT_SUBNET
-    return f"10.77.{1 + zlib.crc32(name.encode()) % 250}.0/24"
+    return f"10.77.{1 + zlib.crc32(name.encode()) % 199}.0/24"
 
 
 def _validate_name(name: str) -> None:

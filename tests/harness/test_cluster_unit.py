@@ -28,6 +28,9 @@ def test_named_clusters_get_their_own_bridge_subnet_and_short_link_names() -> No
     assert a.bridge != b.bridge and a.bridge != "isrlab0"
     assert a.subnet != b.subnet
     assert ipaddress.ip_network(a.subnet).is_private
+    # hashed subnets stay clear of 10.77.200.0/24 and up, which tests use explicitly
+    for name in ("alpha", "beta", "itest", "x" * 32):
+        assert 1 <= int(embedded.default_subnet(name).split(".")[2]) < 200
     # Linux interface names are at most 15 bytes
     for name in [a.bridge] + [n.veth_host for n in a.nodes]:
         assert len(name) <= 15, name

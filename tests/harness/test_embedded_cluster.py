@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.cluster import embedded, embedded_cluster, network
+from harness.cluster import embedded, embedded_cluster, network, sshd
 from harness.cluster import state as st
 from harness.cluster.embedded import EmbeddedCluster
 from harness.control import (
@@ -349,6 +349,38 @@ def test_kill_9_of_the_harness_then_down_or_up_cleans_up() -> None:
     assert leftovers(LIFE, LIFE_NET) == []
 
 
+def test_kill_9_in_the_middle_of_up_then_down_cleans_up() -> None:
+    # the harness dies after n1's sshd started and before n2's: a half-built cluster
+    proc = _run_harness_script(
+        "import os, signal\n"
+        "from harness.cluster import embedded, sshd\n"
+        "real = sshd.start_sshd\n"
+        "def dying(s, node):\n"
+        "    if node == 'n2':\n"
+        "        print('DYING', flush=True)\n"
+        "        os.kill(os.getpid(), signal.SIGKILL)\n"
+        "    return real(s, node)\n"
+        "sshd.start_sshd = dying\n"
+        f"embedded.up({LIFE!r}, 3, {LIFE_NET!r})\n"
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "DYING"
+    assert proc.wait(timeout=30) == -signal.SIGKILL
+    assert any(x.startswith("process") for x in leftovers(LIFE, LIFE_NET))
+    assert not embedded.status(LIFE, probe_ssh=False).complete
+    embedded.down(LIFE)
+    assert leftovers(LIFE, LIFE_NET) == []
+
+
+def test_a_failing_up_removes_what_it_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(s: st.ClusterState, node: str) -> int:
+        raise embedded.ClusterError(f"sshd on {node} did not start: simulated")
+
+    monkeypatch.setattr(sshd, "start_sshd", broken)
+    with pytest.raises(embedded.ClusterError, match="simulated"):
+        embedded.up(LIFE, 2, LIFE_NET)
+    assert leftovers(LIFE, LIFE_NET) == []
+
+
 def test_a_lost_state_file_does_not_leak_the_cluster() -> None:
     embedded.up(LIFE, 2, LIFE_NET)
     st.state_path(LIFE).unlink()  # as if /run/isrlab had been wiped mid-run
@@ -371,7 +403,8 @@ def test_half_built_cluster_is_rebuilt_by_up() -> None:
     assert leftovers(LIFE, LIFE_NET) == []
 
 
-def test_context_manager_tears_down_on_sigterm_and_on_exceptions() -> None:
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_context_manager_tears_down_on_signals(sig: signal.Signals) -> None:
     proc = _run_harness_script(
         "from harness.cluster import embedded_cluster\n"
         f"with embedded_cluster(2, name={LIFE!r}, subnet={LIFE_NET!r}):\n"

@@ -24,6 +24,9 @@ __all__ = ["LinearizabilityResult", "PartitionResult", "check", "check_operation
 
 Verdict = Literal["ok", "illegal", "unknown"]
 
+# About 1.5 GB of memo at the sizes measured on the bench histories.
+DEFAULT_MAX_CONFIGS = 4_000_000
+
 
 @dataclass
 class PartitionResult:
@@ -84,7 +87,7 @@ class LinearizabilityResult:
     failed: int
     dropped_reads: int
     elapsed_s: float
-    timed_out: bool = False
+    gave_up: bool = False
     stats: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -101,9 +104,16 @@ def check(
     ops: Sequence[dict[str, Any]],
     timeout_s: float | None = None,
     *,
-    stop_at_first_illegal: bool = False,
+    stop_at_first_illegal: bool = True,
+    max_configs: int | None = DEFAULT_MAX_CONFIGS,
 ) -> LinearizabilityResult:
-    """Check a history of op dicts (history format v1) against ``model``."""
+    """Check a history of op dicts (history format v1) against ``model``.
+
+    ``timeout_s`` bounds the whole check; ``max_configs`` bounds the memo of each partition's
+    search (memory); either one running out makes the verdict ``unknown``.  By default the
+    check stops at the first illegal partition, like Porcupine: the search of a partition
+    that is not linearizable can be exponential, and one counterexample settles the verdict.
+    """
     started = time.monotonic()
     operations, failed, dropped = operations_from_history(model, ops)
     return check_operations(
@@ -111,6 +121,7 @@ def check(
         operations,
         timeout_s,
         stop_at_first_illegal=stop_at_first_illegal,
+        max_configs=max_configs,
         failed=failed,
         dropped_reads=dropped,
         started=started,
@@ -122,7 +133,8 @@ def check_operations(
     operations: Sequence[Operation],
     timeout_s: float | None = None,
     *,
-    stop_at_first_illegal: bool = False,
+    stop_at_first_illegal: bool = True,
+    max_configs: int | None = DEFAULT_MAX_CONFIGS,
     failed: int = 0,
     dropped_reads: int = 0,
     started: float | None = None,
@@ -135,13 +147,13 @@ def check_operations(
     table = StateTable(model)
     results: list[PartitionResult] = []
     give_up = False
-    timed_out = False
+    gave_up = False
     for part in parts:
         key = part[0].key if model.partition is not None else None
         if give_up:
             results.append(PartitionResult(key, "unknown", part, [], None, table.states[0]))
             continue
-        outcome = search(model, part, deadline, table)
+        outcome = search(model, part, deadline, table, max_configs)
         results.append(
             PartitionResult(
                 key=key,
@@ -156,7 +168,7 @@ def check_operations(
             )
         )
         if outcome.verdict == "unknown":
-            timed_out = True
+            gave_up = True
             give_up = True
         elif outcome.verdict == "illegal" and stop_at_first_illegal:
             give_up = True
@@ -173,7 +185,7 @@ def check_operations(
         failed=failed,
         dropped_reads=dropped_reads,
         elapsed_s=elapsed,
-        timed_out=timed_out,
+        gave_up=gave_up,
         stats={
             "operations": len(operations),
             "failed_dropped": failed,
@@ -185,6 +197,6 @@ def check_operations(
             "cache_entries": sum(r.cache_size for r in results),
             "distinct_states": len(table.states),
             "elapsed_s": round(elapsed, 6),
-            "timed_out": timed_out,
+            "gave_up": gave_up,
         },
     )

@@ -209,8 +209,9 @@ CONFIG_DEFS: dict[str, ConfigDef] = {
             "replica.truncation.mode",
             "string",
             "leader-epoch",
-            "leader-epoch (KIP-101/279) or high-watermark (HISTORIC FAILURE SWITCH: pre-KIP-101).",
-            _one_of("leader-epoch", "high-watermark"),
+            "leader-epoch (KIP-101 + KIP-279), or HISTORIC FAILURE SWITCHES: leader-epoch-v0 "
+            "(KIP-101 without KIP-279) and high-watermark (pre-KIP-101).",
+            _one_of("leader-epoch", "leader-epoch-v0", "high-watermark"),
         ),
         ConfigDef("zookeeper.connect", "string", None, "host:port[,host:port][/chroot]."),
         ConfigDef(

@@ -1,35 +1,48 @@
-"""The partitions this broker hosts and the produce/fetch paths through them (Kafka's ReplicaManager).
+"""The partitions this broker hosts and the IO their replication cores ask for (Kafka's
+ReplicaManager and ReplicaFetcherManager).
 
-Each hosted partition pairs an on-disk `Log` with its replication state. The replication decisions
-(high watermark, ISR, acks=all waiting, follower truncation) are made by the sans-IO core in
-`broker.replication`; this module is the IO shell around it: it appends to and reads from logs,
-wakes long-polling fetches when data or the high watermark moves, and times out waiting produces.
-
-Without ZooKeeper (a standalone broker) every partition is led by this broker with ISR = {self}, so
-the high watermark follows the log end offset.
+- hosts `HostedPartition`s and applies partition states to them;
+- ticks every core on a timer (ISR shrink, acks=all timeouts, follower re-sends);
+- runs the follower side: each SendFetch / SendOffsetsForLeaderEpoch the core emits becomes a real
+  request to the leader broker, over one connection per followed partition, and the response is
+  fed back to the core;
+- writes partition state (ISR changes) through a `StateStore`: ZooKeeper compare-and-set in a
+  cluster, an in-memory register for a standalone broker;
+- checkpoints high watermarks to `replication-offset-checkpoint` (what a restarted replica starts
+  from, and what the pre-KIP-101 truncation mode truncates to);
+- wakes long-polling fetches when data or a high watermark moves.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from dataclasses import dataclass, field, replace
-from typing import Any
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from kafka.protocol.consumer import FetchRequest, ListOffsetsRequest, OffsetForLeaderEpochRequest
 
 from broker.errors import ErrorCode, KafkaError
-from broker.log.errors import (
-    InvalidRecordError,
-    KafkaStorageError,
-    LogError,
-    OffsetOutOfRangeError,
+from broker.log.checkpoint import OffsetCheckpointFile
+from broker.log.log import Log
+from broker.network.client import ConnectionFailed, KafkaConnection
+from broker.partition import AppendResult, HostedPartition, ReadResult
+from broker.replication import (
+    LeaderAndIsr,
+    ReplicationConfig,
+    SendFetch,
+    SendOffsetsForLeaderEpoch,
+    WriteStateZnode,
 )
-from broker.log.log import FetchDataInfo, Log
-from broker.log.producer_state import DuplicateBatch, ProducerStateError, ProducerStateManager
-from broker.log.record_batch import iter_batches, validate
 
 log = logging.getLogger(__name__)
 
 TopicPartition = tuple[str, int]
+FETCH_VERSION = 11
+EPOCH_VERSION = 3
+LIST_OFFSETS_VERSION = 4
 
 
 class DataNotifier:
@@ -44,151 +57,85 @@ class DataNotifier:
 
     async def wait(self, timeout: float) -> None:
         event = self._event
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(event.wait(), timeout)
-        except TimeoutError:
-            pass
 
 
-@dataclass
-class AppendResult:
-    error: ErrorCode = ErrorCode.NONE
-    base_offset: int = -1
-    last_offset: int = -1
-    log_start_offset: int = -1
-    message: str | None = None
-    record_errors: list[tuple[int, str]] = field(default_factory=list)
+class StateStore(Protocol):
+    async def write_state(self, action: WriteStateZnode) -> tuple[bool, int]:
+        """Conditional write; returns (succeeded, new znode version)."""
+        ...
 
 
-@dataclass
-class ReadResult:
-    error: ErrorCode = ErrorCode.NONE
-    high_watermark: int = -1
-    last_stable_offset: int = -1
-    log_start_offset: int = -1
-    data: FetchDataInfo | None = None
+class LocalStateStore:
+    """Standalone broker: the partition states live in memory, with versions like znodes."""
 
-    @property
-    def size(self) -> int:
-        return self.data.size if self.data is not None else 0
+    def __init__(self) -> None:
+        self.versions: dict[Any, int] = {}
 
-
-class HostedPartition:
-    """A partition hosted here. Standalone: leader with ISR = {self}."""
-
-    def __init__(self, tp: TopicPartition, log_: Log, broker_id: int, config: dict[str, Any]):
-        self.tp = tp
-        self.log = log_
-        self.broker_id = broker_id
-        self.config = config
-        self.leader_id = broker_id
-        self.leader_epoch = max(0, log_.leader_epoch_cache.latest_epoch or 0)
-        self.replicas = [broker_id]
-        self.isr = [broker_id]
-        self.high_watermark = log_.log_end_offset
-        self.producer_state = ProducerStateManager(log_.dir)
-        self.reload_producer_state()
-
-    def reload_producer_state(self) -> None:
-        """Newest snapshot, then replay the log past it (after open or truncation)."""
-        lg = self.log
-        offset = self.producer_state.load_latest_snapshot(lg.log_start_offset, lg.log_end_offset)
-        while offset < lg.log_end_offset:
-            data = lg.read(offset, 8 << 20, min_one_message=True)
-            if data.size == 0:
-                break
-            headers = list(iter_batches(data.read_bytes()))
-            self.producer_state.update_all(headers)
-            offset = headers[-1].next_offset
-
-    @property
-    def is_leader(self) -> bool:
-        return self.leader_id == self.broker_id
-
-    @property
-    def last_stable_offset(self) -> int:
-        return self.high_watermark  # no transactions yet: nothing open below HW
-
-    def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
-        return self.log.leader_epoch_cache.end_offset_for(epoch, self.log.log_end_offset)
-
-    def append_as_leader(self, records: memoryview, acks: int) -> AppendResult:
-        if not self.is_leader:
-            return AppendResult(ErrorCode.NOT_LEADER_OR_FOLLOWER)
-        try:
-            headers = validate(records)
-            if len(headers) != 1:
-                raise InvalidRecordError(
-                    f"a produce request must carry exactly one record batch per partition, "
-                    f"not {len(headers)}"
-                )
-            self.producer_state.check(headers[0])
-            info = self.log.append_as_leader(records, self.leader_epoch)
-            self.producer_state.update(replace(headers[0], base_offset=info.first_offset))
-        except DuplicateBatch as dup:
-            return AppendResult(
-                base_offset=dup.first_offset,
-                last_offset=dup.last_offset,
-                log_start_offset=self.log.log_start_offset,
-            )
-        except ProducerStateError as e:
-            return AppendResult(ErrorCode(e.code), message=str(e))
-        except InvalidRecordError as e:
-            return AppendResult(
-                ErrorCode.INVALID_RECORD, message=str(e), record_errors=[(0, str(e))]
-            )
-        except (KafkaStorageError, OSError) as e:
-            log.error("append to %s-%d failed: %s", *self.tp, e)
-            return AppendResult(ErrorCode.KAFKA_STORAGE_ERROR, message=str(e))
-        except LogError as e:  # each storage error carries its Kafka error code
-            return AppendResult(ErrorCode(e.code), message=str(e))
-        self.high_watermark = self.log.log_end_offset
-        return AppendResult(
-            base_offset=info.first_offset,
-            last_offset=info.last_offset,
-            log_start_offset=self.log.log_start_offset,
-        )
-
-    def read(
-        self,
-        fetch_offset: int,
-        max_bytes: int,
-        *,
-        replica_id: int,
-        read_committed: bool,
-        min_one_message: bool,
-    ) -> ReadResult:
-        hw = self.high_watermark
-        lso = hw  # no open transactions yet: LSO = HW
-        if replica_id >= 0:
-            max_offset = None
-        else:
-            max_offset = lso if read_committed else hw
-        res = ReadResult(
-            high_watermark=hw, last_stable_offset=lso, log_start_offset=self.log.log_start_offset
-        )
-        try:
-            res.data = self.log.read(
-                fetch_offset, max_bytes, max_offset=max_offset, min_one_message=min_one_message
-            )
-        except OffsetOutOfRangeError:
-            res.error = ErrorCode.OFFSET_OUT_OF_RANGE
-        return res
+    async def write_state(self, action: WriteStateZnode) -> tuple[bool, int]:
+        current = self.versions.get(action.tp, 0)
+        if action.expected_version is not None and action.expected_version != current:
+            return False, current
+        self.versions[action.tp] = current + 1
+        return True, current + 1
 
 
 class ReplicaManager:
-    def __init__(self, broker_id: int):
+    HW_CHECKPOINT = "replication-offset-checkpoint"
+
+    def __init__(
+        self,
+        broker_id: int,
+        log_dir: Path,
+        replication: Callable[[str], ReplicationConfig],
+        broker_address: Callable[[int], tuple[str, int] | None],
+        state_store: StateStore,
+        hw_checkpoint_interval_ms: int = 5000,
+    ):
         self.broker_id = broker_id
         self.partitions: dict[TopicPartition, HostedPartition] = {}
         self.notifier = DataNotifier()
+        self.replication = replication
+        self.broker_address = broker_address
+        self.state_store = state_store
+        self.hw_checkpoint_interval_ms = hw_checkpoint_interval_ms
+        self._hw_cp = OffsetCheckpointFile(log_dir / self.HW_CHECKPOINT)
+        try:
+            self._hw_start = dict(self._hw_cp.read())
+        except FileNotFoundError:
+            self._hw_start = {}
+        except Exception as e:
+            log.warning("ignoring unreadable %s: %s", self._hw_cp.path, e)
+            self._hw_start = {}
+        self._connections: dict[tuple[int, TopicPartition], KafkaConnection] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._loops: list[asyncio.Task[None]] = []
+        self.stopping = False
+
+    # ----- hosting --------------------------------------------------------------------------
 
     def add(self, tp: TopicPartition, log_: Log, config: dict[str, Any]) -> HostedPartition:
-        hp = HostedPartition(tp, log_, self.broker_id, config)
-        self.partitions[tp] = hp
+        hp = self.partitions.get(tp)
+        if hp is None:
+            hp = HostedPartition(
+                tp,
+                log_,
+                self.broker_id,
+                config,
+                self.replication(tp[0]),
+                self,
+                hw_checkpoint=self._hw_start.get(tp, 0),
+            )
+            self.partitions[tp] = hp
         return hp
 
     def remove(self, tp: TopicPartition) -> None:
-        self.partitions.pop(tp, None)
+        hp = self.partitions.pop(tp, None)
+        if hp is not None:
+            hp.fail_pending(ErrorCode.NOT_LEADER_OR_FOLLOWER)
+        for key in [k for k in self._connections if k[1] == tp]:
+            self._connections.pop(key).close()
         self.notifier.notify()
 
     def get(self, tp: TopicPartition) -> HostedPartition:
@@ -197,13 +144,207 @@ class ReplicaManager:
             raise KafkaError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
         return hp
 
-    async def append(
+    def become(self, tp: TopicPartition, state: LeaderAndIsr, replicas: list[int]) -> None:
+        hp = self.partitions.get(tp)
+        if hp is not None:
+            hp.become(state, replicas)
+
+    # ----- produce / fetch ------------------------------------------------------------------
+
+    def append(
         self, tp: TopicPartition, records: memoryview, acks: int, timeout_ms: int
-    ) -> AppendResult:
+    ) -> AppendResult | asyncio.Future[AppendResult]:
         hp = self.partitions.get(tp)
         if hp is None:
             return AppendResult(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
-        result = hp.append_as_leader(records, acks)
-        if result.error == ErrorCode.NONE:
-            self.notifier.notify()
-        return result
+        return hp.append(records, acks, timeout_ms)
+
+    def read(self, tp: TopicPartition, fetch_offset: int, max_bytes: int, **kw: Any) -> ReadResult:
+        hp = self.partitions.get(tp)
+        if hp is None:
+            return ReadResult(error=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+        return hp.read(fetch_offset, max_bytes, **kw)
+
+    # ----- PartitionIO ----------------------------------------------------------------------
+
+    def data_changed(self) -> None:
+        self.notifier.notify()
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _connection(self, leader: int, tp: TopicPartition) -> KafkaConnection | None:
+        key = (leader, tp)
+        conn = self._connections.get(key)
+        if conn is None:
+            addr = self.broker_address(leader)
+            if addr is None:
+                return None
+            conn = KafkaConnection(addr[0], addr[1], f"replica-{self.broker_id}")
+            self._connections[key] = conn
+        return conn
+
+    def send_fetch(self, partition: HostedPartition, action: SendFetch) -> None:
+        self._spawn(self._fetch(partition, action))
+
+    async def _fetch(self, hp: HostedPartition, a: SendFetch) -> None:
+        F = FetchRequest[FETCH_VERSION]
+        req = F(
+            replica_id=self.broker_id,
+            max_wait_ms=a.max_wait_ms,
+            min_bytes=1,
+            max_bytes=16 << 20,
+            isolation_level=0,
+            session_id=0,
+            session_epoch=-1,
+            topics=[
+                F.FetchTopic(
+                    topic=hp.tp[0],
+                    partitions=[
+                        F.FetchTopic.FetchPartition(
+                            partition=hp.tp[1],
+                            current_leader_epoch=a.current_leader_epoch,
+                            fetch_offset=a.fetch_offset,
+                            log_start_offset=hp.log.log_start_offset,
+                            partition_max_bytes=8 << 20,
+                        )
+                    ],
+                )
+            ],
+            forgotten_topics_data=[],
+            rack_id="",
+        )
+        error, records, hw, log_start, leo = int(ErrorCode.REPLICA_NOT_AVAILABLE), b"", -1, -1, -1
+        conn = self._connection(a.leader_id, hp.tp)
+        try:
+            if conn is None:
+                raise ConnectionFailed(f"broker {a.leader_id} is not registered")
+            resp = await conn.request(req, timeout=a.max_wait_ms / 1000 + 10)
+            part = resp.responses[0].partitions[0]
+            error, hw, log_start = part.error_code, part.high_watermark, part.log_start_offset
+            records = bytes(part.records or b"")
+            leo = hw
+            if error == ErrorCode.OFFSET_OUT_OF_RANGE:
+                leo, log_start = await self._leader_offsets(conn, hp, a.current_leader_epoch)
+        except ConnectionFailed as e:
+            log.debug("%s: fetch from %d failed: %s", hp.name, a.leader_id, e)
+            await asyncio.sleep(0.2)
+        if self.partitions.get(hp.tp) is hp and not self.stopping:
+            hp.on_fetch_response(a.request_id, error, records, hw, log_start, leo)
+
+    async def _leader_offsets(
+        self, conn: KafkaConnection, hp: HostedPartition, epoch: int
+    ) -> tuple[int, int]:
+        L = ListOffsetsRequest[LIST_OFFSETS_VERSION]
+        out = []
+        for ts in (-1, -2):
+            req = L(
+                replica_id=self.broker_id,
+                isolation_level=0,
+                topics=[
+                    L.ListOffsetsTopic(
+                        name=hp.tp[0],
+                        partitions=[
+                            L.ListOffsetsTopic.ListOffsetsPartition(
+                                partition_index=hp.tp[1], current_leader_epoch=epoch, timestamp=ts
+                            )
+                        ],
+                    )
+                ],
+            )
+            resp = await conn.request(req, timeout=10)
+            out.append(resp.topics[0].partitions[0].offset)
+        return out[0], out[1]
+
+    def send_offsets_for_leader_epoch(
+        self, partition: HostedPartition, action: SendOffsetsForLeaderEpoch
+    ) -> None:
+        self._spawn(self._epoch(partition, action))
+
+    async def _epoch(self, hp: HostedPartition, a: SendOffsetsForLeaderEpoch) -> None:
+        Req = OffsetForLeaderEpochRequest[EPOCH_VERSION]
+        req = Req(
+            replica_id=self.broker_id,
+            topics=[
+                Req.OffsetForLeaderTopic(
+                    topic=hp.tp[0],
+                    partitions=[
+                        Req.OffsetForLeaderTopic.OffsetForLeaderPartition(
+                            partition=hp.tp[1],
+                            current_leader_epoch=a.current_leader_epoch,
+                            leader_epoch=a.leader_epoch,
+                        )
+                    ],
+                )
+            ],
+        )
+        error, epoch, end = int(ErrorCode.REPLICA_NOT_AVAILABLE), -1, -1
+        conn = self._connection(a.leader_id, hp.tp)
+        try:
+            if conn is None:
+                raise ConnectionFailed(f"broker {a.leader_id} is not registered")
+            resp = await conn.request(req, timeout=10)
+            part = resp.topics[0].partitions[0]
+            error, epoch, end = part.error_code, part.leader_epoch, part.end_offset
+        except ConnectionFailed as e:
+            log.debug("%s: OffsetForLeaderEpoch to %d failed: %s", hp.name, a.leader_id, e)
+            await asyncio.sleep(0.2)
+        if self.partitions.get(hp.tp) is hp and not self.stopping:
+            hp.on_offsets_for_leader_epoch_response(a.request_id, error, epoch, end)
+
+    def write_state(self, partition: HostedPartition, action: WriteStateZnode) -> None:
+        self._spawn(self._write_state(partition, action))
+
+    async def _write_state(self, hp: HostedPartition, action: WriteStateZnode) -> None:
+        try:
+            ok, version = await self.state_store.write_state(action)
+        except Exception as e:
+            log.warning("%s: ISR update %s failed: %s", hp.name, list(action.state.isr), e)
+            ok, version = False, -1
+        if ok:
+            log.info("%s: ISR is now %s", hp.name, list(action.state.isr))
+        if self.partitions.get(hp.tp) is hp:
+            hp.on_state_write_result(ok, version)
+
+    # ----- timers ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._loops.append(asyncio.create_task(self._tick_loop()))
+        self._loops.append(asyncio.create_task(self._checkpoint_loop()))
+
+    async def _tick_loop(self) -> None:
+        while True:
+            await asyncio.sleep(0.05)
+            for hp in list(self.partitions.values()):
+                try:
+                    hp.tick()
+                except Exception:
+                    log.exception("%s: tick failed", hp.name)
+
+    async def _checkpoint_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.hw_checkpoint_interval_ms / 1000)
+            self.checkpoint_high_watermarks()
+
+    def checkpoint_high_watermarks(self) -> None:
+        try:
+            self._hw_cp.write({tp: hp.high_watermark for tp, hp in self.partitions.items()})
+        except OSError as e:
+            log.error("cannot write %s: %s", self._hw_cp.path, e)
+
+    async def stop(self) -> None:
+        self.stopping = True
+        for t in self._loops + list(self._tasks):
+            t.cancel()
+        for t in self._loops + list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        for conn in self._connections.values():
+            conn.close()
+        for hp in self.partitions.values():
+            hp.fail_pending(ErrorCode.NOT_LEADER_OR_FOLLOWER)
+            hp.producer_state.take_snapshot()
+        self.checkpoint_high_watermarks()
+        self.notifier.notify()

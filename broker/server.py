@@ -30,7 +30,9 @@ from broker.errors import ErrorCode, KafkaError
 from broker.log_manager import LogManager
 from broker.network.codec import FileRegion, Request
 from broker.network.server import Connection, SocketServer
-from broker.replica_manager import AppendResult, HostedPartition, ReadResult, ReplicaManager
+from broker.partition import AppendResult, HostedPartition, ReadResult
+from broker.replica_manager import LocalStateStore, ReplicaManager, StateStore
+from broker.replication import LeaderAndIsr, ReplicationConfig, TruncationMode
 from broker.topics import LocalTopicStore, TopicInfo, assign_replicas
 
 log = logging.getLogger(__name__)
@@ -71,12 +73,18 @@ class ProducerIdBlocks:
 
 
 class KafkaServer:
-    def __init__(self, config: BrokerConfig):
+    def __init__(self, config: BrokerConfig, state_store: StateStore | None = None):
         self.config = config
         self.broker_id = config.broker_id
         self.stopping = False
         self.log_manager = LogManager(config)
-        self.replica_manager = ReplicaManager(self.broker_id)
+        self.replica_manager = ReplicaManager(
+            self.broker_id,
+            config.log_dir,
+            replication=self.replication_config,
+            broker_address=self.broker_address,
+            state_store=state_store or LocalStateStore(),
+        )
         self.topic_store = LocalTopicStore(config.log_dir)
         self._topics: dict[str, TopicInfo] = {}
         self.cluster_id = self._load_cluster_id()
@@ -127,6 +135,7 @@ class KafkaServer:
                 self._host_partition((name, p))
         self.log_manager.checkpoint()
         self.log_manager.start_schedulers()
+        self.replica_manager.start()
         await self.socket_server.start()
 
     @property
@@ -140,9 +149,8 @@ class KafkaServer:
         self.stopping = True
         self.replica_manager.notifier.notify()
         await self.socket_server.stop()
+        await self.replica_manager.stop()
         await self.log_manager.stop_schedulers()
-        for hp in self.replica_manager.partitions.values():
-            hp.producer_state.take_snapshot()
         self.log_manager.close()
         self._stopped.set()
         log.info("broker %d stopped cleanly", self.broker_id)
@@ -185,10 +193,29 @@ class KafkaServer:
             return PartitionMetadata(-1, -1, [], [])
         return PartitionMetadata(hp.leader_id, hp.leader_epoch, hp.replicas, hp.isr)
 
+    def replication_config(self, topic: str) -> ReplicationConfig:
+        cfg = self.topic_config(topic) if topic in self._topics else self.config.topic_defaults()
+        return ReplicationConfig(
+            min_insync_replicas=int(cfg["min.insync.replicas"]),
+            replica_lag_time_max_ms=int(self.config["replica.lag.time.max.ms"]),
+            truncation_mode=TruncationMode(self.config["replica.truncation.mode"]),
+            replica_fetch_wait_max_ms=int(self.config["replica.fetch.wait.max.ms"]),
+        )
+
+    def broker_address(self, broker_id: int) -> tuple[str, int] | None:
+        return self.live_brokers().get(broker_id)
+
     def _host_partition(self, tp: TopicPartition) -> HostedPartition:
         cfg = self.topic_config(tp[0])
         lg = self.log_manager.get_or_create(tp, cfg)
-        return self.replica_manager.add(tp, lg, cfg)
+        hp = self.replica_manager.add(tp, lg, cfg)
+        self.on_partition_hosted(hp)
+        return hp
+
+    def on_partition_hosted(self, hp: HostedPartition) -> None:
+        """Standalone: lead every partition with ISR = {self}, keeping the logged epoch."""
+        epoch = max(hp.adapter.latest_epoch(), 0)
+        hp.become(LeaderAndIsr(self.broker_id, epoch, (self.broker_id,), 0, 0), [self.broker_id])
 
     async def create_topic(
         self,
@@ -273,13 +300,7 @@ class KafkaServer:
     def produce_to_partition(
         self, tp: TopicPartition, records: memoryview, acks: int, timeout_ms: int
     ) -> AppendResult | asyncio.Future[AppendResult]:
-        hp = self.replica_manager.partitions.get(tp)
-        if hp is None:
-            return AppendResult(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
-        result = hp.append_as_leader(records, acks)
-        if result.error == ErrorCode.NONE:
-            self.replica_manager.notifier.notify()
-        return result
+        return self.replica_manager.append(tp, records, acks, timeout_ms)
 
     def leader_partition(
         self, tp: TopicPartition, current_leader_epoch: int = -1
@@ -306,14 +327,12 @@ class KafkaServer:
         min_one_message: bool,
         fetcher_log_start: int = -1,
     ) -> ReadResult:
-        try:
-            hp = self.leader_partition(tp, current_leader_epoch)
-        except KafkaError as e:
-            return ReadResult(error=e.code)
-        return hp.read(
+        return self.replica_manager.read(
+            tp,
             fetch_offset,
             max_bytes,
             replica_id=replica_id,
+            current_leader_epoch=current_leader_epoch,
             read_committed=read_committed,
             min_one_message=min_one_message,
         )

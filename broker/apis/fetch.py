@@ -20,7 +20,7 @@ from kafka.protocol.consumer import FetchResponse
 
 from broker.errors import ErrorCode
 from broker.network.codec import FileRegion, RecordsPlaceholder, Request, encode_response
-from broker.replica_manager import ReadResult
+from broker.partition import ReadResult
 
 if TYPE_CHECKING:
     from broker.server import KafkaServer

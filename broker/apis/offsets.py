@@ -88,10 +88,15 @@ async def handle_offset_for_leader_epoch(
         for p in topic.partitions:
             tp = (topic.topic, p.partition)
             try:
-                hp = server.leader_partition(tp, p.current_leader_epoch)
-                epoch, end = hp.end_offset_for_epoch(p.leader_epoch)
+                hp = server.replica_manager.get(tp)
+                r = hp.core.on_offsets_for_leader_epoch(p.current_leader_epoch, p.leader_epoch)
                 parts.append(
-                    P(error_code=0, partition=p.partition, leader_epoch=epoch, end_offset=end)
+                    P(
+                        error_code=int(r.error),
+                        partition=p.partition,
+                        leader_epoch=r.leader_epoch,
+                        end_offset=r.end_offset,
+                    )
                 )
             except KafkaError as e:
                 parts.append(

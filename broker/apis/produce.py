@@ -17,7 +17,7 @@ from kafka.protocol.producer import ProduceResponse
 
 from broker.errors import ErrorCode
 from broker.network.codec import FileRegion, Request, encode_response
-from broker.replica_manager import AppendResult
+from broker.partition import AppendResult
 
 if TYPE_CHECKING:
     from broker.server import KafkaServer

@@ -336,11 +336,16 @@ def up(name: str = DEFAULT_NAME, n: int = 5, subnet: str | None = None) -> Embed
     wanted = plan(name, n, subnet)
     with st.cluster_lock(name):
         cur = st.load_state(name)
+        if subnet is None and cur is not None:
+            # `up --name x` after `up --name x --subnet y` means the same cluster, not a move
+            wanted = plan(name, n, cur.subnet)
         if (
             cur is not None
             and cur.complete
             and cur.subnet == wanted.subnet
             and [x.name for x in cur.nodes] == [x.name for x in wanted.nodes]
+            and Path(cur.key_file).is_file()
+            and Path(cur.known_hosts).is_file()
             and network.network_ok(cur)
         ):
             # the network is intact: reuse it, restarting any sshd that died

@@ -286,6 +286,7 @@ def test_up_is_idempotent_and_repairs_a_dead_sshd(cluster: EmbeddedCluster) -> N
     assert before is not None
     again = embedded.up(NAME, 3, SUBNET)
     assert again == cluster
+    assert embedded.up(NAME, 3) == cluster  # no subnet given: keep the cluster's own
     assert st.load_state(NAME) == before  # same sshd pids: nothing rebuilt
     embedded.sshd_stop(NAME, "n1")
     assert not embedded.status(NAME, probe_ssh=False).healthy

@@ -141,7 +141,7 @@ def test_cas_semantics() -> None:
 
 
 def test_indeterminate_cas_applies_only_if_it_matches() -> None:
-    base = [
+    base: list[Event] = [
         (0, "invoke", "write", 1),
         (0, "ok", "write", 1),
         (1, "invoke", "cas", [1, 2]),
@@ -153,7 +153,7 @@ def test_indeterminate_cas_applies_only_if_it_matches() -> None:
 
 
 def test_info_write_may_or_may_not_happen_but_once() -> None:
-    base = [
+    base: list[Event] = [
         (0, "invoke", "write", 1),
         (0, "ok", "write", 1),
         (1, "invoke", "write", 2),

@@ -1,0 +1,178 @@
+"""Jepsen EDN and log import, EDN export."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from checkers.formats import FormatError, dump_edn, load_edn, load_jepsen_log
+
+BENCH = Path(__file__).resolve().parents[2] / ".." / "shared" / "bench-data" / "porcupine"
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+EDN = """\
+{:process 0, :type :invoke, :f :append, :key "0", :value "x 0 0 y"}
+{:process 0, :type :ok, :f :append, :key "0", :value "x 0 0 y"}
+
+{:process :nemesis, :type :info, :f :start-partition, :value {:n1 #{:n2 :n3}}}
+{:process 1, :type :invoke, :f :cas, :value [1 2], :time 500}
+{:process 1, :type :fail, :f :cas, :value [1 2], :error :mismatch, :time 400}
+{:process 2, :type :invoke, :f :read, :value nil, :node "n1"}
+{:process 2, :type :fail, :f :read, :value nil, :error :timed-out}
+"""
+
+
+def test_load_edn_converts_to_op_dicts(tmp_path: Path) -> None:
+    ops = load_edn(write(tmp_path, "history.edn", EDN))
+    assert [op["index"] for op in ops] == list(range(7))
+    assert ops[0] == {
+        "index": 0,
+        "time": 0,
+        "process": 0,
+        "type": "invoke",
+        "f": "append",
+        "key": "0",
+        "value": "x 0 0 y",
+    }
+    assert ops[2]["process"] == "nemesis" and ops[2]["f"] == "start-partition"
+    assert ops[2]["value"] == {"n1": ["n2", "n3"]}
+    assert ops[3]["value"] == [1, 2] and ops[3]["time"] == 500
+    # Times never go backwards: a smaller :time is bumped past the previous op.
+    times = [op["time"] for op in ops]
+    assert times == sorted(times) and len(set(times)) == len(times)
+    assert ops[4]["type"] == "fail" and ops[4]["error"] == "mismatch"
+    assert ops[5]["node"] == "n1" and ops[5]["value"] is None
+    # A timed-out read is indeterminate, not failed.
+    assert ops[6]["type"] == "info" and ops[6]["error"] == "timed-out"
+
+
+def test_load_edn_accepts_one_vector(tmp_path: Path) -> None:
+    vector = "[" + EDN + "]"
+    assert load_edn(write(tmp_path, "v.edn", vector)) == load_edn(write(tmp_path, "l.edn", EDN))
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "{:process 0, :type :invoke, :f :read}\n{:process 0 :type\n",
+            r"bad\.edn:2: not valid EDN",
+        ),
+        ("{:process 0, :type :invoke, :f :read}\n\n[1 2]\n", r"bad\.edn:3: expected an op map"),
+        ("{:process 0, :type :invoke}\n", r"bad\.edn:1: op map lacks :f"),
+        ("{:process 0, :type :done, :f :read}\n", r"bad\.edn:1: :type must be one of"),
+        ('{:process "p", :type :ok, :f :read}\n', r"bad\.edn:1: :process must be"),
+        ("{:process 0, :type :ok, :f :read} {:process 1}\n", r"bad\.edn:1: expected exactly one"),
+    ],
+)
+def test_load_edn_malformed_names_the_line(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(FormatError, match=message):
+        load_edn(write(tmp_path, "bad.edn", text))
+
+
+LOG = (
+    "INFO  jepsen.util - 0\t:invoke\t:read\tnil\n"
+    "2017-03-01 10:00:00,123{GMT}\tINFO\t[jepsen worker 1] jepsen.util - 1   :invoke :cas    [1 2]\n"
+    "INFO  jepsen.core - some other logger line, skipped\n"
+    "INFO  jepsen.util - 0\t:ok\t:read\t3\n"
+    "INFO  jepsen.util - 1   :info   :cas    :timed-out\n"
+    "INFO  jepsen.util - 2\t:invoke\t:read\tnil\n"
+    "INFO  jepsen.util - 2\t:fail\t:read\t:timed-out\n"
+    "INFO  jepsen.util - :nemesis\t:info\t:start\tnil\n"
+)
+
+
+def test_load_jepsen_log(tmp_path: Path) -> None:
+    ops = load_jepsen_log(write(tmp_path, "jepsen.log", LOG))
+    assert [(op["process"], op["type"], op["f"]) for op in ops] == [
+        (0, "invoke", "read"),
+        (1, "invoke", "cas"),
+        (0, "ok", "read"),
+        (1, "info", "cas"),
+        (2, "invoke", "read"),
+        (2, "info", "read"),
+        ("nemesis", "info", "start"),
+    ]
+    assert ops[1]["value"] == [1, 2]
+    assert ops[2]["value"] == 3
+    # The keyword in the value column is an error; the value is the invoke's.
+    assert ops[3]["error"] == "timed-out" and ops[3]["value"] == [1, 2]
+    assert ops[5]["error"] == "timed-out" and ops[5]["value"] is None
+    assert [op["index"] for op in ops] == list(range(7))
+    assert [op["time"] for op in ops] == list(range(7))
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("INFO  jepsen.util - 0\t:invoke\n", "expected 'jepsen.util"),
+        ("INFO  jepsen.util - 0\t:started\t:read\tnil\n", "expected 'jepsen.util"),
+        ("INFO  jepsen.util - 0\t:ok\t:read\t[1 2\n", "not valid EDN"),
+    ],
+)
+def test_load_jepsen_log_malformed_names_the_line(tmp_path: Path, line: str, message: str) -> None:
+    path = write(tmp_path, "bad.log", "INFO  jepsen.util - 0\t:invoke\t:read\tnil\n" + line)
+    with pytest.raises(FormatError, match=rf"bad\.log:2: {message}"):
+        load_jepsen_log(path)
+
+
+def test_dump_edn_round_trips(tmp_path: Path) -> None:
+    ops: list[dict[str, Any]] = [
+        {
+            "index": 0,
+            "time": 5,
+            "process": 0,
+            "type": "invoke",
+            "f": "write",
+            "value": 'say "hi"\n',
+        },
+        {"index": 1, "time": 9, "process": 0, "type": "ok", "f": "write", "value": 'say "hi"\n'},
+        {
+            "index": 2,
+            "time": 12,
+            "process": "nemesis",
+            "type": "info",
+            "f": "start-partition",
+            "value": {"n1": ["n2", "n3"]},
+        },
+        {
+            "index": 3,
+            "time": 20,
+            "process": 3,
+            "type": "fail",
+            "f": "cas",
+            "key": "k",
+            "value": [None, 1.5, True],
+            "error": ["not-found", "x"],
+            "node": "n2",
+        },
+    ]
+    path = tmp_path / "out.edn"
+    dump_edn(ops, path)
+    text = path.read_text()
+    assert ":type :invoke" in text and ":process :nemesis" in text and "nil" in text
+    assert load_edn(path) == ops
+
+
+@pytest.mark.skipif(not BENCH.exists(), reason="Porcupine bench data not present")
+def test_bench_kv_file_round_trips(tmp_path: Path) -> None:
+    ops = load_edn(BENCH / "kv" / "c10-bad.txt")
+    assert len(ops) == 810 and {op["f"] for op in ops} == {"get", "put", "append"}
+    dump_edn(ops, tmp_path / "again.edn")
+    assert load_edn(tmp_path / "again.edn") == ops
+
+
+@pytest.mark.skipif(not BENCH.exists(), reason="Porcupine bench data not present")
+def test_bench_etcd_log_loads() -> None:
+    ops = load_jepsen_log(BENCH / "jepsen" / "etcd_000.log")
+    assert len(ops) == 170
+    kinds = {op["type"] for op in ops}
+    assert kinds <= {"invoke", "ok", "fail", "info"} and "info" in kinds

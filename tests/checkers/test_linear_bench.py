@@ -35,6 +35,7 @@ def verdicts(folder: str) -> dict[str, bool]:
 
 ETCD = verdicts("jepsen")
 KV_VERDICTS = verdicts("kv")
+ETCD_NUMBERS: list[str] = sorted(ETCD, key=lambda name: int(name))
 
 
 @cache
@@ -51,7 +52,7 @@ def test_all_etcd_histories_are_covered() -> None:
     assert len(ETCD) == 102 and "95" not in ETCD
 
 
-@pytest.mark.parametrize("number", sorted(ETCD, key=lambda name: int(name)))
+@pytest.mark.parametrize("number", ETCD_NUMBERS)
 def test_etcd_verdict(number: str) -> None:
     result = check(CAS_REGISTER, etcd(number))
     assert result.verdict == ("ok" if ETCD[number] else "illegal")

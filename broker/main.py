@@ -7,5 +7,11 @@ from broker.server import KafkaServer
 
 
 async def run(config: BrokerConfig) -> None:
-    server = KafkaServer(config)
+    server: KafkaServer
+    if config["zookeeper.connect"]:
+        from broker.cluster import ClusterKafkaServer
+
+        server = ClusterKafkaServer(config)
+    else:
+        server = KafkaServer(config)
     await server.run_forever()

@@ -1,0 +1,322 @@
+"""Cluster mode: a KafkaServer coordinated through ZooKeeper (`zookeeper.connect` is set).
+
+What changes from standalone:
+- topics, their assignments and configs live in ZooKeeper (`/brokers/topics`, `/config/topics`);
+  CreateTopics writes them there and waits for the controller to elect leaders; DeleteTopics
+  files `/admin/delete_topics/<t>` for the controller;
+- the broker registers `/brokers/ids/<id>` (ephemeral; re-registered after a session expiry)
+  and runs a `ControllerService`;
+- partition leadership comes from the state znodes, which every broker watches: a change makes the
+  hosted replica leader or follower (`HostedPartition.become`), and also feeds the metadata every
+  broker gives clients (leaders, ISR, offline replicas), so clients fail over by themselves;
+- ISR changes are compare-and-set writes of the state znode (`ZkStateStore`);
+- producer ids come in blocks reserved in `/latest_producer_id_block`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from typing import Any
+
+from kazoo.protocol.states import KazooState
+
+from broker.config import BrokerConfig
+from broker.controller_service import ControllerService
+from broker.errors import ErrorCode, KafkaError
+from broker.partition import HostedPartition
+from broker.replication import LeaderAndIsr, TopicPartition, WriteStateZnode
+from broker.server import KafkaServer, PartitionMetadata
+from broker.topics import TopicInfo, assign_replicas
+from broker.zk_client import KafkaZkClient
+
+log = logging.getLogger(__name__)
+
+
+class ZkStateStore:
+    def __init__(self, zk: KafkaZkClient):
+        self.zk = zk
+
+    async def write_state(self, action: WriteStateZnode) -> tuple[bool, int]:
+        return await asyncio.to_thread(self.zk.write_state, action)
+
+
+class ZkTopicStore:
+    """TopicStore over ZooKeeper, with a local cache kept fresh by watches."""
+
+    def __init__(self, zk: KafkaZkClient):
+        self.zk = zk
+        self.cache: dict[str, TopicInfo] = {}
+
+    def all(self) -> dict[str, TopicInfo]:
+        return dict(self.cache)
+
+    def create(self, info: TopicInfo) -> None:
+        if not self.zk.create_topic(info):
+            raise KafkaError(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {info.name!r} already exists")
+
+    def delete(self, name: str) -> None:
+        self.zk.request_topic_deletion(name)
+
+
+class ClusterKafkaServer(KafkaServer):
+    def __init__(self, config: BrokerConfig):
+        self.zk = KafkaZkClient(config["zookeeper.connect"], config["zookeeper.session.timeout.ms"])
+        super().__init__(config, state_store=ZkStateStore(self.zk))
+        self.topic_store = ZkTopicStore(self.zk)  # type: ignore[assignment]
+        self.controller = ControllerService(
+            self.zk, self.broker_id, config["unclean.leader.election.enable"]
+        )
+        self._brokers: dict[int, tuple[str, int]] = {}
+        self._states: dict[tuple[str, int], LeaderAndIsr] = {}
+        self._watched_topics: set[str] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pid_next = 0
+        self._pid_end = -1
+        self._background: set[asyncio.Future[Any]] = set()
+
+    def _spawn(self, coro: Any) -> None:
+        fut = asyncio.ensure_future(coro)
+        self._background.add(fut)
+        fut.add_done_callback(self._background.discard)
+
+    # ----- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        try:
+            await asyncio.to_thread(self.zk.start)
+        except Exception as e:
+            raise RuntimeError(
+                f"cannot reach ZooKeeper at {self.config['zookeeper.connect']}: {e}"
+            ) from None
+        self.cluster_id = await asyncio.to_thread(self.zk.cluster_id)
+        topics = await asyncio.to_thread(self._read_topics)
+        self.topic_store.cache = topics  # type: ignore[attr-defined]
+        self._topics = dict(topics)
+        self.log_manager.load({n: self.topic_config(n) for n in self._topics})
+        for name, info in self._topics.items():
+            for p, replicas in info.assignment.items():
+                if self.broker_id in replicas:
+                    self._host_partition((name, p))
+        self.log_manager.checkpoint()
+        self.log_manager.start_schedulers()
+        self.replica_manager.start()
+        await self.socket_server.start()
+        host, port = self.config.advertised()
+        if port == 0:
+            port = self.bound_port
+        self._advertised = (host, port)
+        await asyncio.to_thread(self.zk.register_broker, self.broker_id, host, port)
+        self.zk.zk.add_listener(self._on_session_state)
+        self.zk.zk.ChildrenWatch("/brokers/ids", self._on_brokers)
+        self.zk.zk.ChildrenWatch("/brokers/topics", self._on_topics)
+        self.controller.start()
+        log.info("broker %d registered in ZooKeeper as %s:%d", self.broker_id, host, port)
+
+    def _read_topics(self) -> dict[str, TopicInfo]:
+        out = {}
+        for name in self.zk.topics():
+            info = self.zk.topic(name)
+            if info is not None:
+                out[name] = info
+        return out
+
+    async def stop(self) -> None:
+        if self.stopping:
+            return
+        await self.controller.stop()
+        await super().stop()
+        await asyncio.to_thread(self.zk.close)
+
+    # ----- watches (kazoo thread -> loop) ---------------------------------------------------
+
+    def _call(self, fn: Any, *args: Any) -> None:
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(fn, *args)
+
+    def _on_session_state(self, state: KazooState) -> None:
+        if state == KazooState.CONNECTED and self._loop is not None:
+            # After an expired session the ephemeral registration is gone: register again.
+            self._call(lambda: self._spawn(self._reregister()))
+
+    async def _reregister(self) -> None:
+        if self.stopping:
+            return
+        exists = await asyncio.to_thread(self.zk.zk.exists, f"/brokers/ids/{self.broker_id}")
+        if not exists:
+            log.warning(
+                "broker %d: ZooKeeper session was renewed; registering again", self.broker_id
+            )
+            await asyncio.to_thread(self.zk.register_broker, self.broker_id, *self._advertised)
+
+    def _on_brokers(self, children: list[str]) -> None:
+        ids = sorted(int(c) for c in children)
+
+        def lookup() -> dict[int, tuple[str, int]]:
+            out = {}
+            for b in ids:
+                addr = self.zk.broker_address(b)
+                if addr is not None:
+                    out[b] = addr
+            return out
+
+        async def apply() -> None:
+            self._brokers = await asyncio.to_thread(lookup)
+
+        self._call(lambda: self._spawn(apply()))
+
+    def _on_topics(self, children: list[str]) -> bool | None:
+        names = set(children)
+        self._call(self._topics_changed, names)
+        return None
+
+    def _topics_changed(self, names: set[str]) -> None:
+        for gone in [n for n in self._topics if n not in names]:
+            self._remove_topic_locally(gone)
+        for name in names - set(self._topics):
+            self._spawn(self._add_topic_locally(name))
+
+    async def _add_topic_locally(self, name: str) -> None:
+        info = await asyncio.to_thread(self.zk.topic, name)
+        if info is None or name in self._topics:
+            return
+        self._topics[name] = info
+        self.topic_store.cache[name] = info  # type: ignore[attr-defined]
+        for p, replicas in info.assignment.items():
+            if self.broker_id in replicas:
+                self._host_partition((name, p))
+            else:
+                self._watch_state((name, p))
+
+    def _remove_topic_locally(self, name: str) -> None:
+        info = self._topics.pop(name, None)
+        self.topic_store.cache.pop(name, None)  # type: ignore[attr-defined]
+        if info is None:
+            return
+        for p in info.assignment:
+            self._states.pop((name, p), None)
+            self.replica_manager.remove((name, p))
+            self.log_manager.delete((name, p))
+        self.log_manager.checkpoint()
+        log.info("topic %s deleted: removed local partitions", name)
+
+    def _watch_state(self, tp: tuple[str, int]) -> None:
+        path = f"/brokers/topics/{tp[0]}/partitions/{tp[1]}/state"
+
+        def on_change(data: bytes | None, stat: Any) -> bool | None:
+            if tp[0] not in self._topics and data is None:
+                return False  # topic gone: stop watching
+            if data is not None:
+                try:
+                    state = LeaderAndIsr.from_json(data, stat.version)
+                except ValueError as e:
+                    log.error("%s: %s", path, e)
+                    return None
+                self._call(self._state_changed, tp, state)
+            return None
+
+        self.zk.zk.DataWatch(path, on_change)
+
+    def _state_changed(self, tp: tuple[str, int], state: LeaderAndIsr) -> None:
+        old = self._states.get(tp)
+        if old is not None and (old.leader_epoch, old.zk_version) > (
+            state.leader_epoch,
+            state.zk_version,
+        ):
+            return
+        self._states[tp] = state
+        info = self._topics.get(tp[0])
+        if info is None:
+            return
+        self.replica_manager.become(tp, state, info.assignment.get(tp[1], []))
+        self.replica_manager.notifier.notify()
+
+    # ----- KafkaServer overrides ------------------------------------------------------------
+
+    def on_partition_hosted(self, hp: HostedPartition) -> None:
+        self._watch_state(hp.tp)
+
+    def live_brokers(self) -> dict[int, tuple[str, int]]:
+        return dict(self._brokers)
+
+    def controller_id(self) -> int:
+        return self.broker_id if self.controller.is_active else self._cached_controller()
+
+    def _cached_controller(self) -> int:
+        try:
+            return self.zk.controller_id()
+        except Exception:
+            return -1
+
+    def partition_metadata(self, tp: tuple[str, int]) -> PartitionMetadata:
+        st = self._states.get(tp)
+        info = self._topics.get(tp[0])
+        replicas = info.assignment.get(tp[1], []) if info else []
+        if st is None:
+            return PartitionMetadata(-1, -1, replicas, [], list(replicas))
+        offline = [r for r in replicas if r not in self._brokers]
+        leader = st.leader if st.leader in self._brokers else -1
+        return PartitionMetadata(leader, st.leader_epoch, replicas, list(st.isr), offline)
+
+    async def create_topic(
+        self,
+        name: str,
+        num_partitions: int,
+        replication_factor: int,
+        assignment: dict[int, list[int]] | None,
+        config: dict[str, str],
+        validate_only: bool = False,
+    ) -> TopicInfo:
+        existing = await asyncio.to_thread(self.zk.topic, name)
+        if name in self._topics or existing is not None:
+            raise KafkaError(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists")
+        brokers = sorted(self._brokers)
+        if not assignment:
+            if num_partitions == -1:
+                num_partitions = self.config["num.partitions"]
+            if replication_factor == -1:
+                replication_factor = self.config["default.replication.factor"]
+            if num_partitions <= 0:
+                raise KafkaError(ErrorCode.INVALID_PARTITIONS, "number of partitions must be > 0")
+            if replication_factor <= 0 or replication_factor > len(brokers):
+                raise KafkaError(
+                    ErrorCode.INVALID_REPLICATION_FACTOR,
+                    f"replication factor {replication_factor} with {len(brokers)} live broker(s)",
+                )
+            start = uuid.uuid4().int % max(len(brokers), 1)
+            assignment = assign_replicas(num_partitions, replication_factor, brokers, start)
+        info = TopicInfo(name, uuid.uuid4(), assignment, dict(config))
+        if validate_only:
+            return info
+        await asyncio.to_thread(self.topic_store.create, info)
+        # Wait (briefly) until the controller has elected leaders, so the topic is usable.
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if all(self._states.get((name, p)) for p in assignment):
+                break
+            await asyncio.sleep(0.05)
+        log.info("created topic %s: %s", name, assignment)
+        return info
+
+    async def delete_topic(self, name: str) -> None:
+        existing = await asyncio.to_thread(self.zk.topic, name)
+        if name not in self._topics and existing is None:
+            raise KafkaError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"no topic {name!r}")
+        await asyncio.to_thread(self.zk.request_topic_deletion, name)
+        deadline = time.monotonic() + 10
+        while name in self._topics and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+
+    async def allocate_producer_id(self) -> int:
+        if self._pid_next > self._pid_end:
+            start, end = await asyncio.to_thread(self.zk.allocate_producer_id_block, self.broker_id)
+            self._pid_next, self._pid_end = start, end
+        pid = self._pid_next
+        self._pid_next += 1
+        return pid
+
+
+__all__ = ["ClusterKafkaServer", "TopicPartition"]

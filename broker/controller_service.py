@@ -1,0 +1,181 @@
+"""The controller's IO shell: ZooKeeper election and watches around the sans-IO `Controller` core.
+
+Every broker runs one. Election is Kafka's: whoever creates the ephemeral `/controller` znode is the
+controller and bumps `/controller_epoch`; the others watch `/controller` and try again when it goes
+away (the controller died or lost its ZooKeeper session). The active controller feeds the core
+
+- broker membership (children of `/brokers/ids`) -> `on_broker_change` (elections, ISR cleanup),
+- new topics (children of `/brokers/topics`) -> `add_topic` (first partition states),
+- deletion requests (children of `/admin/delete_topics`) -> the topic's znodes are removed,
+
+and executes what it returns: conditional state-znode writes (reporting the outcome back), re-reads
+after a version conflict. `NotifyBrokers` needs no message: brokers watch their partitions' state
+znodes, so a written state is the notification (a documented difference from Kafka's
+LeaderAndIsr request).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from kazoo.protocol.states import KazooState
+
+from broker.controller.controller import (
+    Controller,
+    ControllerAction,
+    NotifyBrokers,
+    ReadStateZnode,
+    WriteAssignmentZnode,
+)
+from broker.replication import LeaderAndIsr, TopicPartition, WriteStateZnode
+from broker.zk_client import KafkaZkClient
+
+log = logging.getLogger(__name__)
+
+
+class ControllerService:
+    def __init__(self, zk: KafkaZkClient, broker_id: int, unclean_leader_election: bool):
+        self.zk = zk
+        self.broker_id = broker_id
+        self.unclean = unclean_leader_election
+        self.core: Controller | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+        self._task: asyncio.Task[None] | None = None
+        self._watching = False
+
+    @property
+    def is_active(self) -> bool:
+        return self.core is not None and not self.core.fenced
+
+    def start(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self._task = asyncio.create_task(self._run())
+        self.zk.zk.DataWatch("/controller", self._on_controller_znode)
+        self.zk.zk.add_listener(self._on_session_state)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    # ----- events from kazoo's thread -------------------------------------------------------
+
+    def _post(self, kind: str, value: Any = None) -> None:
+        if self.loop is not None and not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(self._events.put_nowait, (kind, value))
+
+    def _on_controller_znode(self, data: bytes | None, stat: Any) -> None:
+        self._post("controller-znode", data)
+
+    def _on_session_state(self, state: KazooState) -> None:
+        if state == KazooState.LOST:
+            self._post("session-lost")
+
+    def _watch_cluster(self) -> None:
+        if self._watching:
+            return
+        self._watching = True
+        self.zk.zk.ChildrenWatch("/brokers/ids", lambda c: self._post("brokers", c))
+        self.zk.zk.ChildrenWatch("/brokers/topics", lambda c: self._post("topics", c))
+        self.zk.zk.ChildrenWatch("/admin/delete_topics", lambda c: self._post("deletions", c))
+
+    # ----- the event loop -------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        while True:
+            kind, value = await self._events.get()
+            try:
+                await self._handle(kind, value)
+            except Exception:
+                log.exception("controller: handling %s failed", kind)
+
+    async def _handle(self, kind: str, value: Any) -> None:
+        if kind == "controller-znode":
+            if value is None:
+                await self._elect()
+        elif kind == "session-lost":
+            if self.core is not None:
+                log.warning("controller %d: ZooKeeper session lost; resigning", self.broker_id)
+            self.core = None
+        elif self.core is None:
+            return
+        elif kind == "brokers":
+            live = sorted(int(c) for c in value)
+            log.info("controller: live brokers %s", live)
+            await self._execute(self.core.on_broker_change(live))
+        elif kind == "topics":
+            for name in value:
+                if any(tp.topic == name for tp in self.core.assignments):
+                    continue
+                info = await asyncio.to_thread(self.zk.topic, name)
+                if info is None:
+                    continue
+                log.info("controller: new topic %s %s", name, info.assignment)
+                await self._execute(self.core.add_topic(name, info.assignment))
+        elif kind == "deletions":
+            for name in value:
+                for tp in [tp for tp in self.core.assignments if tp.topic == name]:
+                    self.core.assignments.pop(tp, None)
+                    self.core.states.pop(tp, None)
+                await asyncio.to_thread(self.zk.delete_topic_znodes, name)
+                log.info("controller: deleted topic %s", name)
+
+    async def _elect(self) -> None:
+        epoch = await asyncio.to_thread(self.zk.try_become_controller, self.broker_id)
+        if epoch is None:
+            return
+        log.info("broker %d is now the controller (epoch %d)", self.broker_id, epoch)
+        self.core = Controller(epoch, unclean_leader_election=self.unclean)
+        assignments, states = await asyncio.to_thread(self._read_all)
+        live = await asyncio.to_thread(self.zk.broker_ids)
+        await self._execute(self.core.load(assignments, states, live))
+        self._watch_cluster()
+        # Catch up with deletions requested while nobody was controller.
+        for name in await asyncio.to_thread(self.zk.deletion_requests):
+            await self._handle("deletions", [name])
+
+    def _read_all(
+        self,
+    ) -> tuple[dict[TopicPartition, list[int]], dict[TopicPartition, LeaderAndIsr]]:
+        assignments: dict[TopicPartition, list[int]] = {}
+        states: dict[TopicPartition, LeaderAndIsr] = {}
+        for name in self.zk.topics():
+            info = self.zk.topic(name)
+            if info is None:
+                continue
+            for p, replicas in info.assignment.items():
+                tp = TopicPartition(name, p)
+                assignments[tp] = replicas
+                st = self.zk.partition_state(tp)
+                if st is not None:
+                    states[tp] = st
+        return assignments, states
+
+    async def _execute(self, actions: list[ControllerAction]) -> None:
+        queue = list(actions)
+        while queue and self.core is not None:
+            a = queue.pop(0)
+            if isinstance(a, WriteStateZnode):
+                ok, version = await asyncio.to_thread(self.zk.write_state, a)
+                if ok:
+                    log.info(
+                        "controller: %s leader=%d epoch=%d isr=%s",
+                        a.tp,
+                        a.state.leader,
+                        a.state.leader_epoch,
+                        list(a.state.isr),
+                    )
+                queue += self.core.on_write_result(a.tp, ok, version)
+            elif isinstance(a, ReadStateZnode):
+                st = await asyncio.to_thread(self.zk.partition_state, a.tp)
+                if st is not None:
+                    queue += self.core.on_state_read(a.tp, st)
+            elif isinstance(a, WriteAssignmentZnode):
+                pass  # the topic znode exists already: it is how the controller heard of it
+            elif isinstance(a, NotifyBrokers):
+                pass  # brokers watch the state znode; the write itself notifies them

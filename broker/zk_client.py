@@ -1,0 +1,276 @@
+"""Kafka's ZooKeeper layout, through kazoo (Kafka's KafkaZkClient).
+
+Paths (under an optional chroot, e.g. `zookeeper.connect=zk1:2181,zk2:2181/isrlab`):
+
+    /brokers/ids/<id>                        ephemeral: {"version":5,"host","port","endpoints",...}
+    /controller                              ephemeral: {"version":1,"brokerid":N,"timestamp":..}
+    /controller_epoch                        persistent: "N", bumped by every new controller (CAS)
+    /brokers/topics/<t>                      {"version":3,"topic_id":..,"partitions":{"0":[1,2,3]}}
+    /brokers/topics/<t>/partitions/<p>/state {"controller_epoch","leader","version":1,
+                                              "leader_epoch","isr"}  (CAS on the znode version)
+    /config/topics/<t>                       {"version":1,"config":{...}}  topic config overrides
+    /admin/delete_topics/<t>                 deletion request, acted on by the controller
+    /latest_producer_id_block                {"version":1,"broker":N,"block_start":..,"block_end":..}
+
+kazoo is blocking and calls watches on its own thread; every call here is blocking too, and the
+asyncio shells run them in a thread (`asyncio.to_thread`) and hop watch events back onto their
+loop with `call_soon_threadsafe`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+
+from broker.replication import LeaderAndIsr, TopicPartition, WriteStateZnode
+from broker.topics import TopicInfo
+
+PRODUCER_ID_BLOCK = 1000
+
+
+def parse_connect(connect: str) -> tuple[str, str]:
+    """'h1:2181,h2:2181/chroot' -> ('h1:2181,h2:2181', '/chroot')."""
+    if "/" in connect:
+        hosts, _, chroot = connect.partition("/")
+        return hosts, "/" + chroot.strip("/")
+    return connect, ""
+
+
+class KafkaZkClient:
+    def __init__(self, connect: str, session_timeout_ms: int = 18000):
+        hosts, chroot = parse_connect(connect)
+        if chroot:
+            # Create the chroot itself first (a chrooted client cannot).
+            root = KazooClient(hosts=hosts, timeout=session_timeout_ms / 1000)
+            root.start(timeout=30)
+            root.ensure_path(chroot)
+            root.stop()
+            root.close()
+        self.zk = KazooClient(hosts=hosts + chroot, timeout=session_timeout_ms / 1000)
+
+    def start(self, timeout: float = 30) -> None:
+        self.zk.start(timeout=timeout)
+        for path in ("/brokers/ids", "/brokers/topics", "/config/topics", "/admin/delete_topics"):
+            self.zk.ensure_path(path)
+
+    def close(self) -> None:
+        try:
+            self.zk.stop()
+        finally:
+            self.zk.close()
+
+    def cluster_id(self) -> str:
+        """/cluster/id, created by the first broker (Kafka's layout)."""
+        data = json.dumps({"version": "1", "id": uuid.uuid4().hex[:22]}).encode()
+        try:
+            self.zk.create("/cluster/id", data, makepath=True)
+        except NodeExistsError:
+            pass
+        raw, _ = self.zk.get("/cluster/id")
+        return str(json.loads(raw)["id"])
+
+    # ----- brokers --------------------------------------------------------------------------
+
+    def register_broker(self, broker_id: int, host: str, port: int) -> None:
+        data = {
+            "version": 5,
+            "host": host,
+            "port": port,
+            "endpoints": [f"PLAINTEXT://{host}:{port}"],
+            "listener_security_protocol_map": {"PLAINTEXT": "PLAINTEXT"},
+            "jmx_port": -1,
+            "timestamp": str(int(time.time() * 1000)),
+        }
+        path = f"/brokers/ids/{broker_id}"
+        try:
+            self.zk.create(path, json.dumps(data).encode(), ephemeral=True)
+        except NodeExistsError:
+            # Our own previous session may not have expired yet: wait for it, then retry.
+            deadline = time.monotonic() + self.zk._session_timeout / 1000 + 5
+            while time.monotonic() < deadline:
+                time.sleep(0.5)
+                try:
+                    self.zk.create(path, json.dumps(data).encode(), ephemeral=True)
+                    return
+                except NodeExistsError:
+                    continue
+            raise RuntimeError(
+                f"broker id {broker_id} is already registered in ZooKeeper by a live broker"
+            ) from None
+
+    def broker_ids(self) -> list[int]:
+        return sorted(int(c) for c in self.zk.get_children("/brokers/ids"))
+
+    def broker_address(self, broker_id: int) -> tuple[str, int] | None:
+        try:
+            data, _ = self.zk.get(f"/brokers/ids/{broker_id}")
+        except NoNodeError:
+            return None
+        obj = json.loads(data)
+        return obj["host"], int(obj["port"])
+
+    # ----- controller -----------------------------------------------------------------------
+
+    def try_become_controller(self, broker_id: int) -> int | None:
+        """Create the ephemeral /controller; on success bump /controller_epoch and return it."""
+        data = json.dumps(
+            {"version": 1, "brokerid": broker_id, "timestamp": str(int(time.time() * 1000))}
+        )
+        try:
+            self.zk.create("/controller", data.encode(), ephemeral=True)
+        except NodeExistsError:
+            return None
+        while True:
+            try:
+                raw, stat = self.zk.get("/controller_epoch")
+                epoch = int(raw) + 1
+                self.zk.set("/controller_epoch", str(epoch).encode(), version=stat.version)
+                return epoch
+            except NoNodeError:
+                try:
+                    self.zk.create("/controller_epoch", b"1")
+                    return 1
+                except NodeExistsError:
+                    continue
+            except BadVersionError:
+                continue
+
+    def controller_id(self) -> int:
+        try:
+            data, _ = self.zk.get("/controller")
+        except NoNodeError:
+            return -1
+        return int(json.loads(data)["brokerid"])
+
+    # ----- topics ---------------------------------------------------------------------------
+
+    def topics(self) -> list[str]:
+        return sorted(self.zk.get_children("/brokers/topics"))
+
+    def topic(self, name: str) -> TopicInfo | None:
+        try:
+            data, _ = self.zk.get(f"/brokers/topics/{name}")
+        except NoNodeError:
+            return None
+        obj = json.loads(data)
+        config: dict[str, Any] = {}
+        try:
+            cdata, _ = self.zk.get(f"/config/topics/{name}")
+            config = json.loads(cdata).get("config", {})
+        except NoNodeError:
+            pass
+        return TopicInfo(
+            name=name,
+            topic_id=uuid.UUID(obj["topic_id"])
+            if obj.get("topic_id")
+            else uuid.uuid5(uuid.NAMESPACE_URL, name),
+            assignment={int(p): [int(b) for b in r] for p, r in obj["partitions"].items()},
+            config=config,
+        )
+
+    def create_topic(self, info: TopicInfo) -> bool:
+        """Write config then assignment (the controller reacts to the assignment). False if
+        the topic exists."""
+        self.zk.ensure_path("/config/topics")
+        cfg = json.dumps({"version": 1, "config": info.config}).encode()
+        try:
+            self.zk.create(f"/config/topics/{info.name}", cfg)
+        except NodeExistsError:
+            self.zk.set(f"/config/topics/{info.name}", cfg)
+        data = json.dumps(
+            {
+                "version": 3,
+                "topic_id": str(info.topic_id),
+                "partitions": {str(p): r for p, r in sorted(info.assignment.items())},
+                "adding_replicas": {},
+                "removing_replicas": {},
+            }
+        ).encode()
+        try:
+            self.zk.create(f"/brokers/topics/{info.name}", data)
+        except NodeExistsError:
+            return False
+        return True
+
+    def request_topic_deletion(self, name: str) -> None:
+        try:
+            self.zk.create(f"/admin/delete_topics/{name}", b"", makepath=True)
+        except NodeExistsError:
+            pass
+
+    def delete_topic_znodes(self, name: str) -> None:
+        for path in (f"/brokers/topics/{name}", f"/config/topics/{name}"):
+            try:
+                self.zk.delete(path, recursive=True)
+            except NoNodeError:
+                pass
+        try:
+            self.zk.delete(f"/admin/delete_topics/{name}")
+        except NoNodeError:
+            pass
+
+    def deletion_requests(self) -> list[str]:
+        return sorted(self.zk.get_children("/admin/delete_topics"))
+
+    # ----- partition state ------------------------------------------------------------------
+
+    def partition_state(self, tp: TopicPartition) -> LeaderAndIsr | None:
+        try:
+            data, stat = self.zk.get(f"/brokers/topics/{tp.topic}/partitions/{tp.partition}/state")
+        except NoNodeError:
+            return None
+        return LeaderAndIsr.from_json(data, stat.version)
+
+    def write_state(self, action: WriteStateZnode) -> tuple[bool, int]:
+        """Compare-and-set of a partition state znode; (ok, new or current version)."""
+        try:
+            if action.expected_version is None or action.expected_version < 0:
+                self.zk.create(action.path, action.data, makepath=True)
+                return True, 0
+            stat = self.zk.set(action.path, action.data, version=action.expected_version)
+            return True, stat.version
+        except (BadVersionError, NodeExistsError):
+            try:
+                _, stat = self.zk.get(action.path)
+                return False, stat.version
+            except NoNodeError:
+                return False, -1
+        except NoNodeError:
+            return False, -1
+
+    # ----- producer ids ---------------------------------------------------------------------
+
+    def allocate_producer_id_block(self, broker_id: int) -> tuple[int, int]:
+        """Reserve the next block of producer ids by compare-and-set, as Kafka does."""
+        path = "/latest_producer_id_block"
+        while True:
+            try:
+                data, stat = self.zk.get(path)
+                start = json.loads(data)["block_end"] + 1
+                block = {
+                    "version": 1,
+                    "broker": broker_id,
+                    "block_start": start,
+                    "block_end": start + PRODUCER_ID_BLOCK - 1,
+                }
+                self.zk.set(path, json.dumps(block).encode(), version=stat.version)
+                return start, start + PRODUCER_ID_BLOCK - 1
+            except NoNodeError:
+                block = {
+                    "version": 1,
+                    "broker": broker_id,
+                    "block_start": 0,
+                    "block_end": PRODUCER_ID_BLOCK - 1,
+                }
+                try:
+                    self.zk.create(path, json.dumps(block).encode())
+                    return 0, PRODUCER_ID_BLOCK - 1
+                except NodeExistsError:
+                    continue
+            except BadVersionError:
+                continue

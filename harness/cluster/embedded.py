@@ -63,7 +63,7 @@ from typing import Any
 from harness.cluster import network, sshd
 from harness.cluster import state as st
 from harness.cluster.network import ClusterError
-from harness.control import ConnectionPool, Node, Remote, SshOptions
+from harness.control import ConnectionPool, Inventory, Node, Remote, SshOptions
 
 DEFAULT_NAME = "default"
 DEFAULT_SUBNET = "10.77.0.0/24"
@@ -139,10 +139,6 @@ def libfaketime_path() -> str | None:
 
 
 # --------------------------------------------------------------------------------------------
-# Shell helpers
-
-
-# --------------------------------------------------------------------------------------------
 # The cluster as the harness sees it
 
 
@@ -176,6 +172,11 @@ class EmbeddedCluster:
 
     def remote(self, name: str, pool: ConnectionPool | None = None) -> Remote:
         return Remote(self.node(name), self.ssh, pool)
+
+    @property
+    def inventory(self) -> Inventory:
+        """The same shape ``control.load_inventory`` gives for real hosts."""
+        return Inventory(list(self.nodes), self.ssh)
 
     @classmethod
     def from_state(cls, s: st.ClusterState) -> EmbeddedCluster:
@@ -300,7 +301,7 @@ class NodeHealth:
 def _node_health(s: st.ClusterState, n: st.NodeState, probe_ssh: bool) -> NodeHealth:
     netns_ok = network.netns_exists(n.netns)
     link_ok = network.link_exists(n.veth_host)
-    sshd_up = bool(n.sshd_pid) and network.pid_in_netns(n.sshd_pid or 0, n.netns)
+    sshd_up = sshd.sshd_alive(n)
     port_open = sshd_up and network.tcp_banner(n.address)
     ssh_ok: bool | None = None
     if probe_ssh:
@@ -350,7 +351,7 @@ def up(name: str = DEFAULT_NAME, n: int = 5, subnet: str | None = None) -> Embed
         ):
             # the network is intact: reuse it, restarting any sshd that died
             for node in cur.nodes:
-                if not (node.sshd_pid and network.pid_in_netns(node.sshd_pid, node.netns)):
+                if not sshd.sshd_alive(node):
                     sshd.start_sshd(cur, node.name)
             for node in cur.nodes:
                 if not network.wait_banner(node.address):

@@ -35,6 +35,7 @@ class ClusterError(Exception):
 def run(
     args: Sequence[str], *, check: bool = True, timeout: float = 30.0
 ) -> subprocess.CompletedProcess[str]:
+    """Run a host command (sbin dirs on PATH); ClusterError with its stderr if it fails."""
     env = dict(os.environ, PATH=os.environ.get("PATH", "") + ":" + SBIN_PATH)
     try:
         res = subprocess.run(
@@ -79,6 +80,7 @@ def pid_in_netns(pid: int, ns: str) -> bool:
 
 
 def netns_pids(ns: str) -> list[int]:
+    """Pids of the processes inside namespace ``ns`` (the nodes share the host's pid space)."""
     if not netns_exists(ns):
         return []
     res = run(["ip", "netns", "pids", ns], check=False)
@@ -105,6 +107,7 @@ def wait_banner(address: str, timeout: float = 10.0) -> bool:
 
 
 def hosts_file(s: st.ClusterState, me: st.NodeState) -> str:
+    """The /etc/hosts a node sees: every node by name, and the host as ``isrlab-host``."""
     lines = [
         "127.0.0.1\tlocalhost",
         "::1\tlocalhost ip6-localhost ip6-loopback",
@@ -115,6 +118,7 @@ def hosts_file(s: st.ClusterState, me: st.NodeState) -> str:
 
 
 def check_conflicts(p: st.ClusterState) -> None:
+    """ClusterError if ``p``'s subnet overlaps another cluster's or a host interface's."""
     net = ipaddress.ip_network(p.subnet)
     for other in st.all_states():
         if other.name != p.name and ipaddress.ip_network(other.subnet).overlaps(net):
@@ -135,6 +139,7 @@ def check_conflicts(p: st.ClusterState) -> None:
 
 
 def build_network(s: st.ClusterState) -> None:
+    """Create (or complete) the bridge, rules, namespaces and veths of ``s``."""
     prefix = ipaddress.ip_network(s.subnet).prefixlen
     if not link_exists(s.bridge):
         run(["ip", "link", "add", s.bridge, "type", "bridge"])
@@ -159,12 +164,19 @@ def build_network(s: st.ClusterState) -> None:
 
 
 def network_ok(s: st.ClusterState) -> bool:
+    """Bridge, rules, namespaces, veths and node addresses are all in place."""
     if not link_exists(s.bridge):
         return False
     for rule in s.iptables:
         if run(["iptables", "-w", "-C", *rule], check=False).returncode != 0:
             return False
-    return all(netns_exists(n.netns) and link_exists(n.veth_host) for n in s.nodes)
+    for n in s.nodes:
+        if not (netns_exists(n.netns) and link_exists(n.veth_host)):
+            return False
+        addrs = run(["ip", "-n", n.netns, "-4", "-o", "addr", "show", "dev", "eth0"], check=False)
+        if f" {n.address}/" not in addrs.stdout:
+            return False
+    return True
 
 
 def kill_netns_processes(namespaces: Sequence[str]) -> list[int]:

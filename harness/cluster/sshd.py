@@ -18,12 +18,13 @@ from pathlib import Path
 
 from harness.cluster import state as st
 from harness.cluster.keys import generate_keypair, known_hosts_lines
-from harness.cluster.network import ClusterError, hosts_file, pid_in_netns, run
+from harness.cluster.network import ClusterError, hosts_file, netns_pids, pid_in_netns, run
 
 SSHD = "/usr/sbin/sshd"
 
 
 def sshd_config(s: st.ClusterState, n: st.NodeState, host_key: str) -> str:
+    """The sshd_config of node ``n``: key-only root login on its address, port 22."""
     return "\n".join(
         [
             f"# isrlab embedded cluster {s.name}, node {n.name}",
@@ -58,6 +59,8 @@ def sshd_config(s: st.ClusterState, n: st.NodeState, host_key: str) -> str:
 
 
 def write_ssh_files(s: st.ClusterState) -> None:
+    """Fresh client and host keys, authorized_keys, known_hosts and sshd configs; also each
+    node's /etc/netns hosts file and working directory, which sshd sessions rely on."""
     run_dir = Path(s.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(run_dir, 0o700)
@@ -77,11 +80,22 @@ def write_ssh_files(s: st.ClusterState) -> None:
     Path(s.known_hosts).write_text(known_hosts_lines(entries))
 
 
+def sshd_alive(n: st.NodeState) -> bool:
+    """The recorded sshd of ``n`` runs in ``n``'s namespace (and is ours, not a reused pid)."""
+    pid = n.sshd_pid
+    return bool(pid) and pid_in_netns(pid or 0, n.netns) and is_our_sshd(pid or 0, n.sshd_config)
+
+
 def start_sshd(s: st.ClusterState, node: str) -> int:
     """(Re)start sshd on ``node``; returns its pid. Records it in the state file."""
     n = next(x for x in s.nodes if x.name == node)
-    if n.sshd_pid and pid_in_netns(n.sshd_pid, n.netns):
+    if n.sshd_pid and sshd_alive(n):
         return n.sshd_pid
+    # a listener we lost track of (pid file rewritten, state restored) would hold the port
+    for pid in netns_pids(n.netns):
+        if is_our_sshd(pid, n.sshd_config):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
     # sshd refuses to start without its privilege-separation directory
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
     with contextlib.suppress(FileNotFoundError):
@@ -107,7 +121,7 @@ def start_sshd(s: st.ClusterState, node: str) -> int:
 def stop_sshd(s: st.ClusterState, node: str) -> None:
     """Kill the listening sshd of ``node`` (its open sessions live on, as with a real sshd)."""
     n = next(x for x in s.nodes if x.name == node)
-    if n.sshd_pid and pid_in_netns(n.sshd_pid, n.netns):
+    if n.sshd_pid and sshd_alive(n):
         os.kill(n.sshd_pid, signal.SIGKILL)
         deadline = time.monotonic() + 5
         while pid_in_netns(n.sshd_pid, n.netns) and time.monotonic() < deadline:
@@ -117,6 +131,7 @@ def stop_sshd(s: st.ClusterState, node: str) -> None:
 
 
 def read_pid(path: str) -> int | None:
+    """The pid in a pid file, or None."""
     try:
         return int(Path(path).read_text().strip())
     except (OSError, ValueError):
@@ -124,11 +139,13 @@ def read_pid(path: str) -> int | None:
 
 
 def is_our_sshd(pid: int, config: str) -> bool:
+    """``pid`` is an sshd started with config file ``config``."""
     try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        # sshd rewrites its title to "sshd: /usr/sbin/sshd -f <config> ... [listener] ..."
+        words = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").split()
     except OSError:
         return False
-    return config.encode() in cmdline
+    return config.encode() in words
 
 
 def kill_recorded_sshd(s: st.ClusterState) -> list[int]:

@@ -296,6 +296,13 @@ def test_up_is_idempotent_and_repairs_a_dead_sshd(cluster: EmbeddedCluster) -> N
     after = st.load_state(NAME)
     assert after is not None and after.nodes[1].sshd_pid == before.nodes[1].sshd_pid
     assert s.libfaketime is not None and s.libfaketime.endswith("libfaketime.so.1")
+    # a state file that lost track of a live sshd (pid 1 is never ours): up restarts it
+    lost = st.load_state(NAME)
+    assert lost is not None
+    lost.nodes[2].sshd_pid = 1
+    st.save_state(lost)
+    embedded.up(NAME, 3, SUBNET)
+    assert embedded.status(NAME).healthy
 
 
 # ---------------------------------------------------------------------------------- lifecycle

@@ -195,6 +195,8 @@ def load_history(path: Path) -> list[dict[str, Any]]:
         # One C call for the whole file is several times faster than a call per line.
         with gc_paused():
             ops = orjson.loads(b"[" + b",".join(lines) + b"]")
+            if len(ops) == len(lines):
+                validate(ops)
     except orjson.JSONDecodeError:
         for lineno, raw in enumerate(lines, 1):
             _parse_line(raw, lineno)
@@ -206,7 +208,6 @@ def load_history(path: Path) -> list[dict[str, Any]]:
             if type(op) is not dict:
                 raise HistoryError(f"expected one JSON object, got {type(op).__name__}", lineno)
         raise HistoryError("line count does not match the number of JSON values")
-    validate(ops)
     return ops  # type: ignore[no-any-return]
 
 

@@ -27,8 +27,9 @@ found by breadth-first search over (node, kinds used) states.
 
 from __future__ import annotations
 
+import heapq
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import chain
 from typing import Any
 
@@ -43,6 +44,7 @@ __all__ = [
     "DepGraph",
     "find_cycles",
     "kind_name",
+    "peel_with_realtime",
     "realtime_chain",
     "trim",
 ]
@@ -123,6 +125,53 @@ def realtime_chain(events: Iterable[tuple[int, bool]], start: int = -1) -> list[
             append((last, node))
             fresh = True
     return edges
+
+
+def peel_with_realtime(
+    succ: Mapping[int, Iterable[int]], nodes: Sequence[tuple[int, int, bool]]
+) -> set[int]:
+    """Kahn's peeling of `succ` plus implicit realtime edges; returns the unpeeled nodes.
+
+    `nodes` are (node, invoke position, completion certain) with node = completion
+    position, in increasing node order; A precedes B in real time when A's completion is
+    certain and A < B's invoke position. Realtime edges are never built: a node becomes
+    ready once its explicit in-edges are gone and every certain node that completed
+    before its invoke has been peeled. An empty result means the union is acyclic; any
+    cycle's nodes (and everything after them) remain.
+    """
+    indeg = Counter(chain.from_iterable(succ.values()))
+    inv_of = {n: inv for n, inv, _c in nodes}
+    certain = [n for n, _inv, c in nodes if c]
+    peeled: set[int] = set()
+    j = 0  # certain[j] is the earliest certain node not yet peeled
+    limit = certain[0] if certain else None
+    ready: list[int] = []
+    waiting: list[tuple[int, int]] = []  # (invoke position, node), explicit in-degree 0
+    for n, inv, _c in nodes:
+        if n not in indeg:
+            if limit is None or inv < limit:
+                ready.append(n)
+            else:
+                waiting.append((inv, n))
+    heapq.heapify(waiting)
+    while ready:
+        n = ready.pop()
+        peeled.add(n)
+        for b in succ.get(n, ()):
+            d = indeg[b] - 1
+            indeg[b] = d
+            if d == 0:
+                if limit is None or inv_of[b] < limit:
+                    ready.append(b)
+                else:
+                    heapq.heappush(waiting, (inv_of[b], b))
+        if n == limit:
+            while j < len(certain) and certain[j] in peeled:
+                j += 1
+            limit = certain[j] if j < len(certain) else None
+            while waiting and (limit is None or waiting[0][0] < limit):
+                ready.append(heapq.heappop(waiting)[1])
+    return {n for n, _inv, _c in nodes if n not in peeled}
 
 
 def trim(succ: Mapping[int, Iterable[int]]) -> set[int]:

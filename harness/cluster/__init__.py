@@ -3,7 +3,9 @@
 Public API (see ``harness.cluster.embedded`` for the full spec):
 ``up(name, n, subnet) -> EmbeddedCluster``, ``down(name) -> list[str]``,
 ``status(name) -> ClusterStatus``, ``get(name) -> EmbeddedCluster``,
-``embedded_cluster(n, name)`` (context manager), ``ClusterError``; the CLI is ``cli.app``.
+``embedded_cluster(n, name)`` (context manager), ``plan(name, n, subnet)`` (names and addresses
+without creating anything), ``sshd_stop`` / ``sshd_start`` (a node's listener, for faults),
+``libfaketime_path()``, ``ClusterError``; the CLI is ``cli.app``.
 """
 
 from harness.cluster.embedded import (
@@ -15,6 +17,9 @@ from harness.cluster.embedded import (
     embedded_cluster,
     get,
     libfaketime_path,
+    plan,
+    sshd_start,
+    sshd_stop,
     status,
     up,
 )
@@ -28,6 +33,9 @@ __all__ = [
     "embedded_cluster",
     "get",
     "libfaketime_path",
+    "plan",
+    "sshd_start",
+    "sshd_stop",
     "status",
     "up",
 ]

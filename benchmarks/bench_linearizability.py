@@ -1,0 +1,175 @@
+"""Benchmark: the linearizability checker against Porcupine on Porcupine's own bench histories.
+
+Suites (shared/bench-data/porcupine beside the repository):
+
+- etcd: the 102 Jepsen etcd logs with a verdict, cas-register model;
+- kv: the six kv histories, kv model partitioned by key;
+- kv-unpartitioned: the two 10-client kv histories with one state over all keys.
+
+Every verdict is checked against verdicts.txt while timing.  Times are for checking only
+(parsing is reported apart), each history's best of ``--repeat`` runs, summed per suite.
+Porcupine is measured in the same run when Go and a copy of its repository are available
+(``go test -c`` of the repository's own benchmarks, ``-test.benchtime 1x``, best of
+``--repeat``); otherwise the figures from the bench data's README are printed, labelled so.
+
+    .venv/bin/python benchmarks/bench_linearizability.py [--repeat 3] [--no-go]
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from checkers.formats import load_edn, load_jepsen_log  # noqa: E402
+from checkers.linear import CAS_REGISTER, KV, KV_UNPARTITIONED, Model, check  # noqa: E402
+
+BENCH = ROOT / ".." / "shared" / "bench-data" / "porcupine"
+PORCUPINE_MIRROR = ROOT / ".." / ".mirror" / "anishathalye+porcupine" / "repo"
+README_FIGURES = {"etcd": 0.65, "kv": 0.4, "kv-unpartitioned": 6.0}
+
+# Which of Porcupine's Go benchmarks make up each suite.
+GO_SUITES = {
+    "etcd": re.compile(r"^BenchmarkEtcdJepsen\d+$"),
+    "kv": re.compile(r"^BenchmarkKv(1Client|10Clients|50Clients)(Ok|Bad)$"),
+    "kv-unpartitioned": re.compile(r"^BenchmarkKvNoPartition10Clients(Ok|Bad)$"),
+}
+
+
+def verdicts(folder: str) -> dict[str, bool]:
+    found = {}
+    for line in (BENCH / folder / "verdicts.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, verdict = line.split()
+            found[name] = verdict == "true"
+    return found
+
+
+def time_suite(
+    model: Model, histories: dict[str, tuple[list[dict[str, Any]], bool]], repeat: int
+) -> float:
+    total = 0.0
+    for name, (ops, expected) in histories.items():
+        best = float("inf")
+        for _ in range(repeat):
+            started = time.perf_counter()
+            result = check(model, ops)
+            best = min(best, time.perf_counter() - started)
+            want = "ok" if expected else "illegal"
+            if result.verdict != want:
+                raise SystemExit(f"verdict mismatch on {name}: {result.verdict}, expected {want}")
+        total += best
+    return total
+
+
+def porcupine_times(repeat: int) -> dict[str, float] | None:
+    """Porcupine's own Go benchmarks, per suite, or None when Go or the repo is missing."""
+    go = shutil.which("go")
+    if go is None or not PORCUPINE_MIRROR.exists():
+        return None
+    with tempfile.TemporaryDirectory(prefix="porcupine-") as tmp:
+        archive = subprocess.run(
+            ["git", "--git-dir", str(PORCUPINE_MIRROR), "archive", "HEAD"],
+            check=True,
+            capture_output=True,
+        )
+        subprocess.run(["tar", "x", "-C", tmp], input=archive.stdout, check=True)
+        env_flags = {"GOFLAGS": "-mod=mod", "GOPROXY": "off"}
+        import os
+
+        env = {**os.environ, **env_flags}
+        subprocess.run([go, "test", "-c", "-o", "porc.test", "."], cwd=tmp, env=env, check=True)
+        output = subprocess.run(
+            [
+                "./porc.test",
+                "-test.run",
+                "^$",
+                "-test.bench",
+                "^Benchmark(EtcdJepsen|Kv)",
+                "-test.benchtime",
+                "1x",
+                "-test.count",
+                str(repeat),
+            ],
+            cwd=tmp,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+    best: dict[str, float] = {}
+    for line in output.splitlines():
+        found = re.match(r"^(Benchmark\S+?)(-\d+)?\s+\d+\s+(\d+) ns/op", line)
+        if found:
+            name, ns = found[1], int(found[3])
+            best[name] = min(best.get(name, float("inf")), ns / 1e9)
+    return {
+        suite: sum(t for name, t in best.items() if pattern.match(name))
+        for suite, pattern in GO_SUITES.items()
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeat", type=int, default=3, help="runs per history (best counts)")
+    parser.add_argument("--no-go", action="store_true", help="do not build/run Porcupine")
+    args = parser.parse_args()
+    if not BENCH.exists():
+        raise SystemExit(f"bench data not found at {BENCH.resolve()}")
+
+    started = time.perf_counter()
+    etcd_verdicts = verdicts("jepsen")
+    etcd = {
+        n: (load_jepsen_log(BENCH / "jepsen" / f"etcd_{int(n):03d}.log"), v)
+        for n, v in etcd_verdicts.items()
+    }
+    kv_verdicts = verdicts("kv")
+    kv = {name: (load_edn(BENCH / "kv" / f"{name}.txt"), v) for name, v in kv_verdicts.items()}
+    parse_s = time.perf_counter() - started
+    print(f"parsed {len(etcd)} etcd logs and {len(kv)} kv histories in {parse_s:.2f} s")
+
+    suites: list[tuple[str, str, Callable[[], float]]] = [
+        (
+            "etcd",
+            "102 jepsen etcd logs, cas-register",
+            lambda: time_suite(CAS_REGISTER, etcd, args.repeat),
+        ),
+        ("kv", "6 kv histories, partitioned by key", lambda: time_suite(KV, kv, args.repeat)),
+        (
+            "kv-unpartitioned",
+            "c10-ok + c10-bad, one state for all keys",
+            lambda: time_suite(
+                KV_UNPARTITIONED, {n: kv[n] for n in ("c10-ok", "c10-bad")}, args.repeat
+            ),
+        ),
+    ]
+    ours = {}
+    for suite, _label, run in suites:
+        ours[suite] = run()
+        print(f"  isrlab {suite}: {ours[suite]:.3f} s", flush=True)
+
+    go = None if args.no_go else porcupine_times(args.repeat)
+    source = "Porcupine (Go), measured now" if go else "Porcupine (Go), README figures"
+    theirs = go or README_FIGURES
+    print()
+    print(f"{'suite':<18}{'histories':<42}{'isrlab s':>10}{'Porcupine s':>13}{'ratio':>8}")
+    for suite, label, _run in suites:
+        ratio = ours[suite] / theirs[suite] if theirs[suite] else float("nan")
+        print(f"{suite:<18}{label:<42}{ours[suite]:>10.3f}{theirs[suite]:>13.3f}{ratio:>8.2f}")
+    print(
+        f"(ratio = isrlab / Porcupine; below 1 is faster.  Porcupine column: {source}; "
+        f"best of {args.repeat} per history; all verdicts agree with verdicts.txt)"
+    )
+
+
+if __name__ == "__main__":
+    main()

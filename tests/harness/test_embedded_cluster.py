@@ -232,6 +232,29 @@ def test_daemon_that_dies_at_once_reports_its_log(
     assert "cannot bind port" in str(ei.value)
 
 
+def test_host_key_policies(cluster: EmbeddedCluster, tmp_path: Path) -> None:
+    node = cluster.node("n1")
+    learned = tmp_path / "known_hosts"
+    accept_new = SshOptions(host_key_policy="accept-new", known_hosts=str(learned))
+    assert Remote(node, accept_new, ConnectionPool()).exec("hostname").stdout == "n1\n"
+    assert node.host in learned.read_text()  # remembered on first contact
+    strict = SshOptions(host_key_policy="strict", known_hosts=str(learned))
+    assert Remote(node, strict, ConnectionPool()).exec("true").ok
+
+    # n2's key filed under n1's address: a changed host key is refused by every policy
+    n2_key = Path(cluster.known_hosts).read_text().splitlines()[1].split(None, 1)[1]
+    learned.write_text(f"{node.host} {n2_key}\n")
+    for policy in ("strict", "accept-new", "warn"):
+        opts = SshOptions(host_key_policy=policy, known_hosts=str(learned))  # type: ignore[arg-type]
+        with pytest.raises(SshConnectError, match="host key mismatch"):
+            Remote(node, opts, ConnectionPool()).exec("true")
+    unknown = tmp_path / "empty_known_hosts"
+    unknown.write_text("")
+    opts = SshOptions(host_key_policy="strict", known_hosts=str(unknown))
+    with pytest.raises(SshConnectError, match="unknown host key"):
+        Remote(node, opts, ConnectionPool()).exec("true")
+
+
 def test_retries_while_sshd_is_briefly_down(cluster: EmbeddedCluster) -> None:
     node = cluster.node("n2")
     quick = SshOptions(host_key_policy="strict", known_hosts=cluster.known_hosts, connect_retries=0)

@@ -438,6 +438,26 @@ class ConnectionPool:
             c.close()
 
 
+_KNOWN_HOSTS_LOCK = threading.Lock()
+
+
+def _remember_host_key(path: str, node: Node, key: paramiko.PKey) -> None:
+    """Append ``node``'s key to known_hosts unless already there.
+
+    Appending under a lock (not ``SSHClient.save_host_keys``, which rewrites the file from one
+    client's view) keeps the keys of nodes that connected at the same time in other threads.
+    """
+    host = node.host if node.port == 22 else f"[{node.host}]:{node.port}"
+    with _KNOWN_HOSTS_LOCK:
+        known = paramiko.HostKeys()
+        if os.path.exists(path):
+            known.load(path)
+        if known.lookup(host) is not None:
+            return
+        with open(path, "a") as f:
+            f.write(f"{host} {key.get_name()} {key.get_base64()}\n")
+
+
 def _connect(node: Node, ssh: SshOptions) -> paramiko.SSHClient:
     delay = ssh.backoff_initial
     last: BaseException | None = None
@@ -450,7 +470,7 @@ def _connect(node: Node, ssh: SshOptions) -> paramiko.SSHClient:
                 raise SshConnectError(node, "host_key_policy=strict needs a known_hosts file")
             client.set_missing_host_key_policy(paramiko.RejectPolicy())
         elif ssh.host_key_policy == "accept-new":
-            # AutoAddPolicy adds to the client's host keys; save_host_keys below persists them
+            # AutoAddPolicy accepts; _remember_host_key below appends the key to known_hosts
             client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
         else:
             client.set_missing_host_key_policy(_WarnAndAccept())
@@ -502,9 +522,9 @@ def _connect(node: Node, ssh: SshOptions) -> paramiko.SSHClient:
                 # channel-close: a 40 ms delayed-ACK stall on every command
                 with contextlib.suppress(OSError, AttributeError):
                     transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # type: ignore[union-attr]
-            if ssh.host_key_policy == "accept-new" and ssh.known_hosts:
+            if ssh.host_key_policy == "accept-new" and ssh.known_hosts and transport is not None:
                 with contextlib.suppress(OSError):
-                    client.save_host_keys(ssh.known_hosts)
+                    _remember_host_key(ssh.known_hosts, node, transport.get_remote_server_key())
             return client
         if attempt < ssh.connect_retries:
             log.debug("%s: transient SSH error (%s), retrying in %.2fs", node.name, last, delay)

@@ -238,6 +238,11 @@ def test_host_key_policies(cluster: EmbeddedCluster, tmp_path: Path) -> None:
     accept_new = SshOptions(host_key_policy="accept-new", known_hosts=str(learned))
     assert Remote(node, accept_new, ConnectionPool()).exec("hostname").stdout == "n1\n"
     assert node.host in learned.read_text()  # remembered on first contact
+    # all nodes at once, from parallel threads: every key is kept
+    on_nodes(list(cluster.nodes), lambda r: r.exec("true"), ssh=accept_new, pool=ConnectionPool())
+    assert sorted(line.split()[0] for line in learned.read_text().splitlines()) == sorted(
+        n.host for n in cluster.nodes
+    )
     strict = SshOptions(host_key_policy="strict", known_hosts=str(learned))
     assert Remote(node, strict, ConnectionPool()).exec("true").ok
 

@@ -16,9 +16,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 from harness.cluster import embedded, embedded_cluster, network, sshd
 from harness.cluster import state as st
+from harness.cluster.cli import app
 from harness.cluster.embedded import EmbeddedCluster
 from harness.control import (
     ConnectionLost,
@@ -465,3 +467,19 @@ def test_subnet_clash_is_refused_and_leaves_nothing(cluster: EmbeddedCluster) ->
         embedded.up("itest-clash", 1, SUBNET)
     assert leftovers("itest-clash", SUBNET) == []
     assert embedded.status(NAME, probe_ssh=False).healthy
+
+
+def test_cli_up_status_down() -> None:
+    runner = CliRunner()
+    res = runner.invoke(app, ["up", "--nodes", "2", "--name", LIFE, "--subnet", LIFE_NET])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["status", "--name", LIFE])
+    assert res.exit_code == 0, res.output
+    assert "isrlab-itest-life-n2" in res.output and "10.77.202.12" in res.output
+    assert "healthy" in res.output and "libfaketime" in res.output
+    res = runner.invoke(app, ["down", "--name", LIFE])
+    assert res.exit_code == 0 and "removed" in res.output
+    assert leftovers(LIFE, LIFE_NET) == []
+    res = runner.invoke(app, ["status", "--name", LIFE])
+    assert res.exit_code == 1 and "not up" in res.output
+    assert "nothing to remove" in runner.invoke(app, ["down", "--name", LIFE]).output

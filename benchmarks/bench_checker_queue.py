@@ -7,7 +7,8 @@ plus `check_queue`. Prints a markdown table row with ops/s (ops = history lines)
 
     python benchmarks/bench_checker_queue.py [--ops N] [--keep PATH] [--header]
 
-Targets: load+check >= 250,000 ops/s on one core, check time <= 2x load time.
+Targets: load+check >= 250,000 ops/s on one core, check time <= 2x load time. Wall and
+CPU (process) times are both printed: on a shared machine CPU time is the honest one.
 """
 
 from __future__ import annotations
@@ -58,35 +59,45 @@ def main() -> None:
         del ops
         gc.collect()
 
-        load_s = check_s = float("inf")
+        # Best of N; CPU time too, since wall time on a shared machine measures neighbours.
+        load_s = check_s = load_cpu = check_cpu = float("inf")
         verdict = None
         for _ in range(args.repeat):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             loaded = load_history(path)
             load_s = min(load_s, time.perf_counter() - t0)
+            load_cpu = min(load_cpu, time.process_time() - c0)
             del loaded
             gc.collect()
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             loaded = load_history(path)
             results = check_queue(loaded)
             check_s = min(check_s, time.perf_counter() - t0)
+            check_cpu = min(check_cpu, time.process_time() - c0)
             verdict = results["valid"]
             del loaded, results
             gc.collect()
 
     only_check = check_s - load_s
+    only_check_cpu = check_cpu - load_cpu
     if args.header:
         print(
-            "| ops | MB | load s | load ops/s | load+check s | load+check ops/s "
-            "| check/load | valid | python |"
+            "| ops | MB | load s | load ops/s | load+check s | load+check ops/s | check/load "
+            "| cpu: load s | cpu: load+check s | cpu: load+check ops/s | cpu: check/load "
+            "| valid | python |"
         )
-        print("|---|---|---|---|---|---|---|---|---|")
+        print("|" + "---|" * 13)
     print(
         f"| {lines:,} | {size / 1e6:.0f} | {load_s:.2f} | {lines / load_s:,.0f} | "
-        f"{check_s:.2f} | {lines / check_s:,.0f} | {only_check / load_s:.2f} | {verdict} | "
-        f"{platform.python_version()} |"
+        f"{check_s:.2f} | {lines / check_s:,.0f} | {only_check / load_s:.2f} | "
+        f"{load_cpu:.2f} | {check_cpu:.2f} | {lines / check_cpu:,.0f} | "
+        f"{only_check_cpu / load_cpu:.2f} | {verdict} | {platform.python_version()} |"
     )
-    print(f"(generated in {gen_s:.1f} s; check alone {only_check:.2f} s)", file=sys.stderr)
+    print(
+        f"(generated in {gen_s:.1f} s; check alone {only_check:.2f} s wall, "
+        f"{only_check_cpu:.2f} s cpu)",
+        file=sys.stderr,
+    )
 
 
 if __name__ == "__main__":

@@ -111,29 +111,50 @@ class QueueAnalysis:
     # -- building -------------------------------------------------------------------------
 
     def _index(self) -> None:
+        """One pass: writers, ok reads, and the version orders (see the module doc)."""
         writer = self.writer
         ok_reads = self.ok_reads
+        orders = self.orders
+        by_pos = self.by_pos
         n_sends = n_reads = 0
         for rec in self.records:
-            self.by_pos[rec.pos] = rec
-            for k, _o, v in rec.sends:
-                w = writer.get(k)
-                if w is None:
-                    writer[k] = {v: rec}
-                else:
-                    w.setdefault(v, rec)
-            n_sends += len(rec.sends)
-            if rec.kind == OK:
-                for k, pairs in rec.reads.items():
-                    s = ok_reads.get(k)
-                    if s is None:
-                        ok_reads[k] = s = set()
-                    s.update(p[1] for p in pairs)
+            by_pos[rec.pos] = rec
+            sends = rec.sends
+            if sends:
+                n_sends += len(sends)
+                ok = rec.kind == OK
+                for k, o, v in sends:
+                    w = writer.get(k)
+                    if w is None:
+                        writer[k] = {v: rec}
+                    elif v not in w:
+                        w[v] = rec
+                    if ok and o is not None:
+                        vo = orders.get(k)
+                        if vo is None:
+                            orders[k] = vo = VersionOrder(k)
+                        vo.add(o, v)
+            reads = rec.reads
+            if reads:
+                ok = rec.kind == OK
+                for k, pairs in reads.items():
+                    if not pairs:
+                        continue
                     n_reads += len(pairs)
-            else:
-                for pairs in rec.reads.values():
-                    n_reads += len(pairs)
-        # Proven info ops: some ok op read one of their values.
+                    vo = orders.get(k)
+                    if vo is None:
+                        orders[k] = vo = VersionOrder(k)
+                    add = vo.add
+                    for o, v in pairs:
+                        if o is not None:
+                            add(o, v)
+                    if ok:
+                        s = ok_reads.get(k)
+                        if s is None:
+                            ok_reads[k] = s = set()
+                        s.update([p[1] for p in pairs])
+        # Proven info ops (some ok op read one of their values) committed: their acked
+        # offsets join the version order too.
         for rec in self.records:
             if rec.kind == INFO and rec.sends:
                 for k, _o, v in rec.sends:
@@ -141,28 +162,16 @@ class QueueAnalysis:
                     if s is not None and v in s:
                         rec.committed = True
                         break
-        self.stats.update(sends=n_sends, reads=n_reads)
-
-    def _version_orders(self) -> None:
-        orders = self.orders
-        for rec in self.records:
-            for k, pairs in rec.reads.items():
-                vo = orders.get(k)
-                if vo is None:
-                    orders[k] = vo = VersionOrder(k)
-                add = vo.add
-                for o, v in pairs:
-                    if o is not None:
-                        add(o, v)
-            if rec.committed:
-                for k, o, v in rec.sends:
-                    if o is not None:
-                        vo = orders.get(k)
-                        if vo is None:
-                            orders[k] = vo = VersionOrder(k)
-                        vo.add(o, v)
+                if rec.committed:
+                    for k, o, v in rec.sends:
+                        if o is not None:
+                            vo = orders.get(k)
+                            if vo is None:
+                                orders[k] = vo = VersionOrder(k)
+                            vo.add(o, v)
         for vo in orders.values():
             vo.seal()
+        self.stats.update(sends=n_sends, reads=n_reads)
 
     # -- checks over the version orders ------------------------------------------------------
 
@@ -814,7 +823,6 @@ class QueueAnalysis:
 
     def run(self, eos: Mapping[str, Iterable[Any]] | None = None) -> None:
         self._index()
-        self._version_orders()
         self._order_checks()
         self._lost_and_unseen()
         self._op_checks()

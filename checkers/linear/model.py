@@ -5,8 +5,12 @@ initial state, ``step(state, input, output) -> (ok, new_state)`` says whether an
 that input could have returned that output in that state, and what the state becomes.  Optional
 hooks: ``partition`` splits a history into independent sub-histories (P-compositionality: a
 history is linearizable iff every partition is), ``equal``/``hash`` for states that are not
-hashable Python values, ``read_only`` to drop indeterminate operations that cannot change the
-state, and ``describe_operation``/``describe_state`` for counterexamples.
+hashable Python values, ``read_only`` to name operations that never change the state (the
+search drops them when indeterminate and never backtracks over them when accepted),
+``compile_step(input, output)`` returning a ``step`` specialised to one operation (a speed-up
+only: it must agree with ``step``), ``read_value(input, output)`` naming the one state in
+which a determinate read-only operation is accepted (a speed-up too), and ``describe_operation``/``describe_state`` for
+counterexamples.
 
 States should be immutable, hashable Python values (``None``, numbers, strings, tuples,
 frozensets): the checker memoises on them.  A model whose states are not hashable must supply
@@ -105,5 +109,7 @@ class Model:
     output_of: Callable[[dict[str, Any], dict[str, Any]], Any] = field(
         default=lambda invoke, completion: completion.get("value")
     )
+    compile_step: Callable[[Any, Any], Callable[[Any], tuple[bool, Any]]] | None = None
+    read_value: Callable[[Any, Any], Any] | None = None
     describe_operation: Callable[[Any, Any], str] = _default_describe_operation
     describe_state: Callable[[Any], str] = _default_describe_state

@@ -11,14 +11,15 @@ objects become sorted item tuples) so that states stay hashable.
   ``old`` and otherwise changes nothing (a failed cas is ``fail`` and never reaches a model).
 - :data:`KV`: ``get``/``read``, ``put``/``write`` and ``append`` per ``key``, partitioned by key.
   An absent key reads as ``None`` or as ``""`` (Jepsen and Porcupine kv histories use the empty
-  string); ``append`` concatenates strings (or extends lists) onto the current value.
+  string; the state of an absent key is ``""``); ``append`` concatenates strings (or extends
+  lists) onto the current value.
 - :data:`KV_UNPARTITIONED`: the same store as one state over all keys, without partitioning;
   it exists to measure what P-compositionality buys.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from checkers.linear.model import UNKNOWN, Model, Operation
@@ -138,7 +139,7 @@ def _kv_step(state: Any, input: Any, output: Any) -> tuple[bool, Any]:
             return True, state
         return _absent_as_empty(freeze(output)) == _absent_as_empty(state), state
     if f in _WRITES:
-        return True, freeze(value)
+        return True, _absent_as_empty(freeze(value))
     if f == "append":
         return True, _append(state, value)
     raise _unsupported("kv", f)
@@ -170,12 +171,68 @@ def _describe_map_state(state: Any) -> str:
     return "{" + ", ".join(f"{k!r}: {_show(v)}" for k, v in state) + "}"
 
 
+# Compiled steps: the same transitions as the step functions above, specialised to one
+# operation so that the search's inner loop pays for one small call per (op, state).
+Stepper = Callable[[Any], tuple[bool, Any]]
+
+
+def _compile_register(input: Any, output: Any, *, cas: bool, model: str) -> Stepper:
+    f, value = input
+    if f in _READS:
+        if output is UNKNOWN:
+            return lambda state: (True, state)
+        expected = freeze(output)
+        return lambda state: (state == expected, state)
+    if f in _WRITES:
+        written = freeze(value)
+        return lambda state: (True, written)
+    if f == "cas" and cas:
+        try:
+            old, new = (freeze(v) for v in value)
+        except (TypeError, ValueError):
+            raise ValueError(f"a cas value must be [old, new], got {value!r}") from None
+        if output is UNKNOWN:
+            return lambda state: (True, new) if state == old else (True, state)
+        return lambda state: (state == old, new)
+    raise _unsupported(model, f)
+
+
+def _compile_cas_register(input: Any, output: Any) -> Stepper:
+    return _compile_register(input, output, cas=True, model="cas-register")
+
+
+def _compile_plain_register(input: Any, output: Any) -> Stepper:
+    return _compile_register(input, output, cas=False, model="register")
+
+
+def _compile_kv(input: Any, output: Any) -> Stepper:
+    f, _key, value = input
+    if f in _READS:
+        if output is UNKNOWN:
+            return lambda state: (True, state)
+        expected = _absent_as_empty(freeze(output))
+        return lambda state: (state == expected, state)
+    if f in _WRITES:
+        written = _absent_as_empty(freeze(value))
+        return lambda state: (True, written)
+    if f == "append":
+        if isinstance(value, str):
+            return lambda state: (
+                True,
+                state + value if isinstance(state, str) else _append(state, value),
+            )
+        return lambda state: (True, _append(state, value))
+    raise _unsupported("kv", f)
+
+
 REGISTER = Model(
     name="register",
     init=lambda: None,
     step=_register_step,
     partition=partition_by_key,
     read_only=_is_read,
+    compile_step=_compile_plain_register,
+    read_value=lambda input, output: freeze(output),
     describe_operation=_describe_register_op,
     describe_state=_describe_value_state,
 )
@@ -186,17 +243,21 @@ CAS_REGISTER = Model(
     step=_cas_register_step,
     partition=partition_by_key,
     read_only=_is_read,
+    compile_step=_compile_cas_register,
+    read_value=lambda input, output: freeze(output),
     describe_operation=_describe_register_op,
     describe_state=_describe_value_state,
 )
 
 KV = Model(
     name="kv",
-    init=lambda: None,
+    init=str,
     step=_kv_step,
     partition=partition_by_key,
     read_only=lambda input: input[0] in _READS,
     input_of=_kv_input,
+    compile_step=_compile_kv,
+    read_value=lambda input, output: _absent_as_empty(freeze(output)),
     describe_operation=_describe_kv_op,
     describe_state=_describe_value_state,
 )

@@ -20,7 +20,7 @@ lookups.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -103,6 +103,12 @@ class SearchOutcome:
     detail: dict[str, Any] = field(default_factory=dict)
 
 
+def _bind(
+    step: Callable[[Any, Any, Any], tuple[bool, Any]], input: Any, output: Any
+) -> Callable[[Any], tuple[bool, Any]]:
+    return lambda state: step(state, input, output)
+
+
 def search(
     model: Model,
     ops: Sequence[Operation],
@@ -144,16 +150,29 @@ def search(
             call_entry[i] = entry
 
     bits = [1 << (i + _STATE_BITS) for i in range(n)]
-    inputs = [op.input for op in ops]
-    outputs = [op.output for op in ops]
+    compile_step = model.compile_step
+    if compile_step is not None:
+        steppers = [compile_step(op.input, op.output) for op in ops]
+    else:
+        steppers = [_bind(model.step, op.input, op.output) for op in ops]
     read_only = model.read_only
     forced = [read_only is not None and bool(read_only(op.input)) for op in ops]
     # trans[i][state code] -> bits[i] | new state code, or 0 where the model rejects op i:
     # OR-ing it into the linearized set gives the memo key in one big-int operation.
     trans: list[dict[int, int]] = [{} for _ in range(n)]
-    states = table.states
-    step = model.step
     intern = table.code
+    # What a miss in trans means: None = not computed yet (ask the model); 0 = rejected.  A
+    # determinate read the model can name the one accepted state of has that single
+    # transition filled in now and every miss rejects, so reads never call the model.
+    on_miss: list[int | None] = [None] * n
+    read_value = model.read_value
+    if read_value is not None:
+        for i, op in enumerate(ops):
+            if forced[i] and not op.indeterminate:
+                expected = intern(read_value(op.input, op.output))
+                trans[i][expected] = bits[i] | expected
+                on_miss[i] = 0
+    states = table.states
     state_mask = (1 << _STATE_BITS) - 1
 
     cache: set[int] = set()
@@ -176,9 +195,9 @@ def search(
         if m >= 0:
             o = op_of[e]
             t = trans[o]
-            delta = t.get(state)
+            delta = t.get(state, on_miss[o])
             if delta is None:
-                ok, after = step(states[state], inputs[o], outputs[o])
+                ok, after = steppers[o](states[state])
                 delta = bits[o] | intern(after) if ok else 0
                 t[state] = delta
             if delta:

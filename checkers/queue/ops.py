@@ -110,27 +110,36 @@ def _parse_mops(rec: QueueOp, value: Any, line: int, with_reads: bool) -> None:
 
 
 def check_pairs(ops: Sequence[dict[str, Any]]) -> None:
-    """Strict check of every poll pair (run only to locate an error the fast path hit)."""
+    """Strict check of every micro-op (run only to locate an error the fast path hit)."""
     for pos, op in enumerate(ops):
         value = op.get("value")
         if op.get("f") not in DATA_FS or type(value) is not list:
             continue
+        line = pos + 1
         for mop in value:
             if type(mop) is list and len(mop) >= 2 and mop[0] == "poll" and type(mop[1]) is dict:
                 for pairs in mop[1].values():
                     for pair in pairs:
                         if type(pair) is not list or len(pair) != 2:
                             raise HistoryError(
-                                f"poll pair must be [offset, value], got {pair!r}", pos + 1
+                                f"poll pair must be [offset, value], got {pair!r}", line
                             )
-                        if pair[0] is not None and type(pair[0]) is not int:
-                            raise HistoryError(
-                                f"offset must be an integer, got {pair[0]!r}", pos + 1
-                            )
+                        _check_pair(pair[0], pair[1], line)
             if type(mop) is list and len(mop) == 3 and mop[0] == "send":
                 x = mop[2]
-                if type(x) is list and x[0] is not None and type(x[0]) is not int:
-                    raise HistoryError(f"offset must be an integer, got {x[0]!r}", pos + 1)
+                if type(x) is list:
+                    if len(x) != 2:
+                        raise HistoryError(f"send result must be [offset, value], got {x!r}", line)
+                    _check_pair(x[0], x[1], line)
+                else:
+                    _check_pair(None, x, line)
+
+
+def _check_pair(offset: Any, value: Any, line: int) -> None:
+    if offset is not None and type(offset) is not int:
+        raise HistoryError(f"offset must be an integer or null, got {offset!r}", line)
+    if type(value) in (list, dict):
+        raise HistoryError(f"values must be JSON scalars, got {value!r}", line)
 
 
 def parse_ops(ops: Sequence[dict[str, Any]]) -> tuple[list[QueueOp], dict[Any, set[Any]], bool]:

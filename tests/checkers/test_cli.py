@@ -182,3 +182,30 @@ def test_render_without_anomalies_writes_only_summary(tmp_path: Path) -> None:
     written = render_artifacts(ops, {"valid": True, "anomaly_types": [], "anomalies": {}}, tmp_path)
     assert [p.name for p in written] == ["summary.txt"]
     assert "VALID" in (tmp_path / "summary.txt").read_text()
+
+
+def test_timeout_gives_unknown_and_exit_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    import checkers.cli
+
+    def slow_check(ops: Any, workload: str, **opts: Any) -> dict[str, Any]:
+        time.sleep(5)
+        raise AssertionError("the deadline should have fired")
+
+    monkeypatch.setattr(checkers.cli, "check", slow_check)
+    p = tmp_path / "history.jsonl"
+    write_history(lossy_history(), p)
+    r = run(str(p), "-w", "queue", "--json", "--timeout", "0.2")
+    assert r.exit_code == 2
+    out = orjson.loads(r.stdout)
+    assert out["valid"] == "unknown" and "did not finish" in out["error"]
+
+
+def test_unhashable_value_is_a_located_error(tmp_path: Path) -> None:
+    ops = lossy_history()
+    ops[7]["value"] = [["poll", {"t/0": [[0, [1, 2]]]}]]
+    p = tmp_path / "history.jsonl"
+    write_history(ops, p)
+    r = run(str(p), "-w", "queue")
+    assert r.exit_code == 2 and "line 8" in r.output and "scalars" in r.output

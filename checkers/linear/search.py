@@ -161,6 +161,8 @@ def search(
     # OR-ing it into the linearized set gives the memo key in one big-int operation.
     trans: list[dict[int, int]] = [{} for _ in range(n)]
     intern = table.code
+    # Interning inlined for plain hashable states (the common case): one dict lookup.
+    known = None if table.custom else table.codes
     # What a miss in trans means: None = not computed yet (ask the model); 0 = rejected.  A
     # determinate read the model can name the one accepted state of has that single
     # transition filled in now and every miss rejects, so reads never call the model.
@@ -198,7 +200,14 @@ def search(
             delta = t.get(state, on_miss[o])
             if delta is None:
                 ok, after = steppers[o](states[state])
-                delta = bits[o] | intern(after) if ok else 0
+                if ok:
+                    try:
+                        code = known.get(after) if known is not None else None
+                    except TypeError:  # unhashable: let intern() say so properly
+                        code = None
+                    delta = bits[o] | (intern(after) if code is None else code)
+                else:
+                    delta = 0
                 t[state] = delta
             if delta:
                 key = linearized | delta

@@ -3,6 +3,7 @@ through ``check_workload`` (results dict and HTML)."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 from collections.abc import Sequence
@@ -362,12 +363,52 @@ def random_histories(draw: st.DrawFn) -> list[dict[str, Any]]:
     return history(*events)
 
 
+# The same model without its speed-ups: only init and step.
+PLAIN_CAS_REGISTER = dataclasses.replace(
+    CAS_REGISTER, compile_step=None, read_value=None, read_only=None
+)
+
+
 @settings(max_examples=300, deadline=None)
 @given(random_histories())
 def test_agrees_with_brute_force(ops: list[dict[str, Any]]) -> None:
-    operations, _failed, _dropped = operations_from_history(CAS_REGISTER, ops)
-    expected = "ok" if brute_force(CAS_REGISTER, operations) else "illegal"
+    operations, _failed, _dropped = operations_from_history(PLAIN_CAS_REGISTER, ops)
+    expected = "ok" if brute_force(PLAIN_CAS_REGISTER, operations) else "illegal"
     assert check(CAS_REGISTER, ops).verdict == expected
+    assert check(PLAIN_CAS_REGISTER, ops).verdict == expected
+
+
+# --- user models ----------------------------------------------------------------------------
+
+
+def test_user_model_with_unhashable_state_gives_equal_and_hash() -> None:
+    def step(state: set[Any], input: Any, output: Any) -> tuple[bool, set[Any]]:
+        f, value = input
+        if f == "add":
+            return True, state | {value}
+        return sorted(state) == output, state
+
+    grow_only_set = Model(
+        name="set",
+        init=set,
+        step=step,
+        equal=lambda a, b: a == b,
+        hash=lambda s: hash(frozenset(s)),
+    )
+    ops = history(
+        (0, "invoke", "add", 1),
+        (1, "invoke", "add", 2),
+        (0, "ok", "add", 1),
+        (1, "ok", "add", 2),
+        (2, "invoke", "read", None),
+        (2, "ok", "read", [1, 2]),
+    )
+    assert check(grow_only_set, ops).verdict == "ok"
+    ops[-1]["value"] = [2]
+    assert check(grow_only_set, ops).verdict == "illegal"
+    without_hash = dataclasses.replace(grow_only_set, equal=None, hash=None)
+    with pytest.raises(TypeError, match=r"model set: state .* is not hashable"):
+        check(without_hash, ops)
 
 
 # --- results dict and HTML ------------------------------------------------------------------

@@ -494,8 +494,8 @@ class Log:
                 break  # out of budget or at max_offset
             result.regions.append(region)
             remaining -= region.size
-            if remaining <= 0:
-                break
+            if remaining <= 0 or region.position + region.size < segment.size:
+                break  # a batch did not fit: later segments must not be read past it
         return result
 
     def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None:

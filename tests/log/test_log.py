@@ -329,3 +329,16 @@ def test_close_reopen_and_delete(open_log: Opener, tmp_path: Path) -> None:
     assert again.append_as_leader(make_batch(1), 3).first_offset == 15
     again.delete()
     assert not (tmp_path / "orders-0").exists()
+
+
+def test_read_never_skips_a_batch_that_did_not_fit(open_log: Opener) -> None:
+    big = make_batch(3, value_size=200)
+    log = open_log(LogConfig(segment_bytes=BATCH + len(big), file_delete_delay_ms=0))
+    log.append_as_leader(make_batch(3), 0)
+    log.append_as_leader(big, 0)  # a big batch ends segment 0
+    log.append_as_leader(make_batch(3), 0)  # segment 6, small
+    assert [s.base_offset for s in log.segments] == [0, 6]
+    got = log.read(0, 2 * BATCH, min_one_message=False)
+    assert (
+        got.size == BATCH
+    )  # the big batch does not fit; the small one after it must not jump ahead

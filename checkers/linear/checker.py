@@ -46,12 +46,15 @@ class PartitionResult:
     steps: int = 0
     cache_size: int = 0
     elapsed_s: float = 0.0
+    checked: bool = True
 
     def explanation(self, model: Model) -> str:
         """A one-paragraph account of why this partition is not linearizable."""
         where = "" if self.key is None else f"key {self.key!r}: "
         if self.verdict == "ok":
             return f"{where}linearizable ({len(self.operations)} operations)"
+        if not self.checked:
+            return f"{where}not checked: an earlier partition settled the verdict"
         if self.verdict == "unknown":
             return (
                 f"{where}search stopped before an answer; the longest linearizable prefix "
@@ -151,7 +154,9 @@ def check_operations(
     for part in parts:
         key = part[0].key if model.partition is not None else None
         if give_up:
-            results.append(PartitionResult(key, "unknown", part, [], None, table.states[0]))
+            results.append(
+                PartitionResult(key, "unknown", part, [], None, table.states[0], checked=False)
+            )
             continue
         outcome = search(model, part, deadline, table, max_configs)
         results.append(
@@ -192,7 +197,8 @@ def check_operations(
             "indeterminate_reads_dropped": dropped_reads,
             "partitions": len(results),
             "illegal_partitions": sum(r.verdict == "illegal" for r in results),
-            "unknown_partitions": sum(r.verdict == "unknown" for r in results),
+            "unknown_partitions": sum(r.verdict == "unknown" and r.checked for r in results),
+            "unchecked_partitions": sum(not r.checked for r in results),
             "backtracks": sum(r.steps for r in results),
             "cache_entries": sum(r.cache_size for r in results),
             "distinct_states": len(table.states),

@@ -143,13 +143,15 @@ def render_html(
 ) -> str:
     """The page for ``result``: illegal partitions first, then unknown, then ok ones."""
     rank = {"illegal": 0, "unknown": 1, "ok": 2}
-    parts = sorted(result.partitions, key=lambda p: rank[p.verdict])[:max_partitions]
+    checked = [p for p in result.partitions if p.checked]
+    parts = sorted(checked, key=lambda p: rank[p.verdict])[:max_partitions]
     return _TEMPLATE.render(
         title=title,
         result=result,
         model=result.model.name,
         partitions=[_partition_view(result.model, p, max_ops) for p in parts],
-        hidden=len(result.partitions) - len(parts),
+        hidden=len(checked) - len(parts),
+        unchecked=len(result.partitions) - len(checked),
     )
 
 

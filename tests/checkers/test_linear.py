@@ -220,6 +220,26 @@ def test_keys_are_independent_registers() -> None:
     assert {p.key: p.verdict for p in result.partitions} == {"a": "ok", "b": "illegal"}
 
 
+def test_search_stops_at_the_first_illegal_partition_by_default() -> None:
+    ops = history(
+        (0, "invoke", "write", 1, "big"),
+        (0, "ok", "write", 1, "big"),
+        (0, "invoke", "read", None, "big"),
+        (0, "ok", "read", 1, "big"),
+        (1, "invoke", "read", None, "small"),
+        (1, "ok", "read", 5, "small"),
+    )
+    result = check(REGISTER, ops)
+    assert result.verdict == "illegal"
+    assert [(p.key, p.verdict, p.checked) for p in result.partitions] == [
+        ("small", "illegal", True),
+        ("big", "unknown", False),
+    ]
+    assert result.stats["unchecked_partitions"] == 1 and result.stats["unknown_partitions"] == 0
+    everything = check(REGISTER, ops, stop_at_first_illegal=False)
+    assert [p.verdict for p in everything.partitions] == ["illegal", "ok"]
+
+
 def test_values_may_be_json_lists_and_objects() -> None:
     ops = history(
         (0, "invoke", "write", {"x": [1, 2]}),

@@ -178,17 +178,14 @@ class LogSegment:
 
     @property
     def rolling_based_ms(self) -> int:
-        """When this segment's age for ``segment.ms`` starts: its first append (wall clock).
+        """When this segment's age for ``segment.ms`` starts: its first append (broker clock).
 
-        For a segment reopened from disk the first append time is unknown, so, like Kafka, the
-        first batch's max timestamp stands in for it (the creation time if that has none).
+        A segment reopened from disk with data counts from when it was opened. Kafka uses the
+        first batch's record timestamp instead; mixing client timestamps with the broker clock
+        would make rolling depend on producers' clocks (and on fake clocks in tests).
         """
         if self._first_append_ms is None:
-            first = next(self._iter_headers(0), None) if self._size > 0 else None
-            if first is not None and first.max_timestamp >= 0:
-                self._first_append_ms = first.max_timestamp
-            else:
-                return self.created_ms
+            return self.created_ms
         return self._first_append_ms
 
     def time_waited_for_roll_ms(self, now_ms: int) -> int:

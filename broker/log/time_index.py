@@ -100,6 +100,10 @@ class TimeIndex(AbstractIndex):
                 f"time index {self.path} is corrupt: last timestamp {last_timestamp} is below "
                 f"the first {first_timestamp}"
             )
+        if (last_timestamp, last_offset) == (0, self.base_offset):
+            raise CorruptIndexError(
+                f"time index {self.path} ends in a zero-filled (never written) entry"
+            )
         if last_offset < self.base_offset:
             raise CorruptIndexError(
                 f"time index {self.path} is corrupt: last offset {last_offset} below base"

@@ -342,3 +342,17 @@ def test_read_never_skips_a_batch_that_did_not_fit(open_log: Opener) -> None:
     assert (
         got.size == BATCH
     )  # the big batch does not fit; the small one after it must not jump ahead
+
+
+def test_segment_age_restarts_at_reopen(open_log: Opener, clock: FakeClock) -> None:
+    config = LogConfig(segment_ms=60_000, file_delete_delay_ms=0)
+    log = open_log(config)
+    fill(log, 1, timestamp=1)  # record timestamps from 1970 must not make the segment "old"
+    log.close()
+    clock.advance_ms(30_000)
+    again = open_log(config)
+    fill(again, 1)
+    assert len(again.segments) == 1
+    clock.advance_ms(60_001)
+    fill(again, 1)
+    assert [s.base_offset for s in again.segments] == [0, 6]

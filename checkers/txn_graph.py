@@ -277,49 +277,73 @@ def find_cycles(
     *,
     rules: Iterable[str] | None = None,
     tries: int = 8,
-    state_limit: int = 2_000_000,
+    state_limit: int = 200_000,
 ) -> tuple[dict[str, list[dict[str, Any]]], dict[str, int]]:
-    """Find cycle anomalies; return ({name: [case, ...]}, stats)."""
-    alive = trim(graph.succ)
+    """Find cycle anomalies; return ({name: [case, ...]}, stats).
+
+    Per rule, the graph is cut down to the rule's edge kinds and trimmed before networkx
+    computes strongly connected components, so only the part that can hold such a cycle
+    is ever built as a networkx graph. Each component is explained by the shortest
+    simple cycle through one of its edges of the rarest required kind (up to `tries`
+    edges, fewer in very large components; each search is bounded by `state_limit`).
+    """
+    succ = graph.succ
+    alive = trim(succ)
     stats = {
-        "graph_nodes": len({*graph.succ, *(b for s in graph.succ.values() for b in s)}),
+        "graph_nodes": len({*succ, *(b for s in succ.values() for b in s)}),
         "graph_edges": graph.edge_count(),
         "cyclic_nodes": len(alive),
     }
     found: dict[str, list[dict[str, Any]]] = {}
     if not alive:
         return found, stats
-    core = nx.DiGraph()
-    for a in alive:
-        for b, kinds in graph.succ.get(a, {}).items():
-            if b in alive:
-                core.add_edge(a, b, kinds=kinds)
-    explained: dict[str, list[frozenset[int]]] = {}
+    # Every rule's components lie inside a component of the union of all edge kinds:
+    # one networkx pass over the union keeps only those nodes (and edges inside them).
+    union = nx.DiGraph()
+    union.add_edges_from((a, b) for a in alive for b in succ.get(a, ()) if b in alive)
+    comp_of: dict[int, int] = {}
+    for i, comp in enumerate(nx.strongly_connected_components(union)):
+        if len(comp) > 1:
+            for n in comp:
+                comp_of[n] = i
+    del union
+    stats["cyclic_nodes"] = len(comp_of)
+    core = {
+        a: {b: k for b, k in succ.get(a, {}).items() if comp_of.get(b) == c}
+        for a, c in comp_of.items()
+    }
+    explained: dict[str, set[frozenset[int]]] = {}
     for name in rules or CYCLE_RULES:
         allowed, required = CYCLE_RULES[name]
         base = name.replace("-process", "").replace("-realtime", "")
+        rule_adj: dict[int, dict[int, int]] = {}
+        for a, out in core.items():
+            kept = {b: k & allowed for b, k in out.items() if k & allowed}
+            if kept:
+                rule_adj[a] = kept
+        live = trim(rule_adj)
+        if not live:
+            continue
         sub = nx.DiGraph()
-        for a, b, kinds in core.edges(data="kinds"):
-            k = kinds & allowed
-            if k:
-                sub.add_edge(a, b, kinds=k)
+        sub.add_edges_from((a, b) for a in live for b in rule_adj.get(a, ()) if b in live)
         for scc in nx.strongly_connected_components(sub):
             if len(scc) < 2:
                 continue
             real = frozenset(n for n in scc if n >= 0)
             if real in explained.get(base, ()):
                 continue
-            adj = {n: {b: d["kinds"] for b, d in sub.adj[n].items() if b in scc} for n in scc}
+            adj = {n: {b: k for b, k in rule_adj.get(n, {}).items() if b in scc} for n in scc}
             counts: dict[int, list[tuple[int, int]]] = {b: [] for b in _bits(required)}
-            for a, s in adj.items():
-                for b, kinds in s.items():
+            for a, out in adj.items():
+                for b, kinds in out.items():
                     for bit in _bits(kinds & required):
                         counts[bit].append((a, b))
             if any(not edges for edges in counts.values()):
                 continue
             anchor = min(counts, key=lambda bit: len(counts[bit]))
             best: list[tuple[int, int, int]] | None = None
-            for a, b in counts[anchor][:tries]:
+            n_tries = tries if len(scc) <= 5000 else 2
+            for a, b in counts[anchor][:n_tries]:
                 walk = _cycle_through(adj, a, b, anchor, required, state_limit)
                 if walk is None:
                     continue
@@ -328,7 +352,7 @@ def find_cycles(
                     best = cyc
             if best is None:
                 continue
-            explained.setdefault(base, []).append(real)
+            explained.setdefault(base, set()).add(real)
             steps = [
                 {"from": a, "to": b, "type": kind_name(k), **explain_step(a, b, k)}
                 for a, b, k in best

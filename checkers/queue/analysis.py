@@ -773,7 +773,8 @@ class QueueAnalysis:
                         full.link(w.pos, rec.pos, WR)
         for a, b in realtime_chain(_events([r for r in nodes if r.pos in alive])):
             full.link(a, b, REALTIME)
-        found, _ = find_cycles(full, self._explain_step)
+        found, gstats = find_cycles(full, self._explain_step)
+        self.stats["cyclic_nodes"] = gstats["cyclic_nodes"]
         for name, cases in found.items():
             self.anomalies.add_all(name, cases)
 

@@ -24,13 +24,14 @@ __all__ = ["simulate"]
 
 
 class _Thread:
-    __slots__ = ("assigned", "op", "positions", "process")
+    __slots__ = ("assigned", "early", "op", "positions", "process")
 
     def __init__(self, process: int, keys: list[str]) -> None:
         self.process = process
         self.assigned = list(keys)
         self.positions: dict[str, int] = {}
         self.op: dict[str, Any] | None = None
+        self.early: dict[int, int] = {}  # micro-op slot -> offset reserved at invoke
 
 
 def simulate(
@@ -48,11 +49,19 @@ def simulate(
     assigned_keys: int = 2,
     watermarks: bool = True,
     final_drain: bool = True,
+    interleave: bool = False,
 ) -> list[dict[str, Any]]:
-    """Return a valid history of about `n_ops` ops (lines), deterministic in `seed`."""
+    """Return a valid history of about `n_ops` ops (lines), deterministic in `seed`.
+
+    interleave=True models Kafka's non-isolated transactional writes: each send of a
+    transaction lands in the log either at the invoke or at the commit, so concurrent
+    transactions interleave (G0 / G1c-ww cycles and int-send-skip, all allowed), while
+    read_committed consumers stop at the first undecided record (the LSO).
+    """
     rng = random.Random(seed)
     key_names = [f"t{i % 4}/{i}" for i in range(keys)]
     logs: dict[str, list[Any]] = {k: [] for k in key_names}  # offset -> value or None (gap)
+    undecided: dict[str, set[int]] = {k: set() for k in key_names}  # open txn records
     next_value = dict.fromkeys(key_names, 0)
     threads = [
         _Thread(p, rng.sample(key_names, min(assigned_keys, len(key_names))))
@@ -76,7 +85,8 @@ def simulate(
         pos = th.positions.get(k, 0)
         out: list[list[Any]] = []
         limit = rng.randint(0, max_batch)
-        while pos < len(log) and len(out) < limit:
+        lso = undecided[k]
+        while pos < len(log) and len(out) < limit and pos not in lso:
             v = log[pos]
             if v is not None:
                 out.append([pos, v])
@@ -116,6 +126,17 @@ def simulate(
             f = "poll"
             mops.append(["poll"])
         th.op = emit(th.process, "invoke", f, mops)
+        if interleave and f == "txn":
+            deferred: set[str] = set()  # one producer keeps its order within a partition
+            for slot, mop in enumerate(mops):
+                if mop[0] != "send":
+                    continue
+                if mop[1] in deferred or rng.random() < 0.5:
+                    deferred.add(mop[1])
+                else:
+                    logs[mop[1]].append(mop[2])
+                    th.early[slot] = len(logs[mop[1]]) - 1
+                    undecided[mop[1]].add(th.early[slot])
 
     def complete(th: _Thread) -> None:
         nonlocal next_process
@@ -167,14 +188,22 @@ def simulate(
                     touched.add(k)
                 out.append(["poll", polled])
         # Sends take effect at commit, after the op's own polls (no precommitted reads).
+        early = th.early
+        th.early = {}
         for slot, k, v in pending_sends:
+            reserved = early.get(slot)
+            if reserved is not None:
+                undecided[k].discard(reserved)
+                if not applies:
+                    logs[k][reserved] = None  # aborted: the offset stays, invisible
             if applies:
-                logs[k].append(v)
+                if reserved is None:
+                    logs[k].append(v)
+                offset = len(logs[k]) - 1 if reserved is None else reserved
                 sent_keys.append(k)
-                offset = len(logs[k]) - 1
                 out[slot] = ["send", k, [offset, v] if typ == "ok" else v]
             else:
-                if f == "txn" and rng.random() < 0.5:
+                if reserved is None and f == "txn" and rng.random() < 0.5:
                     logs[k].append(None)  # an aborted record occupies an offset
                 out[slot] = ["send", k, v]
         if f == "txn" and applies:

@@ -644,7 +644,7 @@ class QueueAnalysis:
                 "process": b.process,
                 "ops": [a.index, b.index],
                 "high_watermarks": [ah, bh],
-                "explanation": f"process {b.process} saw key {_fmt(k)}'s high watermark "
+                "explanation": f"process {b.process} saw the high watermark of key {_fmt(k)} "
                 f"at {ah} in {a.describe()}, then at {bh} in {b.describe()}: it went down",
             },
         )
@@ -656,8 +656,8 @@ class QueueAnalysis:
                 "key": k,
                 "ops": [a.index, b.index],
                 "high_watermarks": [ah, bh],
-                "explanation": f"{a.describe()} reported key {_fmt(k)}'s high watermark "
-                f"{ah} and completed before {b.describe()} was invoked, which reported "
+                "explanation": f"{a.describe()} reported high watermark {ah} for key "
+                f"{_fmt(k)} and completed before {b.describe()} was invoked, which reported "
                 f"{bh}: the cluster's high watermark went backwards in real time",
             },
         )

@@ -184,6 +184,7 @@ def search(
     state = 0
     linearized = 0
     best: list[int] = []
+    best_len = 0
     blocked: int | None = None
     best_state = 0
     backtracks = 0
@@ -201,11 +202,19 @@ def search(
             if delta is None:
                 ok, after = steppers[o](states[state])
                 if ok:
-                    try:
-                        code = known.get(after) if known is not None else None
-                    except TypeError:  # unhashable: let intern() say so properly
-                        code = None
-                    delta = bits[o] | (intern(after) if code is None else code)
+                    if known is None:
+                        code: int | None = intern(after)
+                    else:
+                        try:
+                            code = known.get(after)
+                        except TypeError:  # unhashable: let intern() say so properly
+                            code = intern(after)
+                        if code is None:
+                            code = len(states)
+                            known[after] = code
+                            states.append(after)
+                    assert code is not None
+                    delta = bits[o] | code
                 else:
                     delta = 0
                 t[state] = delta
@@ -230,8 +239,9 @@ def search(
                     continue
             e = nxt[e]
         else:
-            if len(stack) > len(best) or blocked is None:
+            if len(stack) > best_len or blocked is None:
                 best = [op_of[s[0]] for s in stack]
+                best_len = len(best)
                 blocked = op_of[e]
                 best_state = state
             if not stack:

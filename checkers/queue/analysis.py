@@ -474,53 +474,64 @@ class QueueAnalysis:
         those keys need the exact, position-aware replay done here.
         """
         keys = self.suspect_keys | {k for k, vo in self.orders.items() if vo.conflicts}
-        for k in sorted(keys, key=str):
-            committed: dict[int, tuple[Any, int, QueueOp]] = {}
-            committed_sorted: list[int] = []
-            low = -1
-            for rec in self.records:
-                if rec.kind != OK:
+        if not keys:
+            return
+        # Per suspect key: offset -> (value, completion position, op) once committed,
+        # the committed offsets sorted, and the highest low watermark seen so far.
+        committed: dict[Any, dict[int, tuple[Any, int, QueueOp]]] = {k: {} for k in keys}
+        committed_sorted: dict[Any, list[int]] = {k: [] for k in keys}
+        low: dict[Any, int] = dict.fromkeys(keys, -1)
+        for rec in self.records:
+            if rec.kind != OK:
+                continue
+            for k, pairs in rec.reads.items():
+                cm = committed.get(k)
+                if not cm or not pairs:
                     continue
-                wm = rec.wm
-                marks = wm.get(k) if wm else None
-                pairs = rec.reads.get(k)
-                if pairs and committed:
-                    prev_o = None
-                    for o, v in pairs:
-                        if o is None:
-                            continue
-                        c = committed.get(o)
-                        if c is not None and c[1] < rec.inv and c[0] != v and o >= low:
-                            self._truncation(c[2], k, o, c[0], rec, f"returned {_fmt(v)} there")
-                        if prev_o is not None and o > prev_o + 1:
-                            j = bisect_left(committed_sorted, prev_o + 1)
-                            while j < len(committed_sorted) and committed_sorted[j] < o:
-                                mo = committed_sorted[j]
-                                c = committed[mo]
-                                if c[1] < rec.inv and mo >= low:
-                                    self._truncation(
-                                        c[2],
-                                        k,
-                                        mo,
-                                        c[0],
-                                        rec,
-                                        f"returned offsets {prev_o} and {o} but not {mo}",
-                                    )
-                                j += 1
-                        prev_o = o
-                if not isinstance(marks, dict):
+                cs = committed_sorted[k]
+                lo = low[k]
+                prev_o = None
+                for o, v in pairs:
+                    if o is None:
+                        continue
+                    c = cm.get(o)
+                    if c is not None and c[1] < rec.inv and c[0] != v and o >= lo:
+                        self._truncation(c[2], k, o, c[0], rec, f"returned {_fmt(v)} there")
+                    if prev_o is not None and o > prev_o + 1:
+                        j = bisect_left(cs, prev_o + 1)
+                        while j < len(cs) and cs[j] < o:
+                            mo = cs[j]
+                            c = cm[mo]
+                            if c[1] < rec.inv and mo >= lo:
+                                self._truncation(
+                                    c[2],
+                                    k,
+                                    mo,
+                                    c[0],
+                                    rec,
+                                    f"returned offsets {prev_o} and {o} but not {mo}",
+                                )
+                            j += 1
+                    prev_o = o
+            wm = rec.wm
+            if not wm:
+                continue
+            for k, marks in wm.items():
+                if k not in committed or not isinstance(marks, dict):
                     continue
                 lw = marks.get("low")
-                if isinstance(lw, int) and lw > low:
-                    low = lw
+                if isinstance(lw, int) and lw > low[k]:
+                    low[k] = lw
                 high = marks.get("high")
                 if not isinstance(high, int):
                     continue
+                cm = committed[k]
+                cs = committed_sorted[k]
                 acked = [(o, v) for sk, o, v in rec.sends if sk == k]
-                for o, v in [*(pairs or ()), *acked]:
-                    if o is not None and o < high and o not in committed:
-                        committed[o] = (v, rec.pos, rec)
-                        insort(committed_sorted, o)
+                for o, v in [*rec.reads.get(k, ()), *acked]:
+                    if o is not None and o < high and o not in cm:
+                        cm[o] = (v, rec.pos, rec)
+                        insort(cs, o)
 
     # -- case builders ---------------------------------------------------------------------
 

@@ -129,7 +129,12 @@ class ClusterKafkaServer(KafkaServer):
             return
         await self.controller.stop()
         await super().stop()
-        await asyncio.to_thread(self.zk.close)
+        # Closing the session deletes our ephemeral znodes at once (no session-timeout wait),
+        # but must not hang the shutdown when ZooKeeper is unreachable.
+        try:
+            await asyncio.wait_for(asyncio.to_thread(self.zk.close), 5)
+        except (TimeoutError, Exception) as e:
+            log.warning("closing the ZooKeeper session failed: %r", e)
 
     # ----- watches (kazoo thread -> loop) ---------------------------------------------------
 

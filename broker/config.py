@@ -200,6 +200,13 @@ CONFIG_DEFS: dict[str, ConfigDef] = {
         ),
         ConfigDef("replica.fetch.max.bytes", "int", 1048576, "Follower fetch size.", _at_least(1)),
         ConfigDef(
+            "replica.high.watermark.checkpoint.interval.ms",
+            "long",
+            5000,
+            "How often high watermarks are written to replication-offset-checkpoint.",
+            _at_least(1),
+        ),
+        ConfigDef(
             "unclean.leader.election.enable",
             "bool",
             False,

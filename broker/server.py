@@ -84,6 +84,7 @@ class KafkaServer:
             replication=self.replication_config,
             broker_address=self.broker_address,
             state_store=state_store or LocalStateStore(),
+            hw_checkpoint_interval_ms=config["replica.high.watermark.checkpoint.interval.ms"],
         )
         self.topic_store = LocalTopicStore(config.log_dir)
         self._topics: dict[str, TopicInfo] = {}

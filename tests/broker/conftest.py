@@ -14,28 +14,38 @@ from pathlib import Path
 import pytest
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
 class BrokerProcess:
-    def __init__(self, log_dir: Path, port: int, overrides: dict[str, str] | None = None):
+    def __init__(
+        self,
+        log_dir: Path,
+        port: int,
+        overrides: dict[str, str] | None = None,
+        host: str = "127.0.0.1",
+        broker_id: int = 0,
+    ):
         self.log_dir = log_dir
         self.port = port
+        self.host = host
+        self.broker_id = broker_id
         self.overrides = {
-            "broker.id": "0",
-            "listeners": f"PLAINTEXT://127.0.0.1:{port}",
+            "broker.id": str(broker_id),
+            "listeners": f"PLAINTEXT://{host}:{port}",
             "log.dirs": str(log_dir),
             **(overrides or {}),
         }
         self.proc: subprocess.Popen[bytes] | None = None
-        self.stderr_path = log_dir.parent / f"broker-{port}.stderr"
+        self.paused = False
+        self.stderr_path = log_dir.parent / f"broker-{broker_id}-{port}.stderr"
 
     @property
     def bootstrap(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
     def start(self, timeout: float = 20) -> None:
         args = [sys.executable, "-m", "broker", "start"]
@@ -48,7 +58,7 @@ class BrokerProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"broker exited: {self.stderr_path.read_text()[-3000:]}")
             try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                with socket.create_connection((self.host, self.port), timeout=0.2):
                     return
             except OSError:
                 time.sleep(0.05)
@@ -64,11 +74,24 @@ class BrokerProcess:
                 self.proc.wait()
         self.proc = None
 
+    @property
+    def serving(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None and not self.paused
+
+    def signal(self, sig: int) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, sig)
+            if sig == signal.SIGSTOP:
+                self.paused = True
+            elif sig == signal.SIGCONT:
+                self.paused = False
+
     def kill9(self) -> None:
         if self.proc and self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
         self.proc = None
+        self.paused = False
 
     def log_text(self) -> str:
         return self.stderr_path.read_text() if self.stderr_path.exists() else ""

@@ -157,6 +157,18 @@ def search(
         steppers = [_bind(model.step, op.input, op.output) for op in ops]
     read_only = model.read_only
     forced = [read_only is not None and bool(read_only(op.input)) for op in ops]
+    # Indeterminate ops with equal inputs ("twins") are interchangeable once both are pending:
+    # neither has a return to respect, and the one called first has the weaker constraints.
+    # So any linearization can be rearranged to take twins in call order, and the search only
+    # offers a twin once the one before it is linearized.
+    prev_twin = [-1] * n
+    last_of_kind: dict[str, int] = {}
+    for entry in range(1, tail):
+        if match[entry] >= 0 and ops[op_of[entry]].indeterminate:
+            twin_key = repr(ops[op_of[entry]].input)
+            prev_twin[op_of[entry]] = last_of_kind.get(twin_key, -1)
+            last_of_kind[twin_key] = op_of[entry]
+    taken = [False] * n
     # trans[i][state code] -> bits[i] | new state code, or 0 where the model rejects op i:
     # OR-ing it into the linearized set gives the memo key in one big-int operation.
     trans: list[dict[int, int]] = [{} for _ in range(n)]
@@ -219,10 +231,15 @@ def search(
                     delta = 0
                 t[state] = delta
             if delta:
+                twin = prev_twin[o]
+                if twin >= 0 and not taken[twin]:
+                    e = nxt[e]
+                    continue
                 key = linearized | delta
                 if key not in cache:
                     cache.add(key)
                     push((e, state, linearized, forced[o]))
+                    taken[o] = True
                     state = key & state_mask
                     linearized = key ^ state
                     p = prv[e]
@@ -261,6 +278,7 @@ def search(
             was_forced = True
             while was_forced and stack:
                 e, state, linearized, was_forced = pop()
+                taken[op_of[e]] = False
                 m = match[e]
                 nxt[prv[m]] = m
                 prv[nxt[m]] = m

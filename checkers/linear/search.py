@@ -14,7 +14,15 @@ arrays instead of node objects; the linearized set is a Python int bitset whose 
 left free, so ``bitset | state_code`` is the memo key with no tuple; states are interned to
 small integer codes and each operation's transitions are memoised per state code, so the model
 is called once per distinct (operation, state) and the loop itself only does dict and list
-lookups.
+lookups; a determinate read whose accepted state the model names (``read_value``) has its one
+transition filled in up front.
+
+Two sound prunings on top of Porcupine's search (both checked against a brute-force oracle):
+
+- a read-only operation the model accepts is linearized without trying alternatives at that
+  point: if nothing works after it, nothing works without it either;
+- indeterminate operations with equal inputs ("twins") are only linearized in call order,
+  since any linearization can be rearranged that way.
 """
 
 from __future__ import annotations

@@ -28,6 +28,8 @@ _ROW_HEIGHT = 26
 _SLOT = 14
 _LEFT = 90
 _TOP = 24
+_CHAR = 7  # width of one character of the 11px monospace labels
+_CALLOUT_ROOM = 400
 
 
 @dataclass
@@ -36,6 +38,7 @@ class _Bar:
     y: float
     width: float
     label: str
+    callout: str | None
     css: str
     title: str
     dashed: bool
@@ -79,12 +82,18 @@ def _partition_view(model: Model, part: PartitionResult, max_ops: int) -> dict[s
         start = slot[op.call]
         stop = end_slot if math.isinf(op.ret) else slot[op.ret]
         description = model.describe_operation(op.input, op.output)
+        width = max(_SLOT * (stop - start), 6)
+        callout = None
         if op.id == blocked_id:
-            css, label = "blocked", "✗ " + description
+            css, label, short = "blocked", "✗ " + description, "✗"
+            # The op the reader is looking for gets its description beside the bar.
+            callout = "✗ " + description
         elif op.id in order:
-            css, label = "linearized", f"{order[op.id]}: {description}"
+            css, label, short = "linearized", f"{order[op.id]}: {description}", str(order[op.id])
         else:
-            css, label = "other", description
+            css, label, short = "other", description, ""
+        if width < _CHAR * len(label) + 6:
+            label = short if width >= _CHAR * len(short) + 4 else ""
         lines = [
             description,
             f"process {op.process}",
@@ -102,8 +111,9 @@ def _partition_view(model: Model, part: PartitionResult, max_ops: int) -> dict[s
             _Bar(
                 x=_LEFT + start * _SLOT,
                 y=_TOP + row[op.process] * _ROW_HEIGHT,
-                width=max(_SLOT * (stop - start), 6),
+                width=width,
                 label=label,
+                callout=callout,
                 css=css,
                 title="\n".join(lines),
                 dashed=math.isinf(op.ret),
@@ -118,7 +128,7 @@ def _partition_view(model: Model, part: PartitionResult, max_ops: int) -> dict[s
         "prefix": len(part.linearization),
         "processes": [(str(p), _TOP + i * _ROW_HEIGHT) for i, p in enumerate(processes)],
         "bars": bars,
-        "width": _LEFT + (end_slot + 2) * _SLOT,
+        "width": _LEFT + (end_slot + 2) * _SLOT + _CALLOUT_ROOM,
         "height": _TOP + len(processes) * _ROW_HEIGHT + 10,
         "row_height": _ROW_HEIGHT - 6,
         "blocked": (

@@ -1,7 +1,8 @@
 """One entry point for every checker: load a history in any supported format, check it.
 
 - `load(path, fmt)`: ``jsonl`` (checkers.history), ``edn`` and ``jepsen-log``
-  (checkers.formats, imported lazily);
+  (checkers.formats, imported lazily, then validated like jsonl); every failure is a
+  `HistoryError`;
 - `check(ops, workload, **opts)`: ``queue`` -> `checkers.queue.check_queue`;
   ``register``, ``cas-register``, ``kv`` -> `checkers.linear.api.check_workload`
   (imported lazily);
@@ -16,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from checkers.history import HistoryError, load_history
+from checkers.history import HistoryError, load_history, validate
 
 __all__ = ["FORMATS", "WORKLOADS", "check", "load", "policy_from_test"]
 
@@ -29,14 +30,18 @@ def load(path: Path, fmt: str = "jsonl") -> list[dict[str, Any]]:
     """Load a history file; raises HistoryError for unreadable or malformed input."""
     if fmt == "jsonl":
         return load_history(Path(path))
-    if fmt == "edn":
-        from checkers.formats import load_edn
+    if fmt in ("edn", "jepsen-log"):
+        from checkers import formats
 
-        return list(load_edn(Path(path)))
-    if fmt == "jepsen-log":
-        from checkers.formats import load_jepsen_log
-
-        return list(load_jepsen_log(Path(path)))
+        reader = formats.load_edn if fmt == "edn" else formats.load_jepsen_log
+        try:
+            ops = list(reader(Path(path)))
+        except OSError as e:
+            raise HistoryError(f"cannot read history {path}: {e.strerror or e}") from None
+        except ValueError as e:  # formats.FormatError names file and line already
+            raise HistoryError(str(e)) from None
+        validate(ops)
+        return ops
     raise HistoryError(f"unknown history format {fmt!r}; use one of {', '.join(FORMATS)}")
 
 

@@ -200,6 +200,10 @@ def check_command(
         try:
             with _deadline(timeout if wl == "queue" else None):
                 results = check(ops, wl, **opts)
+        except ValueError as e:
+            if isinstance(e, HistoryError):
+                raise
+            raise _BadInput(f"the {wl} checker rejected this history: {e}") from None
         except _TimedOut:
             results = {
                 "valid": "unknown",

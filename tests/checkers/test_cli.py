@@ -209,3 +209,19 @@ def test_unhashable_value_is_a_located_error(tmp_path: Path) -> None:
     write_history(ops, p)
     r = run(str(p), "-w", "queue")
     assert r.exit_code == 2 and "line 8" in r.output and "scalars" in r.output
+
+
+def test_edn_register_history_end_to_end(tmp_path: Path) -> None:
+    p = tmp_path / "history.edn"
+    p.write_text(
+        "{:index 0 :time 0 :type :invoke :process 0 :f :write :value 1}\n"
+        "{:index 1 :time 1 :type :ok :process 0 :f :write :value 1}\n"
+        "{:index 2 :time 2 :type :invoke :process 1 :f :read :value nil}\n"
+        "{:index 3 :time 3 :type :ok :process 1 :f :read :value 1}\n"
+    )
+    r = run(str(tmp_path), "-w", "register", "--format", "edn", "--json")
+    assert r.exit_code == 0, r.output
+    assert orjson.loads(r.stdout)["valid"] is True
+    p.write_text("{:index 0 :time 0 :type :invoke\n")
+    r = run(str(p), "-w", "register", "--format", "edn")
+    assert r.exit_code == 2 and "Traceback" not in r.output

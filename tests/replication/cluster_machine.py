@@ -22,12 +22,21 @@ Subclasses flip one historic switch each; with it the same checks must fail.
 from __future__ import annotations
 
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
 
 from broker.replication import ACKS_ALL, ReplicationConfig, TruncationMode
 from tests.replication.cluster_sim import SimCluster
 
 BROKERS = (0, 1, 2)
+# Fault kinds that a run may switch off as a whole ("swarm testing", Groce et al. 2012):
+# histories without, say, message loss reach deep failover sequences far more often.
+FEATURES = ("drop", "reorder", "flush", "lossy", "acks1", "pause", "expire", "isolate", "zk")
 
 
 def config(**overrides: object) -> ReplicationConfig:
@@ -49,12 +58,23 @@ class ClusterMachine(RuleBasedStateMachine):
     CONFIG = config()
     UNCLEAN = False
 
+    runs = 0
+
     def __init__(self) -> None:
         super().__init__()
+        type(self).runs += 1
         self.c = SimCluster(3, self.CONFIG, self.UNCLEAN, produce_timeout_ms=20_000)
         self.c.settle()
         self.tainted: set[int] = set()
         self.leader_hw: dict[tuple[int, int, int], int] = {}
+        self.disabled: frozenset[str] = frozenset()
+
+    @initialize(disabled=st.frozensets(st.sampled_from(FEATURES)))
+    def choose_faults(self, disabled: frozenset[str]) -> None:
+        self.disabled = disabled
+
+    def _on(self, feature: str) -> bool:
+        return feature not in self.disabled
 
     # ------------------------------------------------------------------ budget
     def _may_crash(self, b: int, lossy: bool) -> bool:
@@ -70,32 +90,43 @@ class ClusterMachine(RuleBasedStateMachine):
     # ------------------------------------------------------------------ rules
     @rule(acks=st.sampled_from([ACKS_ALL, ACKS_ALL, 1]))
     def produce(self, acks: int) -> None:
-        self.c.produce(acks=acks)
+        self.c.produce(acks=acks if self._on("acks1") else ACKS_ALL)
 
     @precondition(lambda self: bool(self.c.network))
-    @rule(i=st.integers(0, 31))
-    def deliver(self, i: int) -> None:
-        self.c.deliver(i % len(self.c.network))
+    @rule(i=st.integers(0, 31), n=st.sampled_from([1, 1, 2, 4, 8, 20]))
+    def deliver(self, i: int, n: int) -> None:
+        """Deliver one message picked anywhere (reordering), then the n-1 oldest."""
+        self.c.deliver(i % len(self.c.network) if self._on("reorder") else 0)
+        self.c.deliver_all(max_messages=n - 1)
 
-    @precondition(lambda self: bool(self.c.network))
-    @rule()
-    def deliver_oldest(self) -> None:
-        self.c.deliver(0)
-
-    @precondition(lambda self: bool(self.c.network))
-    @rule(n=st.integers(1, 20))
-    def deliver_many(self, n: int) -> None:
-        self.c.deliver_all(max_messages=n)
-
-    @precondition(lambda self: any(m.droppable for m in self.c.network))
+    @precondition(lambda self: self._on("drop") and any(m.droppable for m in self.c.network))
     @rule(i=st.integers(0, 31))
     def drop(self, i: int) -> None:
         droppable = [k for k, m in enumerate(self.c.network) if m.droppable]
         self.c.drop(droppable[i % len(droppable)])
 
+    @precondition(lambda self: self._on("isolate"))
+    @rule(victim=st.sampled_from(["leader", "follower", *BROKERS]))
+    def isolate(self, victim: int | str) -> None:
+        b = self._target(victim)
+        if b is not None:
+            self.c.isolate(b)
+
+    @precondition(lambda self: bool(self.c.isolated))
+    @rule()
+    def heal(self) -> None:
+        self.c.heal()
+
+    @precondition(lambda self: self._on("zk"))
+    @rule(victim=st.sampled_from(["leader", *BROKERS]))
+    def session_expiry(self, victim: int | str) -> None:
+        b = self._target(victim)
+        if b is not None and self.c.alive[b] and b in self.c.registered:
+            self.c.session_expiry(b)
+
     @rule(ms=st.sampled_from([100, 600, 3_000, 11_000]))
     def advance(self, ms: int) -> None:
-        self.c.advance(ms)
+        self.c.advance(ms if self._on("pause") else min(ms, 3_000))
 
     def _target(self, target: int | str) -> int | None:
         # Nemeses like Jepsen's aim at roles as well as at fixed nodes.
@@ -115,6 +146,8 @@ class ClusterMachine(RuleBasedStateMachine):
     def crash(self, victim: int | str, lossy: bool, detected: bool) -> None:
         """Kill a broker; ``detected``: its ZooKeeper session expires right away."""
         b = self._target(victim)
+        lossy = lossy and self._on("lossy")
+        detected = detected or not self._on("expire")
         if b is None or not self._may_crash(b, lossy):
             return
         self.c.crash(b, lose_unflushed=lossy)
@@ -123,6 +156,7 @@ class ClusterMachine(RuleBasedStateMachine):
         if detected:
             self.c.expire(b)
 
+    @precondition(lambda self: self._on("expire"))
     @rule(i=st.integers(0, 2))
     def expire(self, i: int) -> None:
         pending = [b for b in BROKERS if not self.c.alive[b] and b in self.c.registered]
@@ -135,6 +169,7 @@ class ClusterMachine(RuleBasedStateMachine):
         if dead:
             self.c.restart(dead[i % len(dead)])
 
+    @precondition(lambda self: self._on("flush"))
     @rule(b=st.sampled_from(BROKERS))
     def flush(self, b: int) -> None:
         self.c.flush(b)

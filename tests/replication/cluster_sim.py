@@ -75,6 +75,7 @@ class SimCluster:
         }
         self.zk_state: LeaderAndIsr | None = None
         self.network: list[Message] = []
+        self.isolated: set[int] = set()
         self.controller = Controller(1, unclean_leader_election)
         self.acked: dict[int, int] = {}
         self.acked_acks1: dict[int, int] = {}
@@ -174,6 +175,9 @@ class SimCluster:
     def deliver(self, index: int = 0) -> Message:
         """Deliver the ``index``-th in-flight message."""
         msg = self.network.pop(index)
+        if msg.droppable and (msg.src in self.isolated) != (msg.dst in self.isolated):
+            self.trace.append(f"lost across partition {msg.kind} {msg.src}->{msg.dst}")
+            return msg
         self.trace.append(f"deliver {msg.kind} {msg.src}->{msg.dst}")
         if not self.alive[msg.dst]:
             return msg
@@ -266,6 +270,23 @@ class SimCluster:
         if lose_unflushed:
             self.logs[b].crash()
         self.trace.append(f"crash {b} lose_unflushed={lose_unflushed}")
+
+    def isolate(self, b: int) -> None:
+        """Cut ``b`` off from the brokers outside the isolated group (ZooKeeper unaffected)."""
+        self.isolated.add(b)
+        self.trace.append(f"isolate {b} -> {sorted(self.isolated)}")
+
+    def heal(self) -> None:
+        self.isolated.clear()
+        self.trace.append("heal")
+
+    def session_expiry(self, b: int) -> None:
+        """Live broker ``b`` loses its ZooKeeper session (a long GC pause, a partition from
+        ZooKeeper) and re-registers: the controller handles a failure then a startup while
+        ``b`` keeps running on its old state until the new LeaderAndIsr reaches it."""
+        self.trace.append(f"session expiry of live broker {b}")
+        self._run_controller(self.controller.on_broker_change(self.registered - {b}))
+        self._run_controller(self.controller.on_broker_change(self.registered))
 
     def expire(self, b: int) -> None:
         """ZooKeeper expires dead broker ``b``'s session: the controller hears of it."""

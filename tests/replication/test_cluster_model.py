@@ -18,7 +18,7 @@ from tests.replication.cluster_machine import (
 )
 
 
-def run(machine: type[RuleBasedStateMachine], examples: int, steps: int = 60) -> None:
+def run(machine: type[RuleBasedStateMachine], examples: int, steps: int = 100) -> None:
     run_state_machine_as_test(
         machine,
         settings=settings(
@@ -41,7 +41,7 @@ def test_safe_settings_keep_acked_records_and_committed_prefixes() -> None:
 
 @pytest.mark.slow
 def test_safe_settings_soak() -> None:
-    run(ClusterMachine, examples=5_000, steps=80)
+    run(ClusterMachine, examples=5_000)
 
 
 @pytest.mark.parametrize(
@@ -56,5 +56,5 @@ def test_historic_switch_loses_acked_data(
     machine: type[RuleBasedStateMachine], expected: str
 ) -> None:
     with pytest.raises(AssertionError, match=expected) as failure:
-        run(machine, examples=2_000)
+        run(machine, examples=1_500)
     assert "last events:" in str(failure.value)

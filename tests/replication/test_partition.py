@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TypeVar
 
 import pytest
 
@@ -26,6 +27,7 @@ from broker.replication import (
 )
 
 TP = TopicPartition("t", 0)
+A = TypeVar("A")
 
 
 def leader(
@@ -45,8 +47,15 @@ def leader(
     return p
 
 
-def of(actions: Sequence[Action], kind: type) -> list:  # type: ignore[type-arg]
+def of(actions: Sequence[Action], kind: type[A]) -> list[A]:
     return [a for a in actions if isinstance(a, kind)]
+
+
+def one(actions: Sequence[Action], kind: type[A]) -> A:
+    """The single action of ``kind``, and nothing else, in ``actions``."""
+    assert len(actions) == 1, actions
+    (action,) = of(actions, kind)
+    return action
 
 
 def produce(p: Partition, n: int = 1, acks: int = 1, rid: int = 100, now: int = 0) -> list[Action]:
@@ -320,7 +329,7 @@ def follower(mode: TruncationMode = TruncationMode.LEADER_EPOCH) -> tuple[Partit
 
 def test_follower_with_empty_log_fetches_at_once() -> None:
     p, _ = follower()
-    (fetch,) = p.become_follower(LeaderAndIsr(0, 0, (0, 1), 1), (0, 1), now=0)
+    fetch = one(p.become_follower(LeaderAndIsr(0, 0, (0, 1), 1), (0, 1), now=0), SendFetch)
     assert isinstance(fetch, SendFetch)
     assert (fetch.leader_id, fetch.fetch_offset, fetch.current_leader_epoch) == (0, 0, 0)
     assert p.role is Role.FOLLOWER and p.phase is FollowerPhase.FETCHING
@@ -328,7 +337,7 @@ def test_follower_with_empty_log_fetches_at_once() -> None:
 
 def test_follower_appends_and_takes_min_of_leader_hw_and_own_leo() -> None:
     p, log = follower()
-    (fetch,) = p.become_follower(LeaderAndIsr(0, 0, (0, 1), 1), (0, 1), now=0)
+    fetch = one(p.become_follower(LeaderAndIsr(0, 0, (0, 1), 1), (0, 1), now=0), SendFetch)
     (nxt,) = p.on_fetch_response(
         fetch.request_id, ErrorCode.NONE, [("a", 0), ("b", 0)], 5, 0, 5, now=1
     )
@@ -342,23 +351,34 @@ def test_follower_appends_and_takes_min_of_leader_hw_and_own_leo() -> None:
 def test_follower_asks_latest_epoch_then_truncates() -> None:
     p, log = follower()
     log.append_as_follower([("a", 0), ("b", 1), ("c", 1)])
-    (ask,) = p.become_follower(LeaderAndIsr(0, 2, (0, 1), 1), (0, 1), now=0)
+    ask = one(
+        p.become_follower(LeaderAndIsr(0, 2, (0, 1), 1), (0, 1), now=0), SendOffsetsForLeaderEpoch
+    )
     assert isinstance(ask, SendOffsetsForLeaderEpoch) and ask.leader_epoch == 1
     assert p.phase is FollowerPhase.TRUNCATING
-    (fetch,) = p.on_offsets_for_leader_epoch_response(ask.request_id, ErrorCode.NONE, 1, 2, 1)
+    fetch = one(
+        p.on_offsets_for_leader_epoch_response(ask.request_id, ErrorCode.NONE, 1, 2, 1), SendFetch
+    )
     assert log.log_end_offset == 2 and isinstance(fetch, SendFetch)
 
 
 def test_follower_unknown_leader_epoch_truncates_and_asks_again() -> None:
     p, log = follower()
     log.append_as_follower([("a", 0), ("b", 0), ("c", 2), ("d", 3)])
-    (ask,) = p.become_follower(LeaderAndIsr(0, 4, (0, 1), 1), (0, 1), now=0)
+    ask = one(
+        p.become_follower(LeaderAndIsr(0, 4, (0, 1), 1), (0, 1), now=0), SendOffsetsForLeaderEpoch
+    )
     assert ask.leader_epoch == 3
     # the leader knows epoch 1 but not 3: we never had epoch 1, so cut to the end of epoch 0
-    (again,) = p.on_offsets_for_leader_epoch_response(ask.request_id, ErrorCode.NONE, 1, 3, 1)
+    again = one(
+        p.on_offsets_for_leader_epoch_response(ask.request_id, ErrorCode.NONE, 1, 3, 1),
+        SendOffsetsForLeaderEpoch,
+    )
     assert log.log_end_offset == 2 and isinstance(again, SendOffsetsForLeaderEpoch)
     assert again.leader_epoch == 0
-    (fetch,) = p.on_offsets_for_leader_epoch_response(again.request_id, ErrorCode.NONE, 0, 1, 2)
+    fetch = one(
+        p.on_offsets_for_leader_epoch_response(again.request_id, ErrorCode.NONE, 0, 1, 2), SendFetch
+    )
     assert log.log_end_offset == 1 and isinstance(fetch, SendFetch)
 
 
@@ -367,22 +387,22 @@ def test_high_watermark_mode_truncates_to_own_hw_on_leader_change() -> None:
     log.append_as_follower([("a", 0), ("b", 0), ("c", 0)])
     log.hw_checkpoint = 1
     p = Partition(TP, 1, log, p.config)
-    (fetch,) = p.become_follower(LeaderAndIsr(0, 1, (0, 1), 1), (0, 1), now=0)
+    fetch = one(p.become_follower(LeaderAndIsr(0, 1, (0, 1), 1), (0, 1), now=0), SendFetch)
     assert log.log_end_offset == 1 and isinstance(fetch, SendFetch)
 
 
 def test_follower_resends_lost_request_and_backs_off_on_errors() -> None:
     p, _ = follower()
-    (fetch,) = p.become_follower(LeaderAndIsr(0, 0, (0, 1), 1), (0, 1), now=0)
+    fetch = one(p.become_follower(LeaderAndIsr(0, 0, (0, 1), 1), (0, 1), now=0), SendFetch)
     assert p.tick(999) == []
-    (again,) = p.tick(1_000)
+    again = one(p.tick(1_000), SendFetch)
     assert isinstance(again, SendFetch) and again.request_id != fetch.request_id
     assert (
         p.on_fetch_response(again.request_id, ErrorCode.UNKNOWN_LEADER_EPOCH, [], 0, 0, 0, 1_001)
         == []
     )
     assert p.tick(1_100) == []
-    (retry,) = p.tick(1_201)
+    retry = one(p.tick(1_201), SendFetch)
     assert isinstance(retry, SendFetch)
     assert (
         p.on_fetch_response(retry.request_id, ErrorCode.FENCED_LEADER_EPOCH, [], 0, 0, 0, 1_300)
@@ -393,10 +413,13 @@ def test_follower_resends_lost_request_and_backs_off_on_errors() -> None:
 
 def test_follower_ahead_of_leader_truncates_on_out_of_range() -> None:
     p, log = follower()
-    (fetch,) = p.become_follower(LeaderAndIsr(0, 0, (0, 1), 1), (0, 1), now=0)
+    fetch = one(p.become_follower(LeaderAndIsr(0, 0, (0, 1), 1), (0, 1), now=0), SendFetch)
     log.append_as_follower([("a", 0), ("b", 0)])  # behind the core's back, for the test
     p._inflight.fetch_offset = 2  # type: ignore[union-attr]
-    (nxt,) = p.on_fetch_response(fetch.request_id, ErrorCode.OFFSET_OUT_OF_RANGE, [], 0, 0, 1, 1)
+    nxt = one(
+        p.on_fetch_response(fetch.request_id, ErrorCode.OFFSET_OUT_OF_RANGE, [], 0, 0, 1, 1),
+        SendFetch,
+    )
     assert log.log_end_offset == 1 and isinstance(nxt, SendFetch)
 
 

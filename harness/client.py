@@ -1,0 +1,573 @@
+"""The queue workload's client: one logical process talking Kafka through confluent-kafka.
+
+`QueueClient(test, node_bootstrap, process, node=None)` owns one producer and one
+consumer (librdkafka, which releases the GIL, so one thread per process scales).
+`open()` creates them, `invoke(op) -> completed op` performs one operation of
+shared/spec/history-format.md (send, poll, txn, assign, subscribe, crash) and returns
+its completion in exactly the spec's shapes, `close()` tears them down without waiting.
+
+Keys are "topic/partition" strings; values are ints sent as their decimal ASCII bytes.
+A record whose bytes are not an int is reported as the string it holds, so the checker
+can call it a garbage read.
+
+Error mapping, after Jepsen's Kafka client (jepsen.redpanda.workload.queue/with-errors):
+
+- definite (`fail`): the record was never handed to the network (produce() refused it,
+  purged from the queue) or the error says the write cannot have happened: unknown or
+  invalid topic/partition, authorization, invalid replication factor, not controller,
+  out-of-order sequence, fenced producer, invalid producer epoch, record too large;
+- indefinite (`info`): everything else: client-side timeouts (no delivery report in
+  time, librdkafka's message timeout), transport errors, NOT_LEADER_FOR_PARTITION
+  (KAFKA-13574: can come back after the append), request timeouts, not enough replicas
+  after append, unknown server errors.
+
+An op with several sends is `ok` when all were acknowledged, `fail` when all definitely
+failed and `info` otherwise. Each send's third element is `[offset, v]` when acked with an
+offset, `[null, v]` when acked without one (acks=0), and the bare `v` otherwise. Errors
+that leave the producer unusable (fenced, out of order, fatal) set `broken`: the
+interpreter then replaces the client and the process. A completion that is not `ok`
+rolls the consumer back to the first offset it read in that op (an aborted transaction
+rewinds), as Jepsen's with-consumer-rollback.
+
+Every completion carries `node`. A sample (test['watermark_p'], default 0.1) of ok send,
+poll and txn completions carries `watermarks` for the keys the op touched, queried from
+the partition leaders (ListOffsets) after the op's body and before its completion. The
+consumer's cached watermarks are not used: a fetch response the broker built before
+another op's observation can arrive during this op, and its older high watermark would
+look like the cluster's going backwards in real time. Send and txn completions carry
+`producer` (id and epoch from librdkafka's statistics, -1 until known).
+
+Test keys used: acks ("all"), idempotence (False), retries, txn (False), isolation_level
+("read_uncommitted"), op_timeout_ms (10000), watermark_p (0.1), linger_ms (0),
+request_timeout_ms (5000), fetch_wait_max_ms (100), poll_ms (100), seed,
+producer_config / consumer_config (extra librdkafka settings).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
+
+__all__ = [
+    "DEFINITE_ERRORS",
+    "ClientError",
+    "QueueClient",
+    "classify",
+    "error_name",
+    "parse_key",
+]
+
+log = logging.getLogger(__name__)
+
+Op = dict[str, Any]
+
+# Errors that prove a produce did not happen (Jepsen's definite set, in librdkafka codes).
+DEFINITE_ERRORS: frozenset[int] = frozenset(
+    {
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError._UNKNOWN_TOPIC,
+        KafkaError._UNKNOWN_PARTITION,
+        KafkaError.TOPIC_EXCEPTION,
+        KafkaError.TOPIC_AUTHORIZATION_FAILED,
+        KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+        KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+        KafkaError.INVALID_REPLICATION_FACTOR,
+        KafkaError.NOT_CONTROLLER,
+        KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER,
+        KafkaError.PRODUCER_FENCED,
+        KafkaError._FENCED,
+        KafkaError.INVALID_PRODUCER_EPOCH,
+        KafkaError.MSG_SIZE_TOO_LARGE,
+        KafkaError._PURGE_QUEUE,
+        KafkaError._QUEUE_FULL,
+        KafkaError.INVALID_REQUIRED_ACKS,
+    }
+)
+
+# Errors after which the producer cannot be used again.
+_BREAKING_ERRORS: frozenset[int] = frozenset(
+    {
+        KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER,
+        KafkaError.PRODUCER_FENCED,
+        KafkaError._FENCED,
+        KafkaError._FATAL,
+    }
+)
+
+_INVALID = -1001  # librdkafka's OFFSET_INVALID / "no watermark cached"
+
+
+class ClientError(RuntimeError):
+    """The client could not be opened (bad config, no transactions on the broker, ...)."""
+
+
+def parse_key(key: str) -> tuple[str, int]:
+    """ "t1/0" -> ("t1", 0)."""
+    topic, sep, part = str(key).rpartition("/")
+    if not sep or not topic or not part.isdigit():
+        raise ValueError(f"key {key!r} is not 'topic/partition' (e.g. 't0/0')")
+    return topic, int(part)
+
+
+def error_name(err: KafkaError) -> str:
+    """A stable, readable error name: "not-leader-for-partition", "-msg-timed-out"..."""
+    name = err.name() or str(err.code())
+    return name.lower().replace("_", "-").lstrip("-")
+
+
+def classify(err: KafkaError) -> str:
+    """ "fail" when `err` proves the write did not happen, else "info"."""
+    return "fail" if err.code() in DEFINITE_ERRORS else "info"
+
+
+def _decode(raw: bytes | None) -> Any:
+    if raw is None:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        return raw.decode("utf-8", "replace")
+
+
+class _Pending:
+    """One produced record waiting for its delivery report."""
+
+    __slots__ = ("done", "err", "i", "offset")
+
+    def __init__(self, i: int) -> None:
+        self.i = i
+        self.done = False
+        self.err: KafkaError | None = None
+        self.offset: int | None = None
+
+    def __call__(self, err: KafkaError | None, msg: Message) -> None:
+        self.err = err
+        if err is None:
+            off = msg.offset()
+            self.offset = off if off is not None and off >= 0 else None
+        self.done = True
+
+
+class QueueClient:
+    """One process's producer + consumer. Not thread-safe: one worker thread owns it."""
+
+    def __init__(
+        self,
+        test: Mapping[str, Any],
+        node_bootstrap: str,
+        process: int,
+        node: str | None = None,
+    ) -> None:
+        self.test = test
+        self.bootstrap = node_bootstrap
+        self.process = process
+        self.node = node or node_bootstrap
+        self.txn = bool(test.get("txn", False))
+        self.idempotent = bool(test.get("idempotence", False)) or self.txn
+        self.op_timeout = float(test.get("op_timeout_ms", 10000)) / 1000
+        self.poll_s = float(test.get("poll_ms", 100)) / 1000
+        self.watermark_p = float(test.get("watermark_p", 0.1))
+        self._rng = random.Random(f"{test.get('seed', 0)}/{process}")
+        self.transactional_id: str | None = (
+            f"isrlab-{process}-{uuid.uuid4().hex[:8]}" if self.txn else None
+        )
+        self.producer: Producer | None = None
+        self.consumer: Consumer | None = None
+        self.broken = False
+        self.assigned: set[str] = set()
+        self._producer_id = -1
+        self._producer_epoch = -1
+
+    # ----- lifecycle ----------------------------------------------------------------------
+
+    def producer_config(self) -> dict[str, Any]:
+        t = self.test
+        conf: dict[str, Any] = {
+            "bootstrap.servers": self.bootstrap,
+            "client.id": f"isrlab-p{self.process}",
+            "acks": str(t.get("acks", "all")),
+            "enable.idempotence": self.idempotent,
+            # No batching delay: every op waits for its own records (no flush() per op).
+            "linger.ms": int(t.get("linger_ms", 0)),
+            "message.timeout.ms": int(t.get("op_timeout_ms", 10000)),
+            "request.timeout.ms": int(t.get("request_timeout_ms", 5000)),
+            "socket.connection.setup.timeout.ms": int(t.get("request_timeout_ms", 5000)),
+            "reconnect.backoff.max.ms": 1000,
+            "error_cb": self._on_error,
+            "logger": log,
+        }
+        if t.get("retries") is not None:
+            conf["retries"] = int(t["retries"])
+        if self.idempotent:
+            # Producer id and epoch are only visible in librdkafka's statistics.
+            conf["statistics.interval.ms"] = 1000
+            conf["stats_cb"] = self._on_stats
+        if self.transactional_id:
+            conf["transactional.id"] = self.transactional_id
+            conf["transaction.timeout.ms"] = max(60000, int(t.get("op_timeout_ms", 10000)) * 2)
+        conf.update(t.get("producer_config") or {})
+        return conf
+
+    def consumer_config(self) -> dict[str, Any]:
+        t = self.test
+        conf: dict[str, Any] = {
+            "bootstrap.servers": self.bootstrap,
+            "client.id": f"isrlab-c{self.process}",
+            # Required by librdkafka, unused with assign(): offsets are never committed.
+            "group.id": f"isrlab-{self.process}",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "auto.offset.reset": "earliest",
+            "isolation.level": str(t.get("isolation_level", "read_uncommitted")),
+            "fetch.wait.max.ms": int(t.get("fetch_wait_max_ms", 100)),
+            "socket.connection.setup.timeout.ms": int(t.get("request_timeout_ms", 5000)),
+            "reconnect.backoff.max.ms": 1000,
+            "error_cb": self._on_error,
+            "logger": log,
+        }
+        conf.update(t.get("consumer_config") or {})
+        return conf
+
+    def open(self) -> QueueClient:
+        """Create the producer and consumer (and init transactions when test['txn'])."""
+        try:
+            self.producer = Producer(self.producer_config())
+            self.consumer = Consumer(self.consumer_config())
+        except KafkaException as e:
+            raise ClientError(f"cannot create Kafka clients for {self.bootstrap}: {e}") from e
+        if self.transactional_id:
+            try:
+                self.producer.init_transactions(self.op_timeout)
+            except KafkaException as e:
+                self.close()
+                raise ClientError(
+                    f"init_transactions on {self.bootstrap} failed ({e.args[0]}): does the "
+                    "broker support transactions? Run without --txn otherwise."
+                ) from e
+        return self
+
+    def close(self) -> None:
+        """Drop the clients without waiting for anything still in flight (idempotent)."""
+        producer, self.producer = self.producer, None
+        consumer, self.consumer = self.consumer, None
+        if producer is not None:
+            try:
+                producer.purge(in_queue=True, in_flight=True, blocking=False)
+                producer.flush(0)
+            except (KafkaException, RuntimeError) as e:
+                log.debug("closing producer: %s", e)
+        if consumer is not None:
+            try:
+                consumer.close()
+            except (KafkaException, RuntimeError) as e:
+                log.debug("closing consumer: %s", e)
+        self.assigned = set()
+
+    def _on_error(self, err: KafkaError) -> None:
+        if err.fatal():
+            self.broken = True
+        log.debug("process %s: %s", self.process, err)
+
+    def _on_stats(self, raw: str) -> None:
+        try:
+            eos = orjson.loads(raw).get("eos") or {}
+        except orjson.JSONDecodeError:
+            return
+        self._producer_id = int(eos.get("producer_id", self._producer_id))
+        self._producer_epoch = int(eos.get("producer_epoch", self._producer_epoch))
+
+    # ----- ops ----------------------------------------------------------------------------
+
+    def invoke(self, op: Mapping[str, Any]) -> Op:
+        """Perform `op` (an invoke: f, value, optional `_` hints); return its completion."""
+        f = op["f"]
+        base: Op = {k: v for k, v in op.items() if not k.startswith("_")}
+        base["node"] = self.node
+        if f == "crash":
+            self.close()
+            return {**base, "type": "info", "value": None}
+        if self.producer is None or self.consumer is None:
+            return {**base, "type": "fail", "error": "client-not-open"}
+        if f == "assign":
+            return self._assign(base, op.get("_seek") == "beginning")
+        if f == "subscribe":
+            return self._subscribe(base)
+        if f in ("send", "poll", "txn"):
+            return self._transact(base, float(op.get("_poll_ms", self.poll_s * 1000)) / 1000)
+        return {**base, "type": "fail", "error": f"unknown-f:{f}"}
+
+    def _assign(self, op: Op, from_beginning: bool) -> Op:
+        consumer = self.consumer
+        assert consumer is not None
+        try:
+            wanted = set(op["value"])
+            tps = {k: parse_key(k) for k in wanted}
+        except (TypeError, ValueError) as e:
+            return {**op, "type": "fail", "error": ["bad-keys", str(e)]}
+        keep = set() if from_beginning else self.assigned & wanted
+        drop = self.assigned - keep
+        add = wanted - keep
+        changed = False
+        try:
+            if drop:
+                # Incremental changes keep the fetch position of keys that stay assigned:
+                # a full assign() would restart them and the next poll would go back.
+                consumer.incremental_unassign([TopicPartition(*parse_key(k)) for k in drop])
+                changed = True
+                self.assigned -= drop
+            if add:
+                consumer.incremental_assign(
+                    [TopicPartition(*tps[k], OFFSET_BEGINNING) for k in sorted(add)]
+                )
+                self.assigned |= add
+        except KafkaException as e:
+            # Half done is not "nothing happened": only an untouched assignment is a fail.
+            kind = "info" if changed else "fail"
+            return {**op, "type": kind, "error": ["assign", str(e.args[0])]}
+        return {**op, "type": "ok"}
+
+    def _subscribe(self, op: Op) -> Op:
+        consumer = self.consumer
+        assert consumer is not None
+        try:
+            topics = sorted({parse_key(k)[0] for k in op["value"]})
+            consumer.subscribe(topics)
+        except (TypeError, ValueError) as e:
+            return {**op, "type": "fail", "error": ["bad-keys", str(e)]}
+        except KafkaException as e:
+            return {**op, "type": "info", "error": ["subscribe", str(e.args[0])]}
+        self.assigned = set()
+        return {**op, "type": "ok"}
+
+    # -- send / poll / txn
+
+    def _watermarks(self, keys: list[str], deadline: float) -> Op:
+        """Low/high watermarks of `keys` asked of their leaders now (skips keys that time out)."""
+        consumer = self.consumer
+        out: dict[str, dict[str, int]] = {}
+        if consumer is None:
+            return {}
+        for k in keys:
+            left = min(1.0, deadline - time.monotonic())
+            if left <= 0:
+                break
+            try:
+                lo, hi = consumer.get_watermark_offsets(
+                    TopicPartition(*parse_key(k)), timeout=left, cached=False
+                )
+            except (KafkaException, ValueError) as e:
+                log.debug("watermarks of %s: %s", k, e)
+                continue
+            if lo is not None and hi is not None and lo >= 0 and hi >= 0:
+                out[k] = {"low": lo, "high": hi}
+        return {"watermarks": out} if out else {}
+
+    def _producer_info(self) -> Op:
+        return {
+            "producer": {
+                "id": self._producer_id,
+                "epoch": self._producer_epoch,
+                "idempotent": self.idempotent,
+                "transactional_id": self.transactional_id or "",
+            }
+        }
+
+    def _transact(self, op: Op, poll_s: float) -> Op:
+        producer, consumer = self.producer, self.consumer
+        assert producer is not None and consumer is not None
+        mops: list[Any] = list(op["value"] or [])
+        out: list[Any] = [list(m) for m in mops]
+        first_read: dict[str, int] = {}
+        verdict: str = "ok"  # "ok" | "fail" | "info"
+        errors: list[Any] = []
+        has_send = any(m and m[0] == "send" for m in mops)
+        deadline = time.monotonic() + self.op_timeout
+        in_txn = False
+        try:
+            if self.txn:
+                producer.begin_transaction()
+                in_txn = True
+            i = 0
+            while i < len(mops):
+                if mops[i][0] == "send":
+                    j = i
+                    while j < len(mops) and mops[j][0] == "send":
+                        j += 1
+                    # Consecutive sends go out together and are awaited together.
+                    v, errs = self._send_run(mops, out, i, j, deadline)
+                    verdict = _worse(verdict, v)
+                    errors += errs
+                    i = j
+                    if verdict != "ok" and self.txn:
+                        break
+                elif mops[i][0] == "poll":
+                    out[i] = ["poll", self._poll(poll_s, first_read)]
+                    i += 1
+                else:
+                    raise ValueError(f"unknown micro-op {mops[i]!r}")
+            if in_txn:
+                if verdict == "ok":
+                    producer.commit_transaction(max(0.1, deadline - time.monotonic()))
+                    in_txn = False
+                else:
+                    verdict = self._abort(verdict, errors)
+                    in_txn = False
+        except KafkaException as e:
+            err: KafkaError = e.args[0]
+            errors.append(error_name(err))
+            if in_txn:
+                verdict = self._abort("info" if err.retriable() else classify(err), errors)
+            else:
+                verdict = _worse(verdict, classify(err))
+            if err.code() in _BREAKING_ERRORS or err.fatal():
+                self.broken = True
+        except (ValueError, TypeError, IndexError) as e:
+            errors.append(["bad-op", str(e)])
+            verdict = _worse(verdict, "fail" if not has_send else "info")
+        if verdict != "ok":
+            self._rollback(first_read)
+        result: Op = {**op, "type": verdict, "value": out}
+        if errors:
+            result["error"] = errors[0] if len(errors) == 1 else errors
+        if verdict == "ok" and self.watermark_p > 0 and self._rng.random() < self.watermark_p:
+            touched = {m[1] for m in mops if m[0] == "send"}
+            for m in out:
+                if m[0] == "poll" and len(m) > 1:
+                    touched.update(m[1])
+            result.update(self._watermarks(sorted(touched), deadline))
+        if has_send:
+            result.update(self._producer_info())
+        return result
+
+    def _send_run(
+        self, mops: list[Any], out: list[Any], i: int, j: int, deadline: float
+    ) -> tuple[str, list[Any]]:
+        producer = self.producer
+        assert producer is not None
+        pending: list[_Pending] = []
+        errors: list[Any] = []
+        refused = 0
+        for n in range(i, j):
+            _, k, v = mops[n]
+            topic, part = parse_key(k)
+            p = _Pending(n)
+            try:
+                producer.produce(topic, str(v).encode(), partition=part, on_delivery=p)
+            except BufferError:
+                errors.append("queue-full")
+                refused += 1
+                out[n] = ["send", k, v]
+                continue
+            except KafkaException as e:
+                # produce() refused the record: it never left this process.
+                errors.append(error_name(e.args[0]))
+                refused += 1
+                out[n] = ["send", k, v]
+                if e.args[0].fatal():
+                    self.broken = True
+                continue
+            pending.append(p)
+        while any(not p.done for p in pending):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            producer.poll(min(0.05, left))
+        acked = failed = unknown = 0
+        for p in pending:
+            _, k, v = mops[p.i]
+            if not p.done:
+                unknown += 1
+                out[p.i] = ["send", k, v]
+                errors.append("timeout")
+            elif p.err is None:
+                acked += 1
+                out[p.i] = ["send", k, [p.offset, v]]
+            else:
+                out[p.i] = ["send", k, v]
+                errors.append(error_name(p.err))
+                if p.err.code() in _BREAKING_ERRORS or p.err.fatal():
+                    self.broken = True
+                if classify(p.err) == "fail":
+                    failed += 1
+                else:
+                    unknown += 1
+        failed += refused
+        if unknown == 0 and failed == 0:
+            return "ok", errors
+        if unknown == 0 and acked == 0:
+            return "fail", errors
+        return "info", errors
+
+    def _poll(self, timeout: float, first_read: dict[str, int]) -> dict[str, list[list[Any]]]:
+        consumer = self.consumer
+        assert consumer is not None
+        if not self.assigned and not consumer.assignment():
+            return {}
+        # Block only for the first record; then take whatever else is already fetched.
+        first = consumer.poll(timeout)
+        msgs = [first] if first is not None else []
+        if first is not None:
+            msgs += consumer.consume(100000, 0)
+        read: dict[str, list[list[Any]]] = {}
+        for m in msgs:
+            err = m.error()
+            if err is not None:
+                if err.fatal():
+                    raise KafkaException(err)
+                log.debug("process %s poll: %s", self.process, err)
+                continue
+            k = f"{m.topic()}/{m.partition()}"
+            off = m.offset()
+            read.setdefault(k, []).append([off, _decode(m.value())])
+            if k not in first_read and off is not None:
+                first_read[k] = off
+        return read
+
+    def _abort(self, verdict: str, errors: list[Any]) -> str:
+        """Abort the open transaction: the op is a fail if that worked, else unknown."""
+        producer = self.producer
+        assert producer is not None
+        try:
+            producer.abort_transaction(self.op_timeout)
+        except KafkaException as e:
+            errors.append(["abort", error_name(e.args[0])])
+            self.broken = True
+            return "info"
+        return "fail" if verdict in ("fail", "info", "ok") else verdict
+
+    def _rollback(self, first_read: dict[str, int]) -> None:
+        consumer = self.consumer
+        if consumer is None:
+            return
+        for k, off in first_read.items():
+            if k not in self.assigned:
+                continue
+            try:
+                consumer.seek(TopicPartition(*parse_key(k), off))
+            except KafkaException as e:
+                # Not fetching that partition yet: nothing to rewind, or the process ends.
+                log.debug("rollback %s to %s: %s", k, off, e)
+                self.broken = True
+
+
+def _worse(a: str, b: str) -> str:
+    order = {"ok": 0, "fail": 1, "info": 2}
+    if {a, b} == {"ok", "fail"}:
+        # Part happened and part certainly did not: neither ok nor fail.
+        return "info"
+    return a if order[a] >= order[b] else b

@@ -1,0 +1,118 @@
+"""The history recorder: `history.jsonl` written append-only while a test runs.
+
+`HistoryWriter(path)` owns one history file (shared/spec/history-format.md, v1). Every
+`write(op)` stamps the op with the next dense `index` and a `time` in nanoseconds since
+the writer's start on the control node's monotonic clock, then appends exactly one line.
+
+Guarantees:
+
+- lines appear in the order of `write` calls; `index` is dense and `time` non-decreasing
+  along the file even when several threads write at once (both are assigned under the
+  same lock as the append);
+- each line is handed to the kernel with a single `os.write` of the whole line on an
+  `O_APPEND` descriptor before `write` returns, so if the harness process dies at any
+  point every line written so far is complete and parses; a torn line is impossible
+  short of a machine crash (call `sync()` or close with `fsync=True` to cover that);
+- the caller's dict is not modified: `write` returns the stamped copy that was recorded.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import orjson
+
+__all__ = ["HistoryWriter"]
+
+_DUMP_OPTIONS = orjson.OPT_APPEND_NEWLINE | orjson.OPT_NON_STR_KEYS
+
+
+class HistoryWriter:
+    """Append-only, thread-safe writer of one `history.jsonl`.
+
+    `start_ns` is the monotonic instant (time.monotonic_ns()) that counts as time 0;
+    by default the moment the writer is created. Several writers (or a later reader
+    computing relative times) can share one start by passing it explicitly.
+    """
+
+    def __init__(self, path: Path | str, start_ns: int | None = None) -> None:
+        self.path = Path(path)
+        self.start_ns = time.monotonic_ns() if start_ns is None else start_ns
+        self._lock = threading.Lock()
+        self._next_index = 0
+        self._last_time = 0
+        # O_APPEND makes each write land at the end even if something else appends too;
+        # O_EXCL refuses to silently mix two runs into one file.
+        self._fd: int | None = os.open(
+            self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o644
+        )
+
+    @property
+    def count(self) -> int:
+        """How many ops have been written."""
+        return self._next_index
+
+    def now(self) -> int:
+        """Nanoseconds since the writer's start (not yet clamped to the file's order)."""
+        return time.monotonic_ns() - self.start_ns
+
+    def write(self, op: dict[str, Any]) -> dict[str, Any]:
+        """Stamp `op` with index and time, append it as one line, return the stamped copy."""
+        with self._lock:
+            fd = self._fd
+            if fd is None:
+                raise ValueError(f"history {self.path} is closed")
+            t = time.monotonic_ns() - self.start_ns
+            # The monotonic clock never goes back, but two threads can read it in one
+            # order and take the lock in the other: clamp so times follow the file.
+            if t < self._last_time:
+                t = self._last_time
+            stamped = {"index": self._next_index, "time": t, **op}
+            line = orjson.dumps(stamped, option=_DUMP_OPTIONS)
+            _write_all(fd, line)
+            self._next_index += 1
+            self._last_time = t
+            return stamped
+
+    def sync(self) -> None:
+        """fsync the file: lines written so far survive a machine crash too."""
+        with self._lock:
+            if self._fd is not None:
+                os.fsync(self._fd)
+
+    def close(self, fsync: bool = True) -> None:
+        """Close the file (idempotent); by default fsync it first."""
+        with self._lock:
+            if self._fd is None:
+                return
+            try:
+                if fsync:
+                    os.fsync(self._fd)
+            finally:
+                os.close(self._fd)
+                self._fd = None
+
+    def __enter__(self) -> HistoryWriter:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    # A regular file takes the whole buffer in one call; loop only for the rare short
+    # write (a full disk raises instead, which the caller sees).
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]

@@ -157,6 +157,8 @@ def search(
         else:
             call_entry[i] = entry
 
+    # The op of a call entry, or -1 for a return entry: what the loop asks first.
+    call_op = [op_of[entry] if match[entry] >= 0 else -1 for entry in range(tail + 1)]
     bits = [1 << (i + _STATE_BITS) for i in range(n)]
     compile_step = model.compile_step
     if compile_step is not None:
@@ -214,9 +216,8 @@ def search(
     # first, or read-only ops, first was measured on the bench histories: no fewer configs.)
     e = nxt[0]
     while True:
-        m = match[e]
-        if m >= 0:
-            o = op_of[e]
+        o = call_op[e]
+        if o >= 0:
             t = trans[o]
             delta = t.get(state, on_miss[o])
             if delta is None:
@@ -248,6 +249,7 @@ def search(
                     cache.add(key)
                     push((e, state, linearized, forced[o]))
                     taken[o] = True
+                    m = match[e]
                     state = key & state_mask
                     linearized = key ^ state
                     p = prv[e]

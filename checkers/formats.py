@@ -3,7 +3,9 @@
 Two Jepsen renderings are read:
 
 - EDN op maps (``history.edn``): one map per line, ``{:process 0, :type :invoke, :f :append,
-  :key "0", :value "x 0 0 y"}``, or one EDN vector holding all of them.
+  :key "0", :value "x 0 0 y"}``, or one EDN vector holding all of them.  A value written as
+  ``#jepsen.independent.Tuple{:key k, :value v}`` (Jepsen's per-key workloads) becomes
+  ``key`` ``"k"`` (as a string) and ``value`` ``v``.
 - Jepsen's log lines (``jepsen.log``): ``INFO  jepsen.util - 3 :invoke :cas [1 2]``, fields
   separated by tabs or spaces, optionally preceded by a timestamp.  Lines that are not
   ``jepsen.util`` op lines (other loggers) are skipped; a ``jepsen.util`` line that does not
@@ -47,10 +49,27 @@ class FormatError(ValueError):
     """A history file that cannot be read, with the file and line it went wrong on."""
 
 
+class _IndependentTuple:
+    """``#jepsen.independent.Tuple{:key k, :value v}``: one op of a per-key workload."""
+
+    __slots__ = ("key", "value")
+
+    def __init__(self, fields: Any) -> None:
+        if not isinstance(fields, Mapping):
+            raise ValueError("#jepsen.independent.Tuple needs a map {:key .. :value ..}")
+        self.key = fields.get(Keyword("key"))
+        self.value = fields.get(Keyword("value"))
+
+
+edn_format.add_tag("jepsen.independent.Tuple", _IndependentTuple)
+
+
 def to_json(value: Any) -> Any:
     """EDN data (as edn_format parses it) as JSON-shaped Python data."""
     if isinstance(value, Keyword | Symbol):
         return value.name
+    if isinstance(value, _IndependentTuple):
+        return [to_json(value.key), to_json(value.value)]
     if isinstance(value, str | bool | int | float) or value is None:
         return value
     if isinstance(value, Mapping):
@@ -71,7 +90,12 @@ def _json_key(key: Any) -> str:
 def _op_from_edn(raw: Any, where: str) -> dict[str, Any]:
     if not isinstance(raw, Mapping):
         raise FormatError(f"{where}: expected an op map {{:process .. :type ..}}, got {raw!r}")
+    value = raw.get(Keyword("value"))
     op = {_json_key(k): to_json(v) for k, v in raw.items()}
+    if isinstance(value, _IndependentTuple) and "key" not in op:
+        # Jepsen's independent workloads carry the key inside the value.
+        op["key"] = str(to_json(value.key))
+        op["value"] = to_json(value.value)
     missing = [name for name in ("process", "type", "f") if name not in op]
     if missing:
         raise FormatError(f"{where}: op map lacks {', '.join(':' + m for m in missing)}")

@@ -54,6 +54,22 @@ def test_load_edn_converts_to_op_dicts(tmp_path: Path) -> None:
     assert ops[6]["type"] == "info" and ops[6]["error"] == "timed-out"
 
 
+def test_load_edn_reads_independent_tuples(tmp_path: Path) -> None:
+    text = (
+        "{:process 0, :type :invoke, :f :cas, :value #jepsen.independent.Tuple{:key 5, :value [1 2]}}\n"
+        "{:process 0, :type :ok, :f :cas, :value #jepsen.independent.Tuple{:key 5, :value [1 2]}}\n"
+        "{:process 1, :type :invoke, :f :read, :value #jepsen.independent.Tuple{:key 6, :value nil}}\n"
+    )
+    ops = load_edn(write(tmp_path, "independent.edn", text))
+    assert [(op["key"], op["value"]) for op in ops] == [("5", [1, 2]), ("5", [1, 2]), ("6", None)]
+
+
+def test_load_edn_unknown_tag_names_the_line(tmp_path: Path) -> None:
+    text = "{:process 0, :type :invoke, :f :read}\n{:process 0, :type :ok, :f :read, :value #foo/bar 1}\n"
+    with pytest.raises(FormatError, match=r"t\.edn:2: not valid EDN"):
+        load_edn(write(tmp_path, "t.edn", text))
+
+
 def test_load_edn_accepts_one_vector(tmp_path: Path) -> None:
     vector = "[" + EDN + "]"
     assert load_edn(write(tmp_path, "v.edn", vector)) == load_edn(write(tmp_path, "l.edn", EDN))

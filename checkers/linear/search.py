@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from checkers.linear.model import Model, Operation
@@ -83,8 +83,8 @@ class StateTable:
             ) from None
         if found is None:
             found = len(self.states)
-            if found >= 1 << _STATE_BITS:
-                raise OverflowError("more than 2**32 distinct model states")
+            # (The search inlines this for plain states; 2**32 states would not fit in memory
+            # long before they overflowed the low bits of the memo key.)
             self.codes[key] = found
             self.states.append(state)
         return found
@@ -108,7 +108,6 @@ class SearchOutcome:
     cache_size: int
     elapsed_s: float
     states_seen: int = 0
-    detail: dict[str, Any] = field(default_factory=dict)
 
 
 def _bind(

@@ -196,7 +196,6 @@ class Partition:
                 replica.reset(in_isr=r in self.isr, now=now)
                 self._remote[r] = replica
         actions += self._maybe_increment_hw()
-        actions += self._try_complete_delayed_produces()
         return actions
 
     def become_follower(
@@ -257,7 +256,6 @@ class Partition:
         if len(self.isr) < self.config.min_insync_replicas:
             actions += self._fail_delayed_produces(ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND)
         actions += self._maybe_increment_hw()
-        actions += self._try_complete_delayed_produces()
         return actions
 
     # ------------------------------------------------------------------ leader: requests
@@ -310,7 +308,6 @@ class Partition:
         actions: list[Action] = []
         actions += self._maybe_expand_isr(replica)
         actions += self._maybe_increment_hw()
-        actions += self._try_complete_delayed_produces()
         if fetch_offset == leo and max_wait_ms > 0:
             self._parked_fetches.append(
                 _ParkedFetch(request_id, replica_id, fetch_offset, now + max_wait_ms)
@@ -388,7 +385,6 @@ class Partition:
                 request_id, base, last_offset, now + timeout_ms
             )
         actions += self._maybe_increment_hw()
-        actions += self._try_complete_delayed_produces()
         return actions
 
     # ------------------------------------------------------------------ leader: ISR and HW
@@ -449,20 +445,20 @@ class Partition:
         if len(self.isr) < self.config.min_insync_replicas:
             actions += self._fail_delayed_produces(ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND)
         actions += self._maybe_increment_hw()
-        actions += self._try_complete_delayed_produces()
         return actions
 
     def _maybe_increment_hw(self) -> list[Action]:
-        if self.role is not Role.LEADER or len(self.isr) < self.config.min_insync_replicas:
-            return []
-        new_hw = self.log.log_end_offset
-        for r in self.maximal_isr:
-            if r != self.broker_id:
-                replica = self._remote.get(r)
-                new_hw = min(new_hw, replica.log_end_offset if replica else UNKNOWN_OFFSET)
-        if new_hw > self._hw:
-            self._set_hw(new_hw)
-        return []
+        """Advance the HW as far as the ISR allows, then answer the delayed produces it
+        satisfies (the HW is frozen while |ISR| < min.insync.replicas)."""
+        if self.role is Role.LEADER and len(self.isr) >= self.config.min_insync_replicas:
+            new_hw = self.log.log_end_offset
+            for r in self.maximal_isr:
+                if r != self.broker_id:
+                    replica = self._remote.get(r)
+                    new_hw = min(new_hw, replica.log_end_offset if replica else UNKNOWN_OFFSET)
+            if new_hw > self._hw:
+                self._set_hw(new_hw)
+        return self._try_complete_delayed_produces()
 
     def _set_hw(self, hw: int) -> None:
         self._hw = hw

@@ -36,7 +36,7 @@ def run(machine: type[RuleBasedStateMachine], examples: int, steps: int = 100) -
 
 
 def test_safe_settings_keep_acked_records_and_committed_prefixes() -> None:
-    run(ClusterMachine, examples=300)
+    run(ClusterMachine, examples=150)
 
 
 @pytest.mark.slow

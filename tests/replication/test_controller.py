@@ -180,3 +180,20 @@ def test_assignment_rejects_bad_requests(
 ) -> None:
     with pytest.raises(ValueError, match=message):
         assign_replicas_to_brokers(brokers, partitions, rf)
+
+
+def test_failover_load_elects_where_needed_and_tells_everyone_else() -> None:
+    other = TopicPartition("u", 0)
+    c = Controller(controller_epoch=4)
+    actions = c.load(
+        {TP: (0, 1, 2), other: (1, 2, 0)},
+        {
+            TP: LeaderAndIsr(0, 2, (0, 1), 3, zk_version=5),
+            other: LeaderAndIsr(1, 0, (1, 2), 3, zk_version=1),
+        },
+        live_brokers=[1, 2],
+    )
+    (w,) = writes(actions)
+    assert w.tp == TP and w.state == LeaderAndIsr(1, 3, (1,), 4, zk_version=5)
+    (notify,) = [a for a in actions if isinstance(a, NotifyBrokers)]
+    assert notify.tp == other and notify.brokers == (1, 2)

@@ -207,3 +207,23 @@ def test_acks_1_record_not_yet_replicated_is_truncated_after_failover() -> None:
     c.restart(A)
     c.settle()
     assert all(value not in c.values(b) for b in (A, B, C))
+
+
+# ---------------------------------------------------------------- zombie leader
+def test_zombie_leader_cannot_shrink_isr_or_ack_after_losing_its_session() -> None:
+    c = SimCluster(3, ReplicationConfig(min_insync_replicas=2, replica_lag_time_max_ms=1_000))
+    c.settle()
+    c.isolate(A)  # A can no longer talk to B and C ...
+    c.session_expiry(A)  # ... and the controller moves leadership away
+    assert c.zk_state is not None and c.zk_state.leader == B
+    zombie_write = c.produce(broker=A, acks=ACKS_ALL)  # A still believes it leads
+    assert zombie_write is not None
+    c.advance(2_000)  # A's followers look lagging: A tries to shrink the ISR to itself
+    assert any("leader 0 isr write (0,) ok=False" in line for line in c.trace)
+    assert c.partitions[A].isr == (0, 1, 2)  # the failed CAS changed nothing
+    c.advance(30_000)
+    assert c.produce_errors[zombie_write] is ErrorCode.REQUEST_TIMED_OUT
+    c.heal()
+    c.settle()
+    assert c.leader() == B and zombie_write not in c.values(B)
+    assert c.values(A) == c.values(B)  # A truncated its unacknowledged write away

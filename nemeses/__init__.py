@@ -1,1 +1,48 @@
-"""isrlab nemeses."""
+"""isrlab nemeses: faults injected into a running cluster, Jepsen-style, over SSH.
+
+One module per fault: ``partition`` (route black-holing and iptables DROP, with shapes),
+``process`` (pause and kill -9 of brokers), ``clock`` (bump and strobe via libfaketime or
+``date -s``), ``packet`` (tc netem). ``compose`` puts them behind one ``Nemesis.invoke(op)``,
+draws the schedule of ops, and heals everything. ``base`` holds what they share (targets).
+
+Use from a runner::
+
+    nem = nemeses.build(test["nemesis"], db, test)        # fails early if a kind cannot work
+    ops = nemeses.schedule(test["nemesis"], test["nemesis_interval"], test["seed"],
+                           targets=test.get("nemesis_targets"), keys=test["keys"])
+    with nemeses.healing(nem):                             # heals on the way out, also on abort
+        for op in ops:                                     # {"type": "sleep"} or an invoke
+            ...  completion = nem.invoke(op)
+        for op in nemeses.final_ops(test["nemesis"]):
+            nem.invoke(op)
+"""
+
+from nemeses.base import TARGETS, NemesisError
+from nemeses.compose import (
+    KINDS,
+    Nemesis,
+    build,
+    final_ops,
+    heal_all,
+    healing,
+    parse_kinds,
+    schedule,
+)
+from nemeses.packet import PacketFaultsUnavailable
+from nemeses.partition import SHAPES, grudge
+
+__all__ = [
+    "KINDS",
+    "SHAPES",
+    "TARGETS",
+    "Nemesis",
+    "NemesisError",
+    "PacketFaultsUnavailable",
+    "build",
+    "final_ops",
+    "grudge",
+    "heal_all",
+    "healing",
+    "parse_kinds",
+    "schedule",
+]

@@ -1,0 +1,781 @@
+"""The database under test on its nodes: ZooKeeper and the reference broker, deployed over SSH.
+
+``KafkaDB(test, inventory, run_dir)`` owns the whole life of the system under test on a set of
+nodes, and reaches them only through ``harness.control`` (SSH), so the embedded netns cluster and
+real VMs take the same code path.
+
+Shipping the code (``setup`` step 1)
+    The control host builds a *wheelhouse* once: the isrlab wheel (built from a scratch copy of the
+    checkout, so the checkout gets no build/ or egg-info) plus wheels of what the broker imports
+    at run time (``NODE_REQUIREMENTS``, version pins taken from pyproject.toml) and pip itself.
+    It is cached under ``$ISRLAB_CACHE`` (default ``~/.cache/isrlab``) in a directory named by
+    the Python tag and the *build hash*: a SHA-256 over pyproject.toml and every source file of
+    the packages. On each node, in parallel: if ``<workdir>/venv/.isrlab-build`` holds the same
+    hash nothing is done; otherwise the wheelhouse is uploaded, a venv is created with the node's
+    ``python3.X`` (same X as the control host's, because the binary wheels are built for it) and
+    filled with ``pip install --no-index --find-links``. ZooKeeper and a JRE come from apt
+    (``apt-get install -y zookeeper default-jre-headless``) when ``/usr/share/java/zookeeper.jar``
+    or ``java`` are missing.
+
+Node layout (``<workdir>`` per node: ``workdirs[node]``, default ``/var/lib/isrlab/node-<host>``)::
+
+    <workdir>/venv/                      the broker's virtualenv (+ .isrlab-build, the hash)
+    <workdir>/wheelhouse/                the uploaded wheels
+    <workdir>/zk/zoo.cfg, zk/data/myid   ZooKeeper member config and data (first 3 nodes)
+    <workdir>/broker/server.properties   the broker's config
+    <workdir>/broker/data/               log.dirs
+    <workdir>/run/broker.pid, zk.pid     pid files
+    <workdir>/run/faketime               the broker's libfaketime offset ("+0", "+12.5", "-3")
+    <workdir>/logs/broker.log, zookeeper.log
+
+Cluster (``setup`` steps 2-4)
+    ZooKeeper runs as an ensemble on the first three nodes (one node if there are fewer than
+    three) on port 2181, chroot ``/isrlab``; it is up once every member answers ``srvr`` with a
+    mode. A broker runs on every node with ``broker.id`` = the node's 1-based index, listening on
+    ``PLAINTEXT://<node host>:9092``; the settings under test come from the test config
+    (``BROKER_SETTINGS`` maps test keys to broker keys; ``broker_config`` adds raw keys). A
+    broker runs as a daemon with a pid file, under libfaketime when the node has it (clock
+    nemeses then rewrite the offset file; ``FAKETIME_DONT_FAKE_MONOTONIC=1`` so, as with
+    ``date -s``, only the wall clock moves) and the cluster is ready when a metadata request
+    lists every broker. ZooKeeper is never skewed: it is the coordinator, not the system under
+    test. Every step prints one progress line through ``progress`` (default: ``print``).
+
+Faults the nemeses use: ``kill(node)`` (SIGKILL), ``start(node)``, ``pause(node)`` (SIGSTOP of
+the process group), ``resume(node)``; ``clock_offset_file(node)`` / ``clock_mode``.
+Cluster queries go through a confluent-kafka AdminClient from the control host, as clients do:
+``bootstrap_servers()``, ``leader_of(topic, partition)``, ``controller()``,
+``create_topics(keys, rf, min_insync)``. ``collect_logs(run_dir)`` copies each node's logs and
+configs plus a listing of its data dir into ``run_dir/<node>/``; ``teardown()`` stops every
+process and wipes data and logs (the venv stays, so the next run skips the install).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness import zookeeper
+from harness.control import (
+    ConnectionPool,
+    ControlError,
+    Inventory,
+    Node,
+    Remote,
+    RemoteCommandError,
+    on_nodes,
+)
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("broker", "harness", "nemeses", "checkers", "pipeline")
+# what `python -m broker start` imports on a node; pins come from pyproject.toml
+NODE_REQUIREMENTS = ("kafka-python", "crc32c", "kazoo", "typer", "rich", "orjson")
+SOURCE_SUFFIXES = (".py", ".html", ".j2", ".css", ".js")
+
+ZK_PORT = 2181
+BROKER_PORT = 9092
+ZK_CHROOT = "/isrlab"
+ZK_ENSEMBLE_SIZE = 3
+
+# test config key -> (broker key, how to render the value)
+BROKER_SETTINGS: dict[str, tuple[str, Callable[[Any], str]]] = {
+    "min_insync_replicas": ("min.insync.replicas", str),
+    "unclean_leader_election": ("unclean.leader.election.enable", lambda v: str(bool(v)).lower()),
+    "truncation_mode": ("replica.truncation.mode", str),
+    "replica_lag_time_max_ms": ("replica.lag.time.max.ms", str),
+    "zk_session_timeout_ms": ("zookeeper.session.timeout.ms", str),
+    "flush_interval_messages": ("log.flush.interval.messages", str),
+    "flush_interval_ms": ("log.flush.interval.ms", str),
+    "replication_factor": ("default.replication.factor", str),
+    "partitions_per_topic": ("num.partitions", str),
+}
+
+Progress = Callable[[str], None]
+
+
+class DBError(ControlError):
+    """Deploying or running the system under test failed; the message says what to do."""
+
+
+def _print_progress(msg: str) -> None:
+    print(f"[db] {msg}", flush=True)
+
+
+# --------------------------------------------------------------------------------------------
+# The wheelhouse
+
+
+@dataclass(frozen=True)
+class Wheelhouse:
+    """Wheels to install on nodes: ``path`` holds them, ``build_hash`` names their content."""
+
+    path: Path
+    build_hash: str
+    python: str  # "3.11": the nodes' interpreter must match (binary wheels)
+
+    @property
+    def files(self) -> list[Path]:
+        return sorted(p for p in self.path.iterdir() if p.suffix == ".whl")
+
+    @property
+    def project_wheel(self) -> Path:
+        for p in self.files:
+            if p.name.startswith("isrlab-"):
+                return p
+        raise DBError(f"wheelhouse {self.path} has no isrlab wheel; delete it and retry")
+
+    @property
+    def pip_wheel(self) -> Path:
+        for p in self.files:
+            if p.name.startswith("pip-"):
+                return p
+        raise DBError(f"wheelhouse {self.path} has no pip wheel; delete it and retry")
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("ISRLAB_CACHE") or Path.home() / ".cache" / "isrlab")
+
+
+def _source_files(root: Path) -> list[Path]:
+    out = [root / "pyproject.toml"]
+    for pkg in PACKAGES:
+        base = root / pkg
+        if base.is_dir():
+            out += [
+                p
+                for p in base.rglob("*")
+                if p.is_file() and p.suffix in SOURCE_SUFFIXES and "__pycache__" not in p.parts
+            ]
+    return sorted(out)
+
+
+def build_hash(root: Path = PROJECT_ROOT) -> str:
+    """SHA-256 over pyproject.toml and the packages' source files (names and contents)."""
+    h = hashlib.sha256()
+    for p in _source_files(root):
+        h.update(str(p.relative_to(root)).encode() + b"\0")
+        h.update(p.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def node_requirements(root: Path = PROJECT_ROOT) -> list[str]:
+    """The pyproject.toml dependency specs of ``NODE_REQUIREMENTS`` (e.g. ``kazoo>=2.9``)."""
+    deps = tomllib.loads((root / "pyproject.toml").read_text())["project"]["dependencies"]
+    wanted = {n.lower() for n in NODE_REQUIREMENTS}
+    out = [d for d in deps if re.split(r"[<>=!~\[; ]", d, maxsplit=1)[0].lower() in wanted]
+    missing = wanted - {re.split(r"[<>=!~\[; ]", d, maxsplit=1)[0].lower() for d in out}
+    if missing:
+        raise DBError(f"pyproject.toml does not list {', '.join(sorted(missing))}")
+    return out
+
+
+def _run(cmd: Sequence[str], what: str, cwd: Path | None = None) -> None:
+    res = subprocess.run(list(cmd), capture_output=True, text=True, cwd=cwd)
+    if res.returncode != 0:
+        tail = "\n    ".join((res.stderr or res.stdout).strip().splitlines()[-15:])
+        raise DBError(f"{what} failed (exit {res.returncode}): {shlex.join(cmd)}\n    {tail}")
+
+
+def build_wheelhouse(
+    root: Path = PROJECT_ROOT, cache: Path | None = None, progress: Progress = _print_progress
+) -> Wheelhouse:
+    """The cached wheelhouse for the current sources, built now if missing (see module doc)."""
+    digest = build_hash(root)
+    py = f"{sys.version_info.major}.{sys.version_info.minor}"
+    base = cache or cache_dir()
+    target = base / f"wheelhouse-py{py}-{digest[:16]}"
+    if (target / ".complete").exists():
+        progress(f"wheelhouse cached ({target.name})")
+        return Wheelhouse(target, digest, py)
+    started = time.monotonic()
+    base.mkdir(parents=True, exist_ok=True)
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    # dependency wheels change only with pyproject.toml: share them between builds
+    reqs = node_requirements(root)
+    dep_key = hashlib.sha256("\n".join([py, *reqs]).encode()).hexdigest()[:16]
+    deps = base / f"deps-py{py}-{dep_key}"
+    if not (deps / ".complete").exists():
+        tmp_deps = Path(tempfile.mkdtemp(prefix="deps-", dir=base))
+        _run(
+            [*pip, "download", "--only-binary=:all:", "-d", str(tmp_deps), "pip", *reqs],
+            "downloading the broker's dependency wheels",
+        )
+        (tmp_deps / ".complete").touch()
+        shutil.rmtree(deps, ignore_errors=True)
+        tmp_deps.rename(deps)
+    tmp = Path(tempfile.mkdtemp(prefix="wheelhouse-", dir=base))
+    try:
+        # build from a scratch copy: setuptools writes build/ and *.egg-info next to the sources
+        src = tmp / "src"
+        src.mkdir()
+        for p in _source_files(root):
+            dest = src / p.relative_to(root)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(p, dest)
+        if (root / "README.md").exists():
+            shutil.copy2(root / "README.md", src / "README.md")
+        _run([*pip, "wheel", "--no-deps", "-w", str(tmp), str(src)], "building the isrlab wheel")
+        shutil.rmtree(src)
+        for whl in deps.glob("*.whl"):
+            shutil.copy2(whl, tmp / whl.name)
+        (tmp / ".complete").write_text(digest + "\n")
+        shutil.rmtree(target, ignore_errors=True)
+        tmp.rename(target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    progress(f"wheelhouse built in {time.monotonic() - started:.1f}s ({target.name})")
+    return Wheelhouse(target, digest, py)
+
+
+# --------------------------------------------------------------------------------------------
+# Keys
+
+
+def parse_key(key: str) -> tuple[str, int]:
+    """``"t0/3"`` -> ``("t0", 3)``."""
+    topic, _, part = key.rpartition("/")
+    if not topic or not part.isdigit():
+        raise ValueError(f"bad key {key!r}: keys are 'topic/partition', e.g. 't0/0'")
+    return topic, int(part)
+
+
+# --------------------------------------------------------------------------------------------
+# The DB
+
+
+class KafkaDB:
+    """ZooKeeper + the reference broker on ``inventory``'s nodes. See the module docstring."""
+
+    def __init__(
+        self,
+        test: Mapping[str, Any],
+        inventory: Inventory,
+        run_dir: Path | str,
+        *,
+        workdirs: Mapping[str, str] | None = None,
+        pool: ConnectionPool | None = None,
+        progress: Progress | None = None,
+    ) -> None:
+        self.test = dict(test)
+        self.inventory = inventory
+        self.run_dir = Path(run_dir)
+        wanted = test.get("nodes")
+        self.nodes: list[Node] = (
+            [n for n in inventory.nodes if n.name in wanted] if wanted else list(inventory.nodes)
+        )
+        if not self.nodes:
+            raise DBError(f"none of the test's nodes {wanted} is in the inventory")
+        given = dict(workdirs or test.get("workdirs") or {})
+        self.workdirs = {
+            n.name: given.get(n.name, f"/var/lib/isrlab/node-{n.host}") for n in self.nodes
+        }
+        self.pool = pool or ConnectionPool()
+        self.progress: Progress = progress or _print_progress
+        self.zk_nodes = self.nodes[: ZK_ENSEMBLE_SIZE if len(self.nodes) >= ZK_ENSEMBLE_SIZE else 1]
+        self.broker_ids = {n.name: i for i, n in enumerate(self.nodes, 1)}
+        self.clock_mode: str = str(test.get("clock_mode", "auto"))
+        self.libfaketime: dict[str, str | None] = {}
+        self._admin: Any = None
+
+    # ---------------------------------------------------------------- helpers
+
+    def node(self, name: str) -> Node:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(f"no node {name!r} (nodes: {', '.join(self.names)})")
+
+    @property
+    def names(self) -> list[str]:
+        return [n.name for n in self.nodes]
+
+    def remote(self, name: str) -> Remote:
+        return Remote(self.node(name), self.inventory.ssh, self.pool)
+
+    def _on(self, nodes: Iterable[Node], fn: Callable[[Remote], Any]) -> dict[str, Any]:
+        return on_nodes(list(nodes), fn, ssh=self.inventory.ssh, pool=self.pool)
+
+    def path(self, node: str, *parts: str) -> str:
+        return "/".join([self.workdirs[node], *parts])
+
+    def broker_pidfile(self, node: str) -> str:
+        return self.path(node, "run", "broker.pid")
+
+    def zk_pidfile(self, node: str) -> str:
+        return self.path(node, "run", "zk.pid")
+
+    def clock_offset_file(self, node: str) -> str:
+        """The libfaketime offset file the node's broker reads (``+0`` when not skewed)."""
+        return self.path(node, "run", "faketime")
+
+    def zk_connect(self) -> str:
+        return ",".join(f"{n.host}:{ZK_PORT}" for n in self.zk_nodes) + ZK_CHROOT
+
+    def bootstrap_servers(self, nodes: Iterable[str] | None = None) -> str:
+        names = list(nodes) if nodes is not None else self.names
+        return ",".join(f"{self.node(n).host}:{BROKER_PORT}" for n in names)
+
+    def broker_node(self, broker_id: int) -> str | None:
+        for name, bid in self.broker_ids.items():
+            if bid == broker_id:
+                return name
+        return None
+
+    # ---------------------------------------------------------------- install
+
+    def install(self, wheelhouse: Wheelhouse | None = None) -> dict[str, str]:
+        """Venvs (and ZooKeeper/JRE where missing) on every node in parallel.
+
+        Returns ``{node: "installed" | "up to date"}``.
+        """
+        wh = wheelhouse or build_wheelhouse(progress=self.progress)
+        started = time.monotonic()
+        result = self._on(self.nodes, lambda r: self._install_node(r, wh))
+        fresh = sorted(n for n, v in result.items() if v == "installed")
+        self.progress(
+            f"nodes ready in {time.monotonic() - started:.1f}s "
+            f"({len(fresh)} installed, {len(result) - len(fresh)} up to date)"
+        )
+        return result
+
+    def _install_node(self, r: Remote, wh: Wheelhouse) -> str:
+        name = r.node.name
+        venv = self.path(name, "venv")
+        self._ensure_packages(r)
+        self.libfaketime[name] = self._find_libfaketime(r)
+        marker = f"{venv}/.isrlab-build"
+        cur = r.exec(f"cat {shlex.quote(marker)} 2>/dev/null", check=False).stdout.strip()
+        if cur == wh.build_hash and r.exec(f"test -x {venv}/bin/python", check=False).ok:
+            return "up to date"
+        python = self._node_python(r, wh.python)
+        house = self.path(name, "wheelhouse")
+        r.exec(f"rm -rf {house} && mkdir -p {house}")
+        for f in wh.files:
+            r.upload(f, f"{house}/{f.name}")
+        reqs = " ".join(shlex.quote(x) for x in node_requirements())
+        pip = f"{venv}/bin/python {house}/{wh.pip_wheel.name}/pip --disable-pip-version-check -q"
+        r.exec(
+            f"""set -e
+rm -rf {venv}
+{python} -m venv --without-pip {venv}
+{pip} install --no-index --find-links {house} {reqs}
+{pip} install --no-index --no-deps {house}/{wh.project_wheel.name}
+{venv}/bin/python -c 'import broker.cli'
+echo {wh.build_hash} > {marker}
+""",
+            timeout=600,
+        )
+        return "installed"
+
+    def _node_python(self, r: Remote, version: str) -> str:
+        wanted = str(self.test.get("node_python") or "")
+        for cand in [wanted] if wanted else [f"python{version}", "python3"]:
+            res = r.exec(
+                f"command -v {cand} >/dev/null && {cand} -c "
+                "'import sys; print(\"%d.%d\" % sys.version_info[:2])'",
+                check=False,
+            )
+            if res.ok and res.stdout.strip() == version:
+                return cand
+        raise DBError(
+            f"{r.node.name}: no Python {version} found (the wheels are built for the control "
+            f"host's Python {version}); install python{version} on the node or set node_python"
+        )
+
+    def _ensure_packages(self, r: Remote) -> None:
+        have = r.exec(
+            f"test -f {zookeeper.ZOOKEEPER_JAR} && command -v java >/dev/null", check=False
+        )
+        if have.ok:
+            return
+        self.progress(f"{r.node.name}: installing zookeeper and a JRE with apt-get")
+        try:
+            r.exec(
+                "DEBIAN_FRONTEND=noninteractive apt-get install -y -q "
+                "zookeeper default-jre-headless || (apt-get update -q && "
+                "DEBIAN_FRONTEND=noninteractive apt-get install -y -q "
+                "zookeeper default-jre-headless)",
+                timeout=900,
+            )
+        except RemoteCommandError as e:
+            raise DBError(
+                f"{r.node.name}: could not install ZooKeeper and a JRE with apt-get; install "
+                f"them by hand (apt-get install zookeeper default-jre-headless).\n{e}"
+            ) from None
+
+    def _find_libfaketime(self, r: Remote) -> str | None:
+        res = r.exec(
+            "ls /usr/lib/*/faketime/libfaketime.so.1 /usr/lib/faketime/libfaketime.so.1 "
+            "2>/dev/null | head -n1",
+            check=False,
+        )
+        return res.stdout.strip() or None
+
+    def uses_faketime(self, node: str) -> bool:
+        """Whether clock faults on ``node`` go through libfaketime (else ``date -s``)."""
+        if self.clock_mode == "date":
+            return False
+        lib = self.libfaketime.get(node)
+        if self.clock_mode == "faketime" and not lib:
+            raise DBError(
+                f"{node}: clock_mode is faketime but libfaketime is not installed "
+                "(apt-get install faketime)"
+            )
+        return lib is not None
+
+    # ---------------------------------------------------------------- configs
+
+    def broker_properties(self, node: str) -> str:
+        n = self.node(node)
+        props: dict[str, str] = {
+            "broker.id": str(self.broker_ids[node]),
+            "listeners": f"PLAINTEXT://{n.host}:{BROKER_PORT}",
+            "log.dirs": self.path(node, "broker", "data"),
+            "zookeeper.connect": self.zk_connect(),
+            "zookeeper.session.timeout.ms": "6000",
+            "replica.lag.time.max.ms": "10000",
+            "default.replication.factor": str(min(3, len(self.nodes))),
+            "auto.create.topics.enable": "false",
+        }
+        for key, (prop, render) in BROKER_SETTINGS.items():
+            if self.test.get(key) is not None:
+                props[prop] = render(self.test[key])
+        for k, v in (self.test.get("broker_config") or {}).items():
+            props[str(k)] = str(v)
+        return "".join(f"{k}={v}\n" for k, v in props.items())
+
+    def _write_configs(self, r: Remote) -> None:
+        name = r.node.name
+        r.exec(
+            "mkdir -p "
+            + " ".join(self.path(name, d) for d in ("run", "logs", "broker/data", "zk/data"))
+        )
+        r.write_file(self.path(name, "broker", "server.properties"), self.broker_properties(name))
+        r.exec(
+            f"test -f {self.clock_offset_file(name)} || echo +0 > {self.clock_offset_file(name)}"
+        )
+        if r.node in self.zk_nodes:
+            myid = self.zk_nodes.index(r.node) + 1
+            servers = [n.host for n in self.zk_nodes] if len(self.zk_nodes) > 1 else []
+            cfg = zookeeper.zoo_cfg(self.path(name, "zk", "data"), ZK_PORT, None, servers)
+            r.write_file(self.path(name, "zk", "zoo.cfg"), cfg)
+            r.write_file(self.path(name, "zk", "data", "myid"), f"{myid}\n")
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def setup(self) -> None:
+        """Install, configure, start ZooKeeper and every broker; returns when all are registered."""
+        t0 = time.monotonic()
+        self.install()
+        t1 = time.monotonic()
+        self._on(self.nodes, self._write_configs)
+        self.progress(f"configs written on {len(self.nodes)} nodes")
+        # brokers retry ZooKeeper for 30 s at startup, so their (slow) Python start overlaps
+        # the JVMs' start and the quorum election
+        self.start_zookeeper(wait=False)
+        self._on(self.nodes, lambda r: self._start_broker(r))
+        self.progress(f"{len(self.nodes)} brokers started")
+        self.wait_for_zookeeper()
+        self.wait_for_brokers()
+        now = time.monotonic()
+        self.progress(
+            f"cluster up in {now - t1:.1f}s (ZooKeeper x{len(self.zk_nodes)} + "
+            f"{len(self.nodes)} brokers; {now - t0:.1f}s with install)"
+        )
+
+    def start_zookeeper(self, wait: bool = True, timeout: float = 60.0) -> None:
+        """Start the ensemble's members; with ``wait``, until the quorum serves."""
+
+        def start(r: Remote) -> int:
+            name = r.node.name
+            return r.start_daemon(
+                "zookeeper",
+                shlex.join(zookeeper.command(self.path(name, "zk", "zoo.cfg"))),
+                pidfile=self.zk_pidfile(name),
+                logfile=self.path(name, "logs", "zookeeper.log"),
+                cwd=self.path(name, "zk"),
+                verify=0.0,
+            )
+
+        self._on(self.zk_nodes, start)
+        self.progress(f"ZooKeeper started on {', '.join(n.name for n in self.zk_nodes)}")
+        if wait:
+            self.wait_for_zookeeper(timeout)
+
+    def wait_for_zookeeper(self, timeout: float = 60.0) -> None:
+        """Until every ensemble member answers ``srvr`` with a mode (a quorum is serving)."""
+        deadline = time.monotonic() + timeout
+        waiting = {n.name for n in self.zk_nodes}
+        while waiting:
+            for name in sorted(waiting):
+                if self._zk_serving(self.remote(name)):
+                    waiting.discard(name)
+            if not waiting:
+                break
+            if time.monotonic() > deadline:
+                raise DBError(
+                    f"ZooKeeper did not form a quorum within {timeout:.0f}s "
+                    f"(not serving: {', '.join(sorted(waiting))}); see logs/zookeeper.log"
+                )
+            time.sleep(0.2)
+        self.progress(f"ZooKeeper quorum of {len(self.zk_nodes)} serving")
+
+    def _zk_serving(self, r: Remote) -> bool:
+        res = r.exec(
+            f"timeout 2 bash -c 'exec 3<>/dev/tcp/{r.node.host}/{ZK_PORT}; "
+            "echo srvr >&3; cat <&3' 2>/dev/null",
+            check=False,
+        )
+        return "Mode:" in res.stdout
+
+    def _broker_env(self, name: str) -> dict[str, str]:
+        env = {"PYTHONUNBUFFERED": "1"}
+        if self.uses_faketime(name):
+            lib = self.libfaketime[name]
+            assert lib is not None
+            env.update(
+                LD_PRELOAD=lib,
+                FAKETIME_TIMESTAMP_FILE=self.clock_offset_file(name),
+                FAKETIME_NO_CACHE="1",
+                FAKETIME_DONT_FAKE_MONOTONIC="1",
+            )
+        return env
+
+    def _start_broker(self, r: Remote) -> int:
+        name = r.node.name
+        if name not in self.libfaketime:
+            self.libfaketime[name] = self._find_libfaketime(r)
+        return r.start_daemon(
+            "broker",
+            f"{self.path(name, 'venv', 'bin', 'python')} -m broker start "
+            f"--config {self.path(name, 'broker', 'server.properties')}",
+            pidfile=self.broker_pidfile(name),
+            logfile=self.path(name, "logs", "broker.log"),
+            env=self._broker_env(name),
+            cwd=self.path(name, "broker"),
+        )
+
+    def wait_for_brokers(self, nodes: Iterable[str] | None = None, timeout: float = 60.0) -> None:
+        """Until metadata (asked of those brokers) lists every broker of ``nodes``."""
+        names = list(nodes) if nodes is not None else self.names
+        want = {self.broker_ids[n] for n in names}
+        deadline = time.monotonic() + timeout
+        seen: set[int] = set()
+        while time.monotonic() < deadline:
+            try:
+                md = self._admin_for(names).list_topics(timeout=2)
+                seen = set(md.brokers)
+                if want <= seen:
+                    self.progress(f"brokers registered: {sorted(seen)}")
+                    return
+            except Exception:
+                pass
+            time.sleep(0.2)
+        missing = sorted(self.broker_node(b) or str(b) for b in want - seen)
+        raise DBError(
+            f"brokers on {', '.join(missing)} did not register within {timeout:.0f}s; "
+            "see logs/broker.log on those nodes (collect_logs copies them)"
+        )
+
+    def teardown(self) -> None:
+        """Stop every broker and ZooKeeper, wipe their data, logs and configs (not the venv)."""
+
+        def down(r: Remote) -> None:
+            name = r.node.name
+            r.stop_daemon(self.broker_pidfile(name), wait=5)
+            r.stop_daemon(self.zk_pidfile(name), wait=5)
+            r.exec(
+                "rm -rf " + " ".join(self.path(name, d) for d in ("broker", "zk", "run", "logs"))
+            )
+
+        self._on(self.nodes, down)
+        self.close()
+        self.progress(f"torn down on {len(self.nodes)} nodes")
+
+    def close(self) -> None:
+        self._admin = None
+
+    # ---------------------------------------------------------------- process faults
+
+    def kill(self, node: str) -> bool:
+        """SIGKILL the broker's process group; True if it was running."""
+        return self.remote(node).signal_daemon(self.broker_pidfile(node), "KILL")
+
+    def start(self, node: str) -> int:
+        """Start the broker (no-op if it runs); returns its pid."""
+        return self._start_broker(self.remote(node))
+
+    def pause(self, node: str) -> bool:
+        return self.remote(node).signal_daemon(self.broker_pidfile(node), "STOP")
+
+    def resume(self, node: str) -> bool:
+        return self.remote(node).signal_daemon(self.broker_pidfile(node), "CONT")
+
+    def broker_pid(self, node: str) -> int | None:
+        return self.remote(node).daemon_pid(self.broker_pidfile(node))
+
+    def broker_state(self, node: str) -> str:
+        """``running``, ``paused`` or ``down`` (from /proc/<pid>/stat)."""
+        res = self.remote(node).exec(
+            f'p=$(cat {self.broker_pidfile(node)} 2>/dev/null) && kill -0 "$p" 2>/dev/null '
+            "&& awk '{print $3}' /proc/$p/stat",
+            check=False,
+        )
+        state = res.stdout.strip()
+        if not res.ok or not state or state == "Z":
+            return "down"
+        return "paused" if state == "T" else "running"
+
+    # ---------------------------------------------------------------- cluster queries
+
+    def _admin_for(self, nodes: Iterable[str] | None = None) -> Any:
+        from confluent_kafka.admin import AdminClient
+
+        if nodes is not None:
+            # a one-off client asking only these brokers (e.g. the majority side of a partition)
+            return AdminClient(
+                {"bootstrap.servers": self.bootstrap_servers(nodes), "socket.timeout.ms": 5000}
+            )
+        if self._admin is None:
+            self._admin = AdminClient({"bootstrap.servers": self.bootstrap_servers()})
+        return self._admin
+
+    def metadata(
+        self, via: Iterable[str] | None = None, topic: str | None = None, timeout: float = 5.0
+    ) -> Any:
+        """Cluster metadata asked of the brokers on ``via`` (default: any broker)."""
+        return self._admin_for(via).list_topics(topic=topic, timeout=timeout)
+
+    def leader_of(self, topic: str, partition: int, via: Iterable[str] | None = None) -> str | None:
+        """The node the metadata names as leader of ``topic/partition`` (None: no leader)."""
+        md = self.metadata(via, topic)
+        t = md.topics.get(topic)
+        if t is None or t.error is not None or partition not in t.partitions:
+            return None
+        leader = t.partitions[partition].leader
+        return self.broker_node(leader) if leader >= 0 else None
+
+    def controller(self, via: Iterable[str] | None = None) -> str | None:
+        md = self.metadata(via)
+        return self.broker_node(md.controller_id) if md.controller_id >= 0 else None
+
+    def create_topics(
+        self,
+        keys: Iterable[str],
+        rf: int | None = None,
+        min_insync: int | None = None,
+        timeout: float = 30.0,
+    ) -> dict[str, int]:
+        """Create the topics ``keys`` name (``"t0/0"``...) and wait until every key has a leader.
+
+        Returns ``{topic: partitions}``. Existing topics are left alone.
+        """
+        from confluent_kafka.admin import NewTopic
+
+        parts: dict[str, int] = {}
+        for k in keys:
+            topic, p = parse_key(k)
+            parts[topic] = max(parts.get(topic, 0), p + 1)
+        rf = rf or int(self.test.get("replication_factor") or min(3, len(self.nodes)))
+        config = {} if min_insync is None else {"min.insync.replicas": str(min_insync)}
+        admin = self._admin_for()
+        futures = admin.create_topics(
+            [NewTopic(t, n, rf, config=config) for t, n in sorted(parts.items())],
+            operation_timeout=timeout,
+        )
+        for topic, fut in futures.items():
+            try:
+                fut.result(timeout)
+            except Exception as e:
+                if "TOPIC_ALREADY_EXISTS" not in str(e) and "already exists" not in str(e):
+                    raise DBError(f"creating topic {topic} failed: {e}") from None
+        deadline = time.monotonic() + timeout
+        while True:
+            md = self.metadata()
+            waiting = [
+                f"{t}/{p}"
+                for t, n in parts.items()
+                for p in range(n)
+                if t not in md.topics
+                or p not in md.topics[t].partitions
+                or md.topics[t].partitions[p].leader < 0
+            ]
+            if not waiting:
+                break
+            if time.monotonic() > deadline:
+                raise DBError(f"no leader within {timeout:.0f}s for {', '.join(waiting)}")
+            time.sleep(0.1)
+        self.progress(f"topics ready: {', '.join(f'{t} x{n}' for t, n in sorted(parts.items()))}")
+        return parts
+
+    # ---------------------------------------------------------------- logs
+
+    def collect_logs(self, run_dir: Path | str | None = None) -> dict[str, Path]:
+        """Copy each node's logs, configs and a data-dir listing into ``run_dir/<node>/``."""
+        base = Path(run_dir or self.run_dir)
+
+        def grab(r: Remote) -> Path:
+            name = r.node.name
+            dest = base / name
+            dest.mkdir(parents=True, exist_ok=True)
+            w = self.workdirs[name]
+            listing = r.exec(
+                f"cd {w} 2>/dev/null && find broker/data zk/data -printf "
+                "'%M %10s %TY-%Tm-%TdT%TH:%TM:%TS %p\\n' 2>/dev/null | sort -k4",
+                check=False,
+            )
+            (dest / "data-listing.txt").write_text(listing.stdout)
+            res = r.exec(
+                f"cd {w} 2>/dev/null && tar -czf - --ignore-failed-read logs "
+                "broker/server.properties zk/zoo.cfg run/faketime 2>/dev/null",
+                check=False,
+            )
+            if res.stdout_bytes:
+                import io
+                import tarfile
+
+                with tarfile.open(fileobj=io.BytesIO(res.stdout_bytes), mode="r:gz") as tar:
+                    tar.extractall(dest, filter="data")
+            return dest
+
+        out = {}
+        for name, v in self._try_on(grab).items():
+            if isinstance(v, Exception):
+                self.progress(f"{name}: could not collect logs: {v}")
+            else:
+                out[name] = v
+        self.progress(f"logs collected into {base}")
+        return out
+
+    def _try_on(self, fn: Callable[[Remote], Any]) -> dict[str, Any]:
+        with ThreadPoolExecutor(max_workers=max(1, len(self.nodes))) as ex:
+            futs = {n.name: ex.submit(fn, self.remote(n.name)) for n in self.nodes}
+        out: dict[str, Any] = {}
+        for name, f in futs.items():
+            exc = f.exception()
+            out[name] = exc if exc is not None else f.result()
+        return out
+
+
+__all__ = [
+    "BROKER_PORT",
+    "DBError",
+    "KafkaDB",
+    "Wheelhouse",
+    "build_hash",
+    "build_wheelhouse",
+    "parse_key",
+]

@@ -1,0 +1,106 @@
+"""What every fault module shares: the ``Fault`` protocol, the DB it needs, and target choice.
+
+A *fault* is one kind of failure (``partition``, ``pause``, ...). ``start(value)`` injects it and
+returns what it did (a JSON value for the history); ``stop(value)`` undoes what this fault did;
+``heal()`` undoes it whatever the fault believes, so it is safe to run after a crash of the
+harness, twice in a row, or on a cluster that was never touched. Faults reach nodes only through
+the DB's ``remote(node)`` (SSH) and ask it cluster questions (``leader_of``, ``controller``).
+
+Targets (for process, clock and packet faults): ``one``, ``minority``, ``majority``, ``all``,
+``leader`` (of a key, default the test's first key), ``controller``; ``resolve_targets`` turns a
+target into node names with a seeded ``random.Random`` so a run is reproducible given the same
+cluster answers.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from harness.control import Remote
+
+TARGETS: tuple[str, ...] = ("one", "minority", "majority", "all", "leader", "controller")
+
+
+class NemesisError(Exception):
+    """A fault cannot be injected here; the message says why and what to do."""
+
+
+class ClusterDB(Protocol):
+    """The part of ``harness.db.KafkaDB`` that nemeses use."""
+
+    test: dict[str, Any]
+
+    @property
+    def names(self) -> list[str]: ...
+
+    def remote(self, name: str) -> Remote: ...
+
+    def leader_of(self, topic: str, partition: int) -> str | None: ...
+
+    def controller(self) -> str | None: ...
+
+    def kill(self, node: str) -> bool: ...
+
+    def start(self, node: str) -> int: ...
+
+    def pause(self, node: str) -> bool: ...
+
+    def resume(self, node: str) -> bool: ...
+
+    def clock_offset_file(self, node: str) -> str: ...
+
+    def uses_faketime(self, node: str) -> bool: ...
+
+
+class Fault(Protocol):
+    kind: str
+
+    def start(self, value: Any) -> Any: ...
+
+    def stop(self, value: Any) -> Any: ...
+
+    def heal(self) -> Any: ...
+
+
+def default_key(db: ClusterDB) -> str:
+    keys = db.test.get("keys") or ["t0/0"]
+    return str(keys[0])
+
+
+def leader_node(db: ClusterDB, key: str | None) -> str | None:
+    """The node the metadata names as leader of ``key`` (None when unknown or unreachable)."""
+    topic, _, part = (key or default_key(db)).rpartition("/")
+    try:
+        return db.leader_of(topic, int(part))
+    except Exception:
+        return None
+
+
+def resolve_targets(
+    target: str, db: ClusterDB, rng: random.Random, key: str | None = None
+) -> list[str]:
+    """Node names for ``target`` (see the module docstring); never empty."""
+    nodes: Sequence[str] = db.names
+    shuffled = list(nodes)
+    rng.shuffle(shuffled)
+    n = len(nodes)
+    if target == "one":
+        return sorted(shuffled[:1])
+    if target == "minority":
+        return sorted(shuffled[: max(1, (n - 1) // 2)])
+    if target == "majority":
+        return sorted(shuffled[: n // 2 + 1])
+    if target == "all":
+        return sorted(nodes)
+    if target == "leader":
+        leader = leader_node(db, key)
+        return [leader] if leader else sorted(shuffled[:1])
+    if target == "controller":
+        try:
+            ctl = db.controller()
+        except Exception:
+            ctl = None
+        return [ctl] if ctl else sorted(shuffled[:1])
+    raise NemesisError(f"unknown target {target!r}; use one of {', '.join(TARGETS)}")

@@ -16,7 +16,7 @@ Both give op dicts: ``index`` dense from 0, ``time`` in ns (Jepsen's ``:time`` w
 otherwise synthesised: one more than the previous op, so times strictly increase), ``process``
 (an int, or ``"nemesis"``), ``type`` (invoke/ok/fail/info), ``f`` (a string without the colon),
 ``value`` as JSON (nil -> None, vectors and lists -> lists, sets -> sorted lists, keywords and
-symbols -> strings, maps -> objects with string keys), ``key``, and ``error``/``node`` when
+symbols -> strings, maps -> objects with string keys), ``key`` (as a string), and ``error``/``node`` when
 present; other keys are kept under their names.  A read (``read``/``get``) that ends in
 ``fail`` with ``:timed-out`` is indeterminate, so it becomes ``info`` with ``error`` recorded.
 
@@ -140,7 +140,9 @@ def _normalise(ops: Iterable[tuple[dict[str, Any], str]]) -> list[dict[str, Any]
             "f": op["f"],
         }
         if "key" in op:
-            out["key"] = op["key"]
+            key = op["key"]
+            # The history format's keys are strings; Jepsen's are often integers.
+            out["key"] = key if isinstance(key, str) or key is None else str(key)
         out["value"] = op.get("value")
         for name, val in op.items():
             if name not in out:

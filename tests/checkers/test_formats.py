@@ -23,7 +23,7 @@ EDN = """\
 {:process 0, :type :ok, :f :append, :key "0", :value "x 0 0 y"}
 
 {:process :nemesis, :type :info, :f :start-partition, :value {:n1 #{:n2 :n3}}}
-{:process 1, :type :invoke, :f :cas, :value [1 2], :time 500}
+{:process 1, :type :invoke, :f :cas, :value [1 2], :time 500, :key 7}
 {:process 1, :type :fail, :f :cas, :value [1 2], :error :mismatch, :time 400}
 {:process 2, :type :invoke, :f :read, :value nil, :node "n1"}
 {:process 2, :type :fail, :f :read, :value nil, :error :timed-out}
@@ -44,7 +44,7 @@ def test_load_edn_converts_to_op_dicts(tmp_path: Path) -> None:
     }
     assert ops[2]["process"] == "nemesis" and ops[2]["f"] == "start-partition"
     assert ops[2]["value"] == {"n1": ["n2", "n3"]}
-    assert ops[3]["value"] == [1, 2] and ops[3]["time"] == 500
+    assert ops[3]["value"] == [1, 2] and ops[3]["time"] == 500 and ops[3]["key"] == "7"
     # Times never go backwards: a smaller :time is bumped past the previous op.
     times = [op["time"] for op in ops]
     assert times == sorted(times) and len(set(times)) == len(times)

@@ -393,11 +393,12 @@ class QueueClient:
         mops: list[Any] = list(op["value"] or [])
         out: list[Any] = [list(m) for m in mops]
         first_read: dict[str, int] = {}
-        verdict: str = "ok"  # "ok" | "fail" | "info"
+        # None until a send run or an error decides: "ok" | "fail" | "info"
+        verdict: str | None = None
         errors: list[Any] = []
         has_send = any(m and m[0] == "send" for m in mops)
         deadline = time.monotonic() + self.op_timeout
-        in_txn = False
+        in_txn = committing = False
         try:
             if self.txn:
                 producer.begin_transaction()
@@ -420,25 +421,36 @@ class QueueClient:
                     i += 1
                 else:
                     raise ValueError(f"unknown micro-op {mops[i]!r}")
+            verdict = verdict or "ok"
             if in_txn:
                 if verdict == "ok":
+                    committing = True
                     producer.commit_transaction(max(0.1, deadline - time.monotonic()))
                     in_txn = False
                 else:
-                    verdict = self._abort(verdict, errors)
+                    # Something in the body went wrong: aborting makes the whole op a fail.
                     in_txn = False
+                    verdict = self._abort(errors)
         except KafkaException as e:
             err: KafkaError = e.args[0]
             errors.append(error_name(err))
-            if in_txn:
-                verdict = self._abort("info" if err.retriable() else classify(err), errors)
-            else:
-                verdict = _worse(verdict, classify(err))
             if err.code() in _BREAKING_ERRORS or err.fatal():
                 self.broken = True
+            if in_txn and (not committing or err.txn_requires_abort()):
+                # Before the commit, or a commit the broker refused: abort and it's a fail.
+                verdict = self._abort(errors)
+            elif in_txn:
+                # The commit timed out or its outcome is unknown (Jepsen: indefinite).
+                verdict = "info"
+                self.broken = True
+            else:
+                verdict = _worse(verdict, classify(err))
         except (ValueError, TypeError, IndexError) as e:
             errors.append(["bad-op", str(e)])
-            verdict = _worse(verdict, "fail" if not has_send else "info")
+            verdict = _worse(verdict, "info" if has_send else "fail")
+            if in_txn:
+                verdict = self._abort(errors)
+        verdict = verdict or "ok"
         if verdict != "ok":
             self._rollback(first_read)
         result: Op = {**op, "type": verdict, "value": out}
@@ -538,7 +550,7 @@ class QueueClient:
                 first_read[k] = off
         return read
 
-    def _abort(self, verdict: str, errors: list[Any]) -> str:
+    def _abort(self, errors: list[Any]) -> str:
         """Abort the open transaction: the op is a fail if that worked, else unknown."""
         producer = self.producer
         assert producer is not None
@@ -548,7 +560,7 @@ class QueueClient:
             errors.append(["abort", error_name(e.args[0])])
             self.broken = True
             return "info"
-        return "fail" if verdict in ("fail", "info", "ok") else verdict
+        return "fail"
 
     def _rollback(self, first_read: dict[str, int]) -> None:
         consumer = self.consumer
@@ -565,7 +577,10 @@ class QueueClient:
                 self.broken = True
 
 
-def _worse(a: str, b: str) -> str:
+def _worse(a: str | None, b: str) -> str:
+    """Combine the outcomes of two parts of one op (None: nothing decided yet)."""
+    if a is None:
+        return b
     order = {"ok": 0, "fail": 1, "info": 2}
     if {a, b} == {"ok", "fail"}:
         # Part happened and part certainly did not: neither ok nor fail.

@@ -1,8 +1,9 @@
 """The asyncio socket server: frames in, handler calls, responses out (Kafka's SocketServer).
 
-One task per connection reads size-prefixed frames and handles them strictly in order, as Kafka
-does by muting a channel while one of its requests is in flight: clients rely on responses arriving
-in request order. Anything wrong with a frame (too large, truncated, undecodable, an unknown API) is
+One task per connection reads size-prefixed frames and starts their handlers in arrival order;
+responses go out strictly in request order, which clients rely on. Unlike Kafka, which mutes a
+channel while one of its requests is in flight, up to MAX_INFLIGHT_PER_CONNECTION requests are
+handled concurrently, so acks=all produces waiting for the same replication round complete together. Anything wrong with a frame (too large, truncated, undecodable, an unknown API) is
 logged and the connection is closed; other connections are unaffected and nothing reaches the log.
 An unsupported ApiVersions version is answered with UNSUPPORTED_VERSION and the version table (so a
 newer client can downgrade), as Kafka does.
@@ -13,9 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import struct
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from kafka.protocol.metadata import ApiVersionsResponse
@@ -34,9 +34,11 @@ log = logging.getLogger(__name__)
 
 _SIZE = struct.Struct(">i")
 UNSUPPORTED_VERSION = 35
+# Requests read ahead on one connection while earlier ones are still being handled.
+MAX_INFLIGHT_PER_CONNECTION = 64
 
 # A handler returns the parts of an encoded response, or None when no response is due (acks=0).
-Handler = Callable[[Request, "Connection"], Awaitable[list[bytes | FileRegion] | None]]
+Handler = Callable[[Request, "Connection"], Coroutine[Any, Any, list[bytes | FileRegion] | None]]
 
 
 class Connection:
@@ -126,6 +128,46 @@ class SocketServer:
                 writer.close()
 
     async def _loop(self, conn: Connection) -> None:
+        """Read frames and start their handlers in arrival order; a responder task sends the
+        responses in the same order. Handlers run concurrently (pipelining), so an acks=all
+        produce waiting for replication does not hold back the requests behind it; each handler
+        does its appends before its first await, so appends still happen in request order."""
+        pending: asyncio.Queue[asyncio.Task[list[bytes | FileRegion] | None] | None] = (
+            asyncio.Queue(maxsize=MAX_INFLIGHT_PER_CONNECTION)
+        )
+        responder = asyncio.create_task(self._respond(conn, pending))
+        try:
+            await self._read_requests(conn, pending)
+        finally:
+            await pending.put(None)  # close after the responses already due have been sent
+            try:
+                await responder
+            except (ConnectionError, asyncio.CancelledError):
+                pass
+            finally:
+                while not pending.empty():
+                    t = pending.get_nowait()
+                    if t is not None:
+                        t.cancel()
+
+    async def _respond(
+        self,
+        conn: Connection,
+        pending: asyncio.Queue[asyncio.Task[list[bytes | FileRegion] | None] | None],
+    ) -> None:
+        while True:
+            task = await pending.get()
+            if task is None:
+                return
+            parts = await task
+            if parts is not None:
+                await conn.send(parts)
+
+    async def _read_requests(
+        self,
+        conn: Connection,
+        pending: asyncio.Queue[asyncio.Task[list[bytes | FileRegion] | None] | None],
+    ) -> None:
         reader = conn.reader
         while True:
             try:
@@ -154,16 +196,23 @@ class SocketServer:
                 request = decode_request(frame)
             except UnsupportedVersion as e:
                 if e.api_key == 18:
-                    await conn.send(_api_versions_unsupported(e.correlation_id))
+                    await pending.put(_done(_api_versions_unsupported(e.correlation_id)))
                     continue
                 log.warning("connection %s: %s; closing", conn.peer, e)
                 return
             except FrameError as e:
                 log.warning("connection %s: %s; closing", conn.peer, e)
                 return
-            parts = await self.handler(request, conn)
-            if parts is not None:
-                await conn.send(parts)
+            await pending.put(asyncio.create_task(self.handler(request, conn)))
+            # Let the new handler run up to its first await (its append) before reading on.
+            await asyncio.sleep(0)
+
+
+def _done(parts: list[bytes | FileRegion]) -> asyncio.Task[list[bytes | FileRegion] | None]:
+    async def value() -> list[bytes | FileRegion] | None:
+        return parts
+
+    return asyncio.create_task(value())
 
 
 def _api_versions_unsupported(correlation_id: int) -> list[bytes | FileRegion]:
@@ -176,7 +225,3 @@ def _api_versions_unsupported(correlation_id: int) -> list[bytes | FileRegion]:
         ],
     )
     return encode_response(resp, 0, correlation_id)
-
-
-def env_flag(name: str) -> bool:
-    return os.environ.get(name, "").lower() in ("1", "true", "yes")

@@ -18,6 +18,7 @@ from broker.log.errors import (
     OffsetOutOfRangeError,
     RecordBatchTooLargeError,
     RecordTooLargeError,
+    UnexpectedAppendOffsetError,
 )
 from broker.log.leader_epoch_checkpoint import LeaderEpochFileCache
 from broker.log.log import AppendOrigin, FetchDataInfo, Log, LogAppendInfo, LogConfig
@@ -40,4 +41,5 @@ __all__ = [
     "OffsetOutOfRangeError",
     "RecordBatchTooLargeError",
     "RecordTooLargeError",
+    "UnexpectedAppendOffsetError",
 ]

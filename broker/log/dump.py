@@ -132,7 +132,7 @@ def _dump_offset_index(path: Path, out: TextIO) -> None:
     base = _base_offset(path)
     data = path.read_bytes()
     for relative, position in struct.iter_unpack(">II", data[: len(data) // 8 * 8]):
-        if relative == 0 and position == 0 and base >= 0:
+        if relative == 0 and position == 0:
             # Kafka stops at the zero-filled preallocated tail of an active index.
             break
         print(f"offset: {base + relative} position: {position}", file=out)

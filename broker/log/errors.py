@@ -14,6 +14,20 @@ class LogError(Exception):
     code: int = -1
 
 
+class UnexpectedAppendOffsetError(LogError):
+    """A follower append does not start at the log end offset (Kafka's UnexpectedAppendOffsetException).
+
+    ``first_offset``/``last_offset`` span the rejected records. When an empty follower
+    fetched from a leader whose log start is inside a batch, the replica handles this as
+    Kafka's Partition does: ``truncate_fully_and_start_at(first_offset)`` and append again.
+    """
+
+    def __init__(self, message: str, first_offset: int, last_offset: int) -> None:
+        super().__init__(message)
+        self.first_offset = first_offset
+        self.last_offset = last_offset
+
+
 class OffsetOutOfRangeError(LogError):
     """OFFSET_OUT_OF_RANGE (1): a read below the log start offset or past the log end offset."""
 

@@ -56,6 +56,7 @@ from broker.log.errors import (
     OffsetOutOfRangeError,
     RecordBatchTooLargeError,
     RecordTooLargeError,
+    UnexpectedAppendOffsetError,
 )
 from broker.log.leader_epoch_checkpoint import LEADER_EPOCH_CHECKPOINT, LeaderEpochFileCache
 from broker.log.record_batch import NO_TIMESTAMP, BatchHeader, stamp, validate
@@ -350,8 +351,8 @@ class Log:
     def append_as_follower(self, records: bytes | bytearray | memoryview) -> LogAppendInfo:
         """Append batches fetched from the leader, keeping their offsets and leader epochs.
 
-        The first batch must start at the log end offset (else LogError: the replica must
-        truncate or reset first) and offsets must grow; CRCs are verified.
+        The first batch must start at the log end offset (else UnexpectedAppendOffsetError,
+        a LogError: the replica must truncate or reset first) and offsets must grow; CRCs are verified.
         """
         self._ensure_open()
         if len(records) == 0:
@@ -361,9 +362,11 @@ class Log:
         self._check_sizes(headers, len(records))
         expected = self.log_end_offset
         if headers[0].base_offset != expected:
-            raise LogError(
+            raise UnexpectedAppendOffsetError(
                 f"follower append to {self._dir.name} starts at offset {headers[0].base_offset} "
-                f"but the log end offset is {expected}: truncate or reset the replica first"
+                f"but the log end offset is {expected}: truncate or reset the replica first",
+                headers[0].base_offset,
+                headers[-1].last_offset,
             )
         for previous, header in itertools.pairwise(headers):
             if header.base_offset < previous.next_offset:

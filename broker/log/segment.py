@@ -15,6 +15,7 @@ handed out before a deletion still be sent.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 from collections.abc import Callable, Iterator
@@ -264,7 +265,14 @@ class LogSegment:
         if self._size == 0:
             self._first_append_ms = int(self._clock() * 1000)
         physical_position = self._size
-        _pwrite_fully(self._file.fileno(), view, physical_position)
+        try:
+            _pwrite_fully(self._file.fileno(), view, physical_position)
+        except OSError as exc:  # disk full, I/O error: the server answers KAFKA_STORAGE_ERROR
+            with contextlib.suppress(
+                OSError
+            ):  # drop a partial write so the file stays whole batches
+                os.ftruncate(self._file.fileno(), physical_position)
+            raise KafkaStorageError(f"cannot append to {self._path}: {exc}") from exc
         self._load_max_timestamp()
         for header in batches:
             self._index_batch(header, physical_position + header.position)

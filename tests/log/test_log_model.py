@@ -3,6 +3,10 @@
 The model is a list of the batches the log should hold, each as the exact bytes it should
 serve (stamped with its offset and leader epoch), plus the log start offset and the leader
 epoch entries. After every step every read must return exactly the model's batches.
+
+A follower log (other segment sizes) copies the leader with ``append_as_follower`` and is
+truncated wherever the leader is; it must always hold a byte-identical prefix of the
+leader, and in both logs the epoch cache must agree with the epochs stamped in the batches.
 """
 
 from __future__ import annotations
@@ -17,8 +21,9 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from broker.log.errors import UnexpectedAppendOffsetError
 from broker.log.log import Log, LogConfig
-from broker.log.record_batch import parse_header, stamp
+from broker.log.record_batch import iter_batches, parse_header, stamp
 from tests.log.batches import make_batch
 
 CONFIG = LogConfig(
@@ -27,6 +32,9 @@ CONFIG = LogConfig(
     segment_index_bytes=40,  # 5 offset entries / 3 time entries: full-index rolls happen too
     retention_ms=-1,
     file_delete_delay_ms=0,
+)
+FOLLOWER_CONFIG = LogConfig(
+    segment_bytes=3_500, index_interval_bytes=300, retention_ms=-1, file_delete_delay_ms=0
 )
 
 
@@ -46,6 +54,8 @@ class LogMachine(RuleBasedStateMachine):
         self.root = Path(tempfile.mkdtemp(prefix="logmodel-", dir=shm))
         self.dir = self.root / "model-topic-0"
         self.log = Log.open(self.dir, CONFIG)
+        self.follower_dir = self.root / "model-topic-1"
+        self.follower = Log.open(self.follower_dir, FOLLOWER_CONFIG)
         self.batches: list[ModelBatch] = []
         self.log_start = 0
         self.next_offset = 0
@@ -55,6 +65,7 @@ class LogMachine(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         self.log.close_without_flush()
+        self.follower.close_without_flush()
         shutil.rmtree(self.root, ignore_errors=True)
 
     # -- helpers -----------------------------------------------------------------------------
@@ -122,6 +133,7 @@ class LogMachine(RuleBasedStateMachine):
     def truncate(self, data: st.DataObject) -> None:
         target = data.draw(st.integers(self.log_start, self.next_offset + 2))
         self.log.truncate_to(target)
+        self.follower.truncate_to(target)
         if target < self.next_offset:
             self._drop_from(target)
 
@@ -191,6 +203,39 @@ class LogMachine(RuleBasedStateMachine):
             # The checkpointed log start is past what survived: the log restarts empty there.
             self.batches, self.epochs, self.next_offset = [], [], self.log_start
         self._reopen()
+        self.follower.truncate_to(self.log.log_end_offset)
+
+    @rule(max_bytes=st.integers(1, 3_000))
+    def replicate(self, max_bytes: int) -> None:
+        fetch_offset = self.follower.log_end_offset
+        if fetch_offset < self.log.log_start_offset:
+            # OffsetOutOfRange below the leader's log start: the follower restarts there.
+            self.follower.truncate_fully_and_start_at(self.log.log_start_offset)
+            fetch_offset = self.log.log_start_offset
+        fetched = self.log.read(fetch_offset, max_bytes).read_bytes()
+        try:
+            info = self.follower.append_as_follower(fetched)
+        except UnexpectedAppendOffsetError as exc:
+            # The leader's log start is inside a batch: start at that batch (Kafka's Partition).
+            assert self.follower.log_end_offset == self.follower.log_start_offset
+            assert exc.first_offset < fetch_offset <= exc.last_offset
+            self.follower.truncate_fully_and_start_at(exc.first_offset)
+            info = self.follower.append_as_follower(fetched)
+        assert info.valid_bytes == len(fetched)
+        self.follower.maybe_increment_log_start_offset(
+            min(self.log.log_start_offset, self.follower.log_end_offset)
+        )
+
+    @rule()
+    def follower_crash_and_reopen(self) -> None:
+        recovery_point, log_start = self.follower.recovery_point, self.follower.log_start_offset
+        self.follower.close_without_flush()
+        self.follower = Log.open(
+            self.follower_dir,
+            FOLLOWER_CONFIG,
+            recovery_point=recovery_point,
+            log_start_offset=log_start,
+        )
 
     # -- invariants --------------------------------------------------------------------------
 
@@ -204,6 +249,26 @@ class LogMachine(RuleBasedStateMachine):
     def full_read_matches(self) -> None:
         got = self.log.read(self.log_start, 10**7).read_bytes()
         assert got == self._expected_read(self.log_start, 10**7, None, True)
+
+    @invariant()
+    def follower_is_a_prefix_of_the_leader(self) -> None:
+        follower_end = self.follower.log_end_offset
+        assert follower_end <= self.log.log_end_offset
+        start = max(self.follower.log_start_offset, self.log.log_start_offset)
+        if start < follower_end:
+            mine = self.follower.read(start, 10**7).read_bytes()
+            assert mine == self.log.read(start, 10**7, max_offset=follower_end).read_bytes()
+
+    @invariant()
+    def epoch_caches_agree_with_batches(self) -> None:
+        for log in (self.log, self.follower):
+            data = log.read(log.log_start_offset, 10**7).read_bytes()
+            for header in iter_batches(data):
+                if header.base_offset >= log.log_start_offset:
+                    assert (
+                        log.leader_epoch_cache.epoch_for_offset(header.base_offset)
+                        == header.partition_leader_epoch
+                    )
 
     @rule(data=st.data())
     def partial_read_matches(self, data: st.DataObject) -> None:

@@ -11,6 +11,7 @@ partitions are then skipped (their verdict is ``unknown``, since nobody looked).
 
 from __future__ import annotations
 
+import multiprocessing
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -18,7 +19,7 @@ from typing import Any, Literal
 
 from checkers.linear.model import Model, Operation
 from checkers.linear.operations import operations_from_history
-from checkers.linear.search import StateTable, search
+from checkers.linear.search import SearchOutcome, StateTable, search
 
 __all__ = ["LinearizabilityResult", "PartitionResult", "check", "check_operations"]
 
@@ -102,6 +103,47 @@ class LinearizabilityResult:
         return self.illegal
 
 
+def _settles(outcome: SearchOutcome, stop_at_first_illegal: bool) -> bool:
+    """Whether the remaining partitions need not be searched after this outcome."""
+    return outcome.verdict == "unknown" or (outcome.verdict == "illegal" and stop_at_first_illegal)
+
+
+# The job forked worker processes read (set just before the fork, so nothing is pickled
+# on the way in: models are full of lambdas).
+_FORK_JOB: tuple[Model, list[list[Operation]], float | None, int | None] | None = None
+
+
+def _search_forked(index: int) -> tuple[int, SearchOutcome]:
+    assert _FORK_JOB is not None
+    model, parts, deadline, max_configs = _FORK_JOB
+    return index, search(model, parts[index], deadline, None, max_configs)
+
+
+def _search_in_parallel(
+    model: Model,
+    parts: list[list[Operation]],
+    deadline: float | None,
+    max_configs: int | None,
+    workers: int,
+    stop_at_first_illegal: bool,
+) -> dict[int, SearchOutcome]:
+    global _FORK_JOB
+    outcomes: dict[int, SearchOutcome] = {}
+    # Largest first: the longest searches start at once and the small ones fill in.
+    order = sorted(range(len(parts)), key=lambda i: -len(parts[i]))
+    _FORK_JOB = (model, parts, deadline, max_configs)
+    try:
+        context = multiprocessing.get_context("fork")
+        with context.Pool(min(workers, len(parts))) as pool:
+            for index, outcome in pool.imap_unordered(_search_forked, order):
+                outcomes[index] = outcome
+                if _settles(outcome, stop_at_first_illegal):
+                    break  # leaving the block terminates the other searches
+    finally:
+        _FORK_JOB = None
+    return outcomes
+
+
 def check(
     model: Model,
     ops: Sequence[dict[str, Any]],
@@ -109,6 +151,7 @@ def check(
     *,
     stop_at_first_illegal: bool = True,
     max_configs: int | None = DEFAULT_MAX_CONFIGS,
+    workers: int = 1,
 ) -> LinearizabilityResult:
     """Check a history of op dicts (history format v1) against ``model``.
 
@@ -116,6 +159,8 @@ def check(
     search (memory); either one running out makes the verdict ``unknown``.  By default the
     check stops at the first illegal partition, like Porcupine: the search of a partition
     that is not linearizable can be exponential, and one counterexample settles the verdict.
+    ``workers`` > 1 searches partitions in that many forked processes (largest first), as
+    Porcupine does with goroutines; the model's states must then be picklable.
     """
     started = time.monotonic()
     operations, failed, dropped = operations_from_history(model, ops)
@@ -125,6 +170,7 @@ def check(
         timeout_s,
         stop_at_first_illegal=stop_at_first_illegal,
         max_configs=max_configs,
+        workers=workers,
         failed=failed,
         dropped_reads=dropped,
         started=started,
@@ -138,6 +184,7 @@ def check_operations(
     *,
     stop_at_first_illegal: bool = True,
     max_configs: int | None = DEFAULT_MAX_CONFIGS,
+    workers: int = 1,
     failed: int = 0,
     dropped_reads: int = 0,
     started: float | None = None,
@@ -147,36 +194,43 @@ def check_operations(
     deadline = None if timeout_s is None else started + timeout_s
     parts = model.partition(operations) if model.partition is not None else [list(operations)]
     parts = sorted((p for p in parts if p), key=len)
-    table = StateTable(model)
+    if workers > 1 and len(parts) > 1:
+        outcomes = _search_in_parallel(
+            model, parts, deadline, max_configs, workers, stop_at_first_illegal
+        )
+        # Each worker interns its own states: an upper bound on the distinct ones.
+        distinct_states = sum(o.states_seen for o in outcomes.values())
+    else:
+        outcomes = {}
+        table = StateTable(model)
+        for index, part in enumerate(parts):
+            outcome = search(model, part, deadline, table, max_configs)
+            outcomes[index] = outcome
+            if _settles(outcome, stop_at_first_illegal):
+                break
+        distinct_states = len(table.states)
+    initial = model.init()
     results: list[PartitionResult] = []
-    give_up = False
-    gave_up = False
-    for part in parts:
+    for index, part in enumerate(parts):
         key = part[0].key if model.partition is not None else None
-        if give_up:
-            results.append(
-                PartitionResult(key, "unknown", part, [], None, table.states[0], checked=False)
-            )
+        found = outcomes.get(index)
+        if found is None:
+            results.append(PartitionResult(key, "unknown", part, [], None, initial, checked=False))
             continue
-        outcome = search(model, part, deadline, table, max_configs)
         results.append(
             PartitionResult(
                 key=key,
-                verdict=outcome.verdict,
+                verdict=found.verdict,
                 operations=part,
-                linearization=[part[i] for i in outcome.linearization],
-                blocked=None if outcome.blocked is None else part[outcome.blocked],
-                state=outcome.state,
-                steps=outcome.steps,
-                cache_size=outcome.cache_size,
-                elapsed_s=outcome.elapsed_s,
+                linearization=[part[i] for i in found.linearization],
+                blocked=None if found.blocked is None else part[found.blocked],
+                state=found.state,
+                steps=found.steps,
+                cache_size=found.cache_size,
+                elapsed_s=found.elapsed_s,
             )
         )
-        if outcome.verdict == "unknown":
-            gave_up = True
-            give_up = True
-        elif outcome.verdict == "illegal" and stop_at_first_illegal:
-            give_up = True
+    gave_up = any(o.verdict == "unknown" for o in outcomes.values())
     verdicts = {r.verdict for r in results}
     verdict: Verdict = (
         "illegal" if "illegal" in verdicts else "unknown" if "unknown" in verdicts else "ok"
@@ -201,7 +255,7 @@ def check_operations(
             "unchecked_partitions": sum(not r.checked for r in results),
             "backtracks": sum(r.steps for r in results),
             "cache_entries": sum(r.cache_size for r in results),
-            "distinct_states": len(table.states),
+            "distinct_states": distinct_states,
             "elapsed_s": round(elapsed, 6),
             "gave_up": gave_up,
         },

@@ -326,6 +326,19 @@ def test_timeout_gives_unknown() -> None:
     assert results["valid"] == "unknown" and results["anomaly_types"] == []
 
 
+def test_parallel_partitions_agree_and_time_out() -> None:
+    keyed = [dict(op, key=str(k)) for k in range(3) for op in hard_history(8)]
+    for i, op in enumerate(keyed):
+        op["index"] = i
+    result = check(REGISTER, keyed, workers=2)
+    assert result.verdict == "illegal" and result.illegal[0].blocked is not None
+    assert check(REGISTER, keyed, timeout_s=0.0, workers=2).verdict == "unknown"
+    for op in keyed:
+        if op["f"] == "read" and op["type"] == "ok":
+            op["value"] = 0  # the write of 0 may have been the last one
+    assert check(REGISTER, keyed, workers=2).verdict == "ok"
+
+
 def test_config_budget_gives_unknown() -> None:
     assert check(REGISTER, hard_history(), max_configs=100).verdict == "unknown"
 

@@ -75,6 +75,17 @@ def test_kv_verdict_without_partitioning(name: str) -> None:
     assert len(result.partitions) == 1
 
 
+@pytest.mark.parametrize("name", ["c10-ok", "c10-bad", "c50-bad"])
+def test_kv_verdict_with_partitions_in_parallel(name: str) -> None:
+    result = check(KV, kv(name), workers=2)
+    assert result.verdict == ("ok" if KV_VERDICTS[name] else "illegal")
+    if result.verdict == "illegal":
+        [illegal] = result.illegal
+        assert illegal.blocked is not None and illegal.blocked.key == illegal.key
+    else:
+        assert all(p.checked and p.verdict == "ok" for p in result.partitions)
+
+
 def test_counterexample_of_a_bad_kv_history(tmp_path: Path) -> None:
     results = check_workload(kv("c10-bad"), "kv", out_dir=tmp_path)
     assert results["valid"] is False

@@ -38,7 +38,6 @@ Not thread-safe by design: the broker calls one Log from its single asyncio thre
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import enum
 import itertools
 import os
@@ -59,7 +58,7 @@ from broker.log.errors import (
     UnexpectedAppendOffsetError,
 )
 from broker.log.leader_epoch_checkpoint import LEADER_EPOCH_CHECKPOINT, LeaderEpochFileCache
-from broker.log.record_batch import NO_TIMESTAMP, BatchHeader, stamp, validate
+from broker.log.record_batch import NO_TIMESTAMP, BatchHeader, parse_header, stamp, validate
 from broker.log.segment import (
     CLEANED_SUFFIX,
     DELETED_SUFFIX,
@@ -340,11 +339,7 @@ class Log:
         stamped: list[BatchHeader] = []
         for header in headers:
             stamp(buffer, header.position, next_offset, leader_epoch)
-            stamped.append(
-                dataclasses.replace(
-                    header, base_offset=next_offset, partition_leader_epoch=leader_epoch
-                )
-            )
+            stamped.append(parse_header(buffer, header.position))
             next_offset += header.last_offset_delta + 1
         return self._append(buffer, stamped)
 

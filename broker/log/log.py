@@ -218,7 +218,9 @@ class Log:
                             path.unlink(missing_ok=True)
                     break
         if clean:
+            # Durably forget the marker first: a crash from here on must trigger recovery.
             marker.unlink()
+            _fsync_dir(directory)
         if not segments:
             start = log_start_offset if log_start_offset is not None else 0
             segments.append(cls._new_segment(directory, start, config, clock))
@@ -445,6 +447,7 @@ class Log:
         segment = self._new_segment(self._dir, new_base, self.config, self._clock)
         self._segments.append(segment)
         self._bases.append(new_base)
+        old.flush()  # its data, final time index entry and trimmed indexes are now durable
         self.flush(new_base)
         return segment
 
@@ -684,17 +687,16 @@ class Log:
             return
         self.flush()
         self._delete_due_segments()
+        # Rolled segments were finalized and fsynced at the roll; the active one is done now,
+        # so that its trimmed indexes are durable before the marker says "trust these files".
+        active = self.active_segment
+        active.on_become_inactive()
+        active.flush()
         for segment in self._segments:
-            segment.flush()
             segment.close()
         self._closed = True
-        marker = self._dir / CLEAN_SHUTDOWN_FILE
-        marker.touch()
-        dir_fd = os.open(self._dir, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        (self._dir / CLEAN_SHUTDOWN_FILE).touch()
+        _fsync_dir(self._dir)
 
     def close_without_flush(self) -> None:
         """Release files as a crash would leave them: no flush, no trim, no marker (tests, kill)."""
@@ -718,6 +720,14 @@ class Log:
             f"Log({self._dir.name}, start={self._log_start_offset}, end={self.log_end_offset}, "
             f"segments={len(self._segments)})"
         )
+
+
+def _fsync_dir(directory: Path) -> None:
+    dir_fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
 
 
 def _remove_strays_and_list_segments(directory: Path) -> list[int]:

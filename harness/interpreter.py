@@ -250,7 +250,9 @@ class Interpreter:
         except Exception as e:
             log.warning("process %s: client raised on %s: %r", process, f, e)
             return {**base, "type": "info", "error": ["client-crash", repr(e)]}, client
-        done = {k: v for k, v in done.items() if k not in ("index", "time")}
+        done = {
+            k: v for k, v in done.items() if k not in ("index", "time") and not k.startswith("_")
+        }
         done["process"] = process
         done["f"] = f
         if done.get("type") not in ("ok", "fail", "info"):

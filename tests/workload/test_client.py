@@ -126,9 +126,7 @@ def test_idempotent_producer_reports_its_id(
 
 
 def test_unknown_topic_is_a_definite_failure(client_for: Callable[..., QueueClient]) -> None:
-    c = client_for(
-        op_timeout_ms=5000, producer_config={"topic.metadata.propagation.max.ms": 1000}
-    )
+    c = client_for(op_timeout_ms=5000, producer_config={"topic.metadata.propagation.max.ms": 1000})
     done = c.invoke(send("no-such-topic/0", 1))
     assert done["type"] == "fail", done.get("error")
     assert done["value"] == [["send", "no-such-topic/0", 1]]

@@ -55,6 +55,7 @@ def check_op(op: dict[str, Any]) -> None:
                     assert _is_key(k), op
                     for off, val in pairs:
                         assert isinstance(off, int) and off >= 0, op
+                        assert isinstance(val, int), op  # the workload sends ints only
         if f == "send":
             assert all(m[0] == "send" for m in v), op
         if f == "poll":

@@ -164,7 +164,12 @@ class Controller:
             self.fenced = True  # a newer controller exists; it owns the decisions now
         self.states[tp] = state
         self._dirty.discard(tp)
-        return self._decide_and_write(tp)
+        decided = self._decide_and_write(tp)
+        if decided or self.fenced:
+            return decided
+        # Nothing to change, but brokers that (re)started while we were reading have not
+        # been told the state yet; re-sending it to the others is harmless.
+        return self._notify(tp, state)
 
     def on_isr_change_notification(self, tps: Iterable[TopicPartition]) -> list[ControllerAction]:
         """Leaders announced ISR changes (/isr_change_notification): refresh those states."""

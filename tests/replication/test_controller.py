@@ -129,8 +129,20 @@ def test_isr_change_notification_rereads_state() -> None:
     c = running(LeaderAndIsr(0, 4, (0, 1, 2), 1, zk_version=0))
     (read,) = c.on_isr_change_notification([TP])
     assert isinstance(read, ReadStateZnode)
-    assert c.on_state_read(TP, LeaderAndIsr(0, 4, (0, 1), 1, zk_version=1)) == []
+    fresh = LeaderAndIsr(0, 4, (0, 1), 1, zk_version=1)
+    (notify,) = c.on_state_read(TP, fresh)  # no decision to make: just (re)announce
+    assert isinstance(notify, NotifyBrokers) and notify.state == fresh
     assert c.states[TP].zk_version == 1
+
+
+def test_broker_starting_during_a_reread_still_learns_the_state() -> None:
+    c = running(LeaderAndIsr(0, 4, (0, 1), 1, zk_version=0), live=(0, 1))
+    c.on_isr_change_notification([TP])
+    (early,) = c.on_broker_change([0, 1, 2])  # told the cached state at once ...
+    assert isinstance(early, NotifyBrokers) and early.state.zk_version == 0
+    (notify,) = c.on_state_read(TP, LeaderAndIsr(0, 4, (0, 1), 1, zk_version=1))
+    assert isinstance(notify, NotifyBrokers) and 2 in notify.brokers  # ... then the fresh one
+    assert notify.state.zk_version == 1
 
 
 def test_newer_controller_fences_this_one() -> None:

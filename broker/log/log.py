@@ -119,8 +119,8 @@ class LogAppendInfo:
 class FetchDataInfo:
     """What a read found: file regions to send in order (possibly from several segments)."""
 
-    fetch_offset: int
     regions: list[FileRegion] = field(default_factory=list)
+    fetch_offset: int = -1
 
     @property
     def size(self) -> int:
@@ -475,7 +475,7 @@ class Log:
                 f"fetch offset {start_offset} of {self._dir.name} is outside "
                 f"[{self._log_start_offset}, {leo}]: reset to the log start or end offset"
             )
-        result = FetchDataInfo(start_offset)
+        result = FetchDataInfo(fetch_offset=start_offset)
         if start_offset == leo or (max_offset is not None and start_offset >= max_offset):
             return result
         remaining = max_bytes

@@ -356,3 +356,42 @@ def test_segment_age_restarts_at_reopen(open_log: Opener, clock: FakeClock) -> N
     clock.advance_ms(60_001)
     fill(again, 1)
     assert [s.base_offset for s in again.segments] == [0, 6]
+
+
+def test_regions_can_be_sent_with_sendfile(open_log: Opener) -> None:
+    import socket
+
+    log = open_log(LogConfig(segment_bytes=2 * BATCH, file_delete_delay_ms=0))
+    fill(log, 5)
+    fetched = log.read(4, 10**6)
+    assert len(fetched.regions) == 3
+    sender, receiver = socket.socketpair()
+    with sender, receiver:
+        for region in fetched.regions:
+            sent = sender.sendfile(region.file, region.position, region.size)  # type: ignore[arg-type]
+            assert sent == region.size
+        sender.shutdown(socket.SHUT_WR)
+        received = b""
+        while chunk := receiver.recv(65536):
+            received += chunk
+    assert received == fetched.read_bytes()
+    assert decode_values(received)[0][0] == 3
+    log.append_as_leader(make_batch(1), 0)  # sendfile moved the file position; appends use pwrite
+    assert decode_values(log.read(15, 10**6).read_bytes())[0][0] == 15
+
+
+def test_follower_offset_mismatch_carries_the_offsets(open_log: Opener) -> None:
+    from broker.log.errors import UnexpectedAppendOffsetError
+
+    leader = open_log(name="leader-0")
+    fill(leader, 3)
+    leader.maybe_increment_log_start_offset(4)  # inside batch 3..5
+    fetched = leader.read(4, 10**6).read_bytes()
+    follower = open_log(name="follower-0")
+    follower.truncate_fully_and_start_at(4)
+    with pytest.raises(UnexpectedAppendOffsetError) as info:
+        follower.append_as_follower(fetched)
+    assert (info.value.first_offset, info.value.last_offset) == (3, 8)
+    follower.truncate_fully_and_start_at(info.value.first_offset)  # what Kafka's Partition does
+    follower.append_as_follower(fetched)
+    assert follower.read(3, 10**6).read_bytes() == fetched

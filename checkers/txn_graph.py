@@ -46,6 +46,7 @@ __all__ = [
     "kind_name",
     "peel_with_realtime",
     "realtime_chain",
+    "strong_components",
     "trim",
 ]
 
@@ -172,6 +173,61 @@ def peel_with_realtime(
             while waiting and (limit is None or waiting[0][0] < limit):
                 ready.append(heapq.heappop(waiting)[1])
     return {n for n, _inv, _c in nodes if n not in peeled}
+
+
+def strong_components(succ: Mapping[int, Iterable[int]]) -> list[list[int]]:
+    """Strongly connected components with two or more nodes (iterative Tarjan).
+
+    Used to find the part of a large graph that matters before networkx builds its own
+    graph of it: it needs no graph object and no recursion.
+    """
+    index: dict[int, int] = {}
+    low: dict[int, int] = {}
+    on_stack: set[int] = set()
+    stack: list[int] = []
+    out: list[list[int]] = []
+    counter = 0
+    empty: tuple[int, ...] = ()
+    for root in list(succ):
+        if root in index:
+            continue
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        work = [(root, iter(succ.get(root, empty)))]
+        while work:
+            node, it = work[-1]
+            advanced = False
+            for nxt in it:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = counter
+                    counter += 1
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(succ.get(nxt, empty))))
+                    advanced = True
+                    break
+                if nxt in on_stack and index[nxt] < low[node]:
+                    low[node] = index[nxt]
+            if advanced:
+                continue
+            work.pop()
+            if work:
+                parent = work[-1][0]
+                if low[node] < low[parent]:
+                    low[parent] = low[node]
+            if low[node] == index[node]:
+                comp = []
+                while True:
+                    n = stack.pop()
+                    on_stack.discard(n)
+                    comp.append(n)
+                    if n == node:
+                        break
+                if len(comp) > 1:
+                    out.append(comp)
+    return out
 
 
 def trim(succ: Mapping[int, Iterable[int]]) -> set[int]:

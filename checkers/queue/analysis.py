@@ -37,6 +37,7 @@ from checkers.txn_graph import (
     find_cycles,
     peel_with_realtime,
     realtime_chain,
+    strong_components,
 )
 
 __all__ = ["QueueAnalysis", "check_queue"]
@@ -698,8 +699,9 @@ class QueueAnalysis:
         reach that writer along the key's ww chain), process edges are left out (an ok op
         completes before its process's next invoke, so realtime covers them) and realtime
         order stays implicit (`peel_with_realtime`). Nodes this peeling removes lie on no
-        cycle; only the survivors get their full edges and go to `find_cycles`. A valid
-        history costs about two edges per op and one peeling pass.
+        cycle, so a valid history costs about two edges per op and one peeling pass.
+        Otherwise the strongly connected components of the survivors are found without
+        networkx, and only their nodes get their full edges and go to `find_cycles`.
         """
         writer = self.writer
         orders = self.orders
@@ -760,6 +762,19 @@ class QueueAnalysis:
             graph_edges=sum(map(len, reduced.values())),
             cyclic_nodes=len(alive),
         )
+        if not alive:
+            return
+        # Survivors include everything downstream of a cycle. Their strongly connected
+        # components (reduced edges plus a realtime chain, same reachability as the full
+        # graph) are the part that matters; only that part gets full edges and networkx.
+        survivors = [r for r in nodes if r.pos in alive]
+        sub: dict[int, list[int]] = {
+            a: [b for b in reduced.get(a, ()) if b in alive] for a in alive
+        }
+        for a, b in realtime_chain(_events(survivors)):
+            sub.setdefault(a, []).append(b)
+        alive = {n for comp in strong_components(sub) for n in comp if n >= 0}
+        del sub
         if not alive:
             return
         full = DepGraph()

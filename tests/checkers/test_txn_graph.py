@@ -107,3 +107,24 @@ def test_stats_and_acyclic_graph() -> None:
         g.link(i, i + 2, REALTIME)
     found, stats = find_cycles(g, explain)
     assert found == {} and stats["cyclic_nodes"] == 0 and stats["graph_edges"] == 200
+
+
+def test_strong_components_matches_networkx() -> None:
+    import random
+
+    import networkx as nx
+
+    from checkers.txn_graph import strong_components
+
+    rng = random.Random(7)
+    for _ in range(30):
+        n = rng.randint(1, 40)
+        succ: dict[int, list[int]] = {}
+        for _e in range(rng.randint(0, 80)):
+            a, b = rng.randrange(n) - 5, rng.randrange(n) - 5
+            if a != b:
+                succ.setdefault(a, []).append(b)
+        g = nx.DiGraph()
+        g.add_edges_from((a, b) for a, bs in succ.items() for b in bs)
+        want = {frozenset(c) for c in nx.strongly_connected_components(g) if len(c) > 1}
+        assert {frozenset(c) for c in strong_components(succ)} == want

@@ -39,7 +39,7 @@ look like the cluster's going backwards in real time. Send and txn completions c
 
 Test keys used: acks ("all"), idempotence (False), retries, txn (False), isolation_level
 ("read_uncommitted"), op_timeout_ms (10000), watermark_p (0.1), linger_ms (0),
-request_timeout_ms (5000), fetch_wait_max_ms (100), poll_ms (100), seed,
+request_timeout_ms (5000), fetch_wait_max_ms (100), poll_ms (20), seed,
 producer_config / consumer_config (extra librdkafka settings).
 """
 
@@ -180,7 +180,7 @@ class QueueClient:
         self.txn = bool(test.get("txn", False))
         self.idempotent = bool(test.get("idempotence", False)) or self.txn
         self.op_timeout = float(test.get("op_timeout_ms", 10000)) / 1000
-        self.poll_s = float(test.get("poll_ms", 100)) / 1000
+        self.poll_s = float(test.get("poll_ms", 20)) / 1000
         self.watermark_p = float(test.get("watermark_p", 0.1))
         self._rng = random.Random(f"{test.get('seed', 0)}/{process}")
         self.transactional_id: str | None = (

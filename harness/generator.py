@@ -538,7 +538,8 @@ class QueueWorkload:
     per op; default 4 with txn, else 1 as in Jepsen), `send_p` (share of sends among
     send/poll micro-ops, 0.5), `assign_p` (chance an op is replaced by a reassignment,
     1/64), `assign_keys` (how many keys a process is assigned, default about half),
-    `crash_clients` and `crash_client_interval` (s, 30), `concurrency`, `poll_ms` (100),
+    `sub_via` (["assign"]; with "subscribe" too, reassignments pick one at random),
+    `crash_clients` and `crash_client_interval` (s, 30), `concurrency`, `poll_ms` (20),
     `final_poll_ms` (1000).
     """
 
@@ -552,10 +553,13 @@ class QueueWorkload:
         self.send_p = float(test.get("send_p", 0.5))
         self.assign_p = float(test.get("assign_p", 1 / 64))
         self.assign_keys = int(test.get("assign_keys") or max(1, (len(keys) + 1) // 2))
+        self.sub_via = [str(f) for f in (test.get("sub_via") or ["assign"])]
+        if not set(self.sub_via) <= {"assign", "subscribe"}:
+            raise ValueError(f"sub_via must list 'assign' and/or 'subscribe', not {self.sub_via}")
         self.crash_clients = bool(test.get("crash_clients", False))
         self.crash_interval = float(test.get("crash_client_interval", 30))
         self.concurrency = int(test.get("concurrency", 20))
-        self.poll_ms = int(test.get("poll_ms", 100))
+        self.poll_ms = int(test.get("poll_ms", 20))
         self.final_poll_ms = int(test.get("final_poll_ms", 1000))
         # Next value to send per key: unique, increasing.
         self.next_value: dict[str, int] = dict.fromkeys(keys, 0)
@@ -580,7 +584,8 @@ class QueueWorkload:
         if self.sent and rng.random() < 1 / 3:
             # Steer a third of the reassignments towards keys with unread offsets.
             ks = list(dict.fromkeys(ks + sorted(self.sent)))
-        return {"f": "assign", "value": sorted(ks)}
+        f = self.sub_via[0] if len(self.sub_via) == 1 else rng.choice(self.sub_via)
+        return {"f": f, "value": sorted(ks)}
 
     def txn_op(self, rng: random.Random) -> Op:
         n = rng.randint(1, self.max_txn_length)

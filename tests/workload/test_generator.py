@@ -272,3 +272,11 @@ def test_poll_unseen_steers_assignments() -> None:
 def test_workload_needs_keys() -> None:
     with pytest.raises(ValueError, match="keys"):
         QueueWorkload({})
+    with pytest.raises(ValueError, match="sub_via"):
+        QueueWorkload({"keys": KEYS, "sub_via": ["seek"]})
+
+
+def test_sub_via_mixes_assign_and_subscribe() -> None:
+    w = QueueWorkload({"keys": KEYS, "sub_via": ["assign", "subscribe"]})
+    rng = random.Random(3)
+    assert {w.assign_op(rng)["f"] for _ in range(50)} == {"assign", "subscribe"}

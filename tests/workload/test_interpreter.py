@@ -196,6 +196,24 @@ def run_queue(
     return ops, stats, len(main) / 3.0
 
 
+def latencies(ops: list[Op]) -> dict[str, str]:
+    """Median and 99th percentile latency (ms) per f, for the printed figures."""
+    started: dict[Any, int] = {}
+    per: dict[str, list[float]] = defaultdict(list)
+    for o in ops:
+        if o["process"] == "nemesis":
+            continue
+        if o["type"] == "invoke":
+            started[o["process"]] = o["time"]
+        else:
+            per[o["f"]].append((o["time"] - started[o["process"]]) / 1e6)
+    out = {}
+    for f, ls in sorted(per.items()):
+        ls.sort()
+        out[f] = f"n={len(ls)} p50={ls[len(ls) // 2]:.1f}ms p99={ls[int(len(ls) * 0.99)]:.1f}ms"
+    return out
+
+
 def read_values(ops: list[Op]) -> dict[str, set[int]]:
     seen: dict[str, set[int]] = defaultdict(set)
     for o in ops:
@@ -217,7 +235,7 @@ def test_real_broker_history_is_valid_and_drained(
         crash_clients=True,
         crash_client_interval=2,
     )
-    print(f"\nrecorded {rate:.0f} ops/s in the main phase with 20 processes; {stats}")
+    print(f"\nrecorded {rate:.0f} ops/s in the main phase with 20 processes; {latencies(ops)}")
     for o in ops:
         check_op(o)
     result = check_queue(ops)
@@ -231,7 +249,7 @@ def test_real_broker_history_is_valid_and_drained(
     assert all(v in seen[k] for k, v in acked)
     # crashes happened, and their threads went on as new processes
     crashed = {o["process"] for o in ops if o["f"] == "crash" and o["type"] == "info"}
-    assert crashed
+    assert crashed and stats["info"] >= len(crashed)
     assert max(o["process"] for o in ops) >= 20
     assert any("watermarks" in o for o in ops)
     assert all(o["node"] == "n1" for o in ops if o["type"] in ("ok", "fail"))
@@ -302,6 +320,6 @@ def test_three_broker_cluster_history_is_valid(cluster_factory: Any, tmp_path: P
     cluster = cluster_factory(3, {"min.insync.replicas": "2"})
     keys = make_topics(cluster.bootstrap, 8, rf=3)
     ops, _, rate = run_queue(cluster.bootstrap, keys, tmp_path / "h.jsonl", time_limit=5)
-    print(f"\nrecorded {rate:.0f} ops/s against 3 brokers (rf=3, acks=all)")
+    print(f"\nrecorded {rate:.0f} ops/s against 3 brokers (rf=3, acks=all); {latencies(ops)}")
     result = check_queue(ops)
     assert result["valid"] is True, result["anomaly_types"]

@@ -18,7 +18,9 @@ otherwise synthesised: one more than the previous op, so times strictly increase
 ``value`` as JSON (nil -> None, vectors and lists -> lists, sets -> sorted lists, keywords and
 symbols -> strings, maps -> objects with string keys), ``key`` (as a string), and ``error``/``node`` when
 present; other keys are kept under their names.  A read (``read``/``get``) that ends in
-``fail`` with ``:timed-out`` is indeterminate, so it becomes ``info`` with ``error`` recorded.
+``fail`` with ``:timed-out`` is indeterminate, so it becomes ``info`` with ``error`` recorded;
+as a process is never used again after an ``info``, a thread that goes on after one continues
+under a fresh process id (one above the largest in the file).
 
 ``dump_edn`` writes op dicts back as one EDN map per line; loading what it wrote gives the same
 op dicts.  Malformed input raises :class:`FormatError` naming the file and line.
@@ -106,7 +108,13 @@ def _normalise(ops: Iterable[tuple[dict[str, Any], str]]) -> list[dict[str, Any]
     """Dense indexes, increasing times, checked types, timed-out reads as info."""
     result: list[dict[str, Any]] = []
     last_time = -1
-    for op, where in ops:
+    pairs = list(ops)
+    fresh = 1 + max(
+        (op["process"] for op, _ in pairs if isinstance(op.get("process"), int)), default=-1
+    )
+    renamed: dict[Any, Any] = {}  # process -> the id its thread goes on with
+    retired: set[Any] = set()  # processes (as renamed) whose last completion was info
+    for op, where in pairs:
         kind = op.get("type")
         if kind not in _TYPES:
             raise FormatError(
@@ -115,6 +123,14 @@ def _normalise(ops: Iterable[tuple[dict[str, Any], str]]) -> list[dict[str, Any]
         process = op["process"]
         if not (isinstance(process, int) or process == "nemesis"):
             raise FormatError(f"{where}: :process must be an integer or :nemesis, got {process!r}")
+        original = process
+        process = renamed.get(process, process)
+        if kind == "invoke" and process in retired and process != "nemesis":
+            # After an info the history format retires the process; Jepsen does too, except
+            # for the timed-out reads turned into info below.  The thread goes on as a new one.
+            retired.discard(process)
+            process = renamed[original] = fresh
+            fresh += 1
         if not isinstance(op["f"], str):
             op["f"] = str(op["f"])
         time = op.get("time")
@@ -132,6 +148,8 @@ def _normalise(ops: Iterable[tuple[dict[str, Any], str]]) -> list[dict[str, Any]
             op.setdefault("error", "timed-out")
             if op.get("value") == "timed-out":
                 op["value"] = None
+        if kind == "info":
+            retired.add(process)
         out: dict[str, Any] = {
             "index": len(result),
             "time": last_time,

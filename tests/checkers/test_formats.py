@@ -103,6 +103,8 @@ LOG = (
     "INFO  jepsen.util - 2\t:invoke\t:read\tnil\n"
     "INFO  jepsen.util - 2\t:fail\t:read\t:timed-out\n"
     "INFO  jepsen.util - :nemesis\t:info\t:start\tnil\n"
+    "INFO  jepsen.util - 2\t:invoke\t:write\t4\n"
+    "INFO  jepsen.util - 2\t:ok\t:write\t4\n"
 )
 
 
@@ -116,14 +118,17 @@ def test_load_jepsen_log(tmp_path: Path) -> None:
         (2, "invoke", "read"),
         (2, "info", "read"),
         ("nemesis", "info", "start"),
+        # The thread of process 2 goes on after its read became info: a new process.
+        (3, "invoke", "write"),
+        (3, "ok", "write"),
     ]
     assert ops[1]["value"] == [1, 2]
     assert ops[2]["value"] == 3
     # The keyword in the value column is an error; the value is the invoke's.
     assert ops[3]["error"] == "timed-out" and ops[3]["value"] == [1, 2]
     assert ops[5]["error"] == "timed-out" and ops[5]["value"] is None
-    assert [op["index"] for op in ops] == list(range(7))
-    assert [op["time"] for op in ops] == list(range(7))
+    assert [op["index"] for op in ops] == list(range(9))
+    assert [op["time"] for op in ops] == list(range(9))
 
 
 @pytest.mark.parametrize(
@@ -187,8 +192,17 @@ def test_bench_kv_file_round_trips(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(not BENCH.exists(), reason="Porcupine bench data not present")
-def test_bench_etcd_log_loads() -> None:
+def test_bench_histories_load_as_valid_histories() -> None:
     ops = load_jepsen_log(BENCH / "jepsen" / "etcd_000.log")
     assert len(ops) == 170
     kinds = {op["type"] for op in ops}
     assert kinds <= {"invoke", "ok", "fail", "info"} and "info" in kinds
+    # What the history format requires (checkers.history.validate checks the same).
+    for path in [*sorted((BENCH / "jepsen").glob("*.log")), *sorted((BENCH / "kv").glob("c*"))]:
+        ops = load_jepsen_log(path) if path.suffix == ".log" else load_edn(path)
+        assert [op["index"] for op in ops] == list(range(len(ops)))
+        retired: set[Any] = set()
+        for op in ops:
+            assert not (op["type"] == "invoke" and op["process"] in retired), (path, op)
+            if op["type"] == "info":
+                retired.add(op["process"])

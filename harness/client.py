@@ -49,7 +49,7 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import orjson
@@ -192,6 +192,26 @@ class QueueClient:
         self.assigned: set[str] = set()
         self._producer_id = -1
         self._producer_epoch = -1
+
+    @classmethod
+    def factory(
+        cls, test: Mapping[str, Any], nodes: Mapping[str, str]
+    ) -> Callable[[int, int], QueueClient]:
+        """client_factory(process, thread) for the interpreter, binding thread t to the
+        t-th node (round robin) as Jepsen does: that node is the client's `node` and its
+        first bootstrap server; the other nodes follow, so a client still starts while
+        its own node is down. `nodes` maps node names to "host:port"."""
+        names = list(nodes)
+        if not names:
+            raise ValueError("QueueClient.factory needs at least one node")
+
+        def make(process: int, thread: int) -> QueueClient:
+            i = thread % len(names)
+            order = names[i:] + names[:i]
+            bootstrap = ",".join(nodes[n] for n in order)
+            return cls(test, bootstrap, process, node=names[i])
+
+        return make
 
     # ----- lifecycle ----------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ Threads are ints 0..concurrency-1 for clients and the string "nemesis" for the n
 
 Combinators (Jepsen's names where one exists): `once`, `repeat`, `fn`, `seq`, `mix`,
 `any_of`, `limit`, `time_limit`, `stagger`, `rate`, `delay`, `sleep`, `phases`,
-`clients`, `nemesis`, `each_thread`, `until_ok`, `gen_map`, `gen_filter`.
+`clients`, `nemesis`, `each_thread`, `each_process`, `until_ok`, `gen_map`, `gen_filter`.
 
 The queue workload (`QueueWorkload`) builds the Kafka test's generators: send/poll (or
 txn) ops with increasing values per key, an assign when a process starts and occasional
@@ -49,6 +49,7 @@ __all__ = [
     "any_of",
     "clients",
     "delay",
+    "each_process",
     "each_thread",
     "fn",
     "gen_filter",
@@ -448,6 +449,30 @@ class _EachThread:
 def each_thread(factory: Callable[[], Any]) -> Generator:
     """A separate copy of the generator `factory()` makes for every thread."""
     return _EachThread(factory)
+
+
+class _EachProcess:
+    def __init__(self, factory: Callable[[], Any]) -> None:
+        self._factory = factory
+        self._per: dict[int | str, Generator] = {}
+
+    def _for(self, process: int | str) -> Generator:
+        g = self._per.get(process)
+        if g is None:
+            g = self._per[process] = lift(self._factory())
+        return g
+
+    def op(self, ctx: Context) -> Result:
+        return self._for(ctx.process).op(ctx)
+
+    def update(self, ctx: Context, event: Op) -> None:
+        self._for(event.get("process", ctx.process)).update(ctx, event)
+
+
+def each_process(factory: Callable[[], Any]) -> Generator:
+    """A separate copy of `factory()` for every process: a thread that becomes a new
+    process (after an info) starts over with a fresh copy."""
+    return _EachProcess(factory)
 
 
 class _UntilOk:

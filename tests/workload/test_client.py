@@ -200,3 +200,13 @@ def test_error_mapping(code: int, kind: str) -> None:
     err = KafkaError(code)
     assert classify(err) == kind
     assert not error_name(err).startswith("-") and "_" not in error_name(err)
+
+
+def test_factory_binds_threads_to_nodes_round_robin() -> None:
+    make = QueueClient.factory({}, {"n1": "10.0.0.1:9092", "n2": "10.0.0.2:9092"})
+    c0, c1, c2 = make(0, 0), make(21, 1), make(2, 2)
+    assert (c0.node, c0.bootstrap) == ("n1", "10.0.0.1:9092,10.0.0.2:9092")
+    assert (c1.node, c1.bootstrap, c1.process) == ("n2", "10.0.0.2:9092,10.0.0.1:9092", 21)
+    assert c2.node == "n1"
+    with pytest.raises(ValueError):
+        QueueClient.factory({}, {})

@@ -280,3 +280,14 @@ def test_sub_via_mixes_assign_and_subscribe() -> None:
     w = QueueWorkload({"keys": KEYS, "sub_via": ["assign", "subscribe"]})
     rng = random.Random(3)
     assert {w.assign_op(rng)["f"] for _ in range(50)} == {"assign", "subscribe"}
+
+
+def test_each_process_restarts_after_info() -> None:
+    kinds = iter(["ok", "info", "ok", "ok", "ok", "ok"])
+
+    def reply(op: Op, p: int | str) -> Op:
+        return {**op, "type": next(kinds)}
+
+    gen = g.limit(5, g.each_process(lambda: g.seq({"f": "open"}, g.repeat({"f": "work"}))))
+    ops = [(op["process"], op["f"]) for _, _, op in drive(gen, [0], reply=reply)]
+    assert ops == [(0, "open"), (0, "work"), (1, "open"), (1, "work"), (1, "work")]

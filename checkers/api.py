@@ -76,15 +76,20 @@ def _as_list(x: Any) -> list[str] | None:
 def policy_from_test(test: Mapping[str, Any]) -> dict[str, Any]:
     """Checker options from a test configuration (test.json).
 
-    Reads `workload`, `eos` {"input", "output"}, `subscribe` (bool) or `sub_via`
+    Reads `workload` (a name, or {"name": ..., options}), `eos` {"input", "output"},
+    `subscribe` (bool) or `sub_via`
     (Jepsen's name: a list or string containing "subscribe"), `ww_deps`, and the
     anomaly lists `allow` / `disallow` (top level or under `checker`).
     """
     conf: dict[str, Any] = dict(test)
     conf.update(test.get("checker") or {})
     policy: dict[str, Any] = {}
-    if conf.get("workload"):
-        policy["workload"] = conf["workload"]
+    workload = conf.get("workload")
+    if isinstance(workload, Mapping):  # {"name": "queue", ...options}
+        conf.update({k: v for k, v in workload.items() if k != "name"})
+        workload = workload.get("name")
+    if isinstance(workload, str) and workload:
+        policy["workload"] = workload
     eos = conf.get("eos")
     if isinstance(eos, Mapping) and (eos.get("input") or eos.get("output")):
         policy["eos"] = {"input": list(eos.get("input", ())), "output": list(eos.get("output", ()))}

@@ -334,8 +334,12 @@ def find_cycles(
     rules: Iterable[str] | None = None,
     tries: int = 8,
     state_limit: int = 200_000,
+    max_examples: int = 32,
 ) -> tuple[dict[str, list[dict[str, Any]]], dict[str, int]]:
     """Find cycle anomalies; return ({name: [case, ...]}, stats).
+
+    One case per strongly connected component of a rule's graph that holds a qualifying
+    cycle; only the first `max_examples` per rule carry a full explanation.
 
     Per rule, the graph is cut down to the rule's edge kinds and trimmed before networkx
     computes strongly connected components, so only the part that can hold such a cycle
@@ -396,6 +400,13 @@ def find_cycles(
                         counts[bit].append((a, b))
             if any(not edges for edges in counts.values()):
                 continue
+            # Past max_examples a component is only counted: a single-kind rule needs no
+            # search at all (any component holds such a cycle), others stop at the first.
+            counting = len(found.get(name, ())) >= max_examples
+            if counting and allowed == required and len(real) == len(scc):
+                explained.setdefault(base, set()).add(real)
+                found[name].append({"scc_size": len(real), "explanation": f"{name} cycle"})
+                continue
             anchor = min(counts, key=lambda bit: len(counts[bit]))
             best: list[tuple[int, int, int]] | None = None
             n_tries = tries if len(scc) <= 5000 else 2
@@ -406,9 +417,14 @@ def find_cycles(
                 cyc = _collapse(walk)
                 if cyc is not None and (best is None or len(cyc) < len(best)):
                     best = cyc
+                    if counting:
+                        break
             if best is None:
                 continue
             explained.setdefault(base, set()).add(real)
+            if counting:
+                found[name].append({"scc_size": len(real), "explanation": f"{name} cycle"})
+                continue
             steps = [
                 {"from": a, "to": b, "type": kind_name(k), **explain_step(a, b, k)}
                 for a, b, k in best

@@ -799,7 +799,9 @@ class QueueAnalysis:
                         full.link(w.pos, rec.pos, WR)
         for a, b in realtime_chain(_events([r for r in nodes if r.pos in alive])):
             full.link(a, b, REALTIME)
-        found, gstats = find_cycles(full, self._explain_step)
+        found, gstats = find_cycles(
+            full, self._explain_step, max_examples=self.anomalies.max_examples
+        )
         self.stats["cyclic_nodes"] = gstats["cyclic_nodes"]
         for name, cases in found.items():
             self.anomalies.add_all(name, cases)

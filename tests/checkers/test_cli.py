@@ -177,6 +177,11 @@ def test_policy_from_test() -> None:
     }
 
 
+def test_policy_from_nested_workload() -> None:
+    p = api.policy_from_test({"workload": {"name": "queue", "subscribe": False, "ww_deps": False}})
+    assert p == {"workload": "queue", "subscribe": False, "ww_deps": False}
+
+
 def test_render_without_anomalies_writes_only_summary(tmp_path: Path) -> None:
     ops = simulate(200, seed=2)
     written = render_artifacts(ops, {"valid": True, "anomaly_types": [], "anomalies": {}}, tmp_path)

@@ -10,8 +10,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from checkers.history import load_history
 from checkers.queue import check_queue
 from harness import generator as g
@@ -313,7 +311,6 @@ def test_paused_broker_gives_info_and_new_processes(
     assert stats["info"] >= len(infos)
 
 
-@pytest.mark.slow
 def test_three_broker_cluster_history_is_valid(cluster_factory: Any, tmp_path: Path) -> None:
     from tests.workload.conftest import make_topics
 

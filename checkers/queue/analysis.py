@@ -14,7 +14,7 @@ definitions of anomalies.md; notable rules:
 - "A before B in real time" means A's completion precedes B's invoke in the history.
 
 Work is a few linear passes over compact `QueueOp` records plus per-key dicts; the
-dependency graph is trimmed to its possibly cyclic part before networkx sees it.
+cycle anomalies live in `checkers.queue.cycles`.
 """
 
 from __future__ import annotations
@@ -24,29 +24,19 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from checkers.history import HistoryError, gc_paused
+from checkers.queue.cases import CaseBuilders, fmt
+from checkers.queue.cycles import cycle_anomalies
 from checkers.queue.ops import FAIL, INFO, OK, QueueOp, check_pairs, parse_ops
 from checkers.queue.policy import allowed_types
 from checkers.queue.results import Anomalies, results_dict
 from checkers.queue.version_order import VersionOrder
-from checkers.txn_graph import (
-    PROCESS,
-    REALTIME,
-    WR,
-    WW,
-    DepGraph,
-    find_cycles,
-    peel_with_realtime,
-    realtime_chain,
-    strong_components,
-)
 
 __all__ = ["QueueAnalysis", "check_queue"]
 
 _MISSING = object()
 
 
-def _fmt(v: Any) -> str:
-    return repr(v) if isinstance(v, str) else str(v)
+_fmt = fmt
 
 
 class _RunningMax:
@@ -73,22 +63,7 @@ class _RunningMax:
         return self.values[i], self.recs[i]
 
 
-def _events(nodes: Sequence[QueueOp]) -> list[tuple[int, bool]]:
-    """Invoke and completion events of `nodes` in history order, for a realtime chain.
-
-    An info op's effects may land any time later, so it gets no completion event and
-    never precedes anything in real time.
-    """
-    slots: dict[int, tuple[int, bool]] = {}
-    for rec in nodes:
-        if rec.inv >= 0:
-            slots[rec.inv] = (rec.pos, False)
-        if rec.kind == OK:
-            slots[rec.pos] = (rec.pos, True)
-    return [slots[i] for i in sorted(slots)]
-
-
-class QueueAnalysis:
+class QueueAnalysis(CaseBuilders):
     """All intermediate structures of one queue check; `run()` fills `anomalies`."""
 
     def __init__(
@@ -534,320 +509,6 @@ class QueueAnalysis:
                         cm[o] = (v, rec.pos, rec)
                         insort(cs, o)
 
-    # -- case builders ---------------------------------------------------------------------
-
-    def _garbage(self, rec: QueueOp, k: Any, o: Any, v: Any) -> None:
-        self.anomalies.add(
-            "garbage-read",
-            {
-                "key": k,
-                "value": v,
-                "offset": o,
-                "reader": rec.index,
-                "explanation": f"{rec.describe()} read {_fmt(v)} at offset {o} of key "
-                f"{_fmt(k)}, a value no op ever tried to send",
-            },
-        )
-
-    def _precommitted(self, rec: QueueOp, k: Any, o: Any, v: Any) -> None:
-        self.anomalies.add(
-            "precommitted-read",
-            {
-                "key": k,
-                "value": v,
-                "offset": o,
-                "op": rec.index,
-                "explanation": f"{rec.describe()} sent {_fmt(v)} to key {_fmt(k)} and "
-                f"read it back (offset {o}) inside the same transaction, before it "
-                "committed",
-            },
-        )
-
-    def _g1a(self, rec: QueueOp, w: QueueOp, k: Any, o: Any, v: Any) -> None:
-        self.anomalies.add(
-            "G1a",
-            {
-                "key": k,
-                "value": v,
-                "offset": o,
-                "writer": w.index,
-                "reader": rec.index,
-                "explanation": f"{rec.describe()} read {_fmt(v)} at offset {o} of key "
-                f"{_fmt(k)}, but the op that sent it, {w.describe()}, failed "
-                "(aborted read)",
-            },
-        )
-
-    def _skip(
-        self,
-        name: str,
-        a: QueueOp,
-        b: QueueOp,
-        k: Any,
-        v1: Any,
-        v2: Any,
-        i1: int,
-        i2: int,
-        vo: VersionOrder,
-    ) -> None:
-        def build() -> dict[str, Any]:
-            skipped = [vo.log[vo.offsets[i]] for i in range(i1 + 1, min(i2, i1 + 33))]
-            what = {
-                "int-poll-skip": f"within {b.describe()}, consecutive reads",
-                "int-send-skip": f"within {b.describe()}, consecutive sends",
-                "poll-skip": f"{a.describe()} then {b.describe()}, the next poll",
-            }[name]
-            return {
-                "key": k,
-                "values": [v1, v2],
-                "offsets": [vo.offsets[i1], vo.offsets[i2]],
-                "delta": i2 - i1,
-                "skipped": skipped,
-                "ops": [a.index, b.index] if a is not b else [b.index],
-                "explanation": f"{what} of key {_fmt(k)} went from {_fmt(v1)} (offset "
-                f"{vo.offsets[i1]}) to {_fmt(v2)} (offset {vo.offsets[i2]}), skipping "
-                f"{i2 - i1 - 1} record(s) known to exist, e.g. {skipped[:5]}",
-            }
-
-        if self.anomalies.hit(name):
-            self.anomalies.example(name, build())
-
-    def _nonmono(
-        self, name: str, a: QueueOp, b: QueueOp, k: Any, v1: Any, v2: Any, delta: int
-    ) -> None:
-        def build() -> dict[str, Any]:
-            what = {
-                "int-nonmonotonic-poll": f"within {b.describe()}, a read of key {_fmt(k)}",
-                "int-nonmonotonic-send": f"within {b.describe()}, a send to key {_fmt(k)}",
-                "nonmonotonic-poll": f"{b.describe()} started reading key {_fmt(k)}",
-                "nonmonotonic-send": f"{b.describe()} sent to key {_fmt(k)}",
-            }[name]
-            ref = "the previous one" if a is b else a.describe()
-            return {
-                "key": k,
-                "values": [v1, v2],
-                "delta": delta,
-                "ops": [a.index, b.index] if a is not b else [b.index],
-                "explanation": f"{what} at {_fmt(v2)}, which is not after {_fmt(v1)} of "
-                f"{ref} (index delta {delta}): the log order went backwards or repeated",
-            }
-
-        if self.anomalies.hit(name):
-            self.anomalies.example(name, build())
-
-    def _realtime_send(self, a: QueueOp, ao: int, b: QueueOp, k: Any, bo: int, bv: Any) -> None:
-        self.anomalies.add(
-            "realtime-send-order",
-            {
-                "key": k,
-                "ops": [a.index, b.index],
-                "offsets": [ao, bo],
-                "explanation": f"{a.describe()} had a send to key {_fmt(k)} acknowledged at "
-                f"offset {ao} and completed before {b.describe()} was invoked, yet the "
-                f"latter's send of {_fmt(bv)} landed earlier, at offset {bo}",
-            },
-        )
-
-    def _hw_regression(self, a: QueueOp, ah: int, b: QueueOp, k: Any, bh: int) -> None:
-        self.anomalies.add(
-            "hw-regression",
-            {
-                "key": k,
-                "process": b.process,
-                "ops": [a.index, b.index],
-                "high_watermarks": [ah, bh],
-                "explanation": f"process {b.process} saw the high watermark of key {_fmt(k)} "
-                f"at {ah} in {a.describe()}, then at {bh} in {b.describe()}: it went down",
-            },
-        )
-
-    def _hw_regression_rt(self, a: QueueOp, ah: int, b: QueueOp, k: Any, bh: int) -> None:
-        self.anomalies.add(
-            "hw-regression-realtime",
-            {
-                "key": k,
-                "ops": [a.index, b.index],
-                "high_watermarks": [ah, bh],
-                "explanation": f"{a.describe()} reported high watermark {ah} for key "
-                f"{_fmt(k)} and completed before {b.describe()} was invoked, which reported "
-                f"{bh}: the cluster's high watermark went backwards in real time",
-            },
-        )
-
-    def _truncation(self, a: QueueOp, k: Any, o: int, v: Any, b: QueueOp, what: str) -> None:
-        self.anomalies.add(
-            "committed-truncation",
-            {
-                "key": k,
-                "offset": o,
-                "value": v,
-                "ops": [a.index, b.index],
-                "explanation": f"{a.describe()} saw {_fmt(v)} at offset {o} of key "
-                f"{_fmt(k)} with a high watermark above {o} (committed); "
-                f"{b.describe()}, invoked after that, {what}: committed data was "
-                "replaced or vanished",
-            },
-        )
-
-    # -- transactions ------------------------------------------------------------------------
-
-    def _graph(self) -> None:
-        """Dependency-graph cycles (G0, G1c, G1c-ww and variants).
-
-        A first, reduced graph keeps reachability but not every edge: a reader gets a wr
-        edge only from the writer of the highest offset it read of each key (the others
-        reach that writer along the key's ww chain), process edges are left out (an ok op
-        completes before its process's next invoke, so realtime covers them) and realtime
-        order stays implicit (`peel_with_realtime`). Nodes this peeling removes lie on no
-        cycle, so a valid history costs about two edges per op and one peeling pass.
-        Otherwise the strongly connected components of the survivors are found without
-        networkx, and only their nodes get their full edges and go to `find_cycles`.
-        """
-        writer = self.writer
-        orders = self.orders
-        nodes = [r for r in self.records if r.committed and r.f != "assign" and r.f != "subscribe"]
-        chains: list[tuple[int, int]] = []
-        if self.ww_deps:
-            for k, vo in orders.items():
-                ws = writer.get(k)
-                if not ws:
-                    continue
-                prev: QueueOp | None = None
-                log = vo.log
-                for o in vo.offsets:
-                    w = ws.get(log[o])
-                    if w is None or not w.committed:
-                        continue
-                    if prev is not None and prev is not w:
-                        chains.append((prev.pos, w.pos))
-                    prev = w
-        reduced: dict[int, list[int]] = {}
-        for a, b in chains:
-            lst = reduced.get(a)
-            if lst is None:
-                reduced[a] = [b]
-            else:
-                lst.append(b)
-        for rec in nodes:
-            rpos = rec.pos
-            for k, pairs in rec.reads.items():
-                ws = writer.get(k)
-                if not ws or not pairs:
-                    continue
-                if self.ww_deps and not orders[k].conflicts:
-                    try:
-                        top = max(pairs)  # the highest offset read (pairs are [offset, value])
-                    except TypeError:  # a null offset
-                        top = None
-                    if top is not None:
-                        w = ws.get(top[1])
-                        if w is not None and w is not rec and w.committed:
-                            lst = reduced.get(w.pos)
-                            if lst is None:
-                                reduced[w.pos] = [rpos]
-                            else:
-                                lst.append(rpos)
-                            continue
-                for _o, v in pairs:
-                    w = ws.get(v)
-                    if w is not None and w is not rec and w.committed:
-                        lst = reduced.get(w.pos)
-                        if lst is None:
-                            reduced[w.pos] = [rpos]
-                        else:
-                            lst.append(rpos)
-        alive = peel_with_realtime(reduced, [(r.pos, r.inv, r.kind == OK) for r in nodes])
-        self.stats.update(
-            graph_nodes=len(nodes),
-            graph_edges=sum(map(len, reduced.values())),
-            cyclic_nodes=len(alive),
-        )
-        if not alive:
-            return
-        # Survivors include everything downstream of a cycle. Their strongly connected
-        # components (reduced edges plus a realtime chain, same reachability as the full
-        # graph) are the part that matters; only that part gets full edges and networkx.
-        survivors = [r for r in nodes if r.pos in alive]
-        sub: dict[int, list[int]] = {
-            a: [b for b in reduced.get(a, ()) if b in alive] for a in alive
-        }
-        for a, b in realtime_chain(_events(survivors)):
-            sub.setdefault(a, []).append(b)
-        alive = {n for comp in strong_components(sub) for n in comp if n >= 0}
-        del sub
-        if not alive:
-            return
-        full = DepGraph()
-        for a, b in chains:
-            if a in alive and b in alive:
-                full.link(a, b, WW)
-        last_by_process: dict[Any, QueueOp] = {}
-        for rec in nodes:
-            if rec.pos not in alive:
-                continue
-            prior = last_by_process.get(rec.process)
-            if prior is not None:
-                full.link(prior.pos, rec.pos, PROCESS)
-            last_by_process[rec.process] = rec
-            for k, pairs in rec.reads.items():
-                ws = writer.get(k)
-                if not ws:
-                    continue
-                for _o, v in pairs:
-                    w = ws.get(v)
-                    if w is not None and w is not rec and w.committed and w.pos in alive:
-                        full.link(w.pos, rec.pos, WR)
-        for a, b in realtime_chain(_events([r for r in nodes if r.pos in alive])):
-            full.link(a, b, REALTIME)
-        found, gstats = find_cycles(
-            full, self._explain_step, max_examples=self.anomalies.max_examples
-        )
-        self.stats["cyclic_nodes"] = gstats["cyclic_nodes"]
-        for name, cases in found.items():
-            self.anomalies.add_all(name, cases)
-
-    def _explain_step(self, a: int, b: int, kind: int) -> dict[str, Any]:
-        ra, rb = self.by_pos[a], self.by_pos[b]
-        base: dict[str, Any] = {"from": ra.index, "to": rb.index}
-        if kind == WR:
-            for k, pairs in rb.reads.items():
-                ws = self.writer.get(k, {})
-                for o, v in pairs:
-                    if ws.get(v) is ra:
-                        return {
-                            **base,
-                            "key": k,
-                            "value": v,
-                            "explanation": f"{ra.describe()} sent {_fmt(v)} to {_fmt(k)}, "
-                            f"which {rb.describe()} read (offset {o})",
-                        }
-        if kind == WW:
-            for k, o2, v2 in rb.sends:
-                vo = self.orders.get(k)
-                i2 = None if vo is None else vo.index_of(o2, v2)
-                if vo is None or i2 is None:
-                    continue
-                for k1, o1, v1 in ra.sends:
-                    i1 = vo.index_of(o1, v1) if k1 == k else None
-                    if i1 is not None and i1 < i2:
-                        return {
-                            **base,
-                            "key": k,
-                            "values": [v1, v2],
-                            "explanation": f"{ra.describe()} sent {_fmt(v1)} to {_fmt(k)} "
-                            f"(offset {vo.offsets[i1]}) before {rb.describe()} sent "
-                            f"{_fmt(v2)} (offset {vo.offsets[i2]})",
-                        }
-        if kind == PROCESS:
-            return {
-                **base,
-                "explanation": f"{ra.describe()} preceded {rb.describe()} on process {ra.process}",
-            }
-        return {
-            **base,
-            "explanation": f"{ra.describe()} completed before {rb.describe()} was invoked",
-        }
-
     # -- driver ------------------------------------------------------------------------------
 
     def run(self, eos: Mapping[str, Iterable[Any]] | None = None) -> None:
@@ -856,7 +517,7 @@ class QueueAnalysis:
         self._lost_and_unseen()
         self._op_checks()
         self._truncation_checks()
-        self._graph()
+        cycle_anomalies(self)
         if eos:
             from checkers.eos import check_eos
 

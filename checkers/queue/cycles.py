@@ -1,0 +1,206 @@
+"""Cycle anomalies of a queue history: G0, G1c, G1c-ww and their -process/-realtime variants.
+
+Builds the dependency graph of an analysed history (`QueueAnalysis`) over committed ops:
+ww edges between consecutive committed writers in each key's version order (unless
+ww_deps is off), wr edges from a value's writer to every committed op that read it,
+process edges between consecutive ops of a process and realtime order (an ok op precedes
+every op invoked after it completed; an info op precedes nothing). `checkers.txn_graph`
+names and explains the cycles; this module decides which part of the graph it sees.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from checkers.queue.cases import fmt as _fmt
+from checkers.queue.ops import OK, QueueOp
+from checkers.txn_graph import (
+    PROCESS,
+    REALTIME,
+    WR,
+    WW,
+    DepGraph,
+    find_cycles,
+    peel_with_realtime,
+    realtime_chain,
+    strong_components,
+)
+
+if TYPE_CHECKING:
+    from checkers.queue.analysis import QueueAnalysis
+
+__all__ = ["cycle_anomalies", "explain_step"]
+
+
+def _events(nodes: Sequence[QueueOp]) -> list[tuple[int, bool]]:
+    """Invoke and completion events of `nodes` in history order, for a realtime chain.
+
+    An info op's effects may land any time later, so it gets no completion event and
+    never precedes anything in real time.
+    """
+    slots: dict[int, tuple[int, bool]] = {}
+    for rec in nodes:
+        if rec.inv >= 0:
+            slots[rec.inv] = (rec.pos, False)
+        if rec.kind == OK:
+            slots[rec.pos] = (rec.pos, True)
+    return [slots[i] for i in sorted(slots)]
+
+
+def cycle_anomalies(analysis: QueueAnalysis) -> None:
+    """Dependency-graph cycles (G0, G1c, G1c-ww and variants).
+
+    A first, reduced graph keeps reachability but not every edge: a reader gets a wr
+    edge only from the writer of the highest offset it read of each key (the others
+    reach that writer along the key's ww chain), process edges are left out (an ok op
+    completes before its process's next invoke, so realtime covers them) and realtime
+    order stays implicit (`peel_with_realtime`). Nodes this peeling removes lie on no
+    cycle, so a valid history costs about two edges per op and one peeling pass.
+    Otherwise the strongly connected components of the survivors are found without
+    networkx, and only their nodes get their full edges and go to `find_cycles`.
+    """
+    writer = analysis.writer
+    orders = analysis.orders
+    nodes = [r for r in analysis.records if r.committed and r.f != "assign" and r.f != "subscribe"]
+    chains: list[tuple[int, int]] = []
+    if analysis.ww_deps:
+        for k, vo in orders.items():
+            ws = writer.get(k)
+            if not ws:
+                continue
+            prev: QueueOp | None = None
+            log = vo.log
+            for o in vo.offsets:
+                w = ws.get(log[o])
+                if w is None or not w.committed:
+                    continue
+                if prev is not None and prev is not w:
+                    chains.append((prev.pos, w.pos))
+                prev = w
+    reduced: dict[int, list[int]] = {}
+    for a, b in chains:
+        lst = reduced.get(a)
+        if lst is None:
+            reduced[a] = [b]
+        else:
+            lst.append(b)
+    for rec in nodes:
+        rpos = rec.pos
+        for k, pairs in rec.reads.items():
+            ws = writer.get(k)
+            if not ws or not pairs:
+                continue
+            if analysis.ww_deps and not orders[k].conflicts:
+                try:
+                    top = max(pairs)  # the highest offset read (pairs are [offset, value])
+                except TypeError:  # a null offset
+                    top = None
+                if top is not None:
+                    w = ws.get(top[1])
+                    if w is not None and w is not rec and w.committed:
+                        lst = reduced.get(w.pos)
+                        if lst is None:
+                            reduced[w.pos] = [rpos]
+                        else:
+                            lst.append(rpos)
+                        continue
+            for _o, v in pairs:
+                w = ws.get(v)
+                if w is not None and w is not rec and w.committed:
+                    lst = reduced.get(w.pos)
+                    if lst is None:
+                        reduced[w.pos] = [rpos]
+                    else:
+                        lst.append(rpos)
+    alive = peel_with_realtime(reduced, [(r.pos, r.inv, r.kind == OK) for r in nodes])
+    analysis.stats.update(
+        graph_nodes=len(nodes),
+        graph_edges=sum(map(len, reduced.values())),
+        cyclic_nodes=len(alive),
+    )
+    if not alive:
+        return
+    # Survivors include everything downstream of a cycle. Their strongly connected
+    # components (reduced edges plus a realtime chain, same reachability as the full
+    # graph) are the part that matters; only that part gets full edges and networkx.
+    survivors = [r for r in nodes if r.pos in alive]
+    sub: dict[int, list[int]] = {a: [b for b in reduced.get(a, ()) if b in alive] for a in alive}
+    for a, b in realtime_chain(_events(survivors)):
+        sub.setdefault(a, []).append(b)
+    alive = {n for comp in strong_components(sub) for n in comp if n >= 0}
+    del sub
+    if not alive:
+        return
+    full = DepGraph()
+    for a, b in chains:
+        if a in alive and b in alive:
+            full.link(a, b, WW)
+    last_by_process: dict[Any, QueueOp] = {}
+    for rec in nodes:
+        if rec.pos not in alive:
+            continue
+        prior = last_by_process.get(rec.process)
+        if prior is not None:
+            full.link(prior.pos, rec.pos, PROCESS)
+        last_by_process[rec.process] = rec
+        for k, pairs in rec.reads.items():
+            ws = writer.get(k)
+            if not ws:
+                continue
+            for _o, v in pairs:
+                w = ws.get(v)
+                if w is not None and w is not rec and w.committed and w.pos in alive:
+                    full.link(w.pos, rec.pos, WR)
+    for a, b in realtime_chain(_events([r for r in nodes if r.pos in alive])):
+        full.link(a, b, REALTIME)
+    found, gstats = find_cycles(
+        full, partial(explain_step, analysis), max_examples=analysis.anomalies.max_examples
+    )
+    analysis.stats["cyclic_nodes"] = gstats["cyclic_nodes"]
+    for name, cases in found.items():
+        analysis.anomalies.add_all(name, cases)
+
+
+def explain_step(analysis: QueueAnalysis, a: int, b: int, kind: int) -> dict[str, Any]:
+    ra, rb = analysis.by_pos[a], analysis.by_pos[b]
+    base: dict[str, Any] = {"from": ra.index, "to": rb.index}
+    if kind == WR:
+        for k, pairs in rb.reads.items():
+            ws = analysis.writer.get(k, {})
+            for o, v in pairs:
+                if ws.get(v) is ra:
+                    return {
+                        **base,
+                        "key": k,
+                        "value": v,
+                        "explanation": f"{ra.describe()} sent {_fmt(v)} to {_fmt(k)}, "
+                        f"which {rb.describe()} read (offset {o})",
+                    }
+    if kind == WW:
+        for k, o2, v2 in rb.sends:
+            vo = analysis.orders.get(k)
+            i2 = None if vo is None else vo.index_of(o2, v2)
+            if vo is None or i2 is None:
+                continue
+            for k1, o1, v1 in ra.sends:
+                i1 = vo.index_of(o1, v1) if k1 == k else None
+                if i1 is not None and i1 < i2:
+                    return {
+                        **base,
+                        "key": k,
+                        "values": [v1, v2],
+                        "explanation": f"{ra.describe()} sent {_fmt(v1)} to {_fmt(k)} "
+                        f"(offset {vo.offsets[i1]}) before {rb.describe()} sent "
+                        f"{_fmt(v2)} (offset {vo.offsets[i2]})",
+                    }
+    if kind == PROCESS:
+        return {
+            **base,
+            "explanation": f"{ra.describe()} preceded {rb.describe()} on process {ra.process}",
+        }
+    return {
+        **base,
+        "explanation": f"{ra.describe()} completed before {rb.describe()} was invoked",
+    }

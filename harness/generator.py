@@ -565,7 +565,8 @@ class QueueWorkload:
     1/64), `assign_keys` (how many keys a process is assigned, default about half),
     `sub_via` (["assign"]; with "subscribe" too, reassignments pick one at random),
     `crash_clients` and `crash_client_interval` (s, 30), `concurrency`, `poll_ms` (20),
-    `final_poll_ms` (1000).
+    `final_poll_ms` (1000), `final_restart_s` (10: a drain that reads nothing for that
+    long crashes its client and starts over).
     """
 
     def __init__(self, test: Mapping[str, Any]) -> None:
@@ -586,6 +587,7 @@ class QueueWorkload:
         self.concurrency = int(test.get("concurrency", 20))
         self.poll_ms = int(test.get("poll_ms", 20))
         self.final_poll_ms = int(test.get("final_poll_ms", 1000))
+        self.final_restart_ns = int(float(test.get("final_restart_s", 10)) * NS)
         # Next value to send per key: unique, increasing.
         self.next_value: dict[str, int] = dict.fromkeys(keys, 0)
         # Highest offset any ok op acked or read, per key (Jepsen's track-key-offsets).
@@ -697,12 +699,19 @@ class _FinalPolls(Base):
         self._w = workload
         self._targets: dict[str, int] | None = None
         self._stage = "crash"
+        self._progress_at = 0
 
     def op(self, ctx: Context) -> Result:
         if self._targets is None:
             self._targets = dict(self._w.max_offsets)
+            self._progress_at = ctx.time
         if not self._targets:
             return None
+        if self._stage == "poll" and ctx.time - self._progress_at > self._w.final_restart_ns:
+            # Polls that read nothing for a while: start over with a fresh client, in case
+            # this one is stuck on stale metadata (Jepsen repeats its drain every 10 s).
+            self._stage = "crash"
+            self._progress_at = ctx.time
         if self._stage == "crash":
             self._stage = "assign"
             return dict(_CRASH)
@@ -722,6 +731,7 @@ class _FinalPolls(Base):
         if t != "ok" or event.get("f") != "poll":
             return
         for k, off in _max_offsets(event).items():
+            self._progress_at = ctx.time
             if off >= self._targets.get(k, off + 1):
                 del self._targets[k]
 

@@ -291,3 +291,23 @@ def test_each_process_restarts_after_info() -> None:
     gen = g.limit(5, g.each_process(lambda: g.seq({"f": "open"}, g.repeat({"f": "work"}))))
     ops = [(op["process"], op["f"]) for _, _, op in drive(gen, [0], reply=reply)]
     assert ops == [(0, "open"), (0, "work"), (1, "open"), (1, "work"), (1, "work")]
+
+
+def test_stuck_final_drain_starts_over_with_a_fresh_client() -> None:
+    def never_reads(op: Op, p: int | str) -> Op:
+        if op["f"] == "poll":
+            return {**op, "type": "ok", "value": [["poll", {}]]}
+        if op["f"] == "send":
+            return {**op, "type": "ok", "value": [["send", k, [9, v]] for _, k, v in op["value"]]}
+        return {**op, "type": "info" if op["f"] == "crash" else "ok"}
+
+    test = {
+        "keys": KEYS,
+        "concurrency": 1,
+        "time_limit": 0.01,
+        "final_time_limit": 0.25,
+        "final_restart_s": 0.1,
+    }
+    ops = drive(g.queue_test(QueueWorkload(test), test), [0], reply=never_reads)
+    final = [op["f"] for t, _, op in ops if t >= 0.01 * NS]
+    assert final.count("crash") == 3 and final.count("assign") == 3

@@ -17,9 +17,16 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from broker.log.errors import UnexpectedAppendOffsetError
 from broker.log.log import Log, LogConfig
@@ -288,3 +295,18 @@ LogMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 TestLogModel = LogMachine.TestCase
+
+
+@pytest.mark.slow
+def test_log_model_long_run() -> None:
+    """The same machine with many more and longer runs (make soak)."""
+    run_state_machine_as_test(
+        LogMachine,
+        settings=settings(
+            max_examples=1_500,
+            stateful_step_count=60,
+            deadline=None,
+            suppress_health_check=list(HealthCheck),
+            report_multiple_bugs=False,
+        ),
+    )

@@ -40,6 +40,7 @@ from __future__ import annotations
 import bisect
 import enum
 import itertools
+import logging
 import os
 import shutil
 import time
@@ -72,6 +73,8 @@ from broker.log.segment import (
     offset_index_path,
     time_index_path,
 )
+
+logger = logging.getLogger(__name__)
 
 CLEAN_SHUTDOWN_FILE = ".kafka_cleanshutdown"
 #: ListOffsets' special timestamps (Kafka's ListOffsetsRequest constants).
@@ -188,69 +191,74 @@ class Log:
         base_offsets = _remove_strays_and_list_segments(directory)
 
         segments: list[LogSegment] = []
-        recovered = False
-        for position, base_offset in enumerate(base_offsets):
-            indexes_missing = not (
-                offset_index_path(directory, base_offset).exists()
-                and time_index_path(directory, base_offset).exists()
-            )
-            segment = cls._new_segment(directory, base_offset, config, clock)
-            segments.append(segment)
-            next_base = base_offsets[position + 1] if position + 1 < len(base_offsets) else None
-            unflushed = next_base is None or next_base > recovery_point
-            needs_recovery = (not clean and unflushed) or indexes_missing
-            if not needs_recovery:
-                try:
-                    segment.sanity_check()
-                except CorruptIndexError:
-                    needs_recovery = True  # indexes are derived data: rebuild them
-            if needs_recovery:
-                recovered = True
-                truncated = segment.recover()
-                if truncated > 0 and next_base is not None:
-                    # Everything after a corrupt batch is suspect: drop the later segments.
-                    for later in base_offsets[position + 1 :]:
-                        for path in (
-                            log_path(directory, later),
-                            offset_index_path(directory, later),
-                            time_index_path(directory, later),
-                        ):
-                            path.unlink(missing_ok=True)
-                    break
-        if clean:
-            # Durably forget the marker first: a crash from here on must trigger recovery.
-            marker.unlink()
-            _fsync_dir(directory)
-        if not segments:
-            start = log_start_offset if log_start_offset is not None else 0
-            segments.append(cls._new_segment(directory, start, config, clock))
-        segments[-1].resize_indexes(config.segment_index_bytes)
+        try:
+            recovered = False
+            for position, base_offset in enumerate(base_offsets):
+                indexes_missing = not (
+                    offset_index_path(directory, base_offset).exists()
+                    and time_index_path(directory, base_offset).exists()
+                )
+                segment = cls._new_segment(directory, base_offset, config, clock)
+                segments.append(segment)
+                next_base = base_offsets[position + 1] if position + 1 < len(base_offsets) else None
+                unflushed = next_base is None or next_base > recovery_point
+                needs_recovery = (not clean and unflushed) or indexes_missing
+                if not needs_recovery:
+                    try:
+                        segment.sanity_check()
+                    except CorruptIndexError:
+                        needs_recovery = True  # indexes are derived data: rebuild them
+                if needs_recovery:
+                    recovered = True
+                    truncated = segment.recover()
+                    if truncated > 0 and next_base is not None:
+                        # Everything after a corrupt batch is suspect: drop the later segments.
+                        for later in base_offsets[position + 1 :]:
+                            for path in (
+                                log_path(directory, later),
+                                offset_index_path(directory, later),
+                                time_index_path(directory, later),
+                            ):
+                                path.unlink(missing_ok=True)
+                        break
+            if clean:
+                # Forget the marker durably before any write: a crash from here on must recover.
+                marker.unlink()
+                _fsync_dir(directory)
+            if not segments:
+                start = log_start_offset if log_start_offset is not None else 0
+                segments.append(cls._new_segment(directory, start, config, clock))
+            segments[-1].resize_indexes(config.segment_index_bytes)
 
-        cache = LeaderEpochFileCache(directory / LEADER_EPOCH_CHECKPOINT)
-        start = (
-            segments[0].base_offset
-            if log_start_offset is None
-            else max(log_start_offset, segments[0].base_offset)
-        )
-        log = cls(
-            directory,
-            config,
-            segments,
-            log_start_offset=start,
-            recovery_point=0,
-            leader_epoch_cache=cache,
-            clock=clock,
-        )
-        if start > log.log_end_offset:
-            # The checkpointed log start is past the data that survived: start empty there.
-            log.truncate_fully_and_start_at(start)
-        if recovered:
-            for segment in log._segments:
-                segment.flush()
-        log._recovery_point = log.log_end_offset
-        cache.truncate_from_end(log.log_end_offset)
-        cache.truncate_from_start(log.log_start_offset)
-        return log
+            cache = _load_or_rebuild_epoch_cache(directory, segments)
+            start = (
+                segments[0].base_offset
+                if log_start_offset is None
+                else max(log_start_offset, segments[0].base_offset)
+            )
+            log = cls(
+                directory,
+                config,
+                segments,
+                log_start_offset=start,
+                recovery_point=0,
+                leader_epoch_cache=cache,
+                clock=clock,
+            )
+            if start > log.log_end_offset:
+                # The checkpointed log start is past the data that survived: start empty there.
+                log.truncate_fully_and_start_at(start)
+            if recovered:
+                for segment in log._segments:
+                    segment.flush()
+            log._recovery_point = log.log_end_offset
+            cache.truncate_from_end(log.log_end_offset)
+            cache.truncate_from_start(log.log_start_offset)
+            return log
+        except BaseException:
+            for segment in segments:  # do not leak file handles and mappings on a failed open
+                segment.close_handlers()
+            raise
 
     @staticmethod
     def _new_segment(
@@ -720,6 +728,27 @@ class Log:
             f"Log({self._dir.name}, start={self._log_start_offset}, end={self.log_end_offset}, "
             f"segments={len(self._segments)})"
         )
+
+
+def _load_or_rebuild_epoch_cache(
+    directory: Path, segments: list[LogSegment]
+) -> LeaderEpochFileCache:
+    """The leader-epoch-checkpoint, or, if it is unreadable, the cache rebuilt from the batches.
+
+    Every batch carries its partitionLeaderEpoch, so the cache is derived data like the indexes.
+    """
+    path = directory / LEADER_EPOCH_CHECKPOINT
+    try:
+        return LeaderEpochFileCache(path)
+    except KafkaStorageError as exc:
+        logger.warning("%s; rebuilding it from the record batches", exc)
+    path.unlink(missing_ok=True)
+    cache = LeaderEpochFileCache(path)
+    for segment in segments:
+        for header in segment.batches():
+            if header.partition_leader_epoch > cache.latest_epoch:
+                cache.assign(header.partition_leader_epoch, header.base_offset)
+    return cache
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -2,6 +2,8 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from broker.log.log import CLEAN_SHUTDOWN_FILE, Log, LogConfig
 from broker.log.record_batch import HEADER_SIZE
 from tests.log.batches import decode_values, make_batch
@@ -176,3 +178,37 @@ def test_epoch_cache_is_trimmed_to_the_recovered_log(open_log: Opener) -> None:
     again = open_log(CONFIG)
     assert again.log_end_offset == 6
     assert again.leader_epoch_cache.epoch_entries() == [(1, 0)]
+
+
+def test_garbage_epoch_checkpoint_is_rebuilt_from_the_batches(open_log: Opener) -> None:
+    log = open_log(CONFIG)
+    fill(log, 2, epoch=1)
+    fill(log, 3, epoch=4)
+    log.close()
+    (log.dir / "leader-epoch-checkpoint").write_text("0\n7\ngarbage\n")
+    again = open_log(CONFIG)
+    assert again.leader_epoch_cache.epoch_entries() == [(1, 0), (4, 6)]
+    assert (again.dir / "leader-epoch-checkpoint").read_text() == "0\n2\n1 0\n4 6\n"
+
+
+def test_failed_open_releases_its_files(open_log: Opener, monkeypatch: pytest.MonkeyPatch) -> None:
+    from broker.log import log as log_module
+
+    log = open_log(CONFIG)
+    fill(log, 6)
+    log.close()
+    closed: list[int] = []
+    original = log_module.LogSegment.close_handlers
+
+    def spy(self: log_module.LogSegment) -> None:
+        closed.append(self.base_offset)
+        original(self)
+
+    def boom(*_args: object) -> None:
+        raise OSError("disk gone")
+
+    monkeypatch.setattr(log_module.LogSegment, "close_handlers", spy)
+    monkeypatch.setattr(log_module, "_load_or_rebuild_epoch_cache", boom)
+    with pytest.raises(OSError, match="disk gone"):
+        Log.open(log.dir, CONFIG)
+    assert closed == [0, 12]

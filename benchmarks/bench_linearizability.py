@@ -7,7 +7,8 @@ Suites (shared/bench-data/porcupine beside the repository):
 - kv-unpartitioned: the two 10-client kv histories with one state over all keys.
 
 Every verdict is checked against verdicts.txt while timing.  Times are for checking only
-(parsing is reported apart), each history's best of ``--repeat`` runs, summed per suite.
+(parsing is reported apart), each history's best of ``--repeat`` runs, summed per suite; next to
+wall-clock seconds the CPU seconds, which a machine shared with other work distorts less.
 Porcupine is measured in the same run when Go and a copy of its repository are available
 (``go test -c`` of the repository's own benchmarks, ``-test.benchtime 1x``, best of
 ``--repeat``); otherwise the figures from the bench data's README are printed, labelled so.
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -79,11 +81,18 @@ def time_suite(
     return wall_total, cpu_total
 
 
-def porcupine_times(repeat: int) -> dict[str, float] | None:
-    """Porcupine's own Go benchmarks, per suite, or None when Go or the repo is missing."""
+def porcupine_times(repeat: int) -> tuple[dict[str, float], dict[str, float]] | None:
+    """Porcupine's own Go benchmarks per suite: (wall, CPU) seconds, or None without Go.
+
+    Wall: each benchmark's best ns/op of ``repeat`` runs, summed.  CPU: the benchmark
+    process's user+system time per run of the suite (all goroutines and the Go runtime,
+    including its parsing of the test files, so a slight overestimate).
+    """
     go = shutil.which("go")
     if go is None or not PORCUPINE_MIRROR.exists():
         return None
+    wall: dict[str, float] = {}
+    cpu: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="porcupine-") as tmp:
         archive = subprocess.run(
             ["git", "--git-dir", str(PORCUPINE_MIRROR), "archive", "HEAD"],
@@ -94,33 +103,36 @@ def porcupine_times(repeat: int) -> dict[str, float] | None:
         # Porcupine has no dependencies: build offline.
         env = {**os.environ, "GOFLAGS": "-mod=mod", "GOPROXY": "off"}
         subprocess.run([go, "test", "-c", "-o", "porc.test", "."], cwd=tmp, env=env, check=True)
-        output = subprocess.run(
-            [
-                "./porc.test",
-                "-test.run",
-                "^$",
-                "-test.bench",
-                "^Benchmark(EtcdJepsen|Kv)",
-                "-test.benchtime",
-                "1x",
-                "-test.count",
-                str(repeat),
-            ],
-            cwd=tmp,
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout
-    best: dict[str, float] = {}
-    for line in output.splitlines():
-        found = re.match(r"^(Benchmark\S+?)(-\d+)?\s+\d+\s+(\d+) ns/op", line)
-        if found:
-            name, ns = found[1], int(found[3])
-            best[name] = min(best.get(name, float("inf")), ns / 1e9)
-    return {
-        suite: sum(t for name, t in best.items() if pattern.match(name))
-        for suite, pattern in GO_SUITES.items()
-    }
+        for suite, pattern in GO_SUITES.items():
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            output = subprocess.run(
+                [
+                    "./porc.test",
+                    "-test.run",
+                    "^$",
+                    "-test.bench",
+                    pattern.pattern,
+                    "-test.benchtime",
+                    "1x",
+                    "-test.count",
+                    str(repeat),
+                ],
+                cwd=tmp,
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            used = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+            cpu[suite] = used / repeat
+            best: dict[str, float] = {}
+            for line in output.splitlines():
+                found = re.match(r"^(Benchmark\S+?)(-\d+)?\s+\d+\s+(\d+) ns/op", line)
+                if found:
+                    name, ns = found[1], int(found[3])
+                    best[name] = min(best.get(name, float("inf")), ns / 1e9)
+            wall[suite] = sum(best.values())
+    return wall, cpu
 
 
 def main() -> None:
@@ -178,19 +190,23 @@ def main() -> None:
 
     go = None if args.no_go else porcupine_times(args.repeat)
     source = "Porcupine (Go), measured now" if go else "Porcupine (Go), README figures"
-    theirs = go or README_FIGURES
+    theirs, their_cpu = go if go else (README_FIGURES, {})
     print()
     print(
-        f"{'suite':<18}{'histories':<42}{'isrlab s':>10}{'(CPU s)':>9}"
-        f"{'Porcupine s':>13}{'ratio':>8}"
+        f"{'suite':<18}{'histories':<42}{'isrlab s':>10}{'CPU s':>8}"
+        f"{'Porcupine s':>13}{'CPU s':>8}{'ratio':>7}{'CPU ratio':>10}"
     )
     for suite, label, _run in suites:
-        ratio = ours[label] / theirs[suite] if theirs[suite] else float("nan")
+        ratio = ours[label] / theirs[suite]
+        their = their_cpu.get(suite)
+        cpu_ratio = f"{cpu[label] / their:>10.2f}" if their and "2 processes" not in label else ""
+        # The parent's CPU says nothing about forked workers: left blank.
+        our_cpu = f"{'-':>8}" if "2 processes" in label else f"{cpu[label]:>8.3f}"
         print(
-            f"{suite:<18}{label:<42}{ours[label]:>10.3f}{cpu[label]:>9.3f}"
-            f"{theirs[suite]:>13.3f}{ratio:>8.2f}"
+            f"{suite:<18}{label:<42}{ours[label]:>10.3f}{our_cpu}"
+            f"{theirs[suite]:>13.3f}{their if their else float('nan'):>8.3f}{ratio:>7.2f}"
+            f"{cpu_ratio}"
         )
-    print("(CPU s: this process only; forked workers' time is not in it.)")
     print(
         f"(ratio = isrlab / Porcupine; below 1 is faster.  Porcupine column: {source}; "
         f"best of {args.repeat} per history; all verdicts agree with verdicts.txt)"

@@ -431,3 +431,22 @@ def test_every_example_has_an_explanation() -> None:
     for a in r["anomalies"].values():
         for ex in a["examples"]:
             assert isinstance(ex["explanation"], str) and len(ex["explanation"]) > 20
+
+
+def test_committed_truncation_of_an_acked_send() -> None:
+    h = H()
+    h.send(0, "k", 1, 0)
+    h.send(0, "k", 2, 1, watermarks={"k": {"low": 0, "high": 2}})  # acked and committed
+    h.send(1, "k", 3, 1)  # after a bad failover, offset 1 is reused
+    h.poll(2, {"k": [[0, 1], [1, 3]]})
+    r = check(h)
+    assert "committed-truncation" in r["anomaly_types"]
+    ex = r["anomalies"]["committed-truncation"]["examples"][0]
+    assert ex["value"] == 2 and ex["offset"] == 1 and ex["ops"][0] == 3
+    # the same reuse while the ack still reported a high watermark at 1 is not committed
+    h2 = H()
+    h2.send(0, "k", 1, 0)
+    h2.send(0, "k", 2, 1, watermarks={"k": {"low": 0, "high": 1}})
+    h2.send(1, "k", 3, 1)
+    h2.poll(2, {"k": [[0, 1], [1, 3]]})
+    assert "committed-truncation" not in types(h2)

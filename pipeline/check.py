@@ -1,0 +1,128 @@
+"""Checking one run the way `isrlab check RUN_DIR` does, as a row of the ``results`` table.
+
+`check_run(path, test)` loads the run's history with `checkers.history.load_history`,
+takes the checker options from test.json with `checkers.api.policy_from_test` and calls
+`checkers.api.check`: the checkers' own functions, so a run's verdict in the published
+report is the verdict `isrlab check` gives. The Spark job calls it once per run inside
+its tasks; the benchmark's baseline loops over it in one process.
+
+A run the checker cannot read (malformed history, unknown workload) becomes a row with
+``status = "malformed"`` and the reason in ``error``: reported and skipped, not fatal.
+
+``results`` schema: ``run_id``, ``status`` (checked | malformed), ``error``, ``valid``
+(``"true"`` | ``"false"`` | ``"unknown"``, null when malformed), ``ops`` (history lines),
+``acked_writes`` (sends in ``ok`` completions: the denominator of every rate),
+``anomaly_counts`` (type -> count), ``anomaly_examples`` (type -> the first example's
+explanation), ``not_allowed`` (types that invalidate the run) and
+``results_json`` (the checker's whole results dict, exactly as `isrlab check --json`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pyarrow as pa
+
+from checkers.api import WORKLOADS, check, policy_from_test
+from checkers.history import HistoryError, load_history
+
+__all__ = ["RESULTS_DDL", "RESULTS_SCHEMA", "acked_writes", "check_run", "results_table"]
+
+RESULTS_SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("status", pa.string()),
+        ("error", pa.string()),
+        ("valid", pa.string()),
+        ("ops", pa.int64()),
+        ("acked_writes", pa.int64()),
+        ("anomaly_counts", pa.map_(pa.string(), pa.int64())),
+        ("anomaly_examples", pa.map_(pa.string(), pa.string())),
+        ("not_allowed", pa.list_(pa.string())),
+        ("results_json", pa.string()),
+    ]
+)
+RESULTS_DDL = (
+    "run_id string, status string, error string, valid string, ops bigint, "
+    "acked_writes bigint, anomaly_counts map<string, bigint>, "
+    "anomaly_examples map<string, string>, not_allowed array<string>, "
+    "results_json string"
+)
+
+
+def acked_writes(ops: Sequence[dict[str, Any]]) -> int:
+    """Sends acknowledged to the client: send micro-ops in ``ok`` completions."""
+    n = 0
+    for op in ops:
+        if op.get("type") != "ok" or op.get("f") not in ("send", "txn"):
+            continue
+        value = op.get("value")
+        if isinstance(value, list):
+            n += sum(1 for m in value if isinstance(m, list) and m and m[0] == "send")
+    return n
+
+
+def _first_explanation(anomaly: Mapping[str, Any]) -> str:
+    examples = anomaly.get("examples") or []
+    if not examples:
+        return ""
+    ex = examples[0]
+    if isinstance(ex, Mapping) and "explanation" in ex:
+        return str(ex["explanation"])
+    return orjson.dumps(ex, option=orjson.OPT_NON_STR_KEYS).decode()[:500]
+
+
+def _valid_text(v: Any) -> str:
+    return "true" if v is True else "false" if v is False else "unknown"
+
+
+def check_run(run_id: str, path: Path | str, test: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``results`` row of one run (see the module doc); never raises for bad input."""
+    row: dict[str, Any] = {
+        "run_id": run_id,
+        "status": "malformed",
+        "error": None,
+        "valid": None,
+        "ops": None,
+        "acked_writes": None,
+        "anomaly_counts": [],
+        "anomaly_examples": [],
+        "not_allowed": [],
+        "results_json": None,
+    }
+    policy = policy_from_test(test)
+    workload = policy.pop("workload", None) or "queue"
+    if workload not in WORKLOADS:
+        row["error"] = f"unknown workload {workload!r} in test.json"
+        return row
+    try:
+        ops = load_history(Path(path) / "history.jsonl")
+        results = check(ops, workload, **policy)
+    except HistoryError as e:
+        row["error"] = f"history.jsonl: {e}"
+        return row
+    except Exception as e:
+        # One run's checker failure must not end the whole analysis: report it instead.
+        row["error"] = f"the {workload} checker failed on this run: {e!r}"
+        return row
+    anomalies = results.get("anomalies") or {}
+    row.update(
+        status="checked",
+        valid=_valid_text(results.get("valid")),
+        ops=len(ops),
+        acked_writes=acked_writes(ops),
+        anomaly_counts=[(name, int(a.get("count", 0))) for name, a in sorted(anomalies.items())],
+        anomaly_examples=[(name, _first_explanation(a)) for name, a in sorted(anomalies.items())],
+        not_allowed=list(results.get("not_allowed") or []),
+        results_json=orjson.dumps(results, option=orjson.OPT_NON_STR_KEYS).decode(),
+    )
+    return row
+
+
+def results_table(rows: Sequence[dict[str, Any]]) -> pa.Table:
+    """Rows of `check_run` as an Arrow table of RESULTS_SCHEMA."""
+    cols = {name: [r[name] for r in rows] for name in RESULTS_SCHEMA.names}
+    return pa.table(cols, schema=RESULTS_SCHEMA)

@@ -1,0 +1,266 @@
+"""`isrlab matrix`: run a grid of `isrlab test` runs into a store, resumably.
+
+The grid is acks x nemesis x switch variants x repeats (`grid`); every cell is a plain
+test configuration (the harness's test.json keys, notes/harness-api.md) named by
+`pipeline.store.config_name`, e.g. ``acks-all_partition_isr2_unclean_r0``, so the
+cell's runs live in ``STORE/<name>/<timestamp>/``.
+
+`run_matrix(tests, store)` runs the cells one after the other with the harness's
+``harness.runner.run_test(test) -> run_dir`` (imported lazily; tests inject a fake as
+`run_test`). A cell is finished when one of its run directories has a results.json;
+finished cells are skipped, so a nightly job that was cut off resumes where it stopped.
+Each run prints one line of progress (position, cell, verdict, seconds, run dir); a
+failing run is reported and the matrix goes on; the end prints a summary table.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from pipeline.store import config_name
+
+__all__ = [
+    "ACKS",
+    "HISTORIC_SWITCHES",
+    "NEMESES",
+    "CellResult",
+    "MatrixSummary",
+    "base_test",
+    "finished_run",
+    "grid",
+    "parse_switches",
+    "run_matrix",
+]
+
+ACKS = ("0", "1", "all")
+NEMESES = ("partition", "kill", "pause", "clock", "combined")
+COMBINED = ["partition", "kill", "pause", "clock"]
+# The settings that lost acknowledged data in Kafka's history: each one a variant.
+HISTORIC_SWITCHES: tuple[dict[str, Any], ...] = (
+    {"unclean_leader_election": True},
+    {"truncation_mode": "high-watermark"},
+    {"min_insync_replicas": 1},
+)
+SWITCH_TYPES: dict[str, type] = {
+    "idempotence": bool,
+    "txn": bool,
+    "min_insync_replicas": int,
+    "unclean_leader_election": bool,
+    "truncation_mode": str,
+}
+TRUNCATION_MODES = ("leader-epoch", "leader-epoch-v0", "high-watermark")
+
+RunTest = Callable[[dict[str, Any]], Any]
+
+
+def base_test(time_limit: float = 60.0, **overrides: Any) -> dict[str, Any]:
+    """The configuration every cell starts from: a 3-broker queue test, acks=all, RF 3."""
+    test: dict[str, Any] = {
+        "workload": "queue",
+        "concurrency": 20,
+        "rate": 0,
+        "time_limit": time_limit,
+        "final_time_limit": 30,
+        "recovery_time": 10,
+        "nemesis_interval": 10,
+        "acks": "all",
+        "idempotence": False,
+        "txn": False,
+        "min_insync_replicas": 2,
+        "unclean_leader_election": False,
+        "truncation_mode": "leader-epoch",
+        "replication_factor": 3,
+        "partitions_per_topic": 1,
+    }
+    test.update(overrides)
+    return test
+
+
+def parse_switches(text: str) -> dict[str, Any]:
+    """``"unclean_leader_election=true,min_insync_replicas=1"`` -> a switch variant dict."""
+    out: dict[str, Any] = {}
+    for item in (s.strip() for s in text.split(",")):
+        if not item:
+            continue
+        name, sep, raw = item.partition("=")
+        name = name.strip().replace(".", "_").replace("-", "_")
+        if name == "min_insync":
+            name = "min_insync_replicas"
+        kind = SWITCH_TYPES.get(name)
+        if kind is None:
+            raise ValueError(
+                f"unknown switch {name!r}; use one of {', '.join(SWITCH_TYPES)} (as name=value)"
+            )
+        raw = raw.strip() if sep else "true"
+        if kind is bool:
+            if raw.lower() not in ("true", "false", "1", "0", "yes", "no", "on", "off"):
+                raise ValueError(f"switch {name} takes true or false, not {raw!r}")
+            out[name] = raw.lower() in ("true", "1", "yes", "on")
+        elif kind is int:
+            try:
+                out[name] = int(raw)
+            except ValueError:
+                raise ValueError(f"switch {name} takes an integer, not {raw!r}") from None
+        else:
+            if name == "truncation_mode" and raw not in TRUNCATION_MODES:
+                raise ValueError(
+                    f"truncation_mode is one of {', '.join(TRUNCATION_MODES)}, not {raw!r}"
+                )
+            out[name] = raw
+    return out
+
+
+def grid(
+    base: Mapping[str, Any],
+    *,
+    acks: Sequence[str] = ACKS,
+    nemeses: Sequence[str] = NEMESES,
+    variants: Sequence[Mapping[str, Any]] = ({},),
+    repeats: int = 1,
+) -> list[dict[str, Any]]:
+    """Every cell's test configuration, in a stable order (seed = position in the grid)."""
+    tests = []
+    combos = itertools.product(variants, nemeses, acks, range(repeats))
+    for seed, (variant, nemesis, a, repeat) in enumerate(combos):
+        test = dict(base)
+        test.update(variant)
+        test["acks"] = str(a)
+        test["nemesis"] = list(COMBINED) if nemesis == "combined" else [nemesis]
+        if nemesis == "none":
+            test["nemesis"] = []
+        test["repeat"] = repeat
+        test["seed"] = int(base.get("seed", 0)) + seed
+        test["name"] = config_name(dict(test, nemesis=[nemesis] if nemesis != "none" else []))
+        tests.append(test)
+    return tests
+
+
+def finished_run(store: Path, name: str) -> Path | None:
+    """A run directory of cell `name` that has results.json, if any."""
+    cell = Path(store) / name
+    if not cell.is_dir():
+        return None
+    for results in sorted(cell.glob("*/results.json")):
+        return results.parent
+    return None
+
+
+@dataclass
+class CellResult:
+    name: str
+    status: str  # "valid" | "invalid" | "unknown" | "skipped" | "error"
+    run_dir: Path | None = None
+    seconds: float = 0.0
+    detail: str = ""
+
+
+@dataclass
+class MatrixSummary:
+    cells: list[CellResult] = field(default_factory=list)
+
+    def count(self, status: str) -> int:
+        return sum(1 for c in self.cells if c.status == status)
+
+    @property
+    def ok(self) -> bool:
+        """True when no run failed to complete (invalid verdicts are results, not failures)."""
+        return self.count("error") == 0
+
+
+def _verdict(run_dir: Path | None) -> tuple[str, str]:
+    if run_dir is None:
+        return "unknown", "run_test returned no run directory"
+    path = Path(run_dir) / "results.json"
+    try:
+        results = orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError) as e:
+        return "unknown", f"no readable results.json ({e})"
+    valid = results.get("valid") if isinstance(results, dict) else None
+    types = ", ".join(results.get("anomaly_types") or []) if isinstance(results, dict) else ""
+    return ("valid" if valid is True else "invalid" if valid is False else "unknown"), types
+
+
+def _default_run_test() -> RunTest:
+    try:
+        from harness.runner import run_test
+    except ImportError as e:
+        raise RuntimeError(
+            f"the harness's runner is not available ({e}); `isrlab matrix` needs "
+            "harness.runner.run_test"
+        ) from None
+    return run_test  # type: ignore[no-any-return]
+
+
+def run_matrix(
+    tests: Iterable[dict[str, Any]],
+    store: Path,
+    *,
+    run_test: RunTest | None = None,
+    console: Console | None = None,
+) -> MatrixSummary:
+    """Run every unfinished cell into `store`; one progress line per cell, then a summary."""
+    console = console or Console()
+    store = Path(store)
+    store.mkdir(parents=True, exist_ok=True)
+    cells = list(tests)
+    summary = MatrixSummary()
+    width = len(str(len(cells)))
+    runner: RunTest | None = run_test
+    for i, test in enumerate(cells, 1):
+        name = str(test["name"])
+        pos = f"[{i:>{width}}/{len(cells)}]"
+        done = finished_run(store, name)
+        if done is not None:
+            summary.cells.append(CellResult(name, "skipped", done, detail="already finished"))
+            console.print(f"{pos} {name}: [dim]skipped, finished in {done}[/]", highlight=False)
+            continue
+        if runner is None:
+            runner = _default_run_test()
+        test = dict(test, store=str(store))
+        t0 = time.monotonic()
+        try:
+            run_dir = runner(test)
+        except KeyboardInterrupt:
+            console.print(f"{pos} {name}: [yellow]interrupted[/]; run again to resume")
+            raise
+        except Exception as e:
+            # One broken run must not cost the rest of a nightly matrix.
+            seconds = time.monotonic() - t0
+            summary.cells.append(CellResult(name, "error", None, seconds, repr(e)))
+            console.print(
+                f"{pos} {name}: [red]error[/] after {seconds:.1f} s: {escape(repr(e))}",
+                highlight=False,
+            )
+            continue
+        seconds = time.monotonic() - t0
+        status, detail = _verdict(Path(run_dir) if run_dir is not None else None)
+        summary.cells.append(
+            CellResult(name, status, Path(run_dir) if run_dir else None, seconds, detail)
+        )
+        style = {"valid": "green", "invalid": "red"}.get(status, "yellow")
+        console.print(
+            f"{pos} {name}: [{style}]{status}[/] {escape(detail)} ({seconds:.1f} s) -> {run_dir}",
+            highlight=False,
+        )
+    _print_summary(summary, console)
+    return summary
+
+
+def _print_summary(summary: MatrixSummary, console: Console) -> None:
+    table = Table("status", "cells", title="matrix summary")
+    for status in ("valid", "invalid", "unknown", "skipped", "error"):
+        table.add_row(status, str(summary.count(status)))
+    console.print(table)
+    errors = [c for c in summary.cells if c.status == "error"]
+    for c in errors:
+        console.print(f"[red]failed:[/] {c.name}: {escape(c.detail)}", highlight=False)

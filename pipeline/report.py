@@ -1,0 +1,258 @@
+"""Publishing an `Analysis`: index.html, plots, summary.csv and summary.json.
+
+Files written into the analysis's out directory (anomalies.parquet is written by Spark
+in `pipeline.analyze`):
+
+- ``index.html`` (jinja2, templates/index.html.j2): per switch setting a heatmap of
+  acks x fault (invalid anomalies per 10,000 acked writes, and lost writes), the
+  configuration table with rates and 95 % intervals, a table per switch (switch value x
+  acks, pooled over everything else), worst runs and every run with a link to its own
+  report.html, and the malformed runs with their reasons;
+- ``plots/*.png`` (matplotlib, Agg backend);
+- ``summary.csv``: one row per configuration, a count column per anomaly type;
+- ``summary.json``: the whole `Analysis` (configurations, runs, malformed, timings).
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+
+from pipeline.aggregate import rate_interval
+from pipeline.store import SWITCHES
+
+if TYPE_CHECKING:
+    from pipeline.analyze import Analysis
+
+__all__ = ["ACKS_ORDER", "NEMESIS_ORDER", "switch_tables", "write_report"]
+
+ACKS_ORDER = ("0", "1", "all")
+NEMESIS_ORDER = ("none", "partition", "kill", "pause", "clock", "combined")
+
+
+def _order(values: Sequence[Any], preferred: Sequence[Any]) -> list[Any]:
+    known = [v for v in preferred if v in values]
+    return known + sorted((v for v in values if v not in preferred), key=str)
+
+
+def _setting(c: dict[str, Any]) -> str:
+    """A switch combination as text, e.g. ``min.insync=2, unclean``."""
+    parts = [f"min.insync={c['min_insync_replicas']}"]
+    if c["idempotence"]:
+        parts.append("idempotence")
+    if c["txn"]:
+        parts.append("txn")
+    if c["unclean_leader_election"]:
+        parts.append("unclean election")
+    if c["truncation_mode"] != "leader-epoch":
+        parts.append(f"truncation={c['truncation_mode']}")
+    return ", ".join(parts)
+
+
+def _pool(configs: Sequence[dict[str, Any]], metric: str) -> dict[str, Any]:
+    """Pool counts and acked writes of several configurations into one rate."""
+    acked = sum(c["acked_writes"] for c in configs)
+    if metric == "invalid":
+        count = sum(c["invalid"]["count"] for c in configs)
+    else:
+        count = sum(c["anomalies"].get(metric, {}).get("count", 0) for c in configs)
+    r = rate_interval(count, acked)
+    return {
+        "runs": sum(c["runs"] for c in configs),
+        "acked_writes": acked,
+        "count": count,
+        "rate": r[0] if r else None,
+        "low": r[1] if r else None,
+        "high": r[2] if r else None,
+    }
+
+
+def switch_tables(configs: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per switch: {value: {acks: pooled invalid rate}} over every other column."""
+    acks = _order(sorted({c["acks"] for c in configs}), ACKS_ORDER)
+    out: dict[str, dict[str, Any]] = {}
+    for switch in SWITCHES:
+        values = sorted({c[switch] for c in configs}, key=str)
+        rows = []
+        for value in values:
+            cells = {}
+            for a in acks:
+                members = [c for c in configs if c[switch] == value and c["acks"] == a]
+                cells[a] = _pool(members, "invalid") if members else None
+            rows.append({"value": value, "cells": cells})
+        out[switch] = {"acks": acks, "rows": rows}
+    return out
+
+
+def _heatmaps(configs: Sequence[dict[str, Any]], plots: Path) -> list[dict[str, Any]]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plots.mkdir(parents=True, exist_ok=True)
+    settings: dict[str, list[dict[str, Any]]] = {}
+    for c in configs:
+        settings.setdefault(_setting(c), []).append(c)
+    figures = []
+    for n, (setting, members) in enumerate(sorted(settings.items())):
+        acks = _order(sorted({c["acks"] for c in members}), ACKS_ORDER)
+        nemeses = _order(sorted({c["nemesis"] for c in members}), NEMESIS_ORDER)
+        for metric, title in (("invalid", "invalid anomalies"), ("lost-write", "lost writes")):
+            grid: list[list[float]] = []
+            labels: list[list[str]] = []
+            for a in acks:
+                row, lab = [], []
+                for nem in nemeses:
+                    cell = [c for c in members if c["acks"] == a and c["nemesis"] == nem]
+                    pooled = _pool(cell, metric) if cell else None
+                    if pooled is None or pooled["rate"] is None:
+                        row.append(float("nan"))
+                        lab.append("-")
+                    else:
+                        row.append(pooled["rate"])
+                        lab.append(f"{pooled['rate']:.1f}\n({pooled['runs']} runs)")
+                grid.append(row)
+                labels.append(lab)
+            fig, ax = plt.subplots(
+                figsize=(1.6 + 1.5 * len(nemeses), 1.2 + 0.9 * len(acks)), dpi=100
+            )
+            im = ax.imshow(grid, cmap="Reds", vmin=0, aspect="auto")
+            ax.set_xticks(range(len(nemeses)), nemeses)
+            ax.set_yticks(range(len(acks)), [f"acks={a}" for a in acks])
+            for i, lab in enumerate(labels):
+                for j, text in enumerate(lab):
+                    ax.text(j, i, text, ha="center", va="center", fontsize=8)
+            ax.set_title(f"{title} per 10k acked writes\n{setting}", fontsize=9)
+            fig.colorbar(im, ax=ax, fraction=0.04)
+            fig.tight_layout()
+            slug = re.sub(r"[^a-z0-9]+", "-", f"{n}-{metric}".lower())
+            fig.savefig(plots / f"heatmap-{slug}.png")
+            plt.close(fig)
+            figures.append(
+                {"setting": setting, "metric": title, "file": f"plots/heatmap-{slug}.png"}
+            )
+    return figures
+
+
+def _link(out: Path, run_path: str) -> tuple[str, bool]:
+    """A relative link from the report to the run's report.html (or its directory)."""
+    target = Path(run_path) / "report.html"
+    exists = target.is_file()
+    if not exists:
+        target = Path(run_path)
+    return os.path.relpath(target, out), exists
+
+
+def _fmt(x: float | None, digits: int = 1) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def _write_csv(analysis: Analysis, path: Path) -> None:
+    from pipeline.store import CONFIG_COLUMNS
+
+    types = sorted({t for c in analysis.configs for t in c["anomalies"]})
+    head = [
+        *CONFIG_COLUMNS,
+        "runs",
+        "runs_valid",
+        "runs_invalid",
+        "runs_unknown",
+        "acked_writes",
+        "invalid_count",
+        "invalid_per_10k",
+        "invalid_low",
+        "invalid_high",
+        "lost_write_per_10k",
+        "lost_write_low",
+        "lost_write_high",
+        *[f"count:{t}" for t in types],
+    ]
+    with path.open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(head)
+        for c in analysis.configs:
+            lost = c["anomalies"].get("lost-write") or {}
+            lost_r = rate_interval(int(lost.get("count", 0)), c["acked_writes"])
+            w.writerow(
+                [
+                    *[c[col] for col in CONFIG_COLUMNS],
+                    c["runs"],
+                    c["runs_valid"],
+                    c["runs_invalid"],
+                    c["runs_unknown"],
+                    c["acked_writes"],
+                    c["invalid"]["count"],
+                    _fmt(c["invalid"]["rate"], 4),
+                    _fmt(c["invalid"]["low"], 4),
+                    _fmt(c["invalid"]["high"], 4),
+                    *[_fmt(x, 4) for x in (lost_r or (None, None, None))],
+                    *[c["anomalies"].get(t, {}).get("count", 0) for t in types],
+                ]
+            )
+
+
+def write_report(analysis: Analysis) -> Path:
+    """Write every published file into analysis.out; returns the index.html path."""
+    out = analysis.out
+    out.mkdir(parents=True, exist_ok=True)
+    generated = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    summary = {
+        "generated": generated,
+        "store": str(analysis.store),
+        "runs": analysis.runs,
+        "checked": analysis.checked,
+        "malformed": analysis.malformed,
+        "configs": analysis.configs,
+        "per_run": analysis.per_run,
+        "seconds": analysis.seconds,
+    }
+    (out / "summary.json").write_bytes(
+        orjson.dumps(summary, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS)
+    )
+    _write_csv(analysis, out / "summary.csv")
+    figures = _heatmaps(analysis.configs, out / "plots") if analysis.configs else []
+    runs = []
+    for r in analysis.per_run:
+        href, has_report = _link(out, r["path"])
+        runs.append(dict(r, href=href, has_report=has_report))
+    worst = []
+    for c in analysis.configs:
+        for w in c["worst"]:
+            href, has_report = _link(out, w["path"])
+            worst.append(
+                dict(
+                    w,
+                    setting=_setting(c),
+                    acks=c["acks"],
+                    nemesis=c["nemesis"],
+                    href=href,
+                    has_report=has_report,
+                )
+            )
+    worst.sort(key=lambda w: -(w["rate"] or 0))
+    env = Environment(
+        loader=FileSystemLoader(Path(__file__).parent / "templates"),
+        autoescape=select_autoescape(["html", "j2"]),
+    )
+    env.filters["rate"] = _fmt
+    html = env.get_template("index.html.j2").render(
+        generated=generated,
+        analysis=analysis,
+        configs=[dict(c, setting=_setting(c)) for c in analysis.configs],
+        figures=figures,
+        switches=switch_tables(analysis.configs),
+        runs=runs,
+        worst=worst[:20],
+    )
+    index = out / "index.html"
+    index.write_text(html, encoding="utf-8")
+    return index

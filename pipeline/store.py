@@ -1,0 +1,160 @@
+"""The run store as the pipeline sees it: finding runs and naming their configuration.
+
+A store is a directory of run directories ``<test-name>/<timestamp>/`` (see
+shared/spec/history-format.md, "Run directory"); a run is any directory below the store
+holding a ``test.json``. `discover_runs` returns the well-formed runs and, separately,
+the malformed ones with the reason (unreadable or non-object test.json, missing
+history.jsonl), so that the pipeline reports and skips them instead of failing.
+
+`config_of(test)` reduces a test configuration to the columns the published report
+groups by: acks, nemesis (one fault kind, ``combined`` for several, ``none``) and the
+switches idempotence, txn, min_insync_replicas, unclean_leader_election and
+truncation_mode, with the broker defaults filled in so that runs that leave a switch
+unset group with runs that set its default.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+__all__ = [
+    "CONFIG_COLUMNS",
+    "SWITCHES",
+    "BadRun",
+    "Run",
+    "StoreError",
+    "config_name",
+    "config_of",
+    "discover_runs",
+]
+
+SWITCHES = (
+    "idempotence",
+    "txn",
+    "min_insync_replicas",
+    "unclean_leader_election",
+    "truncation_mode",
+)
+CONFIG_COLUMNS = ("acks", "nemesis", *SWITCHES)
+# Kafka's defaults, which the harness's brokers start with when a test leaves a key out.
+DEFAULTS: dict[str, Any] = {
+    "idempotence": False,
+    "txn": False,
+    "min_insync_replicas": 1,
+    "unclean_leader_election": False,
+    "truncation_mode": "leader-epoch",
+}
+
+
+class StoreError(Exception):
+    """The store cannot be analysed at all (missing, or no runs in it)."""
+
+
+@dataclass(frozen=True)
+class Run:
+    run_id: str  # the run directory relative to the store, "<test-name>/<timestamp>"
+    path: Path
+    test: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class BadRun:
+    run_id: str
+    path: Path
+    reason: str
+
+
+def _nemesis_label(kinds: Any) -> str:
+    if kinds is None or kinds == [] or kinds == "":
+        return "none"
+    if isinstance(kinds, str):
+        kinds = [kinds]
+    names = sorted({str(k) for k in kinds if str(k) != "none"})
+    if not names:
+        return "none"
+    if len(names) > 1:
+        return "combined"
+    return names[0]
+
+
+def config_of(test: Mapping[str, Any]) -> dict[str, Any]:
+    """The report's grouping columns for one test configuration (see the module doc)."""
+    out: dict[str, Any] = {
+        "acks": str(test.get("acks", "all")).lower().replace("-1", "all"),
+        "nemesis": _nemesis_label(test.get("nemesis")),
+    }
+    for name in SWITCHES:
+        value = test.get(name)
+        out[name] = DEFAULTS[name] if value is None else value
+    out["idempotence"] = bool(out["idempotence"])
+    out["txn"] = bool(out["txn"])
+    out["unclean_leader_election"] = bool(out["unclean_leader_election"])
+    out["min_insync_replicas"] = int(out["min_insync_replicas"])
+    out["truncation_mode"] = str(out["truncation_mode"])
+    return out
+
+
+def discover_runs(store: Path) -> tuple[list[Run], list[BadRun]]:
+    """Every run directory below `store`, sorted by run id; malformed ones listed apart."""
+    store = Path(store)
+    if not store.is_dir():
+        raise StoreError(
+            f"store {store} is not a directory; pass the directory `isrlab test` "
+            "writes runs into (store/<test-name>/<timestamp>/)"
+        )
+    runs: list[Run] = []
+    bad: list[BadRun] = []
+    for test_json in sorted(store.rglob("test.json")):
+        run_dir = test_json.parent
+        run_id = run_dir.relative_to(store).as_posix()
+        try:
+            test = orjson.loads(test_json.read_bytes())
+        except (OSError, orjson.JSONDecodeError) as e:
+            bad.append(BadRun(run_id, run_dir, f"test.json unreadable: {e}"))
+            continue
+        if not isinstance(test, dict):
+            bad.append(BadRun(run_id, run_dir, "test.json is not a JSON object"))
+            continue
+        if not (run_dir / "history.jsonl").is_file():
+            bad.append(BadRun(run_id, run_dir, "no history.jsonl"))
+            continue
+        try:
+            config_of(test)
+        except (TypeError, ValueError) as e:
+            bad.append(BadRun(run_id, run_dir, f"test.json has a bad switch value: {e}"))
+            continue
+        runs.append(Run(run_id, run_dir.resolve(), test))
+    if not runs and not bad:
+        raise StoreError(
+            f"no runs in {store}: a run is a directory with test.json and history.jsonl; "
+            "create some with `isrlab test` or `isrlab matrix`"
+        )
+    return runs, bad
+
+
+def config_name(test: Mapping[str, Any]) -> str:
+    """A file-name-safe name for a configuration: acks, nemesis and the switches that are on."""
+    kinds = test.get("nemesis") or ["none"]
+    if isinstance(kinds, str):
+        kinds = [kinds]
+    nem = "combined" if len(kinds) > 1 else str(kinds[0])
+    parts = [f"acks-{test.get('acks', 'all')}", nem]
+    if test.get("idempotence"):
+        parts.append("idem")
+    if test.get("txn"):
+        parts.append("txn")
+    if test.get("min_insync_replicas") is not None:
+        parts.append(f"isr{test['min_insync_replicas']}")
+    if test.get("unclean_leader_election"):
+        parts.append("unclean")
+    if test.get("truncation_mode") not in (None, "leader-epoch"):
+        parts.append(str(test["truncation_mode"]))
+    if test.get("repeat") is not None:
+        parts.append(f"r{test['repeat']}")
+    return re.sub(r"[^A-Za-z0-9_.=-]+", "-", "_".join(parts))

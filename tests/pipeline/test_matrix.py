@@ -1,0 +1,131 @@
+"""`isrlab matrix` with a fake run function: grid, resumability, progress, summary, CLI."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import typer
+from rich.console import Console
+from typer.testing import CliRunner
+
+from pipeline.cli import analyze_command, matrix_command
+from pipeline.matrix import (
+    HISTORIC_SWITCHES,
+    base_test,
+    finished_run,
+    grid,
+    parse_switches,
+    run_matrix,
+)
+
+
+class FakeRunner:
+    """Writes a run directory like harness.runner.run_test; verdict from acks."""
+
+    def __init__(self, fail_names: set[str] | None = None) -> None:
+        self.calls: list[dict[str, Any]] = []
+        self.fail_names = fail_names or set()
+
+    def __call__(self, test: dict[str, Any]) -> Path:
+        self.calls.append(test)
+        if test["name"] in self.fail_names:
+            raise RuntimeError("cluster did not come up")
+        run_dir = Path(test["store"]) / test["name"] / f"2026{len(self.calls):04d}"
+        run_dir.mkdir(parents=True)
+        (run_dir / "test.json").write_bytes(orjson.dumps(test))
+        valid = test["acks"] == "all"
+        results = {"valid": valid, "anomaly_types": [] if valid else ["lost-write"]}
+        (run_dir / "results.json").write_bytes(orjson.dumps(results))
+        return run_dir
+
+
+def _console() -> tuple[Console, Any]:
+    import io
+
+    buf = io.StringIO()
+    return Console(file=buf, width=200, color_system=None), buf
+
+
+def test_grid_is_the_product_with_stable_names_and_seeds() -> None:
+    tests = grid(base_test(30), variants=[{}, *HISTORIC_SWITCHES], repeats=2)
+    assert len(tests) == 3 * 5 * 4 * 2
+    names = [t["name"] for t in tests]
+    assert len(set(names)) == len(names)
+    assert [t["seed"] for t in tests] == list(range(len(tests)))
+    combined = next(t for t in tests if t["name"].startswith("acks-1_combined"))
+    assert combined["nemesis"] == ["partition", "kill", "pause", "clock"]
+    assert all(t["time_limit"] == 30 for t in tests)
+    unclean = [t for t in tests if t.get("unclean_leader_election")]
+    assert unclean and all("unclean" in t["name"] for t in unclean)
+    assert grid(base_test(), nemeses=["none"], acks=["1"])[0]["nemesis"] == []
+
+
+def test_parse_switches() -> None:
+    assert parse_switches("unclean.leader.election=true, min.insync=1") == {
+        "unclean_leader_election": True,
+        "min_insync_replicas": 1,
+    }
+    assert parse_switches("idempotence") == {"idempotence": True}
+    for bad in ("colour=red", "txn=maybe", "min_insync_replicas=x", "truncation_mode=sloppy"):
+        with pytest.raises(ValueError):
+            parse_switches(bad)
+
+
+def test_run_matrix_resumes_and_reports(tmp_path: Path) -> None:
+    tests = grid(base_test(5), nemeses=["partition", "kill"])
+    fake = FakeRunner(fail_names={tests[0]["name"]})
+    console, buf = _console()
+    summary = run_matrix(tests, tmp_path, run_test=fake, console=console)
+    assert len(fake.calls) == 6
+    assert all(c["store"] == str(tmp_path) for c in fake.calls)
+    assert summary.count("valid") == 2 and summary.count("invalid") == 3
+    assert summary.count("error") == 1 and not summary.ok
+    lines = [ln for ln in buf.getvalue().splitlines() if ln.startswith("[")]
+    assert len(lines) == 6 and lines[0].startswith("[1/6]")
+    assert "cluster did not come up" in buf.getvalue() and "matrix summary" in buf.getvalue()
+
+    # Second pass: only the failed cell runs again.
+    fake2 = FakeRunner()
+    console, buf = _console()
+    summary = run_matrix(tests, tmp_path, run_test=fake2, console=console)
+    assert [c["name"] for c in fake2.calls] == [tests[0]["name"]]
+    assert summary.count("skipped") == 5 and summary.ok
+    assert finished_run(tmp_path, tests[1]["name"]) is not None
+    assert finished_run(tmp_path, "nothing-here") is None
+
+
+def test_a_run_without_results_is_not_finished(tmp_path: Path) -> None:
+    tests = grid(base_test(5), nemeses=["kill"], acks=["1"])
+    (tmp_path / tests[0]["name"] / "20260101").mkdir(parents=True)  # crashed mid-run
+    fake = FakeRunner()
+    run_matrix(tests, tmp_path, run_test=fake, console=_console()[0])
+    assert len(fake.calls) == 1
+
+
+def _app() -> typer.Typer:
+    app = typer.Typer()
+    app.command("matrix")(matrix_command)
+    app.command("analyze")(analyze_command)
+    return app
+
+
+def test_cli_dry_run_and_bad_options(tmp_path: Path) -> None:
+    runner = CliRunner()
+    r = runner.invoke(_app(), ["matrix", "--dry-run", "--historic", "--repeats", "2"])
+    assert r.exit_code == 0, r.output
+    assert "120 cells" in r.output
+    r = runner.invoke(_app(), ["matrix", "--dry-run", "--switch", "txn=true,idempotence=true"])
+    assert r.exit_code == 0 and "30 cells" in r.output and "idem_txn" in r.output
+    r = runner.invoke(_app(), ["matrix", "--acks", "2"])
+    assert r.exit_code == 2 and "acks" in r.output
+    r = runner.invoke(_app(), ["matrix", "--switch", "colour=red"])
+    assert r.exit_code == 2 and "unknown switch" in r.output
+
+
+def test_cli_analyze_without_runs_is_a_clear_error(tmp_path: Path) -> None:
+    r = CliRunner().invoke(_app(), ["analyze", str(tmp_path)])
+    assert r.exit_code == 2
+    assert "no runs" in r.output and "Traceback" not in r.output

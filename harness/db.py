@@ -84,6 +84,7 @@ PACKAGES = ("broker", "harness", "nemeses", "checkers", "pipeline")
 NODE_REQUIREMENTS = ("kafka-python", "crc32c", "kazoo", "typer", "rich", "orjson")
 SOURCE_SUFFIXES = (".py", ".html", ".j2", ".css", ".js")
 
+KEEP_WHEELHOUSES = 3
 ZK_PORT = 2181
 BROKER_PORT = 9092
 ZK_CHROOT = "/isrlab"
@@ -124,6 +125,7 @@ class Wheelhouse:
     path: Path
     build_hash: str
     python: str  # "3.11": the nodes' interpreter must match (binary wheels)
+    deps_key: str = ""  # names the dependency wheels: nodes with them only swap the isrlab wheel
 
     @property
     def files(self) -> list[Path]:
@@ -196,15 +198,15 @@ def build_wheelhouse(
     py = f"{sys.version_info.major}.{sys.version_info.minor}"
     base = cache or cache_dir()
     target = base / f"wheelhouse-py{py}-{digest[:16]}"
+    reqs = node_requirements(root)
+    dep_key = hashlib.sha256("\n".join([py, *reqs]).encode()).hexdigest()[:16]
     if (target / ".complete").exists():
         progress(f"wheelhouse cached ({target.name})")
-        return Wheelhouse(target, digest, py)
+        return Wheelhouse(target, digest, py, dep_key)
     started = time.monotonic()
     base.mkdir(parents=True, exist_ok=True)
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
     # dependency wheels change only with pyproject.toml: share them between builds
-    reqs = node_requirements(root)
-    dep_key = hashlib.sha256("\n".join([py, *reqs]).encode()).hexdigest()[:16]
     deps = base / f"deps-py{py}-{dep_key}"
     if not (deps / ".complete").exists():
         tmp_deps = Path(tempfile.mkdtemp(prefix="deps-", dir=base))
@@ -236,8 +238,20 @@ def build_wheelhouse(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    _prune(base, "wheelhouse-", keep=KEEP_WHEELHOUSES)
     progress(f"wheelhouse built in {time.monotonic() - started:.1f}s ({target.name})")
-    return Wheelhouse(target, digest, py)
+    return Wheelhouse(target, digest, py, dep_key)
+
+
+def _prune(base: Path, prefix: str, keep: int) -> None:
+    """Delete all but the ``keep`` newest complete ``prefix*`` directories of the cache."""
+    done = sorted(
+        (p for p in base.glob(prefix + "*") if (p / ".complete").exists()),
+        key=lambda p: p.stat().st_mtime,
+        reverse=True,
+    )
+    for old in done[keep:]:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------------------------
@@ -339,15 +353,17 @@ class KafkaDB:
     def install(self, wheelhouse: Wheelhouse | None = None) -> dict[str, str]:
         """Venvs (and ZooKeeper/JRE where missing) on every node in parallel.
 
-        Returns ``{node: "installed" | "up to date"}``.
+        Returns ``{node: "installed" | "updated" | "up to date"}`` ("updated": only the
+        isrlab wheel was swapped because the dependency wheels were already there).
         """
         wh = wheelhouse or build_wheelhouse(progress=self.progress)
         started = time.monotonic()
         result = self._on(self.nodes, lambda r: self._install_node(r, wh))
-        fresh = sorted(n for n, v in result.items() if v == "installed")
+        counts = {k: sum(1 for v in result.values() if v == k) for k in set(result.values())}
         self.progress(
-            f"nodes ready in {time.monotonic() - started:.1f}s "
-            f"({len(fresh)} installed, {len(result) - len(fresh)} up to date)"
+            f"nodes ready in {time.monotonic() - started:.1f}s ("
+            + ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
+            + ")"
         )
         return result
 
@@ -356,25 +372,41 @@ class KafkaDB:
         venv = self.path(name, "venv")
         self._ensure_packages(r)
         self.libfaketime[name] = self._find_libfaketime(r)
-        marker = f"{venv}/.isrlab-build"
-        cur = r.exec(f"cat {shlex.quote(marker)} 2>/dev/null", check=False).stdout.strip()
-        if cur == wh.build_hash and r.exec(f"test -x {venv}/bin/python", check=False).ok:
+        build_marker, deps_marker = f"{venv}/.isrlab-build", f"{venv}/.isrlab-deps"
+        cur = r.exec(
+            f"test -x {venv}/bin/python && cat {build_marker} {deps_marker} 2>/dev/null",
+            check=False,
+        ).stdout.split()
+        if cur[:1] == [wh.build_hash]:
             return "up to date"
-        python = self._node_python(r, wh.python)
         house = self.path(name, "wheelhouse")
+        pip = f"{venv}/bin/python {house}/{wh.pip_wheel.name}/pip --disable-pip-version-check -q"
+        project = wh.project_wheel.name
+        if len(cur) == 2 and cur[1] == wh.deps_key:
+            # only our code changed: swap the isrlab wheel, keep the dependencies
+            r.exec(f"rm -f {house}/isrlab-*.whl")
+            r.upload(wh.project_wheel, f"{house}/{project}")
+            r.exec(
+                f"set -e\nrm -f {build_marker}\n"
+                f"{pip} install --no-index --no-deps --force-reinstall {house}/{project}\n"
+                f"echo {wh.build_hash} > {build_marker}",
+                timeout=600,
+            )
+            return "updated"
+        python = self._node_python(r, wh.python)
         r.exec(f"rm -rf {house} && mkdir -p {house}")
         for f in wh.files:
             r.upload(f, f"{house}/{f.name}")
         reqs = " ".join(shlex.quote(x) for x in node_requirements())
-        pip = f"{venv}/bin/python {house}/{wh.pip_wheel.name}/pip --disable-pip-version-check -q"
         r.exec(
             f"""set -e
 rm -rf {venv}
 {python} -m venv --without-pip {venv}
 {pip} install --no-index --find-links {house} {reqs}
-{pip} install --no-index --no-deps {house}/{wh.project_wheel.name}
+{pip} install --no-index --no-deps {house}/{project}
 {venv}/bin/python -c 'import broker.cli'
-echo {wh.build_hash} > {marker}
+echo {wh.deps_key} > {deps_marker}
+echo {wh.build_hash} > {build_marker}
 """,
             timeout=600,
         )
@@ -477,18 +509,22 @@ echo {wh.build_hash} > {marker}
     # ---------------------------------------------------------------- lifecycle
 
     def setup(self) -> None:
-        """Install, configure, start ZooKeeper and every broker; returns when all are registered."""
+        """Install, configure, start ZooKeeper and every broker; returns when all are registered.
+
+        Like Jepsen's ``cycle!`` it first stops and wipes whatever an earlier run left on the
+        nodes, so a test never inherits another's processes or data.
+        """
         t0 = time.monotonic()
         self.install()
         t1 = time.monotonic()
+        self._on(self.nodes, self._stop_and_wipe)
         self._on(self.nodes, self._write_configs)
         self.progress(f"configs written on {len(self.nodes)} nodes")
-        # brokers retry ZooKeeper for 30 s at startup, so their (slow) Python start overlaps
-        # the JVMs' start and the quorum election
-        self.start_zookeeper(wait=False)
+        # the broker gives up at startup when ZooKeeper drops it (as a member without a quorum
+        # does), so brokers start only once the quorum serves
+        self.start_zookeeper()
         self._on(self.nodes, lambda r: self._start_broker(r))
         self.progress(f"{len(self.nodes)} brokers started")
-        self.wait_for_zookeeper()
         self.wait_for_brokers()
         now = time.monotonic()
         self.progress(
@@ -568,12 +604,21 @@ echo {wh.build_hash} > {marker}
             cwd=self.path(name, "broker"),
         )
 
-    def wait_for_brokers(self, nodes: Iterable[str] | None = None, timeout: float = 60.0) -> None:
-        """Until metadata (asked of those brokers) lists every broker of ``nodes``."""
+    def wait_for_brokers(
+        self, nodes: Iterable[str] | None = None, timeout: float = 60.0, restarts: int = 2
+    ) -> None:
+        """Until metadata (asked of those brokers) lists every broker of ``nodes``.
+
+        A broker that exits before registering (it gives up when its first ZooKeeper session
+        is lost, which happens on an overloaded host) is started again, up to ``restarts``
+        times per node, with a progress line quoting its last log line.
+        """
         names = list(nodes) if nodes is not None else self.names
         want = {self.broker_ids[n] for n in names}
         deadline = time.monotonic() + timeout
         seen: set[int] = set()
+        restarted: dict[str, int] = {}
+        next_check = time.monotonic() + 3.0
         while time.monotonic() < deadline:
             try:
                 md = self._admin_for(names).list_topics(timeout=2)
@@ -583,6 +628,21 @@ echo {wh.build_hash} > {marker}
                     return
             except Exception:
                 pass
+            if time.monotonic() >= next_check:
+                next_check = time.monotonic() + 3.0
+                for name in names:
+                    if self.broker_ids[name] in seen or restarted.get(name, 0) >= restarts:
+                        continue
+                    r = self.remote(name)
+                    if r.daemon_running(self.broker_pidfile(name)):
+                        continue
+                    tail = r.exec(
+                        f"grep -v '^[│╭╰ ]' {self.path(name, 'logs', 'broker.log')} | tail -n1",
+                        check=False,
+                    ).stdout.strip()
+                    restarted[name] = restarted.get(name, 0) + 1
+                    self.progress(f"{name}: broker exited during startup ({tail}); restarting")
+                    self._start_broker(r)
             time.sleep(0.2)
         missing = sorted(self.broker_node(b) or str(b) for b in want - seen)
         raise DBError(
@@ -593,17 +653,15 @@ echo {wh.build_hash} > {marker}
     def teardown(self) -> None:
         """Stop every broker and ZooKeeper, wipe their data, logs and configs (not the venv)."""
 
-        def down(r: Remote) -> None:
-            name = r.node.name
-            r.stop_daemon(self.broker_pidfile(name), wait=5)
-            r.stop_daemon(self.zk_pidfile(name), wait=5)
-            r.exec(
-                "rm -rf " + " ".join(self.path(name, d) for d in ("broker", "zk", "run", "logs"))
-            )
-
-        self._on(self.nodes, down)
+        self._on(self.nodes, self._stop_and_wipe)
         self.close()
         self.progress(f"torn down on {len(self.nodes)} nodes")
+
+    def _stop_and_wipe(self, r: Remote) -> None:
+        name = r.node.name
+        r.stop_daemon(self.broker_pidfile(name), wait=5)
+        r.stop_daemon(self.zk_pidfile(name), wait=5)
+        r.exec("rm -rf " + " ".join(self.path(name, d) for d in ("broker", "zk", "run", "logs")))
 
     def close(self) -> None:
         self._admin = None

@@ -112,6 +112,20 @@ _BREAKING_ERRORS: frozenset[int] = frozenset(
 _INVALID = -1001  # librdkafka's OFFSET_INVALID / "no watermark cached"
 
 
+class _LibrdkafkaLog:
+    """librdkafka's log lines, demoted to DEBUG: refused connections and timeouts are what
+    a fault-injection test provokes on purpose, not errors of the harness."""
+
+    def __init__(self) -> None:
+        self._log = logging.getLogger(__name__ + ".librdkafka")
+
+    def log(self, level: int, fmt: str, *args: Any) -> None:
+        self._log.log(logging.CRITICAL if level >= logging.CRITICAL else logging.DEBUG, fmt, *args)
+
+
+_LIBRDKAFKA_LOG = _LibrdkafkaLog()
+
+
 class ClientError(RuntimeError):
     """The client could not be opened (bad config, no transactions on the broker, ...)."""
 
@@ -229,7 +243,9 @@ class QueueClient:
             "socket.connection.setup.timeout.ms": int(t.get("request_timeout_ms", 5000)),
             "reconnect.backoff.max.ms": 1000,
             "error_cb": self._on_error,
-            "logger": log,
+            "logger": _LIBRDKAFKA_LOG,
+            # Warnings and worse only: info lines are printed straight to stderr at destroy.
+            "log_level": 4,
         }
         if t.get("retries") is not None:
             conf["retries"] = int(t["retries"])
@@ -258,7 +274,9 @@ class QueueClient:
             "socket.connection.setup.timeout.ms": int(t.get("request_timeout_ms", 5000)),
             "reconnect.backoff.max.ms": 1000,
             "error_cb": self._on_error,
-            "logger": log,
+            "logger": _LIBRDKAFKA_LOG,
+            # Warnings and worse only: info lines are printed straight to stderr at destroy.
+            "log_level": 4,
         }
         conf.update(t.get("consumer_config") or {})
         return conf

@@ -8,7 +8,8 @@ partition logs. InitProducerId hands an idempotent producer a fresh producer id 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import asyncio
+from typing import TYPE_CHECKING, Any
 
 from kafka.protocol.admin import (
     CreateTopicsResponse,
@@ -26,13 +27,16 @@ if TYPE_CHECKING:
 
 
 async def handle_create_topics(server: KafkaServer, request: Request) -> list[bytes | FileRegion]:
+    """Topics of one request are created concurrently: in a cluster each waits for its leader
+    elections, and a client creating many topics must not wait for them one after another."""
     v = request.api_version
     req = request.body
     cls = CreateTopicsResponse[v]
     R = cls.CreatableTopicResult
-    results = []
-    seen: set[str] = set()
-    for t in req.topics:
+    validate_only = bool(getattr(req, "validate_only", False))
+    names = [t.name for t in req.topics]
+
+    async def create_one(t: Any) -> Any:
         code, message = ErrorCode.NONE, None
         num_partitions = t.num_partitions
         rf = t.replication_factor
@@ -40,9 +44,8 @@ async def handle_create_topics(server: KafkaServer, request: Request) -> list[by
             problem = topic_name_problem(t.name)
             if problem:
                 raise KafkaError(ErrorCode.INVALID_TOPIC_EXCEPTION, problem)
-            if t.name in seen:
+            if names.count(t.name) > 1:
                 raise KafkaError(ErrorCode.INVALID_REQUEST, "topic listed twice in one request")
-            seen.add(t.name)
             try:
                 parse_topic_configs(
                     {c.name: c.value for c in t.configs}, server.config.topic_defaults()
@@ -52,28 +55,23 @@ async def handle_create_topics(server: KafkaServer, request: Request) -> list[by
             assignment = {a.partition_index: list(a.broker_ids) for a in t.assignments} or None
             overrides = {c.name: c.value for c in t.configs if c.value is not None}
             info = await server.create_topic(
-                t.name,
-                num_partitions,
-                rf,
-                assignment,
-                overrides,
-                validate_only=bool(getattr(req, "validate_only", False)),
+                t.name, num_partitions, rf, assignment, overrides, validate_only=validate_only
             )
             num_partitions = info.num_partitions
             rf = info.replication_factor
         except KafkaError as e:
             code, message = e.code, e.message or e.code.name
-        results.append(
-            R(
-                name=t.name,
-                error_code=int(code),
-                error_message=message,
-                num_partitions=num_partitions if code == ErrorCode.NONE else -1,
-                replication_factor=rf if code == ErrorCode.NONE else -1,
-                configs=None,
-            )
+        return R(
+            name=t.name,
+            error_code=int(code),
+            error_message=message,
+            num_partitions=num_partitions if code == ErrorCode.NONE else -1,
+            replication_factor=rf if code == ErrorCode.NONE else -1,
+            configs=None,
         )
-    return encode_response(cls(throttle_time_ms=0, topics=results), v, request.correlation_id)
+
+    results = await asyncio.gather(*(create_one(t) for t in req.topics))
+    return encode_response(cls(throttle_time_ms=0, topics=list(results)), v, request.correlation_id)
 
 
 async def handle_delete_topics(server: KafkaServer, request: Request) -> list[bytes | FileRegion]:

@@ -1,0 +1,468 @@
+"""`isrlab test` and `isrlab demo`: one Jepsen-style test from nodes to report.
+
+A test is a plain dict (saved as test.json; keys in `DEFAULTS`). `run_test(test)` wires the pieces,
+each of which knows nothing of the others:
+
+    nodes       embedded netns cluster (harness.cluster), or --nodes / --nodes-file (harness.control)
+    db          ZooKeeper ensemble + brokers deployed over SSH (harness.db.KafkaDB)
+    nemesis     faults as ops (nemeses.build / nemeses.schedule)
+    generator   workload phases: main + nemesis -> heal -> recovery -> final drain (harness.generator)
+    clients     confluent-kafka queue clients, one per logical process (harness.client)
+    interpreter worker threads recording history.jsonl as it happens (harness.interpreter)
+    checker     checkers.api.check on the history -> results.json (+ offset diagrams, summary.txt)
+    report      report.html (harness.report)
+
+Run directory: `<store>/<name>/<YYYYmmddTHHMMSS>/` with test.json, history.jsonl, results.json,
+report.html, checker artefacts and one folder of logs per node; `<store>/<name>/latest` and
+`<store>/latest` point at the newest run. Faults are healed at the end and on any abort (Ctrl-C,
+an exception), logs are collected, the brokers and ZooKeeper are stopped and wiped, and an
+embedded cluster the test brought up is torn down (`--keep-cluster` keeps it for the next run).
+
+Exit code: 0 valid, 1 anomalies that are not allowed, 2 unknown or a setup failure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from harness.generator import Context, Pending, QueueWorkload, queue_test
+
+console = Console(stderr=True)
+
+DEFAULTS: dict[str, Any] = {
+    "name": "queue",
+    "workload": "queue",
+    "nodes": None,
+    "nodes_file": None,
+    "node_count": 5,
+    "cluster_name": "default",
+    "keep_cluster": False,
+    "concurrency": 20,
+    "rate": 0,
+    "time_limit": 60,
+    "final_time_limit": 60,
+    "recovery_time": 10,
+    "nemesis": ["partition", "kill"],
+    "nemesis_interval": 10,
+    "nemesis_targets": None,
+    "acks": "all",
+    "idempotence": False,
+    "txn": False,
+    "isolation_level": "read_uncommitted",
+    "min_insync_replicas": 2,
+    "unclean_leader_election": False,
+    "truncation_mode": "leader-epoch",
+    "replica_lag_time_max_ms": 10000,
+    "zk_session_timeout_ms": 6000,
+    "replication_factor": 3,
+    "key_count": 8,
+    "seed": None,
+    "store": "store",
+}
+
+
+class SetupError(RuntimeError):
+    """The test could not start (nodes, deployment, bad options): exit code 2."""
+
+
+def make_test(overrides: Mapping[str, Any]) -> dict[str, Any]:
+    test = dict(DEFAULTS)
+    test.update({k: v for k, v in overrides.items() if v is not None})
+    if test["seed"] is None:
+        test["seed"] = random.SystemRandom().randrange(1 << 31)
+    if isinstance(test["nemesis"], str):
+        test["nemesis"] = [k.strip() for k in test["nemesis"].split(",") if k.strip()]
+    test["nemesis"] = [k for k in test["nemesis"] if k != "none"]
+    test.setdefault("keys", [f"t{i}/0" for i in range(int(test["key_count"]))])
+    if str(test["acks"]) not in ("0", "1", "all", "-1"):
+        raise SetupError(f"--acks must be 0, 1 or all, not {test['acks']!r}")
+    test["acks"] = "all" if str(test["acks"]) in ("all", "-1") else str(test["acks"])
+    if test["txn"] and not test["idempotence"]:
+        test["idempotence"] = True
+    for k in ("concurrency", "time_limit", "final_time_limit"):
+        if float(test[k]) <= 0:
+            raise SetupError(f"--{k.replace('_', '-')} must be positive")
+    return test
+
+
+def new_run_dir(store: Path, name: str) -> Path:
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
+    run = store / name / stamp
+    n = 1
+    while run.exists():
+        n += 1
+        run = store / name / f"{stamp}-{n}"
+    run.mkdir(parents=True)
+    for link in (store / name / "latest", store / "latest"):
+        with contextlib.suppress(OSError):
+            if link.is_symlink() or link.exists():
+                link.unlink()
+            link.symlink_to(run.resolve())
+    return run
+
+
+class ScheduleGenerator:
+    """Adapts the nemesis schedule (an iterator of sleeps and ops) to a generator."""
+
+    def __init__(self, ops: Iterator[dict[str, Any]]):
+        self._ops = ops
+        self._until: int | None = None
+
+    def op(self, ctx: Context) -> dict[str, Any] | Pending | None:
+        while True:
+            if self._until is not None:
+                if ctx.time < self._until:
+                    return Pending(self._until)
+                self._until = None
+            nxt = next(self._ops, None)
+            if nxt is None:
+                return None
+            if nxt.get("type") == "sleep":
+                self._until = ctx.time + int(float(nxt["value"]) * 1e9)
+                continue
+            return {"f": nxt["f"], "value": nxt.get("value")}
+
+    def update(self, ctx: Context, event: dict[str, Any]) -> None:
+        return None
+
+
+@contextlib.contextmanager
+def node_inventory(test: dict[str, Any]) -> Iterator[Any]:
+    """The nodes to run on: given hosts, or the embedded cluster (brought up if needed)."""
+    from harness.control import load_inventory
+
+    if test.get("nodes") or test.get("nodes_file"):
+        try:
+            inv = load_inventory(test.get("nodes"), test.get("nodes_file"))
+        except Exception as e:
+            raise SetupError(f"bad --nodes/--nodes-file: {e}") from None
+        yield inv
+        return
+    from harness.cluster import embedded
+
+    try:
+        cm = embedded.embedded_cluster(
+            int(test["node_count"]), name=test["cluster_name"], keep=bool(test["keep_cluster"])
+        )
+        cluster = cm.__enter__()
+    except Exception as e:
+        raise SetupError(f"{e}") from None
+    try:
+        test["nodes"] = [n.name for n in cluster.nodes]
+        yield cluster.inventory
+    finally:
+        cm.__exit__(None, None, None)
+
+
+def _progress_table(test: dict[str, Any], stats: dict[str, Any], phase: str) -> Table:
+    t = Table.grid(padding=(0, 2))
+    limit = float(test["time_limit"])
+    elapsed = float(stats.get("elapsed_s", 0))
+    bar_w = 30
+    done = min(int(bar_w * elapsed / limit), bar_w) if limit else bar_w
+    t.add_row(
+        f"[bold]{test['name']}[/]",
+        f"{phase}",
+        f"[{'#' * done}{'.' * (bar_w - done)}] {elapsed:5.1f}/{limit:.0f}s",
+    )
+    t.add_row(
+        f"ops/s {stats.get('ops_per_s', 0):7.0f}",
+        f"[green]ok {stats.get('ok', 0)}[/] [red]fail {stats.get('fail', 0)}[/] "
+        f"[yellow]info {stats.get('info', 0)}[/]",
+        "faults: " + (", ".join(sorted(stats.get("active_faults", []))) or "none"),
+    )
+    return t
+
+
+def run_test(test: dict[str, Any], progress: bool = True) -> tuple[Path, dict[str, Any]]:
+    """Run one test; returns (run dir, results). Raises SetupError when it cannot start."""
+    import nemeses
+    from checkers.api import check, policy_from_test
+    from checkers.history import load_history
+    from checkers.render import render_artifacts
+    from harness.client import QueueClient
+    from harness.db import KafkaDB
+    from harness.history import HistoryWriter
+    from harness.interpreter import Interpreter
+    from harness.report import render_report
+
+    store = Path(test["store"])
+    run_dir = new_run_dir(store, test["name"])
+    test["run_dir"] = str(run_dir)
+    say = console.print if progress else (lambda *a, **k: None)
+    say(f"[bold]isrlab test[/] {test['name']}: run directory {run_dir}")
+    with node_inventory(test) as inventory:
+        (run_dir / "test.json").write_text(json.dumps(test, indent=2, default=str))
+        db = KafkaDB(test, inventory, run_dir, progress=lambda m: say(f"  {m}"))
+        nem = None
+        try:
+            try:
+                db.setup()
+                db.create_topics(
+                    test["keys"], int(test["replication_factor"]), int(test["min_insync_replicas"])
+                )
+                if test["nemesis"]:
+                    nem = nemeses.build(test["nemesis"], db, test)
+            except Exception as e:
+                raise SetupError(f"setting up the cluster failed: {e}") from e
+            nodes = {n: db.bootstrap_servers([n]) for n in db.names}
+            workload = QueueWorkload(test)
+            nemesis_gen = None
+            if nem is not None:
+                nemesis_gen = ScheduleGenerator(
+                    nemeses.schedule(
+                        test["nemesis"],
+                        float(test["nemesis_interval"]),
+                        test["seed"],
+                        targets=test.get("nemesis_targets"),
+                        keys=test["keys"],
+                    )
+                )
+            gen = queue_test(workload, test, nemesis_gen=nemesis_gen)
+            history = HistoryWriter(run_dir / "history.jsonl")
+            interp = Interpreter(
+                gen,
+                history,
+                QueueClient.factory(test, nodes),
+                int(test["concurrency"]),
+                nemesis=nem,
+                seed=int(test["seed"]),
+            )
+            _run_with_progress(interp, test, progress)
+            history.close()
+        finally:
+            if nem is not None:
+                with contextlib.suppress(Exception):
+                    nem.close()
+            with contextlib.suppress(Exception):
+                nemeses.heal_all(db)
+            with contextlib.suppress(Exception):
+                db.collect_logs(run_dir)
+            with contextlib.suppress(Exception):
+                db.teardown()
+            with contextlib.suppress(Exception):
+                db.close()
+    say("checking the history ...")
+    ops = load_history(run_dir / "history.jsonl")
+    policy = policy_from_test(test)
+    policy.pop("workload", None)
+    results = check(ops, "queue", **policy)
+    (run_dir / "results.json").write_text(json.dumps(results, indent=2, default=str))
+    render_artifacts(ops, results, run_dir)
+    render_report(run_dir)
+    return run_dir, results
+
+
+def _run_with_progress(interp: Any, test: dict[str, Any], progress: bool) -> None:
+    result: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            result["stats"] = interp.run()
+        except BaseException as e:  # surfaced in the main thread
+            result["error"] = e
+
+    worker = threading.Thread(target=target, name="interpreter", daemon=True)
+    worker.start()
+    try:
+        if progress and console.is_terminal:
+            with Live(console=console, refresh_per_second=4) as live:
+                while worker.is_alive():
+                    stats = interp.stats()
+                    phase = (
+                        "workload"
+                        if stats.get("elapsed_s", 0) < test["time_limit"]
+                        else "final reads"
+                    )
+                    live.update(_progress_table(test, stats, phase))
+                    worker.join(0.25)
+        else:
+            last = 0.0
+            while worker.is_alive():
+                worker.join(0.5)
+                if progress and time.monotonic() - last >= 10:
+                    last = time.monotonic()
+                    s = interp.stats()
+                    console.print(
+                        f"  {s.get('elapsed_s', 0):6.1f}s  {s.get('ops_per_s', 0):6.0f} ops/s  "
+                        f"ok {s.get('ok', 0)} fail {s.get('fail', 0)} info {s.get('info', 0)}  "
+                        f"faults: {', '.join(sorted(s.get('active_faults', []))) or 'none'}"
+                    )
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted: stopping clients, healing faults ...[/]")
+        interp.stop()
+        worker.join(60)
+        raise
+    if "error" in result:
+        raise result["error"]
+
+
+def exit_code(results: Mapping[str, Any]) -> int:
+    v = results.get("valid")
+    return 0 if v is True else 1 if v is False else 2
+
+
+def print_summary(run_dir: Path, results: Mapping[str, Any]) -> None:
+    v = results.get("valid")
+    color = {True: "green", False: "red"}.get(v, "yellow")  # type: ignore[arg-type]
+    console.print(
+        f"\n[bold {color}]valid: {v}[/]   anomalies: {', '.join(results.get('anomaly_types', [])) or 'none'}"
+    )
+    for name, info in sorted(results.get("anomalies", {}).items()):
+        console.print(f"  {name}: {info.get('count')}")
+        for ex in info.get("examples", [])[:2]:
+            text = ex.get("explanation") if isinstance(ex, dict) else str(ex)
+            console.print(f"    - {text}")
+    console.print(f"report: {run_dir / 'report.html'}")
+
+
+def _require_root_or_nodes(test: Mapping[str, Any]) -> None:
+    if test.get("nodes") or test.get("nodes_file"):
+        return
+    if os.geteuid() != 0:
+        raise SetupError(
+            "the embedded cluster needs root (network namespaces, iptables): run with sudo, "
+            "or give real hosts with --nodes n1,n2,... or --nodes-file nodes.yaml"
+        )
+
+
+def test_command(
+    nodes: Annotated[
+        str | None, typer.Option(help="comma-separated SSH hosts (real nodes)")
+    ] = None,
+    nodes_file: Annotated[
+        Path | None, typer.Option(help="YAML nodes file (host, port, user, key)")
+    ] = None,
+    node_count: Annotated[int, typer.Option(help="embedded cluster size")] = 5,
+    keep_cluster: Annotated[bool, typer.Option(help="leave the embedded cluster up")] = False,
+    concurrency: Annotated[int, typer.Option(help="client processes")] = 20,
+    rate: Annotated[
+        float, typer.Option(help="target ops/s over all processes (0 = unlimited)")
+    ] = 0,
+    time_limit: Annotated[float, typer.Option(help="seconds of workload with faults")] = 60,
+    final_time_limit: Annotated[float, typer.Option(help="seconds for the final reads")] = 60,
+    recovery_time: Annotated[
+        float, typer.Option(help="seconds between healing and final reads")
+    ] = 10,
+    nemesis: Annotated[
+        str,
+        typer.Option(
+            help="comma list: partition, partition-iptables, pause, kill, clock, packet, none"
+        ),
+    ] = "partition,kill",
+    nemesis_interval: Annotated[float, typer.Option(help="seconds between fault changes")] = 10,
+    nemesis_targets: Annotated[
+        str | None,
+        typer.Option(help="comma list: one, minority, majority, all, leader, controller"),
+    ] = None,
+    acks: Annotated[str, typer.Option(help="producer acks: 0, 1 or all")] = "all",
+    idempotence: Annotated[bool, typer.Option(help="idempotent producers")] = False,
+    txn: Annotated[bool, typer.Option(help="transactional sends and polls")] = False,
+    isolation_level: Annotated[
+        str, typer.Option(help="read_uncommitted or read_committed")
+    ] = "read_uncommitted",
+    min_insync_replicas: Annotated[int, typer.Option(help="broker min.insync.replicas")] = 2,
+    unclean_leader_election: Annotated[
+        bool, typer.Option(help="HISTORIC: unclean leader election")
+    ] = False,
+    truncation_mode: Annotated[
+        str, typer.Option(help="leader-epoch, leader-epoch-v0 or high-watermark (HISTORIC)")
+    ] = "leader-epoch",
+    replica_lag_time_max_ms: Annotated[
+        int, typer.Option(help="broker replica.lag.time.max.ms")
+    ] = 10000,
+    replication_factor: Annotated[int, typer.Option(help="topic replication factor")] = 3,
+    keys: Annotated[int, typer.Option(help="number of keys (topic-partitions)")] = 8,
+    seed: Annotated[
+        int | None, typer.Option(help="random seed (default: random, saved in test.json)")
+    ] = None,
+    test_count: Annotated[int, typer.Option(help="run the test this many times")] = 1,
+    name: Annotated[str, typer.Option(help="test name (run store folder)")] = "queue",
+    store: Annotated[Path, typer.Option(help="run store")] = Path("store"),
+) -> None:
+    """Run a Jepsen-style fault-injection test and check its history."""
+    worst = 0
+    for i in range(test_count):
+        try:
+            test = make_test(
+                {
+                    "nodes": nodes.split(",") if nodes else None,
+                    "nodes_file": str(nodes_file) if nodes_file else None,
+                    "node_count": node_count,
+                    "keep_cluster": keep_cluster or i < test_count - 1,
+                    "concurrency": concurrency,
+                    "rate": rate,
+                    "time_limit": time_limit,
+                    "final_time_limit": final_time_limit,
+                    "recovery_time": recovery_time,
+                    "nemesis": nemesis,
+                    "nemesis_interval": nemesis_interval,
+                    "nemesis_targets": nemesis_targets.split(",") if nemesis_targets else None,
+                    "acks": acks,
+                    "idempotence": idempotence,
+                    "txn": txn,
+                    "isolation_level": isolation_level,
+                    "min_insync_replicas": min_insync_replicas,
+                    "unclean_leader_election": unclean_leader_election,
+                    "truncation_mode": truncation_mode,
+                    "replica_lag_time_max_ms": replica_lag_time_max_ms,
+                    "replication_factor": replication_factor,
+                    "key_count": keys,
+                    "seed": seed + i if seed is not None else None,
+                    "name": name,
+                    "store": str(store),
+                }
+            )
+            _require_root_or_nodes(test)
+            run_dir, results = run_test(test)
+        except SetupError as e:
+            console.print(f"[red]isrlab test: {e}[/]")
+            raise typer.Exit(2) from None
+        print_summary(run_dir, results)
+        worst = max(worst, exit_code(results))
+    raise typer.Exit(worst)
+
+
+def demo_command(
+    time_limit: Annotated[float, typer.Option(help="seconds of workload with faults")] = 60,
+    store: Annotated[Path, typer.Option(help="run store")] = Path("store"),
+) -> None:
+    """The main job: 5-node embedded cluster, acks=all with idempotent producers,
+    min.insync.replicas=2, partition + kill faults, about a minute of workload, then the report."""
+    try:
+        test = make_test(
+            {
+                "name": "demo",
+                "acks": "all",
+                "idempotence": True,
+                "min_insync_replicas": 2,
+                "nemesis": "partition,kill",
+                "nemesis_interval": 8,
+                "time_limit": time_limit,
+                "final_time_limit": 40,
+                "recovery_time": 8,
+                "store": str(store),
+            }
+        )
+        _require_root_or_nodes(test)
+        run_dir, results = run_test(test)
+    except SetupError as e:
+        console.print(f"[red]isrlab demo: {e}[/]")
+        raise typer.Exit(2) from None
+    print_summary(run_dir, results)
+    console.print(f"summary: {run_dir / 'summary.txt'}")
+    raise typer.Exit(exit_code(results))

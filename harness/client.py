@@ -31,11 +31,12 @@ rewinds), as Jepsen's with-consumer-rollback.
 
 Every completion carries `node`. A sample (test['watermark_p'], default 0.1) of ok send,
 poll and txn completions carries `watermarks` for the keys the op touched, queried from
-the partition leaders (ListOffsets) after the op's body and before its completion. The
-consumer's cached watermarks are not used: a fetch response the broker built before
-another op's observation can arrive during this op, and its older high watermark would
-look like the cluster's going backwards in real time. Send and txn completions carry
-`producer` (id and epoch from librdkafka's statistics, -1 until known).
+the partition leaders (ListOffsets, on the process's own admin connection) after the op's
+body and before its completion. The consumer's cached watermarks are not used: a fetch
+response the broker built before another op's observation can arrive during this op, and
+its older high watermark would look like the cluster's going backwards in real time. Send
+and txn completions carry `producer` (id and epoch from librdkafka's statistics, -1 until
+known).
 
 Test keys used: acks ("all"), idempotence (False), retries, txn (False), isolation_level
 ("read_uncommitted"), op_timeout_ms (10000), watermark_p (0.1), linger_ms (0),
@@ -50,6 +51,7 @@ import random
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 import orjson
@@ -62,6 +64,7 @@ from confluent_kafka import (
     Producer,
     TopicPartition,
 )
+from confluent_kafka.admin import AdminClient, OffsetSpec
 
 __all__ = [
     "DEFINITE_ERRORS",
@@ -201,6 +204,7 @@ class QueueClient:
             f"isrlab-{process}-{uuid.uuid4().hex[:8]}" if self.txn else None
         )
         self.producer: Producer | None = None
+        self._admin: AdminClient | None = None
         self.consumer: Consumer | None = None
         self.broken = False
         self.assigned: set[str] = set()
@@ -281,11 +285,23 @@ class QueueClient:
         conf.update(t.get("consumer_config") or {})
         return conf
 
+    def admin_config(self) -> dict[str, Any]:
+        return {
+            "bootstrap.servers": self.bootstrap,
+            "client.id": f"isrlab-a{self.process}",
+            "socket.connection.setup.timeout.ms": int(self.test.get("request_timeout_ms", 5000)),
+            "reconnect.backoff.max.ms": 1000,
+            "logger": _LIBRDKAFKA_LOG,
+            "log_level": 4,
+        }
+
     def open(self) -> QueueClient:
         """Create the producer and consumer (and init transactions when test['txn'])."""
         try:
             self.producer = Producer(self.producer_config())
             self.consumer = Consumer(self.consumer_config())
+            if self.watermark_p > 0:
+                self._admin = AdminClient(self.admin_config())
         except KafkaException as e:
             raise ClientError(f"cannot create Kafka clients for {self.bootstrap}: {e}") from e
         if self.transactional_id:
@@ -301,6 +317,7 @@ class QueueClient:
 
     def close(self) -> None:
         """Drop the clients without waiting for anything still in flight (idempotent)."""
+        self._admin = None  # nothing to close: it goes when the last reference does
         producer, self.producer = self.producer, None
         consumer, self.consumer = self.consumer, None
         if producer is not None:
@@ -395,23 +412,31 @@ class QueueClient:
     # -- send / poll / txn
 
     def _watermarks(self, keys: list[str], deadline: float) -> Op:
-        """Low/high watermarks of `keys` asked of their leaders now (skips keys that time out)."""
-        consumer = self.consumer
-        out: dict[str, dict[str, int]] = {}
-        if consumer is None:
+        """Low/high watermarks of `keys` asked of their leaders now (skips keys that fail).
+
+        Through the client's own admin connection: on the consumer's connection the
+        ListOffsets request would queue behind a long-polling fetch (the broker answers a
+        connection's requests in order), adding up to fetch.wait.max.ms to the op.
+        """
+        admin = self._admin
+        if admin is None or not keys:
             return {}
-        for k in keys:
-            left = min(1.0, deadline - time.monotonic())
-            if left <= 0:
-                break
+        try:
+            tps = {k: TopicPartition(*parse_key(k)) for k in keys}
+            earliest = admin.list_offsets({tp: OffsetSpec.earliest() for tp in tps.values()})
+            latest = admin.list_offsets({tp: OffsetSpec.latest() for tp in tps.values()})
+        except (KafkaException, ValueError) as e:
+            log.debug("watermarks of %s: %s", keys, e)
+            return {}
+        out: dict[str, dict[str, int]] = {}
+        for k, tp in tps.items():
             try:
-                lo, hi = consumer.get_watermark_offsets(
-                    TopicPartition(*parse_key(k)), timeout=left, cached=False
-                )
-            except (KafkaException, ValueError) as e:
-                log.debug("watermarks of %s: %s", k, e)
+                lo = earliest[tp].result(max(0.001, deadline - time.monotonic())).offset
+                hi = latest[tp].result(max(0.001, deadline - time.monotonic())).offset
+            except (KafkaException, FutureTimeout, KeyError) as e:
+                log.debug("watermarks of %s: %r", k, e)
                 continue
-            if lo is not None and hi is not None and lo >= 0 and hi >= 0:
+            if lo >= 0 and hi >= 0:
                 out[k] = {"low": lo, "high": hi}
         return {"watermarks": out} if out else {}
 

@@ -152,7 +152,8 @@ def analyze(
             meta = spark.read.parquet(str(parquet / "runs")).select(
                 "run_id", "path", *CONFIG_COLUMNS
             )
-            joined = results.drop("results_json").join(meta, "run_id")
+            # Small from here on (one row per run): cached, as every figure reads it.
+            joined = results.drop("results_json").join(F.broadcast(meta), "run_id").cache()
             # Malformed runs are listed apart; configurations count checked runs only.
             checked_df = joined.where(F.col("status") == "checked")
             config_sums = checked_df.groupBy(*CONFIG_COLUMNS).agg(
@@ -193,29 +194,23 @@ def analyze(
                 .write.mode("overwrite")
                 .parquet(str(out / "anomalies.parquet"))
             )
-            invalid_counts = (
-                exploded.where(~allowed).groupBy("run_id").agg(F.sum("count").alias("n"))
-            )
-            run_rows = (
-                joined.join(invalid_counts, "run_id", "left")
-                .select(
-                    "run_id",
-                    "path",
-                    *CONFIG_COLUMNS,
-                    "status",
-                    "error",
-                    "valid",
-                    "ops",
-                    "acked_writes",
-                    "anomaly_counts",
-                    F.coalesce(F.col("n"), F.lit(0)).alias("invalid_count"),
-                )
-                .orderBy("run_id")
-                .collect()
-            )
-            per_run = [r.asDict() for r in run_rows]
+            run_rows = joined.select(
+                "run_id",
+                "path",
+                *CONFIG_COLUMNS,
+                "status",
+                "error",
+                "valid",
+                "ops",
+                "acked_writes",
+                "anomaly_counts",
+            ).collect()
+            per_run = sorted((r.asDict() for r in run_rows), key=lambda r: r["run_id"])
             for r in per_run:
                 r["anomaly_counts"] = dict(sorted((r["anomaly_counts"] or {}).items()))
+                r["invalid_count"] = sum(
+                    n for t, n in r["anomaly_counts"].items() if t not in DEFAULT_ALLOWED
+                )
                 if r["status"] != "checked":
                     console.print(f"[yellow]skipping malformed run {r['run_id']}:[/] {r['error']}")
                     malformed.append(
@@ -226,6 +221,7 @@ def analyze(
                 [r.asDict() for r in type_sums.collect()],
                 per_run,
             )
+            joined.unpersist()
             seconds["aggregate"] = time.perf_counter() - t
     checked = sum(1 for r in per_run if r["status"] == "checked")
     analysis = Analysis(

@@ -77,7 +77,7 @@ def test_malformed_runs_are_reported_and_skipped(analysis: Any) -> None:
     assert set(reasons) == {"bad-json/1", "no-history/1", "broken-history/1"}
     assert "test.json" in reasons["bad-json/1"]
     assert "history.jsonl" in reasons["no-history/1"]
-    assert "time" in reasons["broken-history/1"]
+    assert "missing required field" in reasons["broken-history/1"]
     assert analysis.runs == len(small_store_tests()) + 3
     assert analysis.checked == len(small_store_tests())
 

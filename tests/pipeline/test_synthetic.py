@@ -13,7 +13,7 @@ from pipeline.check import acked_writes
 from pipeline.synthetic import default_grid, make_test, simulate_run, write_run
 
 
-def _check(test: dict[str, object], n: int = 4000) -> dict[str, object]:
+def _check(test: dict[str, object], n: int = 3000) -> dict[str, object]:
     ops = simulate_run(test, n)
     validate(ops)
     policy = policy_from_test(test)
@@ -29,11 +29,15 @@ def test_acks_all_with_two_in_sync_replicas_loses_nothing(nemesis: str) -> None:
 
 @pytest.mark.parametrize("nemesis", ["partition", "kill"])
 def test_acks_1_loses_acknowledged_writes_under_faults(nemesis: str) -> None:
-    counts = [
-        _check(make_test(acks="1", nemesis=nemesis, seed=seed), 6000)["anomalies"]
-        for seed in range(3)
-    ]
-    assert any("lost-write" in c for c in counts)
+    found = []
+    for seed in range(3):
+        found.append(
+            "lost-write"
+            in _check(make_test(acks="1", nemesis=nemesis, seed=seed), 6000)["anomalies"]
+        )
+        if found[-1]:
+            break
+    assert any(found)
 
 
 def test_acks_0_loses_under_partitions_and_min_insync_1_loses_at_acks_all() -> None:

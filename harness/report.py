@@ -35,8 +35,9 @@ FAULT_COLORS = ["#f4a259", "#8cb369", "#5b8e7d", "#bc4b51", "#6d597a", "#355070"
 
 
 def fault_periods(ops: Sequence[dict[str, Any]], end_s: float) -> list[tuple[str, float, float]]:
-    """(fault kind, start s, end s) from nemesis `start-X` / `stop-X` info ops; a fault still
-    active at the end of the history runs to its end. Other nemesis ops are instants."""
+    """(fault kind, start s, end s) from nemesis `start-X` / `stop-X` info ops; `heal-all` ends
+    every open fault; a fault still active at the end of the history runs to its end. Other
+    nemesis ops are instants."""
     open_: dict[str, float] = {}
     out: list[tuple[str, float, float]] = []
     for op in ops:
@@ -45,6 +46,10 @@ def fault_periods(ops: Sequence[dict[str, Any]], end_s: float) -> list[tuple[str
         f = str(op.get("f", ""))
         t = op["time"] / NS
         kind = f.split("-", 1)[1] if "-" in f else f
+        if f == "heal-all":
+            for k, start in open_.items():
+                out.append((k, start, t))
+            open_.clear()
         if f.startswith("start-"):
             open_.setdefault(kind, t)
         elif f.startswith("stop-") and kind in open_:
@@ -222,11 +227,11 @@ def render_report(run_dir: Path, examples_per_type: int = 5) -> Path:
     valid = results.get("valid")
     verdict_class = {True: "valid", False: "invalid"}.get(valid, "unknown")
     verdict_text = {True: "VALID", False: "INVALID"}.get(valid, "UNKNOWN")
-    bad = set(results.get("anomaly_types", [])) - set(results.get("allowed", []) or [])
+    # results.json names the types that invalidate the run; the others found are allowed.
+    not_allowed = set(results.get("not_allowed", results.get("anomaly_types", [])))
     anomalies = []
     for name, info in sorted(results.get("anomalies", {}).items()):
-        allowed_set = results.get("allowed")
-        allowed = (name in allowed_set) if allowed_set is not None else (name not in bad)
+        allowed = name not in not_allowed
         anomalies.append(
             {
                 "name": name,

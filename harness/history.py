@@ -10,9 +10,12 @@ Guarantees:
   along the file even when several threads write at once (both are assigned under the
   same lock as the append);
 - each line is handed to the kernel with a single `os.write` of the whole line on an
-  `O_APPEND` descriptor before `write` returns, so if the harness process dies at any
-  point every line written so far is complete and parses; a torn line is impossible
-  short of a machine crash (call `sync()` or close with `fsync=True` to cover that);
+  `O_APPEND` descriptor before `write` returns, so if the harness process dies every line
+  whose `write` returned is complete and parses. Only the line being written at that
+  instant can be torn (Linux stops a large write between pages when SIGKILL arrives): it
+  is then the last bytes of the file and has no newline. `repair_history(path)` cuts such
+  a tail off, so a history left by a crashed harness loads; call it before checking one.
+  A machine crash can lose lines not yet synced: `sync()`, or close with `fsync=True`;
 - the caller's dict is not modified: `write` returns the stamped copy that was recorded.
 """
 
@@ -27,7 +30,7 @@ from typing import Any
 
 import orjson
 
-__all__ = ["HistoryWriter"]
+__all__ = ["HistoryWriter", "repair_history"]
 
 _DUMP_OPTIONS = orjson.OPT_APPEND_NEWLINE | orjson.OPT_NON_STR_KEYS
 
@@ -116,3 +119,31 @@ def _write_all(fd: int, data: bytes) -> None:
     while view:
         n = os.write(fd, view)
         view = view[n:]
+
+
+def repair_history(path: Path | str) -> int:
+    """Truncate an incomplete last line (one without its newline), left when the process
+    writing the history was killed mid-write. Returns how many bytes were cut (0 when the
+    file was whole). Complete lines are never touched."""
+    p = Path(path)
+    with p.open("r+b") as fh:
+        size = fh.seek(0, os.SEEK_END)
+        if size == 0:
+            return 0
+        # Walk back in blocks to the last newline; everything after it is the torn line.
+        pos = size
+        while pos > 0:
+            start = max(0, pos - 65536)
+            fh.seek(start)
+            block = fh.read(pos - start)
+            nl = block.rfind(b"\n")
+            if nl >= 0:
+                keep = start + nl + 1
+                break
+            pos = start
+        else:
+            keep = 0
+        if keep < size:
+            fh.truncate(keep)
+            os.fsync(fh.fileno())
+        return size - keep

@@ -208,6 +208,7 @@ class QueueClient:
         self.consumer: Consumer | None = None
         self.broken = False
         self.assigned: set[str] = set()
+        self.subscribed = False
         self._producer_id = -1
         self._producer_epoch = -1
 
@@ -332,6 +333,7 @@ class QueueClient:
             except (KafkaException, RuntimeError) as e:
                 log.debug("closing consumer: %s", e)
         self.assigned = set()
+        self.subscribed = False
 
     def _on_error(self, err: KafkaError) -> None:
         if err.fatal():
@@ -379,6 +381,11 @@ class QueueClient:
         add = wanted - keep
         changed = False
         try:
+            if self.subscribed:
+                # librdkafka does not mix a subscription with manual assignment.
+                consumer.unsubscribe()
+                changed = True
+                self.subscribed = False
             if drop:
                 # Incremental changes keep the fetch position of keys that stay assigned:
                 # a full assign() would restart them and the next poll would go back.
@@ -401,12 +408,18 @@ class QueueClient:
         assert consumer is not None
         try:
             topics = sorted({parse_key(k)[0] for k in op["value"]})
-            consumer.subscribe(topics)
         except (TypeError, ValueError) as e:
             return {**op, "type": "fail", "error": ["bad-keys", str(e)]}
+        try:
+            if self.assigned:
+                consumer.incremental_unassign(
+                    [TopicPartition(*parse_key(k)) for k in self.assigned]
+                )
+                self.assigned = set()
+            consumer.subscribe(topics)
         except KafkaException as e:
             return {**op, "type": "info", "error": ["subscribe", str(e.args[0])]}
-        self.assigned = set()
+        self.subscribed = True
         return {**op, "type": "ok"}
 
     # -- send / poll / txn

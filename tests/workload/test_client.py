@@ -210,3 +210,18 @@ def test_factory_binds_threads_to_nodes_round_robin() -> None:
     assert c2.node == "n1"
     with pytest.raises(ValueError):
         QueueClient.factory({}, {})
+
+
+def test_subscribe_then_assign_again(
+    client_for: Callable[..., QueueClient], fresh_keys: Keys
+) -> None:
+    [k] = fresh_keys(1)
+    c = client_for()
+    assert c.invoke(send(k, 1))["type"] == "ok"
+    assert c.invoke({"f": "assign", "value": [k]})["type"] == "ok"
+    # The broker has no group coordinator yet: subscribing is accepted, nothing arrives.
+    assert c.invoke({"f": "subscribe", "value": [k]})["type"] == "ok"
+    assert c.subscribed and c.assigned == set()
+    assert c.invoke({"f": "assign", "value": [k]})["type"] == "ok"
+    assert not c.subscribed
+    assert poll_until(c, 1) == {k: [[0, 1]]}

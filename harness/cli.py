@@ -30,6 +30,9 @@ def _register_optional() -> None:
 
     app.command("test", help=runner.test_command.__doc__)(runner.test_command)
     app.command("demo", help=runner.demo_command.__doc__)(runner.demo_command)
+    from harness import seeds
+
+    app.command("seeds", help=seeds.seeds_command.__doc__)(seeds.seeds_command)
     from harness import serve
 
     app.command("serve", help=serve.serve_command.__doc__)(serve.serve_command)

@@ -103,8 +103,12 @@ class QueueAnalysis(CaseBuilders):
                     w = writer.get(k)
                     if w is None:
                         writer[k] = {v: rec}
-                    elif v not in w:
-                        w[v] = rec
+                    else:
+                        # A value is sent once, except a copier retrying an aborted copy:
+                        # the attempt that took effect (ok, then info, then fail) wins.
+                        prior = w.get(v)
+                        if prior is None or rec.kind < prior.kind:
+                            w[v] = rec
                     if ok and o is not None:
                         vo = orders.get(k)
                         if vo is None:
@@ -130,12 +134,13 @@ class QueueAnalysis(CaseBuilders):
                             ok_reads[k] = s = set()
                         s.update([p[1] for p in pairs])
         # Proven info ops (some ok op read one of their values) committed: their acked
-        # offsets join the version order too.
+        # offsets join the version order too. A value also sent by a later attempt that
+        # took effect (a copier's retry) proves only that attempt, its writer.
         for rec in self.records:
             if rec.kind == INFO and rec.sends:
                 for k, _o, v in rec.sends:
                     s = ok_reads.get(k)
-                    if s is not None and v in s:
+                    if s is not None and v in s and writer[k][v] is rec:
                         rec.committed = True
                         break
                 if rec.committed:
@@ -521,9 +526,21 @@ class QueueAnalysis(CaseBuilders):
         if eos:
             from checkers.eos import check_eos
 
-            for name, cases in check_eos(
-                self.orders, list(eos.get("input", ())), list(eos.get("output", ()))
-            ).items():
+            inputs, outputs = list(eos.get("input", ())), list(eos.get("output", ()))
+            out_set = set(outputs)
+            consumed: dict[Any, int] = {}
+            links: set[tuple[Any, Any]] = set()
+            for rec in self.records:
+                sent_to = {k for k, _o, _v in rec.sends if k in out_set}
+                if not rec.committed or not sent_to:
+                    continue
+                for k in inputs:
+                    offs = [o for o, _v in rec.reads.get(k, ()) if o is not None]
+                    if offs:
+                        links.update((k, out) for out in sent_to)
+                        if max(offs) > consumed.get(k, -1):
+                            consumed[k] = max(offs)
+            for name, cases in check_eos(self.orders, inputs, outputs, consumed, links).items():
                 self.anomalies.add_all(name, cases)
         recs = self.records
         self.stats.update(

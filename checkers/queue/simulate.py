@@ -20,7 +20,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-__all__ = ["simulate"]
+__all__ = ["eos_keys", "simulate"]
 
 
 class _Thread:
@@ -32,6 +32,12 @@ class _Thread:
         self.positions: dict[str, int] = {}
         self.op: dict[str, Any] | None = None
         self.early: dict[int, int] = {}  # micro-op slot -> offset reserved at invoke
+
+
+def eos_keys(keys: int, copiers: int) -> dict[str, list[str]]:
+    """The `eos` option matching simulate(keys=keys, copiers=copiers)."""
+    n = min(keys, copiers)
+    return {"input": [f"t{i % 4}/{i}" for i in range(n)], "output": [f"out/{i}" for i in range(n)]}
 
 
 def simulate(
@@ -50,6 +56,7 @@ def simulate(
     watermarks: bool = True,
     final_drain: bool = True,
     interleave: bool = False,
+    copiers: int = 0,
 ) -> list[dict[str, Any]]:
     """Return a valid history of about `n_ops` ops (lines), deterministic in `seed`.
 
@@ -57,6 +64,11 @@ def simulate(
     transaction lands in the log either at the invoke or at the commit, so concurrent
     transactions interleave (G0 / G1c-ww cycles and int-send-skip, all allowed), while
     read_committed consumers stop at the first undecided record (the LSO).
+
+    copiers=N adds N exactly-once copier threads: copier i owns input key `key_names[i]`
+    and copies what it polls, verbatim and in one transaction with its consumed position
+    (a consumer-group offset that survives the copier's crash), to output key `out/i`.
+    Check such histories with eos={"input": [...], "output": [...]} (see `eos_keys`).
     """
     rng = random.Random(seed)
     key_names = [f"t{i % 4}/{i}" for i in range(keys)]
@@ -68,6 +80,18 @@ def simulate(
         for p in range(processes)
     ]
     next_process = processes
+    inputs = key_names[: min(copiers, len(key_names))]
+    outputs = [f"out/{i}" for i in range(len(inputs))]
+    for k in outputs:
+        logs[k] = []
+        undecided[k] = set()
+    group: dict[str, int] = dict.fromkeys(inputs, 0)  # committed input offsets
+    copier_threads = []
+    for k in inputs:
+        th = _Thread(next_process, [k])
+        th.positions = {k: 0}
+        copier_threads.append(th)
+        next_process += 1
     history: list[dict[str, Any]] = []
     t = 0
 
@@ -220,8 +244,42 @@ def simulate(
             next_process += 1
             th.positions.clear()
 
+    def copy(th: _Thread) -> None:
+        nonlocal next_process
+        if th.op is None:
+            th.op = emit(th.process, "invoke", "txn", [["poll"]])
+            return
+        th.op = None
+        (k,) = th.assigned
+        out_key = outputs[inputs.index(k)]
+        r = rng.random()
+        typ = "info" if r < info_rate else "fail" if r < info_rate + fail_rate else "ok"
+        applies = typ == "ok" or (typ == "info" and rng.random() < 0.5)
+        pairs = read(th, k)
+        value: list[list[Any]] = [["poll", {k: pairs}]]
+        for _o, v in pairs:
+            if applies:
+                logs[out_key].append(v)
+                offset = len(logs[out_key]) - 1
+                value.append(["send", out_key, [offset, v] if typ == "ok" else v])
+            else:
+                value.append(["send", out_key, v])
+        if applies and pairs:
+            logs[out_key].append(None)  # commit marker
+            group[k] = pairs[-1][0] + 1
+        th.positions = {k: group[k]}
+        extra = wm({k, out_key}) if (watermarks and typ == "ok") else {}
+        emit(th.process, typ, "txn", value, **extra)
+        if typ == "info":
+            th.process = next_process
+            next_process += 1
+
     while len(history) < n_ops:
-        th = threads[rng.randrange(len(threads))]
+        i = rng.randrange(len(threads) + len(copier_threads))
+        if i >= len(threads):
+            copy(copier_threads[i - len(threads)])
+            continue
+        th = threads[i]
         if th.op is None:
             invoke(th)
         else:
@@ -229,9 +287,12 @@ def simulate(
     for th in threads:
         if th.op is not None:
             complete(th)
+    for th in copier_threads:
+        if th.op is not None:
+            copy(th)
     if final_drain:
         drain = _Thread(next_process, key_names)
-        for k in key_names:
+        for k in key_names + outputs:
             emit(drain.process, "invoke", "assign", [k])
             emit(drain.process, "ok", "assign", [k])
             emit(drain.process, "invoke", "poll", [["poll"]])

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from checkers.history import validate
 from checkers.queue import check_queue, keys_of, merge_results, project_key
-from checkers.queue.simulate import simulate
+from checkers.queue.simulate import eos_keys, simulate
 
 shapes = st.fixed_dictionaries(
     {
@@ -167,3 +167,61 @@ def test_interleaved_transactions_only_show_allowed_anomalies(shape: dict[str, A
         "G1c-ww-process",
         "G1c-ww-realtime",
     }
+
+
+def copier_history(shape: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, list[str]]]:
+    keys = max(shape["keys"], 2)
+    ops = simulate(**{**shape, "keys": keys, "copiers": 2})
+    return ops, eos_keys(keys, 2)
+
+
+@SETTINGS
+@given(shapes)
+def test_exactly_once_copies_are_valid(shape: dict[str, Any]) -> None:
+    ops, eos = copier_history(shape)
+    r = check_queue(ops, eos=eos)
+    assert r["valid"] is True, {k: r["anomalies"][k] for k in r["not_allowed"]}
+    assert not {"eos-duplicate", "eos-missing"} & set(r["anomaly_types"])
+
+
+@SETTINGS
+@given(shapes, st.data())
+def test_copied_twice_is_eos_duplicate(shape: dict[str, Any], data: st.DataObject) -> None:
+    ops, eos = copier_history(shape)
+    out = drains(ops)[eos["output"][0]]
+    pairs = out["value"][0][1][eos["output"][0]]
+    assume(pairs)
+    _o, v = data.draw(st.sampled_from(pairs))
+    pairs.append([pairs[-1][0] + 1, v])
+    r = check_queue(ops, eos=eos)
+    assert "eos-duplicate" in r["anomaly_types"] and r["valid"] is False
+    assert any(ex["value"] == v for ex in r["anomalies"]["eos-duplicate"]["examples"])
+
+
+@SETTINGS
+@given(shapes, st.data())
+def test_never_copied_is_eos_missing(shape: dict[str, Any], data: st.DataObject) -> None:
+    ops, eos = copier_history(shape)
+    out_key = eos["output"][0]
+    copied = [p[1] for p in drains(ops)[out_key]["value"][0][1][out_key]]
+    assume(len(copied) >= 2)
+    v = data.draw(st.sampled_from(copied[:-1]))  # a later copy proves the copier moved past it
+    # Values are compared without their key, so take v out of every output key.
+    outs = set(eos["output"])
+    for op in ops:
+        if op["type"] == "invoke" or op["f"] not in ("txn", "poll"):
+            continue
+        kept = []
+        for mop in op["value"]:
+            if mop[0] == "send" and mop[1] in outs:
+                x = mop[2]
+                if (x[1] if isinstance(x, list) else x) == v:
+                    continue
+            elif mop[0] == "poll":
+                for k in outs & set(mop[1]):
+                    mop[1][k] = [p for p in mop[1][k] if p[1] != v]
+            kept.append(mop)
+        op["value"] = kept
+    r = check_queue(ops, eos=eos)
+    assert "eos-missing" in r["anomaly_types"] and r["valid"] is False
+    assert any(ex["value"] == v for ex in r["anomalies"]["eos-missing"]["examples"])

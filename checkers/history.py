@@ -199,7 +199,16 @@ def load_history(path: Path) -> list[dict[str, Any]]:
                 validate(ops)
     except orjson.JSONDecodeError:
         for lineno, raw in enumerate(lines, 1):
-            _parse_line(raw, lineno)
+            try:
+                _parse_line(raw, lineno)
+            except HistoryError as e:
+                if lineno == len(lines) and not data.endswith(b"\n"):
+                    raise HistoryError(
+                        f"{e.message}; the last line is incomplete (the recorder probably "
+                        "stopped while writing it): remove it to check the rest",
+                        lineno,
+                    ) from None
+                raise
         raise HistoryError("malformed JSON (unlocated)") from None
     if len(ops) != len(lines):
         # A line held two values separated by a comma; find it.

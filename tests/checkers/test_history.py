@@ -111,3 +111,11 @@ def test_nemesis_ops_are_not_paired() -> None:
 def test_missing_file_is_a_history_error(tmp_path: Path) -> None:
     with pytest.raises(HistoryError, match="cannot read"):
         load_history(tmp_path / "nope.jsonl")
+
+
+def test_truncated_last_line_says_so(tmp_path: Path) -> None:
+    p = tmp_path / "history.jsonl"
+    p.write_bytes(orjson.dumps(op(0, 0, "invoke")) + b'\n{"index": 1, "ti')
+    with pytest.raises(HistoryError, match="last line is incomplete") as e:
+        load_history(p)
+    assert e.value.line == 2

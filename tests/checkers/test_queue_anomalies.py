@@ -450,3 +450,16 @@ def test_committed_truncation_of_an_acked_send() -> None:
     h2.send(1, "k", 3, 1)
     h2.poll(2, {"k": [[0, 1], [1, 3]]})
     assert "committed-truncation" not in types(h2)
+
+
+def test_subscribe_mode_is_inferred_from_the_history() -> None:
+    h = H()
+    sent(h, "k", [1, 2, 3])
+    h.assign(1, ["k"], f="subscribe")
+    h.poll(9, {"k": [[0, 1], [1, 2], [2, 3]]})
+    h.poll(1, {"k": [[0, 1]]})
+    h.poll(1, {"k": [[2, 3]]})
+    r = check(h)
+    assert "poll-skip" in r["anomaly_types"]
+    assert r["valid"] is True and r["stats"]["subscribe_mode"] is True
+    assert check(h, subscribe=False)["valid"] is False

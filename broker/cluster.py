@@ -237,7 +237,7 @@ class ClusterKafkaServer(KafkaServer):
         if info is None:
             return
         self.replica_manager.become(tp, state, info.assignment.get(tp[1], []))
-        self.replica_manager.notifier.notify()
+        self.replica_manager.notifier.notify(tp)
 
     # ----- KafkaServer overrides ------------------------------------------------------------
 

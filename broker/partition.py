@@ -119,7 +119,7 @@ class PartitionIO(Protocol):
 
     def write_state(self, partition: HostedPartition, action: WriteStateZnode) -> None: ...
 
-    def data_changed(self) -> None: ...
+    def data_changed(self, partition: HostedPartition) -> None: ...
 
 
 @dataclass
@@ -266,7 +266,7 @@ class HostedPartition:
         if hw != hw_before:
             self._last_hw = hw
             self.adapter.hw_checkpoint = hw
-            self.io.data_changed()
+            self.io.data_changed(self)
 
     def tick(self) -> None:
         self.dispatch(self.core.tick(now_ms()))
@@ -314,7 +314,7 @@ class HostedPartition:
             fut = asyncio.get_running_loop().create_future()
             self._produce_futures[request_id] = fut
         actions = core.produce_appended(request_id, last, acks, timeout_ms, now_ms(), first)
-        self.io.data_changed()
+        self.io.data_changed(self)
         self.dispatch(actions)
         if fut is not None:
             return fut
@@ -384,7 +384,7 @@ class HostedPartition:
             actions = self.core.on_fetch_response(
                 request_id, ReplError.REPLICA_NOT_AVAILABLE, b"", hw, log_start, leo, now_ms()
             )
-        self.io.data_changed()
+        self.io.data_changed(self)
         self.dispatch(actions)
 
     def on_offsets_for_leader_epoch_response(

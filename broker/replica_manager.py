@@ -46,19 +46,40 @@ LIST_OFFSETS_VERSION = 4
 
 
 class DataNotifier:
-    """Wakes every waiter when any partition's fetchable data changes."""
+    """Wakes long-polling fetches when data or a high watermark of one of their partitions moves.
+
+    A waiter registers one event under each partition it reads; `notify(tp)` sets the events of
+    that partition's waiters only (an append to one partition must not wake every parked fetch
+    of the broker), `notify()` with no partition wakes everyone (shutdown, leadership changes).
+    """
 
     def __init__(self) -> None:
-        self._event = asyncio.Event()
+        self._waiters: dict[Any, set[asyncio.Event]] = {}
 
-    def notify(self) -> None:
-        self._event.set()
-        self._event = asyncio.Event()
+    def notify(self, tp: Any = None) -> None:
+        if tp is None:
+            for events in self._waiters.values():
+                for e in events:
+                    e.set()
+            return
+        for e in self._waiters.get(tp, ()):
+            e.set()
 
-    async def wait(self, timeout: float) -> None:
-        event = self._event
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(event.wait(), timeout)
+    async def wait(self, tps: Any, timeout: float) -> None:
+        event = asyncio.Event()
+        keys = list(tps)
+        for tp in keys:
+            self._waiters.setdefault(tp, set()).add(event)
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), timeout)
+        finally:
+            for tp in keys:
+                waiters = self._waiters.get(tp)
+                if waiters is not None:
+                    waiters.discard(event)
+                    if not waiters:
+                        del self._waiters[tp]
 
 
 class StateStore(Protocol):
@@ -136,7 +157,7 @@ class ReplicaManager:
             hp.fail_pending(ErrorCode.NOT_LEADER_OR_FOLLOWER)
         for key in [k for k in self._connections if k[1] == tp]:
             self._connections.pop(key).close()
-        self.notifier.notify()
+        self.notifier.notify(tp)
 
     def get(self, tp: TopicPartition) -> HostedPartition:
         hp = self.partitions.get(tp)
@@ -167,8 +188,8 @@ class ReplicaManager:
 
     # ----- PartitionIO ----------------------------------------------------------------------
 
-    def data_changed(self) -> None:
-        self.notifier.notify()
+    def data_changed(self, partition: HostedPartition) -> None:
+        self.notifier.notify(partition.tp)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)

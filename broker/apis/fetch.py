@@ -65,7 +65,9 @@ async def handle_fetch(server: KafkaServer, request: Request) -> list[bytes | Fi
         now = time.monotonic()
         if total >= max(req.min_bytes, 1) or errors or now >= deadline or server.stopping:
             break
-        await server.replica_manager.notifier.wait(deadline - now)
+        await server.replica_manager.notifier.wait(
+            [(t.topic, p.partition) for t in req.topics for p in t.partitions], deadline - now
+        )
         # A fresh read after waking: the wake-up may be for another partition.
         await asyncio.sleep(0)
     return _encode(server, request, results)

@@ -348,6 +348,7 @@ def test_command(
         Path | None, typer.Option(help="YAML nodes file (host, port, user, key)")
     ] = None,
     node_count: Annotated[int, typer.Option(help="embedded cluster size")] = 5,
+    cluster_name: Annotated[str, typer.Option(help="embedded cluster name")] = "default",
     keep_cluster: Annotated[bool, typer.Option(help="leave the embedded cluster up")] = False,
     concurrency: Annotated[int, typer.Option(help="client processes")] = 20,
     rate: Annotated[
@@ -403,6 +404,7 @@ def test_command(
                     "nodes": nodes.split(",") if nodes else None,
                     "nodes_file": str(nodes_file) if nodes_file else None,
                     "node_count": node_count,
+                    "cluster_name": cluster_name,
                     "keep_cluster": keep_cluster or i < test_count - 1,
                     "concurrency": concurrency,
                     "rate": rate,

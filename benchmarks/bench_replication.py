@@ -78,9 +78,9 @@ def start_cluster(base: Path, zk: LocalZooKeeper) -> tuple[list[subprocess.Popen
 
 def create(bootstrap: str, topic: str, rf: int) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_topics([NewTopic(topic, 1, rf, config={"min.insync.replicas": "2" if rf == 3 else "1"})])[
-        topic
-    ].result(30)
+    admin.create_topics(
+        [NewTopic(topic, 1, rf, config={"min.insync.replicas": "2" if rf == 3 else "1"})]
+    )[topic].result(30)
 
 
 def throughput(bootstrap: str, topic: str, acks: str, n: int) -> float:
@@ -117,7 +117,9 @@ def throughput(bootstrap: str, topic: str, acks: str, n: int) -> float:
     return n / secs
 
 
-def latency(bootstrap: str, topic: str, acks: str, rate: int, seconds: float) -> tuple[float, float]:
+def latency(
+    bootstrap: str, topic: str, acks: str, rate: int, seconds: float
+) -> tuple[float, float]:
     p = Producer({"bootstrap.servers": bootstrap, "acks": acks, "linger.ms": 1})
     lat: list[float] = []
 
@@ -167,8 +169,10 @@ def main() -> None:
                 pr.wait(30)
             zk.stop()
     base_tput = rows[0][1]
-    print(f"\n{args.messages:,} messages of 100 bytes per throughput run; latency at 5,000 msgs/s; "
-          f"{os.cpu_count()} cores\n")
+    print(
+        f"\n{args.messages:,} messages of 100 bytes per throughput run; latency at 5,000 msgs/s; "
+        f"{os.cpu_count()} cores\n"
+    )
     print("| configuration | msgs/s | vs RF=1 | p50 latency ms | p99 latency ms |")
     print("|---|---|---|---|---|")
     for name, tput, p50, p99 in rows:

@@ -14,6 +14,7 @@ import contextlib
 import logging
 import shutil
 import time
+from collections.abc import Callable
 from typing import Any
 
 from broker.config import BrokerConfig
@@ -59,6 +60,9 @@ class LogManager:
         self._recovery_cp = OffsetCheckpointFile(self.dir / self.RECOVERY_POINT)
         self._log_start_cp = OffsetCheckpointFile(self.dir / self.LOG_START)
         self._tasks: list[asyncio.Task[None]] = []
+        # Retention never deletes data consumers cannot have read yet (the ReplicaManager
+        # supplies each partition's high watermark).
+        self.high_watermark: Callable[[TopicPartition], int | None] = lambda tp: None
 
     def load(self, topic_configs: dict[str, dict[str, Any]]) -> None:
         """Open every partition directory of a known topic; recover unclean ones."""
@@ -133,7 +137,7 @@ class LogManager:
         deleted = 0
         for tp, lg in list(self.logs.items()):
             try:
-                n = lg.delete_old_segments()
+                n = lg.delete_old_segments(self.high_watermark(tp))
             except Exception:
                 log.exception("retention failed for %s-%d", *tp)
                 continue

@@ -86,6 +86,7 @@ class KafkaServer:
             state_store=state_store or LocalStateStore(),
             hw_checkpoint_interval_ms=config["replica.high.watermark.checkpoint.interval.ms"],
         )
+        self.log_manager.high_watermark = self._high_watermark
         self.topic_store = LocalTopicStore(config.log_dir)
         self._topics: dict[str, TopicInfo] = {}
         self.cluster_id = self._load_cluster_id()
@@ -193,6 +194,10 @@ class KafkaServer:
         if hp is None:
             return PartitionMetadata(-1, -1, [], [])
         return PartitionMetadata(hp.leader_id, hp.leader_epoch, hp.replicas, hp.isr)
+
+    def _high_watermark(self, tp: TopicPartition) -> int | None:
+        hp = self.replica_manager.partitions.get(tp)
+        return hp.high_watermark if hp is not None else None
 
     def replication_config(self, topic: str) -> ReplicationConfig:
         cfg = self.topic_config(topic) if topic in self._topics else self.config.topic_defaults()

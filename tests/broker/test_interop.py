@@ -211,3 +211,24 @@ def test_kill9_during_writes_recovers_to_a_clean_prefix(broker_factory):
     stored = dict((o, v) for _, o, v in got)
     for offset, value in acked:
         assert stored.get(offset) == value
+
+
+def test_retention_advances_log_start_offset(broker_factory):
+    b = broker_factory({"log.retention.check.interval.ms": "300"})
+    create_topic(b.bootstrap, "short", 1, {"segment.bytes": "20000", "retention.bytes": "40000"})
+    produce_confluent(
+        b.bootstrap, "short", [(0, b"r" * 100) for _ in range(3000)], **{"batch.size": 8000}
+    )
+    c = Consumer({"bootstrap.servers": b.bootstrap, "group.id": "ret"})
+    deadline = time.monotonic() + 20
+    low = high = 0
+    while time.monotonic() < deadline:
+        low, high = c.get_watermark_offsets(TopicPartition("short", 0), timeout=10)
+        if low > 0:
+            break
+        time.sleep(0.3)
+    c.close()
+    assert high == 3000
+    assert 0 < low < high, "old segments were deleted and the log start offset moved"
+    got = consume_confluent(b.bootstrap, [TopicPartition("short", 0, -2)], high - low)
+    assert got[0][1] == low

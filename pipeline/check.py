@@ -19,7 +19,7 @@ explanation), ``not_allowed`` (types that invalidate the run) and
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -79,8 +79,17 @@ def _valid_text(v: Any) -> str:
     return "true" if v is True else "false" if v is False else "unknown"
 
 
-def check_run(run_id: str, path: Path | str, test: Mapping[str, Any]) -> dict[str, Any]:
-    """The ``results`` row of one run (see the module doc); never raises for bad input."""
+def check_run(
+    run_id: str,
+    path: Path | str,
+    test: Mapping[str, Any],
+    on_history: Callable[[list[dict[str, Any]]], None] | None = None,
+) -> dict[str, Any]:
+    """The ``results`` row of one run (see the module doc); never raises for bad input.
+
+    `on_history` sees the loaded, validated history before it is checked (the Spark job
+    flattens it into the records table there, so each history is parsed once).
+    """
     row: dict[str, Any] = {
         "run_id": run_id,
         "status": "malformed",
@@ -100,6 +109,8 @@ def check_run(run_id: str, path: Path | str, test: Mapping[str, Any]) -> dict[st
         return row
     try:
         ops = load_history(Path(path) / "history.jsonl")
+        if on_history is not None:
+            on_history(ops)
         results = check(ops, workload, **policy)
     except HistoryError as e:
         row["error"] = f"history.jsonl: {e}"

@@ -128,9 +128,20 @@ def _heatmaps(configs: Sequence[dict[str, Any]], plots: Path) -> list[dict[str, 
             im = ax.imshow(grid, cmap="Reds", vmin=0, aspect="auto")
             ax.set_xticks(range(len(nemeses)), nemeses)
             ax.set_yticks(range(len(acks)), [f"acks={a}" for a in acks])
+            top = max((v for row in grid for v in row if v == v), default=0.0)
             for i, lab in enumerate(labels):
                 for j, text in enumerate(lab):
-                    ax.text(j, i, text, ha="center", va="center", fontsize=8)
+                    # Dark cells get white text so every figure stays readable.
+                    dark = top > 0 and grid[i][j] == grid[i][j] and grid[i][j] > 0.6 * top
+                    ax.text(
+                        j,
+                        i,
+                        text,
+                        ha="center",
+                        va="center",
+                        fontsize=8,
+                        color="white" if dark else "black",
+                    )
             ax.set_title(f"{title} per 10k acked writes\n{setting}", fontsize=9)
             fig.colorbar(im, ax=ax, fraction=0.04)
             fig.tight_layout()

@@ -9,6 +9,7 @@ from typing import Any
 
 import orjson
 import pyarrow.parquet as pq
+import pytest
 
 from checkers.api import check, policy_from_test
 from checkers.history import load_history
@@ -17,6 +18,9 @@ from pipeline.check import RESULTS_SCHEMA, acked_writes
 from pipeline.ingest import RECORDS_SCHEMA, RUNS_SCHEMA, records_of
 from pipeline.store import CONFIG_COLUMNS, config_of
 from tests.pipeline.conftest import small_store_tests
+
+# pyspark 4.3 warns that it does not fully support pandas 3 (the pipeline uses Arrow).
+pytestmark = pytest.mark.filterwarnings("ignore:PySpark does not yet fully support pandas")
 
 
 def _good_runs(store: Path) -> list[Path]:

@@ -25,7 +25,7 @@ Node layout (``<workdir>`` per node: ``workdirs[node]``, default ``/var/lib/isrl
     <workdir>/broker/server.properties   the broker's config
     <workdir>/broker/data/               log.dirs
     <workdir>/run/broker.pid, zk.pid     pid files
-    <workdir>/run/faketime               the broker's libfaketime offset ("+0", "+12.5", "-3")
+    <workdir>/run/clock-offset           the broker's wall-clock offset in s ("+0", "+12.5", "-3")
     <workdir>/logs/broker.log, zookeeper.log
 
 Cluster (``setup`` steps 2-4)
@@ -34,10 +34,16 @@ Cluster (``setup`` steps 2-4)
     mode. A broker runs on every node with ``broker.id`` = the node's 1-based index, listening on
     ``PLAINTEXT://<node host>:9092``; the settings under test come from the test config
     (``BROKER_SETTINGS`` maps test keys to broker keys; ``broker_config`` adds raw keys). A
-    broker runs as a daemon with a pid file, under libfaketime when the node has it (clock
-    nemeses then rewrite the offset file; ``FAKETIME_DONT_FAKE_MONOTONIC=1`` so, as with
-    ``date -s``, only the wall clock moves) and the cluster is ready when a metadata request
-    lists every broker. ZooKeeper is never skewed: it is the coordinator, not the system under
+    broker runs as a daemon with a pid file and the cluster is ready when a metadata request
+    lists every broker (a broker that dies before registering is restarted twice).
+
+Clock skew (``clock_mode``)
+    ``"process"`` (default): the broker's venv has ``isrlab_clockshim`` (``nemeses.clockshim``,
+    loaded by a .pth file) and the broker runs with ``ISRLAB_CLOCK_OFFSET_FILE`` =
+    ``clock_offset_file(node)``; clock nemeses rewrite that file and only that broker's wall
+    clock moves. This replaces libfaketime, which breaks CPython 3.11 (see the shim's doc), and
+    works on embedded nodes, which share one kernel clock. ``"date"``: clock nemeses step the
+    node's system clock with ``date -s`` (real hosts only). ZooKeeper is never skewed: it is the coordinator, not the system under
     test. Every step prints one progress line through ``progress`` (default: ``print``).
 
 Faults the nemeses use: ``kill(node)`` (SIGKILL), ``start(node)``, ``pause(node)`` (SIGSTOP of
@@ -83,6 +89,7 @@ PACKAGES = ("broker", "harness", "nemeses", "checkers", "pipeline")
 # what `python -m broker start` imports on a node; pins come from pyproject.toml
 NODE_REQUIREMENTS = ("kafka-python", "crc32c", "kazoo", "typer", "rich", "orjson")
 SOURCE_SUFFIXES = (".py", ".html", ".j2", ".css", ".js")
+CLOCK_SHIM = PROJECT_ROOT / "nemeses" / "clockshim.py"
 
 KEEP_WHEELHOUSES = 3
 ZK_PORT = 2181
@@ -300,8 +307,9 @@ class KafkaDB:
         self.progress: Progress = progress or _print_progress
         self.zk_nodes = self.nodes[: ZK_ENSEMBLE_SIZE if len(self.nodes) >= ZK_ENSEMBLE_SIZE else 1]
         self.broker_ids = {n.name: i for i, n in enumerate(self.nodes, 1)}
-        self.clock_mode: str = str(test.get("clock_mode", "auto"))
-        self.libfaketime: dict[str, str | None] = {}
+        self.clock_mode: str = str(test.get("clock_mode") or "process")
+        if self.clock_mode not in ("process", "date"):
+            raise DBError(f"clock_mode must be 'process' or 'date', not {self.clock_mode!r}")
         self._admin: Any = None
 
     # ---------------------------------------------------------------- helpers
@@ -332,8 +340,8 @@ class KafkaDB:
         return self.path(node, "run", "zk.pid")
 
     def clock_offset_file(self, node: str) -> str:
-        """The libfaketime offset file the node's broker reads (``+0`` when not skewed)."""
-        return self.path(node, "run", "faketime")
+        """The wall-clock offset file the node's broker follows (``+0`` when not skewed)."""
+        return self.path(node, "run", "clock-offset")
 
     def zk_connect(self) -> str:
         return ",".join(f"{n.host}:{ZK_PORT}" for n in self.zk_nodes) + ZK_CHROOT
@@ -371,7 +379,6 @@ class KafkaDB:
         name = r.node.name
         venv = self.path(name, "venv")
         self._ensure_packages(r)
-        self.libfaketime[name] = self._find_libfaketime(r)
         build_marker, deps_marker = f"{venv}/.isrlab-build", f"{venv}/.isrlab-deps"
         cur = r.exec(
             f"test -x {venv}/bin/python && cat {build_marker} {deps_marker} 2>/dev/null",
@@ -388,10 +395,11 @@ class KafkaDB:
             r.upload(wh.project_wheel, f"{house}/{project}")
             r.exec(
                 f"set -e\nrm -f {build_marker}\n"
-                f"{pip} install --no-index --no-deps --force-reinstall {house}/{project}\n"
-                f"echo {wh.build_hash} > {build_marker}",
+                f"{pip} install --no-index --no-deps --force-reinstall {house}/{project}",
                 timeout=600,
             )
+            self._install_clock_shim(r, wh.python)
+            r.exec(f"echo {wh.build_hash} > {build_marker}")
             return "updated"
         python = self._node_python(r, wh.python)
         r.exec(f"rm -rf {house} && mkdir -p {house}")
@@ -406,10 +414,11 @@ rm -rf {venv}
 {pip} install --no-index --no-deps {house}/{project}
 {venv}/bin/python -c 'import broker.cli'
 echo {wh.deps_key} > {deps_marker}
-echo {wh.build_hash} > {build_marker}
 """,
             timeout=600,
         )
+        self._install_clock_shim(r, wh.python)
+        r.exec(f"echo {wh.build_hash} > {build_marker}")
         return "installed"
 
     def _node_python(self, r: Remote, version: str) -> str:
@@ -448,25 +457,14 @@ echo {wh.build_hash} > {build_marker}
                 f"them by hand (apt-get install zookeeper default-jre-headless).\n{e}"
             ) from None
 
-    def _find_libfaketime(self, r: Remote) -> str | None:
-        res = r.exec(
-            "ls /usr/lib/*/faketime/libfaketime.so.1 /usr/lib/faketime/libfaketime.so.1 "
-            "2>/dev/null | head -n1",
-            check=False,
-        )
-        return res.stdout.strip() or None
+    def clock_via_file(self, node: str) -> bool:
+        """Whether clock faults on ``node`` rewrite its offset file (else ``date -s``)."""
+        return self.clock_mode == "process"
 
-    def uses_faketime(self, node: str) -> bool:
-        """Whether clock faults on ``node`` go through libfaketime (else ``date -s``)."""
-        if self.clock_mode == "date":
-            return False
-        lib = self.libfaketime.get(node)
-        if self.clock_mode == "faketime" and not lib:
-            raise DBError(
-                f"{node}: clock_mode is faketime but libfaketime is not installed "
-                "(apt-get install faketime)"
-            )
-        return lib is not None
+    def _install_clock_shim(self, r: Remote, python_version: str) -> None:
+        site = self.path(r.node.name, "venv", "lib", f"python{python_version}", "site-packages")
+        r.write_file(f"{site}/isrlab_clockshim.py", CLOCK_SHIM.read_bytes())
+        r.write_file(f"{site}/isrlab_clockshim.pth", "import isrlab_clockshim\n")
 
     # ---------------------------------------------------------------- configs
 
@@ -579,21 +577,12 @@ echo {wh.build_hash} > {build_marker}
 
     def _broker_env(self, name: str) -> dict[str, str]:
         env = {"PYTHONUNBUFFERED": "1"}
-        if self.uses_faketime(name):
-            lib = self.libfaketime[name]
-            assert lib is not None
-            env.update(
-                LD_PRELOAD=lib,
-                FAKETIME_TIMESTAMP_FILE=self.clock_offset_file(name),
-                FAKETIME_NO_CACHE="1",
-                FAKETIME_DONT_FAKE_MONOTONIC="1",
-            )
+        if self.clock_via_file(name):
+            env["ISRLAB_CLOCK_OFFSET_FILE"] = self.clock_offset_file(name)
         return env
 
     def _start_broker(self, r: Remote) -> int:
         name = r.node.name
-        if name not in self.libfaketime:
-            self.libfaketime[name] = self._find_libfaketime(r)
         return r.start_daemon(
             "broker",
             f"{self.path(name, 'venv', 'bin', 'python')} -m broker start "
@@ -668,12 +657,25 @@ echo {wh.build_hash} > {build_marker}
 
     # ---------------------------------------------------------------- process faults
 
-    def kill(self, node: str) -> bool:
-        """SIGKILL the broker's process group; True if it was running."""
-        return self.remote(node).signal_daemon(self.broker_pidfile(node), "KILL")
+    def kill(self, node: str, wait: float = 10.0) -> bool:
+        """SIGKILL the broker's process group and wait until it is gone; True if it was running.
+
+        Waiting matters: a process with many threads takes a moment to die after SIGKILL, and
+        a ``start`` in that moment would find it still alive and do nothing.
+        """
+        if not self.remote(node).signal_daemon(self.broker_pidfile(node), "KILL"):
+            return False
+        deadline = time.monotonic() + wait
+        while self.broker_state(node) != "down" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return True
 
     def start(self, node: str) -> int:
         """Start the broker (no-op if it runs); returns its pid."""
+        if self.broker_state(node) == "down":
+            # a killed broker can linger as a zombie when nothing reaps orphans (containers
+            # without an init); kill -0 still succeeds on it, so forget its pid file
+            self.remote(node).exec(f"rm -f {self.broker_pidfile(node)}")
         return self._start_broker(self.remote(node))
 
     def pause(self, node: str) -> bool:
@@ -798,7 +800,7 @@ echo {wh.build_hash} > {build_marker}
             (dest / "data-listing.txt").write_text(listing.stdout)
             res = r.exec(
                 f"cd {w} 2>/dev/null && tar -czf - --ignore-failed-read logs "
-                "broker/server.properties zk/zoo.cfg run/faketime 2>/dev/null",
+                "broker/server.properties zk/zoo.cfg run/clock-offset 2>/dev/null",
                 check=False,
             )
             if res.stdout_bytes:

@@ -1,9 +1,10 @@
 """isrlab nemeses: faults injected into a running cluster, Jepsen-style, over SSH.
 
 One module per fault: ``partition`` (route black-holing and iptables DROP, with shapes),
-``process`` (pause and kill -9 of brokers), ``clock`` (bump and strobe via libfaketime or
-``date -s``), ``packet`` (tc netem). ``compose`` puts them behind one ``Nemesis.invoke(op)``,
-draws the schedule of ops, and heals everything. ``base`` holds what they share (targets).
+``process`` (pause and kill -9 of brokers), ``clock`` (bump and strobe of a broker's wall
+clock through an offset file, or ``date -s``; ``clockshim`` is the in-process half),
+``packet`` (tc netem). ``compose`` puts them behind one ``Nemesis.invoke(op)``, draws the
+schedule of ops, and heals everything. ``base`` holds what they share (targets).
 
 Use from a runner::
 

@@ -1,13 +1,13 @@
 """Clock faults on brokers: bump (one jump) and strobe (flip back and forth), then reset.
 
-How a node's clock moves depends on ``db.uses_faketime(node)``:
+How a node's clock moves depends on ``db.clock_via_file(node)``:
 
-libfaketime (embedded nodes, which share one kernel clock)
-    the broker runs with ``LD_PRELOAD=libfaketime.so.1`` and ``FAKETIME_TIMESTAMP_FILE`` =
-    ``db.clock_offset_file(node)``, re-read on every call (``FAKETIME_NO_CACHE=1``); this module
-    writes the offset there (``+12.345`` seconds, ``+0`` to reset). Only the wall clock moves
-    (``FAKETIME_DONT_FAKE_MONOTONIC=1``), as with ``date -s`` on a real host.
-``date -s`` (real hosts)
+offset file (default; embedded nodes, which share one kernel clock, and real hosts alike)
+    the broker follows the wall-clock offset in ``db.clock_offset_file(node)`` (see
+    ``nemeses.clockshim``: libfaketime's idea, inside CPython); this module writes the offset
+    there (``+12.345`` seconds, ``+0.000`` to reset). Only the wall clock moves, as with
+    ``date -s``.
+``date -s`` (``clock_mode: date``, real hosts only)
     the node's system clock is stepped by the delta (``date -s @<epoch>``); the deltas applied
     are remembered and reset steps back by their sum, or lets chrony/ntpdate step it right when
     one is installed.
@@ -50,7 +50,7 @@ class ClockFault:
     def set_offset(self, node: str, seconds: float) -> None:
         """Make ``node``'s broker see wall time shifted by ``seconds`` from true time."""
         with self._lock:
-            if self.db.uses_faketime(node):
+            if self.db.clock_via_file(node):
                 self.db.remote(node).write_file(
                     self.db.clock_offset_file(node), f"{seconds:+.3f}\n"
                 )
@@ -65,7 +65,7 @@ class ClockFault:
             self.offsets[node] = seconds
 
     def reset_node(self, node: str) -> None:
-        if self.db.uses_faketime(node):
+        if self.db.clock_via_file(node):
             self.set_offset(node, 0.0)
             return
         applied = self._date_applied.get(node, 0.0)

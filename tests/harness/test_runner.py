@@ -41,10 +41,10 @@ def short_test(tmp_path: Path, **over: object) -> dict:
         "keep_cluster": True,
         "node_count": 5,
         "concurrency": 8,
-        "time_limit": 14,
-        "final_time_limit": 40,
+        "time_limit": 16,
+        "final_time_limit": 30,
         "recovery_time": 4,
-        "nemesis_interval": 2,
+        "nemesis_interval": 1.5,
         "acks": "all",
         "idempotence": True,
         "min_insync_replicas": 2,
@@ -57,9 +57,7 @@ def short_test(tmp_path: Path, **over: object) -> dict:
     return make_test(conf)
 
 
-@pytest.mark.parametrize(
-    "kinds", [["partition", "kill"], ["pause", "clock"], ["partition-iptables"]]
-)
+@pytest.mark.parametrize("kinds", [["partition", "kill", "clock"], ["pause", "partition-iptables"]])
 def test_short_run_per_fault_kind(tmp_path, kinds):
     from harness.runner import run_test
 

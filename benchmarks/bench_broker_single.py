@@ -138,6 +138,149 @@ def baseline(n: int, size: int, per_message: bool) -> tuple[float, float]:
     return write_s, read_s
 
 
+# ---------------------------------------------------------------- null broker (protocol only)
+
+
+def _null_broker(port: int, ready: mp.synchronize.Event) -> None:
+    """Answers ApiVersions, Metadata and Produce with the same codec as the broker but stores
+    nothing: what the client alone can push through the Kafka protocol on this machine."""
+    import asyncio
+
+    from kafka.protocol.metadata import ApiVersionsResponse, MetadataResponse
+    from kafka.protocol.producer import ProduceResponse
+
+    from broker.network.codec import api_versions_table, decode_request, encode_response
+
+    offsets: dict[tuple[str, int], int] = {}
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                size = int.from_bytes(await reader.readexactly(4), "big")
+                req = decode_request(await reader.readexactly(size))
+                v = req.api_version
+                if req.api_key == 18:
+                    cls = ApiVersionsResponse[v]
+                    resp = cls(
+                        error_code=0,
+                        api_keys=[
+                            cls.ApiVersion(api_key=k, min_version=lo, max_version=hi)
+                            for k, lo, hi in api_versions_table()
+                        ],
+                        throttle_time_ms=0,
+                    )
+                elif req.api_key == 3:
+                    cls = MetadataResponse[v]
+                    T = cls.MetadataResponseTopic
+                    P = T.MetadataResponsePartition
+                    resp = cls(
+                        throttle_time_ms=0,
+                        brokers=[
+                            cls.MetadataResponseBroker(
+                                node_id=0, host="127.0.0.1", port=port, rack=None
+                            )
+                        ],
+                        cluster_id="null",
+                        controller_id=0,
+                        topics=[
+                            T(
+                                error_code=0,
+                                name=t.name,
+                                partitions=[
+                                    P(
+                                        error_code=0,
+                                        partition_index=0,
+                                        leader_id=0,
+                                        leader_epoch=0,
+                                        replica_nodes=[0],
+                                        isr_nodes=[0],
+                                        offline_replicas=[],
+                                    )
+                                ],
+                            )
+                            for t in (req.body.topics or [])
+                        ],
+                    )
+                elif req.api_key == 0:
+                    cls = ProduceResponse[v]
+                    T = cls.TopicProduceResponse
+                    P = T.PartitionProduceResponse
+                    topics = []
+                    for t in req.body.topic_data:
+                        parts = []
+                        for pd in t.partition_data:
+                            base = offsets.get((t.name, pd.index), 0)
+                            count = int.from_bytes(bytes(pd.records[57:61]), "big")
+                            offsets[(t.name, pd.index)] = base + count
+                            parts.append(P(index=pd.index, error_code=0, base_offset=base))
+                        topics.append(T(name=t.name, partition_responses=parts))
+                    resp = cls(responses=topics, throttle_time_ms=0)
+                else:
+                    return
+                for part in encode_response(resp, v, req.correlation_id):
+                    writer.write(part)  # type: ignore[arg-type]
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+
+    async def main() -> None:
+        server = await asyncio.start_server(serve, "127.0.0.1", port)
+        ready.set()
+        async with server:
+            await server.serve_forever()
+
+    asyncio.run(main())
+
+
+def null_broker_run(n: int, size: int) -> float:
+    from confluent_kafka import Producer
+
+    port = free_port()
+    ready = mp.Event()
+    proc = mp.Process(target=_null_broker, args=(port, ready), daemon=True)
+    proc.start()
+    ready.wait(20)
+    try:
+        return _produce(f"127.0.0.1:{port}", n, size, Producer)
+    finally:
+        proc.terminate()
+        proc.join(10)
+
+
+def _produce(bootstrap: str, n: int, size: int, producer_cls: type) -> float:
+    """Seconds to produce n messages with acks=1 (failure reports only; see broker_run)."""
+    p = producer_cls(
+        {
+            "bootstrap.servers": bootstrap,
+            "acks": 1,
+            "linger.ms": 5,
+            "batch.size": 1 << 20,
+            "delivery.report.only.error": True,
+        }
+    )
+    value = b"v" * size
+    failed = 0
+
+    def cb(err, msg):  # type: ignore[no-untyped-def]
+        nonlocal failed
+        failed += 1
+
+    t0 = time.perf_counter()
+    for i in range(n):
+        while True:
+            try:
+                p.produce("bench", value, partition=0, on_delivery=cb)
+                break
+            except BufferError:
+                p.poll(0.001)
+        if i % 10000 == 0:
+            p.poll(0)
+    left = p.flush(120)
+    secs = time.perf_counter() - t0
+    assert left == 0 and failed == 0, f"{left} undelivered, {failed} failed"
+    return secs
+
+
 # ---------------------------------------------------------------- broker
 
 
@@ -166,35 +309,7 @@ def broker_run(n: int, size: int) -> tuple[float, float]:
             bootstrap = f"127.0.0.1:{port}"
             # Delivery reports for failures only: a Python callback per message would measure
             # the callback, not the broker. flush() == 0 and no error report = all acked.
-            p = Producer(
-                {
-                    "bootstrap.servers": bootstrap,
-                    "acks": 1,
-                    "linger.ms": 5,
-                    "batch.size": 1 << 20,
-                    "delivery.report.only.error": True,
-                }
-            )
-            value = b"v" * size
-            failed = 0
-
-            def cb(err, msg):  # type: ignore[no-untyped-def]
-                nonlocal failed
-                failed += 1
-
-            t0 = time.perf_counter()
-            for i in range(n):
-                while True:
-                    try:
-                        p.produce("bench", value, partition=0, on_delivery=cb)
-                        break
-                    except BufferError:
-                        p.poll(0.001)
-                if i % 10000 == 0:
-                    p.poll(0)
-            left = p.flush(120)
-            produce_s = time.perf_counter() - t0
-            assert left == 0 and failed == 0, f"{left} undelivered, {failed} failed"
+            produce_s = _produce(bootstrap, n, size, Producer)
             c = Consumer(
                 {
                     "bootstrap.servers": bootstrap,
@@ -230,11 +345,13 @@ def main() -> None:
     mw, mr = baseline(n, size, per_message=True)
     bw, br = baseline(n, size, per_message=False)
     pw, pr = broker_run(n, size)
+    nw = null_broker_run(n, size)
     print(f"\n{n:,} messages of {size} bytes ({mb:.0f} MB of values), {os.cpu_count()} cores\n")
     print("| path | seconds | msgs/s | MB/s (values) | vs per-message baseline |")
     print("|---|---|---|---|---|")
     for name, secs, base in [
         ("broker: confluent-kafka produce, acks=1", pw, mw),
+        ("null broker (same codec, stores nothing): produce", nw, mw),
         ("baseline: per-message socket -> file", mw, mw),
         ("ceiling: 1 MiB chunks socket -> file", bw, mw),
         ("broker: confluent-kafka consume", pr, mr),
@@ -242,6 +359,7 @@ def main() -> None:
         ("ceiling: file -> socket, 1 MiB chunks", br, mr),
     ]:
         print(f"| {name} | {secs:.2f} | {n / secs:,.0f} | {mb / secs:.1f} | {base / secs:.2f}x |")
+    print(f"\nbroker produce vs the null broker in the same run: {nw / pw:.2f}x")
     target_ok = n / pw >= 100_000 and mw / pw >= 0.5
     print(
         "\ntarget (produce >= 100,000 msgs/s and >= 0.5x the per-message baseline): "

@@ -273,6 +273,13 @@ def parse_key(key: str) -> tuple[str, int]:
     return topic, int(part)
 
 
+def _retriable(error: str) -> bool:
+    return any(
+        s in error
+        for s in ("live broker", "NOT_CONTROLLER", "_TIMED_OUT", "REQUEST_TIMED_OUT", "_TRANSPORT")
+    )
+
+
 # --------------------------------------------------------------------------------------------
 # The DB
 
@@ -752,16 +759,26 @@ echo {wh.deps_key} > {deps_marker}
         rf = rf or int(self.test.get("replication_factor") or min(3, len(self.nodes)))
         config = {} if min_insync is None else {"min.insync.replicas": str(min_insync)}
         admin = self._admin_for()
-        futures = admin.create_topics(
-            [NewTopic(t, n, rf, config=config) for t, n in sorted(parts.items())],
-            operation_timeout=timeout,
-        )
-        for topic, fut in futures.items():
-            try:
-                fut.result(timeout)
-            except Exception as e:
-                if "TOPIC_ALREADY_EXISTS" not in str(e) and "already exists" not in str(e):
-                    raise DBError(f"creating topic {topic} failed: {e}") from None
+        deadline = time.monotonic() + timeout
+        pending = dict(parts)
+        while pending:
+            futures = admin.create_topics(
+                [NewTopic(t, n, rf, config=config) for t, n in sorted(pending.items())],
+                operation_timeout=timeout,
+            )
+            for topic, fut in futures.items():
+                try:
+                    fut.result(timeout)
+                    pending.pop(topic)
+                except Exception as e:
+                    msg = str(e)
+                    if "TOPIC_ALREADY_EXISTS" in msg or "already exists" in msg:
+                        pending.pop(topic)
+                    elif not _retriable(msg) or time.monotonic() > deadline:
+                        raise DBError(f"creating topic {topic} failed: {e}") from None
+            if pending:
+                # a new controller can count no live brokers for a moment after a failover
+                time.sleep(0.5)
         deadline = time.monotonic() + timeout
         while True:
             md = self.metadata()

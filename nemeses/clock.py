@@ -146,11 +146,26 @@ class ClockFault:
             with ThreadPoolExecutor(max_workers=len(nodes)) as ex:
                 list(ex.map(fn, nodes))
 
+    def current_offset(self, node: str) -> float:
+        """The offset ``node`` runs with now (read from its offset file in file mode)."""
+        if not self.db.clock_via_file(node):
+            return self._date_applied.get(node, 0.0)
+        res = self.db.remote(node).exec(
+            f"cat {self.db.clock_offset_file(node)} 2>/dev/null", check=False
+        )
+        try:
+            return float(res.stdout.strip() or 0)
+        except ValueError:
+            return float("nan")  # garbage in the file: report it skewed, reset rewrites it
+
     def stop(self, value: Any = None) -> dict[str, Any]:
         self._stop_strobe()
-        skewed = sorted(n for n, off in self.offsets.items() if off)
-        self._each(self.reset_node, self.db.names)
-        return {"nodes": skewed, "offsets": dict.fromkeys(self.db.names, 0.0)}
+        names = self.db.names
+        with ThreadPoolExecutor(max_workers=len(names)) as ex:
+            before = list(ex.map(self.current_offset, names))
+        skewed = sorted(n for n, off in zip(names, before, strict=True) if off != 0.0)
+        self._each(self.reset_node, names)
+        return {"nodes": skewed, "offsets": dict.fromkeys(names, 0.0)}
 
     def heal(self) -> list[str]:
         return list(self.stop()["nodes"])

@@ -88,5 +88,6 @@ class KillFault:
         return [n for n, up in zip(names, before, strict=True) if not up]
 
     def _running(self, node: str) -> bool:
-        pid_of = getattr(self.db, "broker_pid", None)
-        return bool(pid_of(node)) if pid_of is not None else True
+        # broker_state tells a zombie (killed, not yet reaped) from a live broker; kill -0 not
+        state_of = getattr(self.db, "broker_state", None)
+        return state_of(node) != "down" if state_of is not None else True

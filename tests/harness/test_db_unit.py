@@ -1,0 +1,92 @@
+"""KafkaDB without a cluster: build hashes, requirements, per-node configs, keys."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from harness import db as dbmod
+from harness.control import Inventory, Node, SshOptions
+from harness.db import DBError, KafkaDB, build_hash, node_requirements, parse_key
+
+
+def inventory(n: int = 5) -> Inventory:
+    return Inventory([Node(f"n{i}", f"10.0.0.{10 + i}") for i in range(1, n + 1)], SshOptions())
+
+
+def test_build_hash_follows_sources_and_pyproject(tmp_path: Path) -> None:
+    root = tmp_path / "proj"
+    (root / "broker").mkdir(parents=True)
+    (root / "pyproject.toml").write_text("[project]\nname='x'\n")
+    (root / "broker" / "a.py").write_text("x = 1\n")
+    h1 = build_hash(root)
+    (root / "broker" / "__pycache__").mkdir()
+    (root / "broker" / "__pycache__" / "a.cpython-311.pyc").write_bytes(b"junk")
+    (root / "broker" / "notes.txt").write_text("not shipped")
+    assert build_hash(root) == h1
+    (root / "broker" / "a.py").write_text("x = 2\n")
+    h2 = build_hash(root)
+    assert h2 != h1
+    (root / "pyproject.toml").write_text("[project]\nname='y'\n")
+    assert build_hash(root) != h2
+    shutil.move(root / "broker" / "a.py", root / "broker" / "b.py")
+    assert build_hash(root) not in (h1, h2)
+
+
+def test_node_requirements_come_from_pyproject() -> None:
+    reqs = node_requirements()
+    names = {r.split(">")[0].split("=")[0].lower() for r in reqs}
+    assert names == {n.lower() for n in dbmod.NODE_REQUIREMENTS}
+    assert not any("matplotlib" in r or "confluent" in r for r in reqs)
+
+
+def test_broker_properties_take_the_settings_under_test() -> None:
+    test = {
+        "min_insync_replicas": 2,
+        "unclean_leader_election": True,
+        "truncation_mode": "high-watermark",
+        "replica_lag_time_max_ms": 4000,
+        "zk_session_timeout_ms": 3000,
+        "flush_interval_messages": 1,
+        "replication_factor": 3,
+        "broker_config": {"log.segment.bytes": 1048576},
+    }
+    d = KafkaDB(test, inventory(), "/tmp/run", workdirs={"n2": "/w/n2"})
+    props = dict(
+        line.split("=", 1) for line in d.broker_properties("n2").splitlines() if line.strip()
+    )
+    assert props["broker.id"] == "2"
+    assert props["listeners"] == "PLAINTEXT://10.0.0.12:9092"
+    assert props["log.dirs"] == "/w/n2/broker/data"
+    assert props["zookeeper.connect"] == "10.0.0.11:2181,10.0.0.12:2181,10.0.0.13:2181/isrlab"
+    assert props["min.insync.replicas"] == "2"
+    assert props["unclean.leader.election.enable"] == "true"
+    assert props["replica.truncation.mode"] == "high-watermark"
+    assert props["replica.lag.time.max.ms"] == "4000"
+    assert props["zookeeper.session.timeout.ms"] == "3000"
+    assert props["log.flush.interval.messages"] == "1"
+    assert props["log.segment.bytes"] == "1048576"
+    assert d.clock_offset_file("n2") == "/w/n2/run/clock-offset"
+    assert d.broker_pidfile("n2").startswith("/w/n2/")
+    assert d.workdirs["n1"] == "/var/lib/isrlab/node-10.0.0.11"
+
+
+def test_small_clusters_run_a_single_zookeeper_and_nodes_filter_the_inventory() -> None:
+    d = KafkaDB({"nodes": ["n1", "n2"]}, inventory(), "/tmp/run")
+    assert d.names == ["n1", "n2"] and [n.name for n in d.zk_nodes] == ["n1"]
+    assert d.bootstrap_servers() == "10.0.0.11:9092,10.0.0.12:9092"
+    assert d.broker_node(2) == "n2" and d.broker_node(9) is None
+    with pytest.raises(DBError, match="none of the test's nodes"):
+        KafkaDB({"nodes": ["x9"]}, inventory(), "/tmp/run")
+    with pytest.raises(DBError, match="clock_mode"):
+        KafkaDB({"clock_mode": "ntp"}, inventory(), "/tmp/run")
+
+
+def test_keys() -> None:
+    assert parse_key("t0/3") == ("t0", 3)
+    assert parse_key("a/b/1") == ("a/b", 1)
+    for bad in ("t0", "t0/x", "/1"):
+        with pytest.raises(ValueError, match="topic/partition"):
+            parse_key(bad)

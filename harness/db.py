@@ -8,14 +8,17 @@ Shipping the code (``setup`` step 1)
     The control host builds a *wheelhouse* once: the isrlab wheel (built from a scratch copy of the
     checkout, so the checkout gets no build/ or egg-info) plus wheels of what the broker imports
     at run time (``NODE_REQUIREMENTS``, version pins taken from pyproject.toml) and pip itself.
-    It is cached under ``$ISRLAB_CACHE`` (default ``~/.cache/isrlab``) in a directory named by
-    the Python tag and the *build hash*: a SHA-256 over pyproject.toml and every source file of
-    the packages. On each node, in parallel: if ``<workdir>/venv/.isrlab-build`` holds the same
-    hash nothing is done; otherwise the wheelhouse is uploaded, a venv is created with the node's
-    ``python3.X`` (same X as the control host's, because the binary wheels are built for it) and
-    filled with ``pip install --no-index --find-links``. ZooKeeper and a JRE come from apt
-    (``apt-get install -y zookeeper default-jre-headless``) when ``/usr/share/java/zookeeper.jar``
-    or ``java`` are missing.
+    It is cached under ``$ISRLAB_CACHE`` (default ``~/.cache/isrlab``; the newest
+    ``KEEP_WHEELHOUSES`` are kept) in a directory named by the Python tag and the *build hash*:
+    a SHA-256 over pyproject.toml and every source file of the packages; the dependency wheels
+    are cached apart, keyed by the requirement pins. On each node, in parallel: if
+    ``<workdir>/venv/.isrlab-build`` holds the same hash nothing is done ("up to date"); if only
+    the build hash differs (``.isrlab-deps`` matches) just the isrlab wheel is uploaded and
+    reinstalled ("updated"); otherwise the wheelhouse is uploaded, a venv is created with the
+    node's ``python3.X`` (same X as the control host's: the binary wheels are built for it)
+    without pip, and filled by running pip from its wheel with ``--no-index --find-links``
+    ("installed"). ZooKeeper and a JRE come from apt (``apt-get install -y zookeeper
+    default-jre-headless``) when ``/usr/share/java/zookeeper.jar`` or ``java`` are missing.
 
 Node layout (``<workdir>`` per node: ``workdirs[node]``, default ``/var/lib/isrlab/node-<host>``)::
 
@@ -43,8 +46,12 @@ Clock skew (``clock_mode``)
     ``clock_offset_file(node)``; clock nemeses rewrite that file and only that broker's wall
     clock moves. This replaces libfaketime, which breaks CPython 3.11 (see the shim's doc), and
     works on embedded nodes, which share one kernel clock. ``"date"``: clock nemeses step the
-    node's system clock with ``date -s`` (real hosts only). ZooKeeper is never skewed: it is the coordinator, not the system under
-    test. Every step prints one progress line through ``progress`` (default: ``print``).
+    node's system clock with ``date -s`` (real hosts only). ZooKeeper is never skewed: it is
+    the coordinator, not the system under test.
+
+Every step prints one progress line through ``progress`` (default: ``print`` with ``[db]``).
+For an embedded cluster pass ``workdirs=cluster.workdirs`` so ``isrlab cluster down`` removes
+everything; the default work dir outlives the cluster, which keeps the venv for the next run.
 
 Faults the nemeses use: ``kill(node)`` (SIGKILL), ``start(node)``, ``pause(node)`` (SIGSTOP of
 the process group), ``resume(node)``; ``clock_offset_file(node)`` / ``clock_mode``.
@@ -240,8 +247,11 @@ def build_wheelhouse(
         for whl in deps.glob("*.whl"):
             shutil.copy2(whl, tmp / whl.name)
         (tmp / ".complete").write_text(digest + "\n")
-        shutil.rmtree(target, ignore_errors=True)
-        tmp.rename(target)
+        if (target / ".complete").exists():  # another process built the same one meanwhile
+            shutil.rmtree(tmp)
+        else:
+            shutil.rmtree(target, ignore_errors=True)
+            tmp.rename(target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -6,7 +6,6 @@ One cluster ("dbtest") for the module, deployed by KafkaDB over SSH; each test l
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -368,15 +367,6 @@ def test_collect_logs_copies_logs_configs_and_listing(db: KafkaDB, tmp_path: Pat
 
 def test_second_install_is_skipped_when_the_build_hash_matches(db: KafkaDB) -> None:
     assert set(db.install().values()) == {"up to date"}
-
-
-@pytest.mark.skipif(os.environ.get("ISRLAB_DB_BENCH") is None, reason="timing printout only")
-def test_print_cluster_up_time(db: KafkaDB) -> None:
-    db.teardown()
-    t = time.monotonic()
-    db.setup()
-    print(f"cluster up (install skipped) in {time.monotonic() - t:.1f}s")
-    db.create_topics(KEYS, rf=3, min_insync=1)
 
 
 def test_process_fault_ops_record_errors_instead_of_raising(db: KafkaDB) -> None:

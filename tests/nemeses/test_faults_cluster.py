@@ -273,12 +273,13 @@ def test_clock_strobe_flips_until_stopped(db: KafkaDB, nem: nemeses.Nemesis) -> 
             "value": {"mode": "strobe", "target": "all", "delta_ms": -5000, "period_ms": 200},
         }
     )
-    seen = set()
+    # the file flips between -5 and 0 (it held +0 before): wait to see -5, then 0 again
+    seen: list[float] = []
     deadline = time.monotonic() + 10
-    while len(seen) < 2 and time.monotonic() < deadline:
-        seen.add(db.remote(node).read_file(db.clock_offset_file(node)).strip())
+    while time.monotonic() < deadline and not (-5.0 in seen and seen[-1] == 0.0):
+        seen.append(float(db.remote(node).read_file(db.clock_offset_file(node)).strip()))
         time.sleep(0.05)
-    assert seen == {b"-5.000", b"+0.000"}
+    assert -5.0 in seen and seen[-1] == 0.0 and set(seen) == {-5.0, 0.0}
     nem.invoke({"process": "nemesis", "type": "info", "f": "stop-clock"})
     time.sleep(0.5)
     assert db.remote(node).read_file(db.clock_offset_file(node)).strip() == b"+0.000"

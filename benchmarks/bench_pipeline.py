@@ -9,7 +9,9 @@ run:
 - `pipeline.analyze.analyze` on each master (default local[1] and local[2]), each in a
   fresh SparkSession: ingest to Parquet + checks inside Spark + aggregation + report.
 
-Prints a markdown table: wall seconds with and without Spark start-up, ops/s, and the
+Prints a markdown table: wall seconds with and without Spark start-up, ops/s, CPU
+seconds (this process and its children: the JVM and Python workers) and the load
+average while it ran (other work on a shared machine skews wall times), and the
 local[1] / local[2] scaling ratio. Targets (issue 6): 200 x 50,000 ops under 5 minutes
 on this 2-core machine; local[2] at least 1.7x faster than local[1].
 
@@ -68,14 +70,36 @@ def build_store(store: Path, runs: int, n_ops: int, jobs: int) -> float:
     return time.perf_counter() - t0
 
 
-def baseline(store: Path) -> tuple[float, int]:
+def _jvm_cpu() -> float:
+    """CPU seconds of Spark's JVM and its reaped children (the Python workers).
+
+    The JVM outlives SparkSession.stop() (PySpark keeps its gateway), so its time is read
+    from /proc: utime + stime + cutime + cstime.
+    """
+    from pyspark import SparkContext
+
+    gateway = getattr(SparkContext, "_gateway", None)
+    proc = getattr(gateway, "proc", None)
+    if proc is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    ticks = os.sysconf("SC_CLK_TCK")
+    return sum(int(x) for x in fields[11:15]) / ticks
+
+
+def baseline(store: Path) -> tuple[float, float, int]:
+    """(wall s, CPU s, ops) of one process checking every run in turn."""
     runs, _ = discover_runs(store)
     t0 = time.perf_counter()
+    c0 = time.process_time()
     ops = 0
     for r in runs:
         row = check_run(r.run_id, r.path, r.test)
         ops += row["ops"] or 0
-    return time.perf_counter() - t0, ops
+    return time.perf_counter() - t0, time.process_time() - c0, ops
 
 
 def spark_run(store: Path, out: Path, master: str) -> dict[str, float]:
@@ -87,6 +111,8 @@ def spark_run(store: Path, out: Path, master: str) -> dict[str, float]:
     active = SparkSession.getActiveSession()
     if active is not None:
         active.stop()
+    c0 = _jvm_cpu() + time.process_time()
+    load0 = os.getloadavg()[0]
     t0 = time.perf_counter()
     spark = spark_session(master, app_name=f"bench-{master}")
     start = time.perf_counter() - t0
@@ -95,6 +121,10 @@ def spark_run(store: Path, out: Path, master: str) -> dict[str, float]:
     seconds["spark_start"] = start
     seconds["analysis"] = seconds["total"] - seconds.get("start", 0.0)
     spark.stop()
+    time.sleep(2)  # the workers exit and are reaped: their time joins the JVM's cutime
+    # The first session's JVM starts inside this call: its CPU is all new.
+    seconds["cpu"] = _jvm_cpu() + time.process_time() - c0
+    seconds["load"] = (load0 + os.getloadavg()[0]) / 2
     return seconds
 
 
@@ -121,24 +151,29 @@ def main() -> None:
         f"# {platform.python_implementation()} {platform.python_version()}, "
         f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}"
     )
-    rows: list[tuple[str, float, float | None]] = []
+    rows: list[tuple[str, float, float | None, float, float]] = []
     if not args.skip_baseline:
-        secs, ops = baseline(store)
-        rows.append(("in-process loop (1 core)", secs, None))
-        print(f"# baseline: {secs:.1f} s for {ops} ops", flush=True)
+        load0 = os.getloadavg()[0]
+        secs, cpu, ops = baseline(store)
+        load = (load0 + os.getloadavg()[0]) / 2
+        rows.append(("in-process loop (1 core)", secs, None, cpu, load))
+        print(f"# baseline: {secs:.1f} s ({cpu:.1f} CPU s) for {ops} ops", flush=True)
     timings: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-pipeline-out-") as out:
         for master in [m.strip() for m in args.masters.split(",") if m.strip()]:
             s = spark_run(store, Path(out) / master.replace("[", "").replace("]", ""), master)
             timings[master] = s
-            rows.append((f"analyze {master}", s["analysis"], s["spark_start"]))
+            rows.append((f"analyze {master}", s["analysis"], s["spark_start"], s["cpu"], s["load"]))
             print(f"# {master}: " + ", ".join(f"{k} {v:.1f}" for k, v in s.items()), flush=True)
     print()
-    print("| what | seconds | + Spark start | ops/s |")
-    print("|---|---:|---:|---:|")
-    for name, secs, start in rows:
+    print("| what | wall s | + Spark start | ops/s | CPU s | load avg |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, secs, start, cpu, load in rows:
         start_txt = f"{secs + start:.1f}" if start is not None else "-"
-        print(f"| {name} | {secs:.1f} | {start_txt} | {total_ops / secs:,.0f} |")
+        print(
+            f"| {name} | {secs:.1f} | {start_txt} | {total_ops / secs:,.0f} "
+            f"| {cpu:.0f} | {load:.1f} |"
+        )
     if "local[1]" in timings and "local[2]" in timings:
         ratio = timings["local[1]"]["analysis"] / timings["local[2]"]["analysis"]
         print(f"\nscaling local[1] / local[2]: {ratio:.2f}x (target >= 1.7x)")

@@ -4,7 +4,8 @@ Files written into the analysis's out directory (anomalies.parquet is written by
 in `pipeline.analyze`):
 
 - ``index.html`` (jinja2, templates/index.html.j2): per switch setting a heatmap of
-  acks x fault (invalid anomalies per 10,000 acked writes, and lost writes), the
+  acks x fault (invalid anomalies, and acked writes never read after the final drain,
+  per 10,000 acked writes), the
   configuration table with rates and 95 % intervals, a table per switch (switch value x
   acks, pooled over everything else), worst runs and every run with a link to its own
   report.html, and the malformed runs with their reasons;
@@ -106,7 +107,13 @@ def _heatmaps(configs: Sequence[dict[str, Any]], plots: Path) -> list[dict[str, 
     for n, (setting, members) in enumerate(sorted(settings.items())):
         acks = _order(sorted({c["acks"] for c in members}), ACKS_ORDER)
         nemeses = _order(sorted({c["nemesis"] for c in members}), NEMESIS_ORDER)
-        for metric, title in (("invalid", "invalid anomalies"), ("lost-write", "lost writes")):
+        for metric, title in (
+            ("invalid", "invalid anomalies"),
+            # After the final drain every acknowledged write should have been read: an
+            # unseen one is a lost acknowledged write, with or without a known offset
+            # (acks=0 reports none, so its losses never show as lost-write).
+            ("unseen", "acked writes lost (unseen after the final drain)"),
+        ):
             grid: list[list[float]] = []
             labels: list[list[str]] = []
             for a in acks:
@@ -185,6 +192,9 @@ def _write_csv(analysis: Analysis, path: Path) -> None:
         "lost_write_per_10k",
         "lost_write_low",
         "lost_write_high",
+        "unseen_per_10k",
+        "unseen_low",
+        "unseen_high",
         *[f"count:{t}" for t in types],
     ]
     with path.open("w", newline="") as fh:
@@ -193,6 +203,8 @@ def _write_csv(analysis: Analysis, path: Path) -> None:
         for c in analysis.configs:
             lost = c["anomalies"].get("lost-write") or {}
             lost_r = rate_interval(int(lost.get("count", 0)), c["acked_writes"])
+            unseen = c["anomalies"].get("unseen") or {}
+            unseen_r = rate_interval(int(unseen.get("count", 0)), c["acked_writes"])
             w.writerow(
                 [
                     *[c[col] for col in CONFIG_COLUMNS],
@@ -206,6 +218,7 @@ def _write_csv(analysis: Analysis, path: Path) -> None:
                     _fmt(c["invalid"]["low"], 4),
                     _fmt(c["invalid"]["high"], 4),
                     *[_fmt(x, 4) for x in (lost_r or (None, None, None))],
+                    *[_fmt(x, 4) for x in (unseen_r or (None, None, None))],
                     *[c["anomalies"].get(t, {}).get("count", 0) for t in types],
                 ]
             )

@@ -778,14 +778,17 @@ echo {wh.deps_key} > {deps_marker}
             )
             for topic, fut in futures.items():
                 try:
-                    fut.result(timeout)
+                    fut.result(max(1.0, deadline - time.monotonic()))
                     pending.pop(topic)
                 except Exception as e:
-                    msg = str(e)
+                    msg = f"{type(e).__name__}: {e}"
                     if "TOPIC_ALREADY_EXISTS" in msg or "already exists" in msg:
                         pending.pop(topic)
                     elif not _retriable(msg) or time.monotonic() > deadline:
-                        raise DBError(f"creating topic {topic} failed: {e}") from None
+                        raise DBError(
+                            f"creating topic {topic} failed within {timeout:.0f}s: {msg}; "
+                            "see the controller's logs/broker.log"
+                        ) from None
             if pending:
                 # a new controller can count no live brokers for a moment after a failover
                 time.sleep(0.5)

@@ -23,6 +23,7 @@ back (offset 0) and stop a strobe.
 from __future__ import annotations
 
 import random
+import shlex
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -51,8 +52,10 @@ class ClockFault:
         """Make ``node``'s broker see wall time shifted by ``seconds`` from true time."""
         with self._lock:
             if self.db.clock_via_file(node):
-                self.db.remote(node).write_file(
-                    self.db.clock_offset_file(node), f"{seconds:+.3f}\n"
+                path = shlex.quote(self.db.clock_offset_file(node))
+                # write then rename: the broker must never read a half-written file
+                self.db.remote(node).exec(
+                    f"printf '%s\\n' {seconds:+.3f} > {path}.tmp && mv -f {path}.tmp {path}"
                 )
             else:
                 step = seconds - self._date_applied.get(node, 0.0)

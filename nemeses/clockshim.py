@@ -49,8 +49,9 @@ class _Offset:
                 if st.st_mtime_ns != self.mtime_ns:
                     with open(self.path) as f:
                         text = f.read().strip()
-                    self.seconds = float(text) if text else 0.0
-                    self.mtime_ns = st.st_mtime_ns
+                    if text:  # empty: caught mid-write; read it again at the next check
+                        self.seconds = float(text)
+                        self.mtime_ns = st.st_mtime_ns
             except (OSError, ValueError):
                 pass  # keep the last good offset: a half-written file must not jolt the clock
         return self.seconds

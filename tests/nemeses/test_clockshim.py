@@ -65,6 +65,9 @@ def test_a_bad_or_missing_file_keeps_the_last_good_offset(tmp_path: Path) -> Non
     path.write_text("garbage")
     off.next_check = 0
     assert off.get() == 2.5
+    path.write_text("")
+    off.next_check = 0
+    assert off.get() == 2.5
     path.unlink()
     off.next_check = 0
     assert off.get() == 2.5

@@ -381,3 +381,26 @@ def test_process_fault_ops_record_errors_instead_of_raising(db: KafkaDB) -> None
     unknown = n.invoke({"process": "nemesis", "type": "info", "f": "start-kill"})
     assert "no fault handles" in unknown["error"]
     assert not n.active
+
+
+def test_a_schedule_drives_faults_and_the_final_ops_heal_them(db: KafkaDB) -> None:
+    kinds = ["partition", "partition-iptables", "pause", "kill", "clock"]
+    n = nemeses.build(kinds, db, db.test)
+    ops = nemeses.schedule(kinds, 0.05, seed=11, keys=KEYS)
+    done = []
+    with nemeses.healing(n):
+        for op in ops:
+            if op["type"] == "sleep":
+                time.sleep(op["value"])
+                continue
+            done.append(n.invoke(op))
+            if len(done) == 8:
+                break
+        for op in nemeses.final_ops(kinds):
+            done.append(n.invoke(op))
+    assert all("error" not in d for d in done), [d for d in done if "error" in d]
+    assert not n.active
+    for name in db.names:
+        assert not _routes(db, name) and not _chain_rules(db, name)
+        assert db.broker_state(name) == "running"
+    db.wait_for_brokers(timeout=60)

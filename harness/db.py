@@ -705,13 +705,17 @@ echo {wh.deps_key} > {deps_marker}
         return self.remote(node).daemon_pid(self.broker_pidfile(node))
 
     def broker_state(self, node: str) -> str:
-        """``running``, ``paused`` or ``down`` (from /proc/<pid>/stat)."""
+        """``running``, ``paused``, ``down`` (crashed or killed: its pid file is still there, its
+        process is gone or a zombie) or ``stopped`` (no pid file: never started, or stopped)."""
+        pidfile = self.broker_pidfile(node)
         res = self.remote(node).exec(
-            f'p=$(cat {self.broker_pidfile(node)} 2>/dev/null) && kill -0 "$p" 2>/dev/null '
-            "&& awk '{print $3}' /proc/$p/stat",
+            f"test -f {pidfile} || {{ echo stopped; exit 0; }}\n"
+            f"p=$(cat {pidfile}) && kill -0 \"$p\" 2>/dev/null && awk '{{print $3}}' /proc/$p/stat",
             check=False,
         )
         state = res.stdout.strip()
+        if state == "stopped":
+            return state
         if not res.ok or not state or state == "Z":
             return "down"
         return "paused" if state == "T" else "running"

@@ -80,14 +80,14 @@ class KillFault:
         return {"nodes": nodes}
 
     def heal(self) -> list[str]:
-        # start() is a no-op where the broker runs, so this restarts exactly the dead ones
+        # restart exactly the brokers that died (pid file left behind), never one that was
+        # not started or was stopped on purpose (after a failed setup, say)
         names = self.db.names
-        before = _each(names, self._running)
-        _each(names, self.db.start)
+        dead = [n for n, d in zip(names, _each(names, self._dead), strict=True) if d]
+        _each(dead, self.db.start)
         self.killed.clear()
-        return [n for n, up in zip(names, before, strict=True) if not up]
+        return dead
 
-    def _running(self, node: str) -> bool:
-        # broker_state tells a zombie (killed, not yet reaped) from a live broker; kill -0 not
+    def _dead(self, node: str) -> bool:
         state_of = getattr(self.db, "broker_state", None)
-        return state_of(node) != "down" if state_of is not None else True
+        return state_of is not None and state_of(node) == "down"

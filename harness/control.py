@@ -650,6 +650,10 @@ class Remote:
             deadline = None if timeout is None else start + timeout
             idle = 0.002
             quiet_since: float | None = None
+            # poll, not select: the harness process holds many sockets (one librdkafka client
+            # per logical process), and select() fails on descriptors above 1023
+            poller = select.poll()
+            poller.register(chan.fileno(), select.POLLIN)
             while True:
                 got = False
                 while chan.recv_ready():
@@ -675,7 +679,7 @@ class Remote:
                     )
                 # Channel.fileno() only signals stdout data, so poll with a growing interval
                 idle = 0.002 if got else min(idle * 2, 0.05)
-                select.select([chan], [], [], idle)
+                poller.poll(idle * 1000)
             # whatever arrived together with the EOF
             while chan.recv_ready():
                 out += chan.recv(65536)

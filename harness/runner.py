@@ -188,8 +188,20 @@ def _progress_table(test: dict[str, Any], stats: dict[str, Any], phase: str) -> 
     return t
 
 
+def _raise_fd_limit() -> None:
+    """Every logical process owns librdkafka clients with sockets to every broker: lift the
+    soft descriptor limit to the hard one so a long run with many processes cannot hit it."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 1 << 20), hard))
+
+
 def run_test(test: dict[str, Any], progress: bool = True) -> tuple[Path, dict[str, Any]]:
     """Run one test; returns (run dir, results). Raises SetupError when it cannot start."""
+    _raise_fd_limit()
     import nemeses
     from checkers.api import check, policy_from_test
     from checkers.history import load_history

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import gc
+
 from broker.config import BrokerConfig
 from broker.server import KafkaServer
 
 
 async def run(config: BrokerConfig) -> None:
+    # The broker's long-lived objects (logs, indexes, codec classes) would be re-scanned by
+    # every full collection; collecting young objects less often and freezing what start-up
+    # built keeps GC pauses out of produce latencies.
+    gc.set_threshold(50_000, 20, 50)
     server: KafkaServer
     if config["zookeeper.connect"]:
         from broker.cluster import ClusterKafkaServer
@@ -14,4 +20,5 @@ async def run(config: BrokerConfig) -> None:
         server = ClusterKafkaServer(config)
     else:
         server = KafkaServer(config)
+    gc.freeze()
     await server.run_forever()

@@ -232,3 +232,54 @@ def test_retention_advances_log_start_offset(broker_factory):
     assert 0 < low < high, "old segments were deleted and the log start offset moved"
     got = consume_confluent(b.bootstrap, [TopicPartition("short", 0, -2)], high - low)
     assert got[0][1] == low
+
+
+def test_dump_log_cli_prints_batches_and_index(broker_factory):
+    import subprocess
+    import sys
+
+    b = broker_factory({"log.index.interval.bytes": "1000"})
+    create_topic(b.bootstrap, "dump", 1)
+    produce_confluent(
+        b.bootstrap, "dump", [(0, b"d" * 100) for _ in range(500)], **{"batch.size": 2000}
+    )
+    b.stop()
+    seg = b.log_dir / "dump-0" / "00000000000000000000.log"
+    idx = seg.with_suffix(".index")
+    out = subprocess.run(
+        [sys.executable, "-m", "broker", "dump-log", "--files", str(seg), "--files", str(idx)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "baseOffset: 0" in out and "isvalid: true" in out
+    assert "offset:" in out and "position:" in out  # sparse index entries
+    bad = subprocess.run(
+        [sys.executable, "-m", "broker", "dump-log", "--files", str(seg) + ".missing"],
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode == 2 and "no such file" in bad.stderr
+
+
+def test_unknown_config_key_is_a_clear_error(tmp_path):
+    import subprocess
+    import sys
+
+    cfg = tmp_path / "server.properties"
+    cfg.write_text("broker.id=1\nlog.retention.hourz=5\n")
+    r = subprocess.run(
+        [sys.executable, "-m", "broker", "start", "--config", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2
+    assert "log.retention.hourz" in r.stderr and "Traceback" not in r.stderr
+    r = subprocess.run(
+        [sys.executable, "-m", "broker", "start", "-o", "num.partitions=zero"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2 and "num.partitions" in r.stderr

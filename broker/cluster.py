@@ -16,6 +16,7 @@ What changes from standalone:
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 import uuid
@@ -76,6 +77,7 @@ class ClusterKafkaServer(KafkaServer):
         self._pid_next = 0
         self._pid_end = -1
         self._background: set[asyncio.Future[Any]] = set()
+        self._controller_seen = -1
 
     def _spawn(self, coro: Any) -> None:
         fut = asyncio.ensure_future(coro)
@@ -113,6 +115,7 @@ class ClusterKafkaServer(KafkaServer):
         self.zk.zk.add_listener(self._on_session_state)
         self.zk.zk.ChildrenWatch("/brokers/ids", self._on_brokers)
         self.zk.zk.ChildrenWatch("/brokers/topics", self._on_topics)
+        self.zk.zk.DataWatch("/controller", self._on_controller)
         self.controller.start()
         log.info("broker %d registered in ZooKeeper as %s:%d", self.broker_id, host, port)
 
@@ -223,7 +226,8 @@ class ClusterKafkaServer(KafkaServer):
                 self._call(self._state_changed, tp, state)
             return None
 
-        self.zk.zk.DataWatch(path, on_change)
+        # kazoo reads the znode when the watch is set: off the event loop
+        self._spawn(asyncio.to_thread(self.zk.zk.DataWatch, path, on_change))
 
     def _state_changed(self, tp: tuple[str, int], state: LeaderAndIsr) -> None:
         old = self._states.get(tp)
@@ -248,13 +252,16 @@ class ClusterKafkaServer(KafkaServer):
         return dict(self._brokers)
 
     def controller_id(self) -> int:
-        return self.broker_id if self.controller.is_active else self._cached_controller()
+        # From a watch, never a ZooKeeper read here: Metadata must not block the event loop
+        # (an isolated broker's ZooKeeper calls hang until the session times out).
+        return self.broker_id if self.controller.is_active else self._controller_seen
 
-    def _cached_controller(self) -> int:
+    def _on_controller(self, data: bytes | None, stat: Any) -> None:
         try:
-            return self.zk.controller_id()
-        except Exception:
-            return -1
+            seen = int(json.loads(data)["brokerid"]) if data else -1
+        except (ValueError, KeyError, TypeError):
+            seen = -1
+        self._call(setattr, self, "_controller_seen", seen)
 
     def partition_metadata(self, tp: tuple[str, int]) -> PartitionMetadata:
         st = self._states.get(tp)

@@ -163,6 +163,9 @@ def node_inventory(test: dict[str, Any]) -> Iterator[Any]:
         raise SetupError(f"{e}") from None
     try:
         test["nodes"] = [n.name for n in cluster.nodes]
+        # Node files (venv, data, logs) under the cluster's own directories, which
+        # `cluster down` removes: an embedded run leaves nothing behind.
+        test["workdirs"] = dict(cluster.workdirs)
         yield cluster.inventory
     finally:
         cm.__exit__(None, None, None)

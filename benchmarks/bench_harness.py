@@ -59,7 +59,9 @@ def main() -> None:
             }
         )
         with embedded.embedded_cluster(5, name="bench") as cluster:
-            db = KafkaDB(test, cluster.inventory, run_dir, progress=lambda m: None)
+            db = KafkaDB(
+                test, cluster.inventory, run_dir, workdirs=cluster.workdirs, progress=lambda m: None
+            )
             t0 = time.monotonic()
             db.install()
             install_s = time.monotonic() - t0

@@ -24,6 +24,7 @@ Exit code: 0 valid, 1 anomalies that are not allowed, 2 unknown or a setup failu
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import random
@@ -225,6 +226,7 @@ def run_test(test: dict[str, Any], progress: bool = True) -> tuple[Path, dict[st
         db = KafkaDB(test, inventory, run_dir, progress=lambda m: say(f"  {m}"))
         nem = None
         try:
+            failure = None
             try:
                 db.setup()
                 db.create_topics(
@@ -233,7 +235,11 @@ def run_test(test: dict[str, Any], progress: bool = True) -> tuple[Path, dict[st
                 if test["nemesis"]:
                     nem = nemeses.build(test["nemesis"], db, test)
             except Exception as e:
-                raise SetupError(f"setting up the cluster failed: {e}") from e
+                failure = f"setting up the cluster failed: {e}"
+            if failure is not None:
+                # Raised outside the handler: no traceback keeps the failed call's frames (and
+                # their Kafka clients) alive while the cluster is torn down.
+                raise SetupError(failure)
             nodes = {n: db.bootstrap_servers([n]) for n in db.names}
             workload = QueueWorkload(test)
             nemesis_gen = None
@@ -271,6 +277,8 @@ def run_test(test: dict[str, Any], progress: bool = True) -> tuple[Path, dict[st
                 db.teardown()
             with contextlib.suppress(Exception):
                 db.close()
+            del db, nem
+            gc.collect()  # destroy every librdkafka client before the nodes go away
     say("checking the history ...")
     ops = load_history(run_dir / "history.jsonl")
     policy = policy_from_test(test)

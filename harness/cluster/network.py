@@ -138,9 +138,17 @@ def check_conflicts(p: st.ClusterState) -> None:
                 )
 
 
+GUARD_METRIC = "4242"
+
+
 def build_network(s: st.ClusterState) -> None:
     """Create (or complete) the bridge, rules, namespaces and veths of ``s``."""
     prefix = ipaddress.ip_network(s.subnet).prefixlen
+    # Guard: an unreachable route for the subnet under the bridge's own route. While the bridge
+    # exists its route wins; once it is gone (after `down`), packets for node addresses from a
+    # client still alive in the harness fail here with EHOSTUNREACH instead of leaving the
+    # machine by its default route. The guard stays after teardown on purpose (it is inert).
+    run(["ip", "route", "replace", "unreachable", s.subnet, "metric", GUARD_METRIC])
     if not link_exists(s.bridge):
         run(["ip", "link", "add", s.bridge, "type", "bridge"])
     run(["ip", "addr", "replace", f"{s.host_address}/{prefix}", "dev", s.bridge])

@@ -70,11 +70,20 @@ def build_store(store: Path, runs: int, n_ops: int, jobs: int) -> float:
     return time.perf_counter() - t0
 
 
-def _jvm_cpu() -> float:
-    """CPU seconds of Spark's JVM and its reaped children (the Python workers).
+def _proc_times(pid: int) -> tuple[int, list[int]] | None:
+    """(parent pid, [utime, stime, cutime, cstime] in ticks) of a live process."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return int(fields[1]), [int(x) for x in fields[11:15]]
 
-    The JVM outlives SparkSession.stop() (PySpark keeps its gateway), so its time is read
-    from /proc: utime + stime + cutime + cstime.
+
+def _jvm_cpu() -> float:
+    """CPU seconds of Spark's JVM plus every live descendant (the Python workers).
+
+    Sampled while the session is still up: the workers' time is only ever reaped into
+    the JVM's counters in part, so each worker is read directly from /proc.
     """
     from pyspark import SparkContext
 
@@ -82,12 +91,24 @@ def _jvm_cpu() -> float:
     proc = getattr(gateway, "proc", None)
     if proc is None:
         return 0.0
-    try:
-        fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
+    jvm = _proc_times(proc.pid)
+    if jvm is None:
         return 0.0
-    ticks = os.sysconf("SC_CLK_TCK")
-    return sum(int(x) for x in fields[11:15]) / ticks
+    total = jvm[1][0] + jvm[1][1]
+    parents: dict[int, int] = {}
+    times: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            got = _proc_times(int(entry.name))
+            if got is not None:
+                parents[int(entry.name)], times[int(entry.name)] = got
+    for pid, t in times.items():
+        p = parents.get(pid, 0)
+        while p and p != proc.pid:
+            p = parents.get(p, 0)
+        if p == proc.pid:
+            total += sum(t)
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def baseline(store: Path) -> tuple[float, float, int]:
@@ -120,10 +141,9 @@ def spark_run(store: Path, out: Path, master: str) -> dict[str, float]:
     seconds = dict(analysis.seconds)
     seconds["spark_start"] = start
     seconds["analysis"] = seconds["total"] - seconds.get("start", 0.0)
-    spark.stop()
-    time.sleep(2)  # the workers exit and are reaped: their time joins the JVM's cutime
     # The first session's JVM starts inside this call: its CPU is all new.
     seconds["cpu"] = _jvm_cpu() + time.process_time() - c0
+    spark.stop()
     seconds["load"] = (load0 + os.getloadavg()[0]) / 2
     return seconds
 

@@ -190,15 +190,39 @@ def _verdict(run_dir: Path | None) -> tuple[str, str]:
     return ("valid" if valid is True else "invalid" if valid is False else "unknown"), types
 
 
+class HarnessRunner:
+    """The real cell runner: `harness.runner.run_test` on a cell's configuration (the runner's
+    defaults fill what the cell does not say). The embedded cluster is kept between cells, so
+    nodes keep their venvs, and torn down by `close()` at the end of the matrix."""
+
+    def __init__(self) -> None:
+        try:
+            from harness import runner
+        except ImportError as e:
+            raise RuntimeError(
+                f"the harness's runner is not available ({e}); `isrlab matrix` needs "
+                "harness.runner.run_test"
+            ) from None
+        self._runner = runner
+        self._cluster: str | None = None
+
+    def __call__(self, cell: dict[str, Any]) -> Path:
+        test = self._runner.make_test(dict(cell, keep_cluster=True))
+        if not (test.get("nodes") or test.get("nodes_file")):
+            self._cluster = str(test["cluster_name"])
+        run_dir, _results = self._runner.run_test(test, progress=False)
+        return Path(run_dir)
+
+    def close(self) -> None:
+        if self._cluster is not None:
+            from harness.cluster import embedded
+
+            embedded.down(self._cluster)
+            self._cluster = None
+
+
 def _default_run_test() -> RunTest:
-    try:
-        from harness.runner import run_test
-    except ImportError as e:
-        raise RuntimeError(
-            f"the harness's runner is not available ({e}); `isrlab matrix` needs "
-            "harness.runner.run_test"
-        ) from None
-    return run_test  # type: ignore[no-any-return]
+    return HarnessRunner()
 
 
 def run_matrix(
@@ -232,6 +256,9 @@ def run_matrix(
             run_dir = runner(test)
         except KeyboardInterrupt:
             console.print(f"{pos} {name}: [yellow]interrupted[/]; run again to resume")
+            close = getattr(runner, "close", None)
+            if callable(close):
+                close()
             raise
         except Exception as e:
             # One broken run must not cost the rest of a nightly matrix.
@@ -252,6 +279,9 @@ def run_matrix(
             f"{pos} {name}: [{style}]{status}[/] {escape(detail)} ({seconds:.1f} s) -> {run_dir}",
             highlight=False,
         )
+    close = getattr(runner, "close", None)
+    if callable(close):
+        close()
     _print_summary(summary, console)
     return summary
 

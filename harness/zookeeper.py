@@ -37,7 +37,9 @@ def check_installed() -> None:
             "`apt-get install zookeeper` (make test / make demo do this for you)"
         )
     if shutil.which("java") is None:
-        raise ZooKeeperMissing("java not found: install a JRE (`apt-get install default-jre-headless`)")
+        raise ZooKeeperMissing(
+            "java not found: install a JRE (`apt-get install default-jre-headless`)"
+        )
 
 
 def zoo_cfg(

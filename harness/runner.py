@@ -117,25 +117,64 @@ def new_run_dir(store: Path, name: str) -> Path:
 
 
 class ScheduleGenerator:
-    """Adapts the nemesis schedule (an iterator of sleeps and ops) to a generator."""
+    """The nemesis thread's generator: one schedule per fault kind, merged by time.
 
-    def __init__(self, ops: Iterator[dict[str, Any]]):
-        self._ops = ops
-        self._until: int | None = None
+    Each kind alternates start/stop on its own staggered clock (`nemeses.schedule` with a
+    seed of its own), so faults of different kinds overlap, as in Jepsen's combined nemesis:
+    a partition can still be in force when a kill comes, which is what some data losses need
+    (an ISR shrunk by the partition, then its last member killed)."""
+
+    def __init__(self, streams: list[Iterator[dict[str, Any]]]):
+        self._streams = streams
+        self._due: list[int | None] = [None] * len(streams)
+        self._ready: list[dict[str, Any] | None] = [None] * len(streams)
+
+    @classmethod
+    def for_test(cls, test: Mapping[str, Any]) -> ScheduleGenerator:
+        import nemeses
+
+        return cls(
+            [
+                nemeses.schedule(
+                    [kind],
+                    float(test["nemesis_interval"]),
+                    f"{test['seed']}-{kind}",
+                    targets=test.get("nemesis_targets"),
+                    keys=test["keys"],
+                )
+                for kind in test["nemesis"]
+            ]
+        )
+
+    def _advance(self, i: int, now: int) -> None:
+        """Consume stream i's sleeps until it has an op; set when that op is due."""
+        current = self._due[i]
+        due: int = current if current is not None else now
+        while self._ready[i] is None:
+            nxt = next(self._streams[i], None)
+            if nxt is None:
+                self._due[i] = None
+                return
+            if nxt.get("type") == "sleep":
+                due += int(float(nxt["value"]) * 1e9)
+            else:
+                self._ready[i] = {"f": nxt["f"], "value": nxt.get("value")}
+        self._due[i] = due
 
     def op(self, ctx: Context) -> dict[str, Any] | Pending | None:
-        while True:
-            if self._until is not None:
-                if ctx.time < self._until:
-                    return Pending(self._until)
-                self._until = None
-            nxt = next(self._ops, None)
-            if nxt is None:
-                return None
-            if nxt.get("type") == "sleep":
-                self._until = ctx.time + int(float(nxt["value"]) * 1e9)
-                continue
-            return {"f": nxt["f"], "value": nxt.get("value")}
+        for i in range(len(self._streams)):
+            if self._ready[i] is None:
+                self._advance(i, ctx.time)
+        live = [i for i in range(len(self._streams)) if self._ready[i] is not None]
+        if not live:
+            return None
+        i = min(live, key=lambda j: self._due[j] or 0)
+        due = self._due[i] or 0
+        if ctx.time < due:
+            return Pending(due)
+        op = self._ready[i]
+        self._ready[i] = None
+        return op
 
     def update(self, ctx: Context, event: dict[str, Any]) -> None:
         return None
@@ -242,17 +281,7 @@ def run_test(test: dict[str, Any], progress: bool = True) -> tuple[Path, dict[st
                 raise SetupError(failure)
             nodes = {n: db.bootstrap_servers([n]) for n in db.names}
             workload = QueueWorkload(test)
-            nemesis_gen = None
-            if nem is not None:
-                nemesis_gen = ScheduleGenerator(
-                    nemeses.schedule(
-                        test["nemesis"],
-                        float(test["nemesis_interval"]),
-                        test["seed"],
-                        targets=test.get("nemesis_targets"),
-                        keys=test["keys"],
-                    )
-                )
+            nemesis_gen = ScheduleGenerator.for_test(test) if nem is not None else None
             gen = queue_test(workload, test, nemesis_gen=nemesis_gen)
             history = HistoryWriter(run_dir / "history.jsonl")
             interp = Interpreter(

@@ -1,0 +1,57 @@
+"""The runner's pure parts: test configuration and the merged nemesis schedule."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.generator import Context, Pending
+from harness.runner import ScheduleGenerator, SetupError, make_test
+
+
+def drive(gen: ScheduleGenerator, n_ops: int) -> list[tuple[int, str]]:
+    now, out = 0, []
+    while len(out) < n_ops:
+        r = gen.op(Context(time=now, thread="nemesis", process="nemesis", threads=[]))
+        if isinstance(r, Pending):
+            assert r.at is not None and r.at > now
+            now = r.at
+            continue
+        assert r is not None
+        out.append((now, r["f"]))
+    return out
+
+
+def test_each_kind_alternates_and_kinds_overlap():
+    test = make_test({"nemesis": "partition,kill", "nemesis_interval": 10, "seed": 3})
+    ops = drive(ScheduleGenerator.for_test(test), 40)
+    times = [t for t, _ in ops]
+    assert times == sorted(times)
+    for kind in ("partition", "kill"):
+        fs = [f for _, f in ops if f.endswith(kind)]
+        assert fs[:4] == [f"start-{kind}", f"stop-{kind}"] * 2  # strict alternation per kind
+    active: set[str] = set()
+    overlapped = False
+    for _, f in ops:
+        verb, kind = f.split("-", 1)
+        if verb == "start":
+            active.add(kind)
+            overlapped |= len(active) > 1
+        else:
+            active.discard(kind)
+    assert overlapped, "faults of different kinds must be able to overlap"
+
+
+def test_schedule_is_deterministic_for_a_seed():
+    a = make_test({"nemesis": "partition,kill,pause", "nemesis_interval": 5, "seed": 11})
+    b = make_test({"nemesis": "partition,kill,pause", "nemesis_interval": 5, "seed": 11})
+    assert drive(ScheduleGenerator.for_test(a), 30) == drive(ScheduleGenerator.for_test(b), 30)
+
+
+def test_make_test_validates_and_fills_defaults():
+    t = make_test({"acks": "-1", "txn": True, "nemesis": "none"})
+    assert t["acks"] == "all" and t["idempotence"] is True and t["nemesis"] == []
+    assert isinstance(t["seed"], int) and t["keys"] == [f"t{i}/0" for i in range(8)]
+    with pytest.raises(SetupError, match="acks"):
+        make_test({"acks": "2"})
+    with pytest.raises(SetupError, match="time-limit"):
+        make_test({"time_limit": 0})

@@ -532,7 +532,10 @@ class QueueAnalysis(CaseBuilders):
             links: set[tuple[Any, Any]] = set()
             for rec in self.records:
                 sent_to = {k for k, _o, _v in rec.sends if k in out_set}
-                if not rec.committed or not sent_to:
+                # Only ok copier transactions bound what was consumed: an info one is "proven"
+                # by a read of one of its output values, but a retried copy sends the same
+                # values, so that read may prove the other attempt (seen in property tests).
+                if rec.kind != OK or not sent_to:
                     continue
                 for k in inputs:
                     offs = [o for o, _v in rec.reads.get(k, ()) if o is not None]

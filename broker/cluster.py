@@ -30,7 +30,7 @@ from broker.errors import ErrorCode, KafkaError
 from broker.partition import HostedPartition
 from broker.replication import LeaderAndIsr, TopicPartition, WriteStateZnode
 from broker.server import KafkaServer, PartitionMetadata
-from broker.topics import TopicInfo, assign_replicas
+from broker.topics import TopicInfo
 from broker.zk_client import KafkaZkClient
 
 log = logging.getLogger(__name__)
@@ -285,21 +285,8 @@ class ClusterKafkaServer(KafkaServer):
         existing = await asyncio.to_thread(self.zk.topic, name)
         if name in self._topics or existing is not None:
             raise KafkaError(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists")
-        brokers = sorted(self._brokers)
-        if not assignment:
-            if num_partitions == -1:
-                num_partitions = self.config["num.partitions"]
-            if replication_factor == -1:
-                replication_factor = self.config["default.replication.factor"]
-            if num_partitions <= 0:
-                raise KafkaError(ErrorCode.INVALID_PARTITIONS, "number of partitions must be > 0")
-            if replication_factor <= 0 or replication_factor > len(brokers):
-                raise KafkaError(
-                    ErrorCode.INVALID_REPLICATION_FACTOR,
-                    f"replication factor {replication_factor} with {len(brokers)} live broker(s)",
-                )
-            start = uuid.uuid4().int % max(len(brokers), 1)
-            assignment = assign_replicas(num_partitions, replication_factor, brokers, start)
+        start = uuid.uuid4().int % max(len(self._brokers), 1)
+        assignment = self.plan_assignment(num_partitions, replication_factor, assignment, start)
         info = TopicInfo(name, uuid.uuid4(), assignment, dict(config))
         if validate_only:
             return info

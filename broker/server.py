@@ -223,17 +223,15 @@ class KafkaServer:
         epoch = max(hp.adapter.latest_epoch(), 0)
         hp.become(LeaderAndIsr(self.broker_id, epoch, (self.broker_id,), 0, 0), [self.broker_id])
 
-    async def create_topic(
+    def plan_assignment(
         self,
-        name: str,
         num_partitions: int,
         replication_factor: int,
         assignment: dict[int, list[int]] | None,
-        config: dict[str, str],
-        validate_only: bool = False,
-    ) -> TopicInfo:
-        if name in self._topics:
-            raise KafkaError(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists")
+        start: int = 0,
+    ) -> dict[int, list[int]]:
+        """Validate an explicit assignment, or place `num_partitions` x `replication_factor`
+        (-1: the broker defaults) on the live brokers; KafkaError with Kafka's code if bad."""
         brokers = sorted(self.live_brokers())
         if assignment:
             if num_partitions not in (-1, len(assignment)) or replication_factor != -1:
@@ -265,7 +263,21 @@ class KafkaServer:
                     f"replication factor {replication_factor} larger than {len(brokers)} "
                     "available broker(s)",
                 )
-            assignment = assign_replicas(num_partitions, replication_factor, brokers)
+            assignment = assign_replicas(num_partitions, replication_factor, brokers, start)
+        return assignment
+
+    async def create_topic(
+        self,
+        name: str,
+        num_partitions: int,
+        replication_factor: int,
+        assignment: dict[int, list[int]] | None,
+        config: dict[str, str],
+        validate_only: bool = False,
+    ) -> TopicInfo:
+        if name in self._topics:
+            raise KafkaError(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists")
+        assignment = self.plan_assignment(num_partitions, replication_factor, assignment)
         info = TopicInfo(name, uuid.uuid4(), assignment, dict(config))
         if validate_only:
             return info

@@ -71,6 +71,7 @@ class ClusterKafkaServer(KafkaServer):
             self.zk, self.broker_id, config["unclean.leader.election.enable"]
         )
         self._brokers: dict[int, tuple[str, int]] = {}
+        self._brokers_gen = 0
         self._states: dict[tuple[str, int], LeaderAndIsr] = {}
         self._watched_topics: set[str] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -112,6 +113,9 @@ class ClusterKafkaServer(KafkaServer):
             port = self.bound_port
         self._advertised = (host, port)
         await asyncio.to_thread(self.zk.register_broker, self.broker_id, host, port)
+        # The membership view is loaded before start() returns; watches keep it current.
+        ids = await asyncio.to_thread(self.zk.zk.get_children, "/brokers/ids")
+        self._brokers = await asyncio.to_thread(self._lookup_brokers, sorted(int(i) for i in ids))
         self.zk.zk.add_listener(self._on_session_state)
         self.zk.zk.ChildrenWatch("/brokers/ids", self._on_brokers)
         self.zk.zk.ChildrenWatch("/brokers/topics", self._on_topics)
@@ -160,19 +164,25 @@ class ClusterKafkaServer(KafkaServer):
             )
             await asyncio.to_thread(self.zk.register_broker, self.broker_id, *self._advertised)
 
+    def _lookup_brokers(self, ids: list[int]) -> dict[int, tuple[str, int]]:
+        out = {}
+        for b in ids:
+            addr = self.zk.broker_address(b)
+            if addr is not None:
+                out[b] = addr
+        return out
+
     def _on_brokers(self, children: list[str]) -> None:
         ids = sorted(int(c) for c in children)
-
-        def lookup() -> dict[int, tuple[str, int]]:
-            out = {}
-            for b in ids:
-                addr = self.zk.broker_address(b)
-                if addr is not None:
-                    out[b] = addr
-            return out
+        # Watch events arrive in order, their lookups may finish out of order: only the newest
+        # event's view may be applied.
+        self._brokers_gen += 1
+        gen = self._brokers_gen
 
         async def apply() -> None:
-            self._brokers = await asyncio.to_thread(lookup)
+            view = await asyncio.to_thread(self._lookup_brokers, ids)
+            if gen == self._brokers_gen:
+                self._brokers = view
 
         self._call(lambda: self._spawn(apply()))
 
@@ -285,6 +295,13 @@ class ClusterKafkaServer(KafkaServer):
         existing = await asyncio.to_thread(self.zk.topic, name)
         if name in self._topics or existing is not None:
             raise KafkaError(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists")
+        if self.broker_id not in self._brokers:
+            # Just (re)started or re-registering: placing replicas on a partial view would
+            # wrongly refuse or skew the assignment. Retriable, as Kafka's NOT_CONTROLLER is.
+            raise KafkaError(
+                ErrorCode.NOT_CONTROLLER,
+                f"broker {self.broker_id} has not loaded the cluster membership yet; retry",
+            )
         start = uuid.uuid4().int % max(len(self._brokers), 1)
         assignment = self.plan_assignment(num_partitions, replication_factor, assignment, start)
         info = TopicInfo(name, uuid.uuid4(), assignment, dict(config))

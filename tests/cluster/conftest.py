@@ -2,17 +2,55 @@
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
+from kafka.record.default_records import DefaultRecordBatch
 
+from broker.log.checkpoint import REPLICATION_CHECKPOINT, OffsetCheckpointFile
+from broker.log.errors import LogError
+from broker.log.log import CLEAN_SHUTDOWN_FILE
+from broker.log.record_batch import BatchHeader, check_crc, iter_batches
+from broker.log.segment import LOG_SUFFIX
 from harness.zookeeper import LocalZooKeeper, ZooKeeperMissing, check_installed
 from tests.broker.conftest import BrokerProcess, free_port
+
+
+@dataclass(frozen=True)
+class StoredRecord:
+    """One record as a replica holds it on disk."""
+
+    offset: int
+    leader_epoch: int  # the batch's partitionLeaderEpoch: which leader wrote it
+    value: bytes | None
+
+
+def _segment_files(partition_dir: Path) -> list[Path]:
+    # Only live segments: names are 20 digits + .log (.deleted/.cleaned/.swap are not live).
+    logs = [
+        p
+        for p in partition_dir.iterdir()
+        if p.name.endswith(LOG_SUFFIX) and p.name[: -len(LOG_SUFFIX)].isdigit()
+    ]
+    return sorted(logs, key=lambda p: int(p.name[: -len(LOG_SUFFIX)]))
+
+
+def _whole_batches(data: bytes) -> list[BatchHeader]:
+    """The batches of a segment file up to the first torn one (a live broker may be writing)."""
+    headers: list[BatchHeader] = []
+    try:
+        for header in iter_batches(data):
+            headers.append(header)
+    except LogError:
+        pass
+    return headers
 
 
 @pytest.fixture(scope="session")
@@ -121,6 +159,62 @@ class Cluster:
                     out.append((m.offset(), m.value()))
         c.close()
         return out
+
+    # ----- one replica's files (read straight from disk, so each replica is seen alone) -------
+
+    def partition_dir(self, broker_id: int, topic: str, p: int = 0) -> Path:
+        return self.brokers[broker_id].log_dir / f"{topic}-{p}"
+
+    def stored_records(self, broker_id: int, topic: str, p: int = 0) -> list[StoredRecord]:
+        """Every record of one replica's segments, in offset order, CRCs checked.
+
+        Reads whole batches only: safe on a running broker, whose last batch may be half
+        written. A corrupt batch fails the test: a replica must never serve one.
+        """
+        out: list[StoredRecord] = []
+        for path in _segment_files(self.partition_dir(broker_id, topic, p)):
+            data = path.read_bytes()
+            for header in _whole_batches(data):
+                check_crc(data, header)
+                batch = DefaultRecordBatch(data[header.position : header.end_position])
+                for record in batch:
+                    value = None if record.value is None else bytes(record.value)
+                    out.append(StoredRecord(record.offset, header.partition_leader_epoch, value))
+        return out
+
+    def checkpointed_high_watermark(self, broker_id: int, topic: str, p: int = 0) -> int:
+        """The HW a replica last wrote to replication-offset-checkpoint (-1 if none yet)."""
+        path = self.brokers[broker_id].log_dir / REPLICATION_CHECKPOINT
+        if not path.exists():
+            return -1
+        return OffsetCheckpointFile(path).read().get((topic, p), -1)
+
+    def cut_log_tail(
+        self, broker_id: int, topic: str, p: int, keep_below: int, *, mid_batch: bool
+    ) -> int:
+        """Simulate a stopped replica losing its unflushed tail (a power loss, not kill -9).
+
+        Cuts the active segment at the batch holding offset ``keep_below``: at its first byte,
+        or, with ``mid_batch``, halfway through it (a torn write recovery must drop). Removes
+        the clean-shutdown marker so the next start recovers. Returns the offset the log ends
+        at once recovered: the cut batch's base offset.
+        """
+        broker = self.brokers[broker_id]
+        if broker.proc is not None:
+            raise AssertionError(f"broker {broker_id} must be down to lose its unflushed tail")
+        directory = self.partition_dir(broker_id, topic, p)
+        active = _segment_files(directory)[-1]
+        data = active.read_bytes()
+        cut = next((h for h in _whole_batches(data) if h.last_offset >= keep_below), None)
+        if cut is None:
+            raise AssertionError(f"{active} holds no offset at or past {keep_below}")
+        position = cut.position + (cut.size // 2 if mid_batch else 0)
+        with open(active, "r+b") as f:
+            f.truncate(position)
+            f.flush()
+            os.fsync(f.fileno())
+        (directory / CLEAN_SHUTDOWN_FILE).unlink(missing_ok=True)
+        return cut.base_offset
 
 
 @pytest.fixture

@@ -12,6 +12,8 @@ import pytest
 from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import NewTopic
 
+from tests.cluster.conftest import StoredRecord
+
 pytestmark = pytest.mark.integration
 
 
@@ -185,3 +187,99 @@ def test_unclean_election_with_isr_of_one_loses_acked_writes(cluster_factory):
 def test_clean_election_keeps_partition_offline_instead(cluster_factory):
     _acked, _stored, leader = _out_of_sync_failover(cluster_factory, unclean=False)
     assert leader == -1, "no in-sync replica is alive: the partition stays offline"
+
+
+KIP101_2_TOPIC = "k101s2"
+KIP101_2_OLD = 200  # records A (leader) and B (follower) both hold, acked with acks=all
+KIP101_2_KEEP = 100  # B loses its tail from the batch holding this offset on
+KIP101_2_END = 250  # B, leading again, writes until its log ends here: past A's end
+
+
+def _kip101_scenario_2(
+    cluster_factory, mode: str, *, mid_batch: bool
+) -> tuple[int, int, dict[int, StoredRecord], dict[int, StoredRecord]]:
+    """KIP-101 scenario 2 with real processes. A (leader) and B (follower) hold the same acked
+    records with checkpointed HWs; both crash (A first, so B leads and is the ISR's last
+    member); B loses its unflushed tail (its active segment is cut on disk, at a batch boundary
+    or mid-batch), restarts first and leads again, taking new writes at offsets A still holds;
+    then A returns as B's follower. Broker 1 is the controller and hosts no replica.
+
+    Returns (B's log end after recovery, the lower of the two replicas' HWs, A's records,
+    B's records), records read from each replica's segment files, by offset."""
+    c = cluster_factory(
+        3,
+        {
+            "replica.truncation.mode": mode,
+            "min.insync.replicas": "1",
+            "replica.high.watermark.checkpoint.interval.ms": "100",
+        },
+        per_broker={
+            2: {"zookeeper.session.timeout.ms": "2000"},
+            3: {"zookeeper.session.timeout.ms": "2000"},
+        },
+    )
+    a, b, topic = 2, 3, KIP101_2_TOPIC
+    assert c.admin().list_topics(timeout=10).controller_id == 1, "broker 1 started first"
+    c.admin().create_topics([NewTopic(topic, num_partitions=1, replica_assignment=[[a, b]])])[
+        topic
+    ].result(20)
+    c.wait_for(lambda: c.partition(topic).isrs == [a, b], what="ISR [A, B]")
+    old = [f"old-{i}".encode() for i in range(KIP101_2_OLD)]
+    # Several records per batch, so that B's cut can fall inside one.
+    acked = produce_all(c.bootstrap, topic, old, acks="all", **{"batch.num.messages": 10})
+    assert sorted(acked) == list(range(KIP101_2_OLD))
+    c.wait_for(
+        lambda: all(c.checkpointed_high_watermark(r, topic) == KIP101_2_OLD for r in (a, b)),
+        what="both replicas checkpointing HW 200",
+    )
+
+    c.brokers[a].kill9()
+    c.wait_for(lambda: c.partition(topic).leader == b, what="B elected", timeout=40)
+    c.brokers[b].kill9()
+    c.wait_for(lambda: c.partition(topic).leader == -1, what="partition offline", timeout=40)
+    survived = c.cut_log_tail(b, topic, 0, KIP101_2_KEEP, mid_batch=mid_batch)
+    assert 0 < survived <= KIP101_2_KEEP
+
+    c.brokers[b].start()  # A stays down: B, the ISR's last member, is the only candidate
+    c.wait_for(lambda: c.partition(topic).leader == b, what="B leading again", timeout=40)
+    new = [f"new-{i}".encode() for i in range(KIP101_2_END - survived)]
+    # One record per batch: A, keeping its log up to 200, fetches from there.
+    acked_new = produce_all(c.bootstrap, topic, new, acks="all", **{"batch.num.messages": 1})
+    assert sorted(acked_new) == list(range(survived, KIP101_2_END)), "B writes where it lost data"
+
+    c.brokers[a].start()
+    c.wait_for(
+        lambda: sorted(c.partition(topic).isrs) == [a, b], what="A back in the ISR", timeout=60
+    )
+    c.wait_for(
+        lambda: all(c.checkpointed_high_watermark(r, topic) == KIP101_2_END for r in (a, b)),
+        what="both replicas checkpointing HW 250",
+    )
+    hw = min(c.checkpointed_high_watermark(r, topic) for r in (a, b))
+    a_log = {r.offset: r for r in c.stored_records(a, topic)}
+    b_log = {r.offset: r for r in c.stored_records(b, topic)}
+    assert all(o in a_log and o in b_log for o in range(hw)), "no replica has holes below HW"
+    assert [b_log[o].value for o in range(hw)] == old[:survived] + new, "B kept its own writes"
+    return survived, hw, a_log, b_log
+
+
+@pytest.mark.parametrize("mid_batch", [False, True], ids=["batch-boundary", "mid-batch"])
+def test_kip101_scenario_2_truncate_to_high_watermark_diverges(cluster_factory, mid_batch):
+    survived, hw, a_log, b_log = _kip101_scenario_2(
+        cluster_factory, "high-watermark", mid_batch=mid_batch
+    )
+    differ = [o for o in range(hw) if a_log[o] != b_log[o]]
+    # A trusted its HW (200) and kept the records B lost and then rewrote: silent divergence.
+    assert differ == list(range(survived, KIP101_2_OLD)), (
+        f"B recovered to {survived}, HW {hw}: offsets that differ: {differ}"
+    )
+    assert all(a_log[o].value == f"old-{o}".encode() for o in differ)
+
+
+@pytest.mark.parametrize("mid_batch", [False, True], ids=["batch-boundary", "mid-batch"])
+def test_kip101_scenario_2_leader_epochs_keep_replicas_identical(cluster_factory, mid_batch):
+    _survived, hw, a_log, b_log = _kip101_scenario_2(
+        cluster_factory, "leader-epoch", mid_batch=mid_batch
+    )
+    differ = [o for o in range(hw) if a_log[o] != b_log[o]]
+    assert not differ, f"replicas differ below HW {hw} at offsets {differ}"

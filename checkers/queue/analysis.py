@@ -83,6 +83,8 @@ class QueueAnalysis(CaseBuilders):
         self.stats: dict[str, Any] = {}
         # Keys where committed data may have been replaced or have vanished.
         self.suspect_keys: set[Any] = set()
+        # (reader, writer) completion positions of wr edges whose writer completed later.
+        self.backward_wr: list[tuple[int, int]] = []
 
     # -- building -------------------------------------------------------------------------
 
@@ -295,8 +297,10 @@ class QueueAnalysis(CaseBuilders):
         hw_max: dict[Any, _RunningMax] = {}
         send_max: dict[Any, _RunningMax] = {}
         empty: dict[Any, QueueOp] = {}
+        backward = self.backward_wr
         for rec in self.records:
             p = rec.process
+            rpos = rec.pos
             if rec.f == "assign" or rec.f == "subscribe":
                 if rec.kind != FAIL and isinstance(rec.value, list):
                     keep = set(rec.value)
@@ -328,6 +332,10 @@ class QueueAnalysis(CaseBuilders):
                             self._precommitted(rec, k, o, v)
                         elif kind == OK and w.kind == FAIL:
                             self._g1a(rec, w, k, o, v)
+                        elif w.pos > rpos and w.committed and rec.committed:
+                            # A wr edge against completion order: cycles can only lie
+                            # within the spans of such edges (checkers.queue.cycles).
+                            backward.append((rpos, w.pos))
                     i = oidx[o] if o is not None else vo.first_index(v)
                     if first_v is _MISSING:
                         first_i, first_v = i, v

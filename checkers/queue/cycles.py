@@ -10,6 +10,7 @@ names and explains the cycles; this module decides which part of the graph it se
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -49,21 +50,54 @@ def _events(nodes: Sequence[QueueOp]) -> list[tuple[int, bool]]:
     return [slots[i] for i in sorted(slots)]
 
 
+def _region(spans: list[tuple[int, int]], positions: Sequence[int]) -> set[int]:
+    """The positions lying inside the union of the closed intervals `spans`.
+
+    `positions` must be increasing.
+    """
+    spans.sort()
+    region: set[int] = set()
+    if not spans:
+        return region
+    lo, hi = spans[0]
+    merged = []
+    for a, b in spans:
+        if a > hi:
+            merged.append((lo, hi))
+            lo, hi = a, b
+        elif b > hi:
+            hi = b
+    merged.append((lo, hi))
+    for lo, hi in merged:
+        region.update(positions[bisect_left(positions, lo) : bisect_right(positions, hi)])
+    return region
+
+
 def cycle_anomalies(analysis: QueueAnalysis) -> None:
     """Dependency-graph cycles (G0, G1c, G1c-ww and variants).
 
-    A first, reduced graph keeps reachability but not every edge: a reader gets a wr
-    edge only from the writer of the highest offset it read of each key (the others
-    reach that writer along the key's ww chain), process edges are left out (an ok op
+    Ordering ops by completion position, realtime edges always point forward (A completed
+    before B was invoked, hence before B completed), so a cycle needs an explicit edge
+    pointing backward, and every op of a cycle lies within the span (from the head's to
+    the tail's completion) of one of the cycle's backward edges: the cycle has to cross
+    every position between its first and its last op going down. `QueueAnalysis` notes
+    the backward wr edges while it checks reads, the ww chains are walked here, and only
+    the ops inside those spans (the region) are looked at further; a history whose
+    dependencies all follow completion order costs one pass over the version orders.
+
+    Within the region, a reduced graph keeps reachability but not every edge: a reader
+    gets a wr edge only from the writer of the highest offset it read of each key (the
+    others reach that writer along the key's ww chain, through ops of the same strongly
+    connected component, hence of the region), process edges are left out (an ok op
     completes before its process's next invoke, so realtime covers them) and realtime
     order stays implicit (`peel_with_realtime`). Nodes this peeling removes lie on no
-    cycle, so a valid history costs about two edges per op and one peeling pass.
-    Otherwise the strongly connected components of the survivors are found without
+    cycle. The strongly connected components of the survivors are found without
     networkx, and only their nodes get their full edges and go to `find_cycles`.
     """
     writer = analysis.writer
     orders = analysis.orders
     nodes = [r for r in analysis.records if r.committed and r.f != "assign" and r.f != "subscribe"]
+    spans = list(analysis.backward_wr)
     chains: list[tuple[int, int]] = []
     if analysis.ww_deps:
         for k, vo in orders.items():
@@ -74,18 +108,26 @@ def cycle_anomalies(analysis: QueueAnalysis) -> None:
             log = vo.log
             for o in vo.offsets:
                 w = ws.get(log[o])
-                if w is None or not w.committed:
+                if w is None or not w.committed or w is prev:
                     continue
-                if prev is not None and prev is not w:
+                if prev is not None:
                     chains.append((prev.pos, w.pos))
+                    if prev.pos > w.pos:
+                        spans.append((w.pos, prev.pos))
                 prev = w
+    analysis.stats.update(graph_nodes=len(nodes), backward_edges=len(spans), cyclic_nodes=0)
+    if not spans:
+        return
+    region = _region(spans, [r.pos for r in nodes])
+    nodes = [r for r in nodes if r.pos in region]
     reduced: dict[int, list[int]] = {}
     for a, b in chains:
-        lst = reduced.get(a)
-        if lst is None:
-            reduced[a] = [b]
-        else:
-            lst.append(b)
+        if a in region and b in region:
+            lst = reduced.get(a)
+            if lst is None:
+                reduced[a] = [b]
+            else:
+                lst.append(b)
     for rec in nodes:
         rpos = rec.pos
         for k, pairs in rec.reads.items():
@@ -100,26 +142,22 @@ def cycle_anomalies(analysis: QueueAnalysis) -> None:
                 if top is not None:
                     w = ws.get(top[1])
                     if w is not None and w is not rec and w.committed:
-                        lst = reduced.get(w.pos)
-                        if lst is None:
-                            reduced[w.pos] = [rpos]
-                        else:
-                            lst.append(rpos)
+                        if w.pos in region:
+                            lst = reduced.get(w.pos)
+                            if lst is None:
+                                reduced[w.pos] = [rpos]
+                            else:
+                                lst.append(rpos)
                         continue
             for _o, v in pairs:
                 w = ws.get(v)
-                if w is not None and w is not rec and w.committed:
+                if w is not None and w is not rec and w.committed and w.pos in region:
                     lst = reduced.get(w.pos)
                     if lst is None:
                         reduced[w.pos] = [rpos]
                     else:
                         lst.append(rpos)
     alive = peel_with_realtime(reduced, [(r.pos, r.inv, r.kind == OK) for r in nodes])
-    analysis.stats.update(
-        graph_nodes=len(nodes),
-        graph_edges=sum(map(len, reduced.values())),
-        cyclic_nodes=len(alive),
-    )
     if not alive:
         return
     # Survivors include everything downstream of a cycle. Their strongly connected

@@ -21,6 +21,8 @@ orjson call for speed and falls back to line-by-line parsing only to locate an e
 from __future__ import annotations
 
 import gc
+import os
+import re
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -39,6 +41,13 @@ __all__ = [
 ]
 
 OP_TYPES = frozenset(("invoke", "ok", "fail", "info"))
+
+# bytes.strip()'s whitespace; a line of only these is blank.
+_WHITESPACE = frozenset(b" \t\n\r\x0b\x0c")
+_BLANK_FIRST = re.compile(rb"[ \t\r\x0b\x0c]*\n")
+_BLANK_INNER = re.compile(rb"\n[ \t\r\x0b\x0c]*\n")
+_NEWLINE_TO_COMMA = bytes.maketrans(b"\n", b",")
+_OPEN, _CLOSE, _NEWLINE = ord("["), ord("]"), ord("\n")
 
 
 class HistoryError(ValueError):
@@ -109,7 +118,7 @@ class _Validator:
                 f"time {time} goes backwards (previous op had {self.last_time})", line
             )
         self.last_time = time
-        if typ not in OP_TYPES:
+        if type(typ) is not str or typ not in OP_TYPES:
             raise HistoryError(f"type must be one of invoke/ok/fail/info, got {typ!r}", line)
         if type(f) is not str:
             raise HistoryError(f"f must be a string, got {f!r}", line)
@@ -180,29 +189,48 @@ def iter_history(path: Path) -> Iterator[dict[str, Any]]:
 
 def load_history(path: Path) -> list[dict[str, Any]]:
     """Load and validate a whole history file into the spec's op dicts."""
+    path = Path(path)
     try:
-        data = Path(path).read_bytes()
+        with path.open("rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            # "[" + file + "]" in one buffer, so that the file is copied once, by translate.
+            buf = bytearray(size + 2)
+            got = fh.readinto(memoryview(buf)[1 : size + 1])
     except OSError as e:
         raise HistoryError(f"cannot read history {path}: {e.strerror or e}") from None
-    lines = data.split(b"\n")
-    while lines and not lines[-1].strip():
-        lines.pop()
-    if any(not ln.strip() for ln in lines):
+    if got != size:  # the file changed under us: take what is there
+        del buf[got + 1 : size + 1]
+        size = got
+    end = size + 1  # one past the last byte of the file in buf
+    while end > 1 and buf[end - 1] in _WHITESPACE:
+        end -= 1
+    if end == 1:
+        return []
+    buf[0] = _OPEN
+    if _BLANK_FIRST.match(buf, 1) or _BLANK_INNER.search(buf, 1, end):
         # Blank lines inside the file: keep exact line numbers with the streaming path.
         return list(iter_history(path))
+    n_lines = buf.count(b"\n", 1, end) + 1
+    complete = buf[size] == _NEWLINE
+    # The last line's own trailing whitespace, for error messages that quote columns.
+    stop = buf.find(b"\n", end, size + 1)
+    last_tail = bytes(buf[end : size + 1 if stop < 0 else stop])
+    buf[end] = _CLOSE
+    buf[end + 1 :] = b" " * (len(buf) - end - 1)
     ops: Any = None
     try:
         # One C call for the whole file is several times faster than a call per line.
         with gc_paused():
-            ops = orjson.loads(b"[" + b",".join(lines) + b"]")
-            if len(ops) == len(lines):
+            ops = orjson.loads(buf.translate(_NEWLINE_TO_COMMA))
+            if len(ops) == n_lines:
                 validate(ops)
     except orjson.JSONDecodeError:
+        lines = (bytes(buf[1:end]) + last_tail).split(b"\n")
         for lineno, raw in enumerate(lines, 1):
             try:
                 _parse_line(raw, lineno)
             except HistoryError as e:
-                if lineno == len(lines) and not data.endswith(b"\n"):
+                if lineno == len(lines) and not complete:
                     raise HistoryError(
                         f"{e.message}; the last line is incomplete (the recorder probably "
                         "stopped while writing it): remove it to check the rest",
@@ -210,9 +238,9 @@ def load_history(path: Path) -> list[dict[str, Any]]:
                     ) from None
                 raise
         raise HistoryError("malformed JSON (unlocated)") from None
-    if len(ops) != len(lines):
+    if len(ops) != n_lines:
         # A line held two values separated by a comma; find it.
-        for lineno, raw in enumerate(lines, 1):
+        for lineno, raw in enumerate((bytes(buf[1:end]) + last_tail).split(b"\n"), 1):
             op = _parse_line(raw, lineno)
             if type(op) is not dict:
                 raise HistoryError(f"expected one JSON object, got {type(op).__name__}", lineno)

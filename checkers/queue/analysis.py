@@ -21,12 +21,13 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from collections.abc import Iterable, Mapping, Sequence
+from operator import itemgetter
 from typing import Any
 
 from checkers.history import HistoryError, gc_paused
 from checkers.queue.cases import CaseBuilders, fmt
 from checkers.queue.cycles import cycle_anomalies
-from checkers.queue.ops import FAIL, INFO, OK, QueueOp, check_pairs, parse_ops
+from checkers.queue.ops import FAIL, INFO, OK, QueueOp, check_pairs, invoked_sends, parse_ops
 from checkers.queue.policy import allowed_types
 from checkers.queue.results import Anomalies, results_dict
 from checkers.queue.version_order import VersionOrder
@@ -34,6 +35,7 @@ from checkers.queue.version_order import VersionOrder
 __all__ = ["QueueAnalysis", "check_queue"]
 
 _MISSING = object()
+_VALUE = itemgetter(1)
 
 
 _fmt = fmt
@@ -73,34 +75,49 @@ class QueueAnalysis(CaseBuilders):
         ww_deps: bool = True,
         max_examples: int = 32,
     ) -> None:
-        self.records, self.attempted, self.saw_subscribe = parse_ops(ops)
+        self.records, self.saw_subscribe = parse_ops(ops)
+        self._ops = ops
+        self._attempted: dict[Any, set[Any]] | None = None
         self.ww_deps = ww_deps
         self.anomalies = Anomalies(max_examples)
         self.orders: dict[Any, VersionOrder] = {}
         self.writer: dict[Any, dict[Any, QueueOp]] = {}
         self.ok_reads: dict[Any, set[Any]] = {}
-        self.by_pos: dict[int, QueueOp] = {}
+        self.by_pos: dict[int, QueueOp] = {}  # filled by cycle_anomalies when needed
         self.stats: dict[str, Any] = {}
         # Keys where committed data may have been replaced or have vanished.
         self.suspect_keys: set[Any] = set()
         # (reader, writer) completion positions of wr edges whose writer completed later.
         self.backward_wr: list[tuple[int, int]] = []
 
+    @property
+    def attempted(self) -> dict[Any, set[Any]]:
+        """key -> values invokes tried to send (`invoked_sends`), computed on first use."""
+        if self._attempted is None:
+            self._attempted = invoked_sends(self._ops)
+        return self._attempted
+
     # -- building -------------------------------------------------------------------------
 
     def _index(self) -> None:
-        """One pass: writers, ok reads, and the version orders (see the module doc)."""
+        """One pass: writers, ok reads, and the version orders (see the module doc).
+
+        Each key's observations (acked offsets of ok sends, then reads, op by op; then
+        acked offsets of proven info sends) are gathered in order and turned into a
+        `VersionOrder` in bulk at the end.
+        """
         writer = self.writer
         ok_reads = self.ok_reads
-        orders = self.orders
-        by_pos = self.by_pos
+        seen: dict[Any, list[Any]] = {}
+        infos: list[QueueOp] = []
         n_sends = n_reads = 0
         for rec in self.records:
-            by_pos[rec.pos] = rec
             sends = rec.sends
+            kind = rec.kind
             if sends:
                 n_sends += len(sends)
-                ok = rec.kind == OK
+                if kind == INFO:
+                    infos.append(rec)
                 for k, o, v in sends:
                     w = writer.get(k)
                     if w is None:
@@ -109,51 +126,47 @@ class QueueAnalysis(CaseBuilders):
                         # A value is sent once, except a copier retrying an aborted copy:
                         # the attempt that took effect (ok, then info, then fail) wins.
                         prior = w.get(v)
-                        if prior is None or rec.kind < prior.kind:
+                        if prior is None or kind < prior.kind:
                             w[v] = rec
-                    if ok and o is not None:
-                        vo = orders.get(k)
-                        if vo is None:
-                            orders[k] = vo = VersionOrder(k)
-                        vo.add(o, v)
+                    if kind == OK and o is not None:
+                        obs = seen.get(k)
+                        if obs is None:
+                            seen[k] = [(o, v)]
+                        else:
+                            obs.append((o, v))
             reads = rec.reads
             if reads:
-                ok = rec.kind == OK
                 for k, pairs in reads.items():
                     if not pairs:
                         continue
                     n_reads += len(pairs)
-                    vo = orders.get(k)
-                    if vo is None:
-                        orders[k] = vo = VersionOrder(k)
-                    add = vo.add
-                    for o, v in pairs:
-                        if o is not None:
-                            add(o, v)
-                    if ok:
+                    obs = seen.get(k)
+                    if obs is None:
+                        seen[k] = obs = []
+                    obs.extend(pairs)
+                    if kind == OK:
                         s = ok_reads.get(k)
                         if s is None:
                             ok_reads[k] = s = set()
-                        s.update([p[1] for p in pairs])
+                        s.update(map(_VALUE, pairs))
         # Proven info ops (some ok op read one of their values) committed: their acked
         # offsets join the version order too. A value also sent by a later attempt that
         # took effect (a copier's retry) proves only that attempt, its writer.
-        for rec in self.records:
-            if rec.kind == INFO and rec.sends:
-                for k, _o, v in rec.sends:
-                    s = ok_reads.get(k)
-                    if s is not None and v in s and writer[k][v] is rec:
-                        rec.committed = True
-                        break
-                if rec.committed:
-                    for k, o, v in rec.sends:
-                        if o is not None:
-                            vo = orders.get(k)
-                            if vo is None:
-                                orders[k] = vo = VersionOrder(k)
-                            vo.add(o, v)
-        for vo in orders.values():
-            vo.seal()
+        for rec in infos:
+            for k, _o, v in rec.sends:
+                s = ok_reads.get(k)
+                if s is not None and v in s and writer[k][v] is rec:
+                    rec.committed = True
+                    break
+            if rec.committed:
+                for k, o, v in rec.sends:
+                    if o is not None:
+                        obs = seen.get(k)
+                        if obs is None:
+                            seen[k] = [(o, v)]
+                        else:
+                            obs.append((o, v))
+        self.orders = {k: VersionOrder.build(k, obs) for k, obs in seen.items()}
         self.stats.update(sends=n_sends, reads=n_reads)
 
     # -- checks over the version orders ------------------------------------------------------
@@ -290,7 +303,6 @@ class QueueAnalysis(CaseBuilders):
     def _op_checks(self) -> None:
         orders = self.orders
         writer = self.writer
-        attempted = self.attempted
         positions: dict[Any, dict[Any, tuple[int | None, Any, QueueOp]]] = {}
         last_sends: dict[Any, dict[Any, tuple[int | None, Any, QueueOp]]] = {}
         hw_seen: dict[Any, dict[Any, tuple[int, QueueOp]]] = {}
@@ -316,7 +328,6 @@ class QueueAnalysis(CaseBuilders):
                     continue
                 vo = orders[k]
                 ws = writer.get(k, empty)
-                att = attempted.get(k)
                 oidx = vo.oidx
                 prev_i: int | None = None
                 prev: Any = _MISSING
@@ -325,7 +336,7 @@ class QueueAnalysis(CaseBuilders):
                 for o, v in pairs:
                     w = ws.get(v)
                     if w is None:
-                        if att is None or v not in att:
+                        if v not in self.attempted.get(k, ()):
                             self._garbage(rec, k, o, v)
                     else:
                         if w is rec:

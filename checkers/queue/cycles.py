@@ -193,6 +193,7 @@ def cycle_anomalies(analysis: QueueAnalysis) -> None:
                     full.link(w.pos, rec.pos, WR)
     for a, b in realtime_chain(_events([r for r in nodes if r.pos in alive])):
         full.link(a, b, REALTIME)
+    analysis.by_pos = {r.pos: r for r in analysis.records}
     found, gstats = find_cycles(
         full, partial(explain_step, analysis), max_examples=analysis.anomalies.max_examples
     )

@@ -15,17 +15,18 @@ Malformed micro-ops raise `HistoryError` naming the op's line.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from checkers.history import HistoryError
 
-__all__ = ["FAIL", "INFO", "OK", "QueueOp", "check_pairs", "parse_ops"]
+__all__ = ["FAIL", "INFO", "OK", "QueueOp", "check_pairs", "invoked_sends", "parse_ops"]
 
 OK, INFO, FAIL = 0, 1, 2
 _KIND = {"ok": OK, "info": INFO, "fail": FAIL}
 DATA_FS = frozenset(("send", "poll", "txn"))
 ASSIGN_FS = frozenset(("assign", "subscribe"))
+_NO_INVOKE: tuple[int, None] = (-1, None)
 
 
 class QueueOp:
@@ -142,16 +143,15 @@ def _check_pair(offset: Any, value: Any, line: int) -> None:
         raise HistoryError(f"values must be JSON scalars, got {value!r}", line)
 
 
-def parse_ops(ops: Sequence[dict[str, Any]]) -> tuple[list[QueueOp], dict[Any, set[Any]], bool]:
+def parse_ops(ops: Sequence[dict[str, Any]]) -> tuple[list[QueueOp], bool]:
     """Parse client ops into `QueueOp`s in completion order.
 
-    Returns (records, attempted, saw_subscribe) where attempted maps each key to every
-    value any op (invoke or completion) tried to send to it.
+    Returns (records, saw_subscribe).
     """
     records: list[QueueOp] = []
     pending: dict[Any, tuple[int, dict[str, Any]]] = {}
-    attempted: dict[Any, set[Any]] = {}
     saw_subscribe = False
+    kinds = _KIND
     for pos, op in enumerate(ops):
         process = op["process"]
         if process == "nemesis":
@@ -160,41 +160,24 @@ def parse_ops(ops: Sequence[dict[str, Any]]) -> tuple[list[QueueOp], dict[Any, s
         f = op["f"]
         if typ == "invoke":
             pending[process] = (pos, op)
-            if f == "send" or f == "txn":
-                value = op.get("value")
-                if type(value) is list:
-                    for mop in value:
-                        if type(mop) is list and len(mop) == 3 and mop[0] == "send":
-                            k, v = mop[1], mop[2]
-                            if type(v) is list and len(v) == 2:
-                                v = v[1]
-                            s = attempted.get(k)
-                            if s is None:
-                                attempted[k] = {v}
-                            else:
-                                s.add(v)
             continue
-        inv_pos, inv_op = pending.pop(process, (-1, None))
+        inv_pos, inv_op = pending.pop(process, _NO_INVOKE)
         if f in DATA_FS:
-            rec = QueueOp(f, _KIND.get(typ, INFO), pos, op.get("index", pos), inv_pos, process)
+            rec = QueueOp(f, kinds.get(typ, INFO), pos, op.get("index", pos), inv_pos, process)
             if inv_op is not None:
                 rec.inv_index = inv_op.get("index", inv_pos)
-            _parse_mops(rec, op.get("value"), pos + 1, True)
+            value = op.get("value")
+            if value is not None:
+                _parse_mops(rec, value, pos + 1, True)
             rec.wm = op.get("watermarks")
             producer = op.get("producer")
             if producer:
                 rec.idem = bool(producer.get("idempotent"))
-            for k, _o, v in rec.sends:
-                s = attempted.get(k)
-                if s is None:
-                    attempted[k] = {v}
-                else:
-                    s.add(v)
             records.append(rec)
         elif f in ASSIGN_FS:
             if f == "subscribe":
                 saw_subscribe = True
-            rec = QueueOp(f, _KIND.get(typ, INFO), pos, op.get("index", pos), inv_pos, process)
+            rec = QueueOp(f, kinds.get(typ, INFO), pos, op.get("index", pos), inv_pos, process)
             rec.value = op.get("value")
             records.append(rec)
     # Invokes never completed count as info: they may have happened at any later time.
@@ -210,4 +193,32 @@ def parse_ops(ops: Sequence[dict[str, Any]]) -> tuple[list[QueueOp], dict[Any, s
         end += 1
         _parse_mops(rec, inv_op.get("value"), inv_pos + 1, False)
         records.append(rec)
-    return records, attempted, saw_subscribe
+    return records, saw_subscribe
+
+
+def invoked_sends(ops: Iterable[dict[str, Any]]) -> dict[Any, set[Any]]:
+    """key -> every value a `send` or `txn` invoke tried to send to it.
+
+    With the values of completed sends (the checker's writers), this is everything any
+    op tried to send: a value read outside both is a garbage read. Only computed when
+    some read value has no writer.
+    """
+    attempted: dict[Any, set[Any]] = {}
+    for op in ops:
+        if op["process"] == "nemesis" or op["type"] != "invoke":
+            continue
+        f = op["f"]
+        if f == "send" or f == "txn":
+            value = op.get("value")
+            if type(value) is list:
+                for mop in value:
+                    if type(mop) is list and len(mop) == 3 and mop[0] == "send":
+                        k, v = mop[1], mop[2]
+                        if type(v) is list and len(v) == 2:
+                            v = v[1]
+                        s = attempted.get(k)
+                        if s is None:
+                            attempted[k] = {v}
+                        else:
+                            s.add(v)
+    return attempted

@@ -9,6 +9,7 @@ observed are removed, so gaps left by transaction markers or compaction are not 
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 __all__ = ["VersionOrder"]
@@ -48,9 +49,36 @@ class VersionOrder:
             else:
                 s.add(offset)
 
+    @classmethod
+    def build(cls, key: Any, pairs: Iterable[Sequence[Any]]) -> VersionOrder:
+        """The sealed version order of `key` from (offset, value) pairs in observation order.
+
+        Pairs with a null offset are ignored. The same as `add` for each pair, then
+        `seal`, with `add`'s common case (an offset and a value seen before together, or
+        both new) inlined: this loop runs once per record read.
+        """
+        vo = cls(key)
+        log = vo.log
+        voff = vo.voff
+        add = vo.add
+        log_get = log.setdefault
+        voff_get = voff.setdefault
+        for o, v in pairs:
+            if o is None:
+                continue
+            cur = log_get(o, v)
+            if cur is not v and cur != v:
+                add(o, v)  # a conflict: `add` records it (and any multi)
+                continue
+            o0 = voff_get(v, o)
+            if o0 != o:
+                add(o, v)  # the value sits at several offsets
+        vo.seal()
+        return vo
+
     def seal(self) -> None:
         self.offsets = sorted(self.log)
-        self.oidx = {o: i for i, o in enumerate(self.offsets)}
+        self.oidx = dict(zip(self.offsets, range(len(self.offsets)), strict=True))
 
     def value_offsets(self, value: Any) -> list[int]:
         s = self.multi.get(value)

@@ -42,7 +42,11 @@ _fmt = fmt
 
 
 class _RunningMax:
-    """Per-key maximum of a quantity over completions, queryable as of any history position."""
+    """Per-key maximum of a quantity over completions, queryable as of any history position.
+
+    Callers append (position, value, op) to the three lists whenever a completion raises
+    the maximum (`values[-1]`), in history order; that append is inlined in the hot loop.
+    """
 
     __slots__ = ("positions", "recs", "values")
 
@@ -50,12 +54,6 @@ class _RunningMax:
         self.positions: list[int] = []
         self.values: list[int] = []
         self.recs: list[QueueOp] = []
-
-    def add(self, pos: int, value: int, rec: QueueOp) -> None:
-        if not self.values or value > self.values[-1]:
-            self.positions.append(pos)
-            self.values.append(value)
-            self.recs.append(rec)
 
     def before(self, pos: int) -> tuple[int, QueueOp] | None:
         """The max among completions strictly before history position `pos`."""
@@ -222,10 +220,21 @@ class QueueAnalysis(CaseBuilders):
                 continue
             bound = -1
             bound_v: Any = None
-            for v in oks:
-                i = vo.first_index(v)
-                if i is not None and i > bound:
-                    bound, bound_v = i, v
+            if vo.multi:
+                for v in oks:
+                    i = vo.first_index(v)
+                    if i is not None and i > bound:
+                        bound, bound_v = i, v
+            else:
+                # first_index inlined: with no value at several offsets it is oidx[voff[v]].
+                voff_get = vo.voff.get
+                oidx = vo.oidx
+                for v in oks:
+                    o = voff_get(v)
+                    if o is not None:
+                        i = oidx[o]
+                        if i > bound:
+                            bound, bound_v = i, v
             if bound < 0:
                 continue
             bound_offset = vo.offsets[bound]
@@ -436,12 +445,15 @@ class QueueAnalysis(CaseBuilders):
                 rm = send_max.get(k)
                 if rm is None:
                     send_max[k] = rm = _RunningMax()
-                elif rm.values[-1] > o:
+                top = rm.values
+                if not top or o > top[-1]:
+                    rm.positions.append(rpos)
+                    top.append(o)
+                    rm.recs.append(rec)
+                elif top[-1] > o:
                     prior = rm.before(rec.inv)
                     if prior is not None and prior[0] > o:
                         self._realtime_send(prior[1], prior[0], rec, k, o, v)
-                if not rm.values or o > rm.values[-1]:
-                    rm.add(rec.pos, o, rec)
             # ---- watermarks
             wm = rec.wm
             if wm:
@@ -459,12 +471,15 @@ class QueueAnalysis(CaseBuilders):
                     rm = hw_max.get(k)
                     if rm is None:
                         hw_max[k] = rm = _RunningMax()
-                    elif rm.values[-1] > high:
+                    top = rm.values
+                    if not top or high > top[-1]:
+                        rm.positions.append(rpos)
+                        top.append(high)
+                        rm.recs.append(rec)
+                    elif top[-1] > high:
                         prior = rm.before(rec.inv)
                         if prior is not None and prior[0] > high:
                             self._hw_regression_rt(prior[1], prior[0], rec, k, high)
-                    if not rm.values or high > rm.values[-1]:
-                        rm.add(rec.pos, high, rec)
 
     def _truncation_checks(self) -> None:
         """committed-truncation, for keys with a conflicting offset or a gap inside a poll.

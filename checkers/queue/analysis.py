@@ -331,6 +331,8 @@ class QueueAnalysis(CaseBuilders):
                             table[p] = {k: x for k, x in t.items() if k in keep}
                 continue
             kind = rec.kind
+            is_ok = kind == OK
+            committed = rec.committed
             # ---- reads
             for k, pairs in rec.reads.items():
                 if not pairs:
@@ -340,33 +342,32 @@ class QueueAnalysis(CaseBuilders):
                 oidx = vo.oidx
                 prev_i: int | None = None
                 prev: Any = _MISSING
-                first_i: int | None = None
-                first_v: Any = _MISSING
                 for o, v in pairs:
                     w = ws.get(v)
                     if w is None:
                         if v not in self.attempted.get(k, ()):
                             self._garbage(rec, k, o, v)
-                    else:
-                        if w is rec:
-                            self._precommitted(rec, k, o, v)
-                        elif kind == OK and w.kind == FAIL:
-                            self._g1a(rec, w, k, o, v)
-                        elif w.pos > rpos and w.committed and rec.committed:
-                            # A wr edge against completion order: cycles can only lie
-                            # within the spans of such edges (checkers.queue.cycles).
-                            backward.append((rpos, w.pos))
+                    elif w is rec:
+                        self._precommitted(rec, k, o, v)
+                    elif is_ok and w.kind == FAIL:
+                        self._g1a(rec, w, k, o, v)
+                    elif w.pos > rpos and w.committed and committed:
+                        # A wr edge against completion order: cycles can only lie
+                        # within the spans of such edges (checkers.queue.cycles).
+                        backward.append((rpos, w.pos))
                     i = oidx[o] if o is not None else vo.first_index(v)
-                    if first_v is _MISSING:
-                        first_i, first_v = i, v
-                    elif prev_i is not None and i is not None:
+                    if prev_i is not None and i is not None:
                         delta = i - prev_i
-                        if delta > 1:
-                            self.suspect_keys.add(k)
-                            self._skip("int-poll-skip", rec, rec, k, prev, v, prev_i, i, vo)
-                        elif delta < 1:
-                            self._nonmono("int-nonmonotonic-poll", rec, rec, k, prev, v, delta)
-                    prev_i, prev = i, v
+                        if delta != 1:
+                            if delta > 1:
+                                self.suspect_keys.add(k)
+                                self._skip("int-poll-skip", rec, rec, k, prev, v, prev_i, i, vo)
+                            else:
+                                self._nonmono("int-nonmonotonic-poll", rec, rec, k, prev, v, delta)
+                    prev_i = i
+                    prev = v
+                first_o, first_v = pairs[0]
+                first_i = oidx[first_o] if first_o is not None else vo.first_index(first_v)
                 pp = positions.get(p)
                 if pp is not None:
                     last = pp.get(k)

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -28,7 +29,24 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=30)
     ap.add_argument("--concurrency", type=int, default=20)
     ap.add_argument("--messages", type=int, default=200_000)
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=JSON",
+        help="a test option for the harness run, e.g. poll_ms=5 or "
+        'consumer_config=\'{"fetch.min.bytes": 4096}\' (repeatable)',
+    )
     args = ap.parse_args()
+    overrides = {}
+    for item in args.set:
+        key, sep, raw = item.partition("=")
+        if not sep:
+            sys.exit(f"bench_harness: --set wants KEY=JSON, not {item!r}")
+        try:
+            overrides[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            overrides[key] = raw
     if os.geteuid() != 0:
         sys.exit("bench_harness: the embedded cluster needs root")
 
@@ -56,6 +74,7 @@ def main() -> None:
                 "idempotence": True,
                 "store": d,
                 "seed": 1,
+                **overrides,
             }
         )
         with embedded.embedded_cluster(5, name="bench") as cluster:
@@ -118,7 +137,9 @@ def main() -> None:
             and o["process"] != "nemesis"
         ]
         rate = len(main_ops) / args.seconds
-    print(f"\n5-node embedded cluster, {os.cpu_count()} cores, {args.concurrency} processes\n")
+        latency = _latencies(ops, args.seconds)
+    print(f"\n5-node embedded cluster, {os.cpu_count()} cores, {args.concurrency} processes")
+    print(f"options: {overrides or 'the harness defaults'}\n")
     print("| measure | value |")
     print("|---|---|")
     print(f"| install (wheelhouse + venvs; cached afterwards) | {install_s:.1f} s |")
@@ -128,10 +149,32 @@ def main() -> None:
         f"| completed ops in main phase | {len(main_ops):,} (ok {stats.get('ok')}, info {stats.get('info')}) |"
     )
     print(f"| baseline: one producer, acks=all, 100 B msgs/s | {base_rate:,.0f} |")
+    print("\n| op | count | p50 ms | p99 ms |\n|---|---|---|---|")
+    for f, (n, p50, p99) in sorted(latency.items()):
+        print(f"| {f} | {n:,} | {p50:.1f} | {p99:.1f} |")
     print(
         f"\ntargets: >= 5,000 recorded ops/s: {'met' if rate >= 5000 else 'NOT met'}; "
         f"cluster up < 20 s: {'met' if up_s < 20 else 'NOT met'}"
     )
+
+
+def _latencies(ops: list[dict], seconds: float) -> dict[str, tuple[int, float, float]]:
+    """Invoke -> completion latency per f (main phase), as (count, p50 ms, p99 ms)."""
+    started: dict[object, dict] = {}
+    per_f: dict[str, list[float]] = {}
+    for o in ops:
+        if o["process"] == "nemesis":
+            continue
+        if o["type"] == "invoke":
+            started[o["process"]] = o
+        elif o["process"] in started and o["time"] <= seconds * 1e9:
+            inv = started.pop(o["process"])
+            per_f.setdefault(o["f"], []).append((o["time"] - inv["time"]) / 1e6)
+    out = {}
+    for f, xs in per_f.items():
+        xs.sort()
+        out[f] = (len(xs), xs[len(xs) // 2], xs[min(len(xs) - 1, int(len(xs) * 0.99))])
+    return out
 
 
 if __name__ == "__main__":

@@ -68,6 +68,7 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 
 __all__ = [
     "DEFINITE_ERRORS",
+    "LIBRDKAFKA_LOG",
     "ClientError",
     "QueueClient",
     "classify",
@@ -126,7 +127,7 @@ class _LibrdkafkaLog:
         self._log.log(logging.CRITICAL if level >= logging.CRITICAL else logging.DEBUG, fmt, *args)
 
 
-_LIBRDKAFKA_LOG = _LibrdkafkaLog()
+LIBRDKAFKA_LOG = _LibrdkafkaLog()
 
 
 class ClientError(RuntimeError):
@@ -248,7 +249,7 @@ class QueueClient:
             "socket.connection.setup.timeout.ms": int(t.get("request_timeout_ms", 5000)),
             "reconnect.backoff.max.ms": 1000,
             "error_cb": self._on_error,
-            "logger": _LIBRDKAFKA_LOG,
+            "logger": LIBRDKAFKA_LOG,
             # Warnings and worse only: info lines are printed straight to stderr at destroy.
             "log_level": 4,
         }
@@ -279,7 +280,7 @@ class QueueClient:
             "socket.connection.setup.timeout.ms": int(t.get("request_timeout_ms", 5000)),
             "reconnect.backoff.max.ms": 1000,
             "error_cb": self._on_error,
-            "logger": _LIBRDKAFKA_LOG,
+            "logger": LIBRDKAFKA_LOG,
             # Warnings and worse only: info lines are printed straight to stderr at destroy.
             "log_level": 4,
         }
@@ -292,7 +293,7 @@ class QueueClient:
             "client.id": f"isrlab-a{self.process}",
             "socket.connection.setup.timeout.ms": int(self.test.get("request_timeout_ms", 5000)),
             "reconnect.backoff.max.ms": 1000,
-            "logger": _LIBRDKAFKA_LOG,
+            "logger": LIBRDKAFKA_LOG,
             "log_level": 4,
         }
 

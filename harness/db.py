@@ -725,13 +725,22 @@ echo {wh.deps_key} > {deps_marker}
     def _admin_for(self, nodes: Iterable[str] | None = None) -> Any:
         from confluent_kafka.admin import AdminClient
 
+        from harness.client import LIBRDKAFKA_LOG
+
+        # librdkafka's own lines (refused connections while brokers restart) go to logging at
+        # DEBUG, not straight to stderr between the progress lines.
+        quiet = {"logger": LIBRDKAFKA_LOG, "log_level": 4}
         if nodes is not None:
             # a one-off client asking only these brokers (e.g. the majority side of a partition)
             return AdminClient(
-                {"bootstrap.servers": self.bootstrap_servers(nodes), "socket.timeout.ms": 5000}
+                {
+                    "bootstrap.servers": self.bootstrap_servers(nodes),
+                    "socket.timeout.ms": 5000,
+                    **quiet,
+                }
             )
         if self._admin is None:
-            self._admin = AdminClient({"bootstrap.servers": self.bootstrap_servers()})
+            self._admin = AdminClient({"bootstrap.servers": self.bootstrap_servers(), **quiet})
         return self._admin
 
     def metadata(

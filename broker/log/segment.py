@@ -15,11 +15,12 @@ handed out before a deletion still be sent.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import mmap
 import os
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import BinaryIO
 
@@ -39,6 +40,7 @@ from broker.log.record_batch import (
 from broker.log.time_index import TimeIndex
 
 LOG_SUFFIX = ".log"
+RECENT_BATCHES = 256  # batch headers the active end of a segment keeps in memory
 INDEX_SUFFIX = ".index"
 TIME_INDEX_SUFFIX = ".timeindex"
 DELETED_SUFFIX = ".deleted"
@@ -139,6 +141,10 @@ class LogSegment:
         self.created_ms = int(clock() * 1000)
         self._first_append_ms: int | None = None
         self._next_offset: int | None = None
+        # The newest batches of the file (absolute positions), contiguous up to its end: the
+        # reads of caught-up followers and consumers land here and skip the index + scan.
+        self._recent: list[BatchHeader] = []
+        self._recent_last: list[int] = []
 
     # -- properties --------------------------------------------------------------------------
 
@@ -231,6 +237,13 @@ class LogSegment:
 
     def translate_offset(self, offset: int, starting_position: int = 0) -> BatchHeader | None:
         """The first batch whose last offset is >= ``offset`` (searching from the index hint)."""
+        recent = self._recent
+        if recent and offset >= recent[0].base_offset:
+            i = bisect.bisect_left(self._recent_last, offset)
+            if i == len(recent):
+                return None  # past the last batch
+            if recent[i].position >= starting_position:
+                return recent[i]
         _, position = self.offset_index.lookup(offset)
         for header in self._iter_headers(max(position, starting_position)):
             if header.last_offset >= offset:
@@ -276,8 +289,25 @@ class LogSegment:
         self._load_max_timestamp()
         for header in batches:
             self._index_batch(header, physical_position + header.position)
+        self._remember(batches, physical_position)
         self._size = physical_position + len(view)
         self._next_offset = largest_offset + 1
+
+    def _remember(self, batches: list[BatchHeader], physical_position: int) -> None:
+        if physical_position != self._size or (
+            self._recent and self._recent[-1].end_position != physical_position
+        ):
+            self._forget_recent()
+        for header in batches:
+            self._recent.append(replace(header, position=physical_position + header.position))
+            self._recent_last.append(header.last_offset)
+        if len(self._recent) > 2 * RECENT_BATCHES:
+            del self._recent[:-RECENT_BATCHES]
+            del self._recent_last[:-RECENT_BATCHES]
+
+    def _forget_recent(self) -> None:
+        self._recent.clear()
+        self._recent_last.clear()
 
     def _index_batch(self, header: BatchHeader, position: int) -> None:
         assert self._max_timestamp is not None
@@ -377,6 +407,7 @@ class LogSegment:
 
         Returns how many bytes were cut off the end of the ``.log`` file.
         """
+        self._forget_recent()
         self.offset_index.reset()
         self.time_index.reset()
         self.offset_index.resize(self.max_index_size)
@@ -418,6 +449,7 @@ class LogSegment:
         header = self.translate_offset(offset)
         if header is None:
             return 0
+        self._forget_recent()
         self.offset_index.truncate_to(offset)
         self.time_index.truncate_to(offset)
         # Kafka keeps the preallocated size so the segment can take appends again.

@@ -1,6 +1,6 @@
 from pathlib import Path
 
-from broker.log.record_batch import iter_batches, stamp
+from broker.log.record_batch import BatchHeader, iter_batches, stamp
 from broker.log.segment import LogSegment, log_path
 from tests.log.batches import decode_values, make_batch
 
@@ -129,3 +129,36 @@ def test_close_trims_indexes_and_keeps_largest_timestamp(tmp_path: Path) -> None
     reopened.sanity_check()
     assert reopened.max_timestamp_so_far == 10_093
     assert reopened.next_offset == 140
+
+
+def _scan(segment: LogSegment, offset: int) -> BatchHeader | None:
+    return next((h for h in segment.batches() if h.last_offset >= offset), None)
+
+
+def test_recent_batch_cache_agrees_with_the_index_scan(tmp_path: Path) -> None:
+    # 600 batches of 4 (offsets 100..2499): more than the in-memory tail keeps, so lookups
+    # take both the cached path and the index + scan path.
+    segment = filled_segment(tmp_path, batches=600, interval=4096)
+    probes = [99, 100, 101, 1_000, 1_503, 1_504, 2_299, 2_396, 2_499, 2_500, 5_000]
+    boundary = list(segment.batches())[30].position  # a starting position is a batch boundary
+    for probe in probes:
+        assert segment.translate_offset(probe) == _scan(segment, probe), probe
+        assert segment.translate_offset(probe, boundary) == _scan_from(segment, probe, boundary)
+    # Truncation forgets the cache; appends after it build a new one on the shorter file.
+    segment.truncate_to(2_300)
+    offset = 2_300
+    for i in range(40):
+        data = bytearray(make_batch(4, timestamp=20_000 + i, tag=i))
+        stamp(data, 0, offset, 0)
+        segment.append(offset + 3, 20_000 + i, offset + 3, memoryview(data))
+        offset += 4
+    for probe in [*range(2_280, 2_470, 3), 100, 2_459, 2_460]:
+        assert segment.translate_offset(probe) == _scan(segment, probe), probe
+    region = segment.read(2_305, 1 << 20)
+    assert region is not None and decode_values(region.read_bytes())[0][0] == 2_304
+
+
+def _scan_from(segment: LogSegment, offset: int, position: int) -> BatchHeader | None:
+    return next(
+        (h for h in segment.batches() if h.position >= position and h.last_offset >= offset), None
+    )

@@ -35,7 +35,7 @@ def main() -> None:
         default=[],
         metavar="KEY=JSON",
         help="a test option for the harness run, e.g. poll_ms=5 or "
-        'consumer_config=\'{"fetch.min.bytes": 4096}\' (repeatable)',
+        "consumer_config='{\"fetch.min.bytes\": 4096}' (repeatable)",
     )
     args = ap.parse_args()
     overrides = {}

@@ -729,7 +729,7 @@ echo {wh.deps_key} > {deps_marker}
 
         # librdkafka's own lines (refused connections while brokers restart) go to logging at
         # DEBUG, not straight to stderr between the progress lines.
-        quiet = {"logger": LIBRDKAFKA_LOG, "log_level": 4}
+        quiet: dict[str, Any] = {"logger": LIBRDKAFKA_LOG, "log_level": 4}
         if nodes is not None:
             # a one-off client asking only these brokers (e.g. the majority side of a partition)
             return AdminClient(

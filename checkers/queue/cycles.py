@@ -32,7 +32,7 @@ from checkers.txn_graph import (
 if TYPE_CHECKING:
     from checkers.queue.analysis import QueueAnalysis
 
-__all__ = ["cycle_anomalies", "explain_step"]
+__all__ = ["cycle_anomalies", "cyclic_ops", "explain_step"]
 
 
 def _events(nodes: Sequence[QueueOp]) -> list[tuple[int, bool]]:
@@ -73,8 +73,17 @@ def _region(spans: list[tuple[int, int]], positions: Sequence[int]) -> set[int]:
     return region
 
 
-def cycle_anomalies(analysis: QueueAnalysis) -> None:
-    """Dependency-graph cycles (G0, G1c, G1c-ww and variants).
+def cyclic_ops(analysis: QueueAnalysis) -> set[int]:
+    """Completion positions of the committed ops that lie on some dependency cycle.
+
+    The dependency graph is the one `cycle_anomalies` explains: ww (consecutive committed
+    writers in a key's version order, with ww_deps), wr, process and realtime edges.
+    """
+    return _cyclic_core(analysis)[0]
+
+
+def _cyclic_core(analysis: QueueAnalysis) -> tuple[set[int], list[QueueOp], list[tuple[int, int]]]:
+    """(positions of ops on a cycle, the committed ops, the ww chain edges); see below.
 
     Ordering ops by completion position, realtime edges always point forward (A completed
     before B was invoked, hence before B completed), so a cycle needs an explicit edge
@@ -117,7 +126,7 @@ def cycle_anomalies(analysis: QueueAnalysis) -> None:
                 prev = w
     analysis.stats.update(graph_nodes=len(nodes), backward_edges=len(spans), cyclic_nodes=0)
     if not spans:
-        return
+        return set(), nodes, chains
     region = _region(spans, [r.pos for r in nodes])
     nodes = [r for r in nodes if r.pos in region]
     reduced: dict[int, list[int]] = {}
@@ -159,7 +168,7 @@ def cycle_anomalies(analysis: QueueAnalysis) -> None:
                         lst.append(rpos)
     alive = peel_with_realtime(reduced, [(r.pos, r.inv, r.kind == OK) for r in nodes])
     if not alive:
-        return
+        return alive, nodes, chains
     # Survivors include everything downstream of a cycle. Their strongly connected
     # components (reduced edges plus a realtime chain, same reachability as the full
     # graph) are the part that matters; only that part gets full edges and networkx.
@@ -167,8 +176,17 @@ def cycle_anomalies(analysis: QueueAnalysis) -> None:
     sub: dict[int, list[int]] = {a: [b for b in reduced.get(a, ()) if b in alive] for a in alive}
     for a, b in realtime_chain(_events(survivors)):
         sub.setdefault(a, []).append(b)
-    alive = {n for comp in strong_components(sub) for n in comp if n >= 0}
-    del sub
+    return {n for comp in strong_components(sub) for n in comp if n >= 0}, nodes, chains
+
+
+def cycle_anomalies(analysis: QueueAnalysis) -> None:
+    """Dependency-graph cycles (G0, G1c, G1c-ww and variants), added to analysis.anomalies.
+
+    Only the ops on some cycle (`cyclic_ops`) get their full edges and go to
+    `find_cycles`, which names and explains the cycles.
+    """
+    writer = analysis.writer
+    alive, nodes, chains = _cyclic_core(analysis)
     if not alive:
         return
     full = DepGraph()

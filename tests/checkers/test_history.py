@@ -119,3 +119,46 @@ def test_truncated_last_line_says_so(tmp_path: Path) -> None:
     with pytest.raises(HistoryError, match="last line is incomplete") as e:
         load_history(p)
     assert e.value.line == 2
+
+
+@pytest.mark.parametrize(
+    ("raw", "indexes"),
+    [
+        (b"", []),
+        (b" \n\n\t\n", []),
+        (b"A\r\nB\r\n", [0, 1]),  # CRLF: the \r is JSON whitespace
+        (b"A\nB", [0, 1]),  # no final newline
+        (b"A\nB  \n\n \n", [0, 1]),  # trailing blank lines and spaces
+        (b" \nA\nB\n", [0, 1]),  # a blank first line is skipped but counted
+        (b"A\n\r\nB\n", [0, 1]),  # a CRLF blank line inside
+    ],
+)
+def test_line_endings_and_blank_lines(tmp_path: Path, raw: bytes, indexes: list[int]) -> None:
+    a = orjson.dumps(op(0, 0, "invoke"))
+    b = orjson.dumps(op(1, 0, "ok"))
+    p = tmp_path / "history.jsonl"
+    p.write_bytes(raw.replace(b"A", a).replace(b"B", b))
+    assert [o["index"] for o in load_history(p)] == indexes
+    assert [o["index"] for o in iter_history(p)] == indexes
+
+
+def test_blank_first_line_keeps_line_numbers(tmp_path: Path) -> None:
+    p = tmp_path / "history.jsonl"
+    p.write_bytes(b"  \n" + orjson.dumps(op(0, 0, "invoke")) + b"\n" + orjson.dumps(op(2, 0, "ok")))
+    with pytest.raises(HistoryError, match="not dense") as e:
+        load_history(p)
+    assert e.value.line == 3
+
+
+def test_two_values_on_one_line_are_located(tmp_path: Path) -> None:
+    first = orjson.dumps(op(0, 0, "invoke"))
+    p = write_lines(tmp_path, [first, first + b", " + orjson.dumps(op(1, 0, "ok"))])
+    with pytest.raises(HistoryError, match="malformed JSON") as e:
+        load_history(p)
+    assert e.value.line == 2
+
+
+def test_non_string_type_is_a_history_error() -> None:
+    with pytest.raises(HistoryError, match="type must be") as e:
+        validate([{**op(0, 0, "invoke"), "type": ["invoke"]}])
+    assert e.value.line == 1

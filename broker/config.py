@@ -161,6 +161,21 @@ CONFIG_DEFS: dict[str, ConfigDef] = {
             _at_least(1),
         ),
         ConfigDef(
+            "log.flush.offset.checkpoint.interval.ms",
+            "long",
+            60000,
+            "How often recovery points are written to recovery-point-offset-checkpoint (a "
+            "restart after a crash rescans the segments written since).",
+            _at_least(1),
+        ),
+        ConfigDef(
+            "log.flush.start.offset.checkpoint.interval.ms",
+            "long",
+            60000,
+            "How often log start offsets are written to log-start-offset-checkpoint.",
+            _at_least(1),
+        ),
+        ConfigDef(
             "message.max.bytes",
             "int",
             1048588,

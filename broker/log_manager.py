@@ -19,6 +19,7 @@ from typing import Any
 
 from broker.config import BrokerConfig
 from broker.log.checkpoint import OffsetCheckpointFile
+from broker.log.errors import KafkaStorageError
 from broker.log.log import Log, LogConfig
 
 log = logging.getLogger(__name__)
@@ -126,6 +127,38 @@ class LogManager:
     def start_schedulers(self) -> None:
         self._tasks.append(asyncio.create_task(self._retention_loop()))
         self._tasks.append(asyncio.create_task(self._flush_loop()))
+        self._tasks.append(
+            asyncio.create_task(
+                self._checkpoint_loop(
+                    "log.flush.offset.checkpoint.interval.ms",
+                    self._recovery_cp,
+                    lambda lg: lg.recovery_point,
+                )
+            )
+        )
+        self._tasks.append(
+            asyncio.create_task(
+                self._checkpoint_loop(
+                    "log.flush.start.offset.checkpoint.interval.ms",
+                    self._log_start_cp,
+                    lambda lg: lg.log_start_offset,
+                )
+            )
+        )
+
+    async def _checkpoint_loop(
+        self, interval_key: str, cp: OffsetCheckpointFile, field: Callable[[Log], int]
+    ) -> None:
+        """Kafka's periodic checkpoint tasks: the entries are taken on the loop, the file is
+        written and fsynced in a worker thread so a slow disk does not stall requests."""
+        interval = self.config[interval_key] / 1000
+        while True:
+            await asyncio.sleep(interval)
+            write = cp.snapshot({tp: field(lg) for tp, lg in self.logs.items()})
+            try:
+                await asyncio.to_thread(write)
+            except KafkaStorageError as e:
+                log.error("cannot write %s: %s", cp.path, e)
 
     async def _retention_loop(self) -> None:
         interval = self.config["log.retention.check.interval.ms"] / 1000
@@ -157,8 +190,6 @@ class LogManager:
                     lg.maybe_flush()
                 except Exception:
                     log.exception("flush failed for %s-%d", *tp)
-            with contextlib.suppress(Exception):
-                self.checkpoint()
 
     async def stop_schedulers(self) -> None:
         for t in self._tasks:

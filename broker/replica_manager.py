@@ -26,6 +26,7 @@ from kafka.protocol.consumer import FetchRequest, ListOffsetsRequest, OffsetForL
 
 from broker.errors import ErrorCode, KafkaError
 from broker.log.checkpoint import OffsetCheckpointFile
+from broker.log.errors import KafkaStorageError
 from broker.log.log import Log
 from broker.network.client import ConnectionFailed, KafkaConnection
 from broker.partition import AppendResult, HostedPartition, ReadResult
@@ -347,12 +348,20 @@ class ReplicaManager:
     async def _checkpoint_loop(self) -> None:
         while True:
             await asyncio.sleep(self.hw_checkpoint_interval_ms / 1000)
-            self.checkpoint_high_watermarks()
+            # Snapshot on the loop, fsync in a worker thread: a slow disk must not stall
+            # every request of the broker (Kafka writes it from a scheduler thread too).
+            write = self._hw_cp.snapshot(
+                {tp: hp.high_watermark for tp, hp in self.partitions.items()}
+            )
+            try:
+                await asyncio.to_thread(write)
+            except KafkaStorageError as e:
+                log.error("cannot write %s: %s", self._hw_cp.path, e)
 
     def checkpoint_high_watermarks(self) -> None:
         try:
             self._hw_cp.write({tp: hp.high_watermark for tp, hp in self.partitions.items()})
-        except OSError as e:
+        except KafkaStorageError as e:
             log.error("cannot write %s: %s", self._hw_cp.path, e)
 
     async def stop(self) -> None:

@@ -14,12 +14,15 @@ the per-partition ``leader-epoch-checkpoint``.
 
 A write goes to ``<name>.tmp``, is fsynced, renamed over the old file and the directory is
 fsynced, so a crash leaves either the old or the new checkpoint, never a torn one. A file that
-does not parse raises KafkaStorageError naming the file and the bad line.
+does not parse raises KafkaStorageError naming the file and the bad line. Writes of one file are
+serialised by a lock, so a periodic write running in a worker thread (the fsyncs must not stall
+the broker's event loop) cannot interleave with a write made on the loop (shutdown, retention).
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Generic, TypeVar
@@ -48,11 +51,32 @@ class CheckpointFile(Generic[T]):
         self._format = format_entry
         self._parse = parse_entry
         self.version = version
+        self._lock = threading.Lock()
+        self._taken = 0  # snapshots taken
+        self._written = 0  # the newest snapshot on disk
 
     def write(self, entries: Iterable[T]) -> None:
+        self.snapshot(entries)()
+
+    def snapshot(self, entries: Iterable[T]) -> Callable[[], None]:
+        """Take the entries now; the returned function writes them (in any thread), unless a
+        newer snapshot was written first: an older one never overwrites it."""
         items = list(entries)
         lines = [str(self.version), str(len(items)), *(self._format(item) for item in items)]
+        self._taken += 1
+        generation = self._taken
         tmp = self.path.with_name(self.path.name + ".tmp")
+
+        def write() -> None:
+            with self._lock:
+                if generation < self._written:
+                    return
+                self._write_locked(tmp, lines)
+                self._written = generation
+
+        return write
+
+    def _write_locked(self, tmp: Path, lines: list[str]) -> None:
         try:
             with open(tmp, "w", encoding="utf-8") as out:
                 out.write("\n".join(lines) + "\n")
@@ -139,6 +163,10 @@ class OffsetCheckpointFile:
     def write(self, offsets: Mapping[TopicPartition, int]) -> None:
         """Replace the file's contents with ``offsets`` (sorted, for stable diffs)."""
         self._file.write(sorted(offsets.items()))
+
+    def snapshot(self, offsets: Mapping[TopicPartition, int]) -> Callable[[], None]:
+        """``offsets`` taken now, written when the returned function runs (see CheckpointFile)."""
+        return self._file.snapshot(sorted(offsets.items()))
 
     def read(self) -> dict[TopicPartition, int]:
         """{(topic, partition): offset}; empty if the file does not exist."""

@@ -95,3 +95,14 @@ def test_garbage_epoch_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
     path.write_text("0\n1\nthree 0\n")
     with pytest.raises(KafkaStorageError, match="leader-epoch-checkpoint"):
         LeaderEpochFileCache(path)
+
+
+def test_an_older_snapshot_never_overwrites_a_newer_checkpoint(tmp_path: Path) -> None:
+    cp = OffsetCheckpointFile(tmp_path / "replication-offset-checkpoint")
+    older = cp.snapshot({("t", 0): 5})
+    newer = cp.snapshot({("t", 0): 9})
+    newer()
+    older()  # e.g. a periodic write that was still running in a thread at shutdown
+    assert cp.read() == {("t", 0): 9}
+    cp.snapshot({("t", 0): 12})()
+    assert cp.read() == {("t", 0): 12}

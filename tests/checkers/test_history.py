@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 from typing import Any
 
@@ -162,3 +163,20 @@ def test_non_string_type_is_a_history_error() -> None:
     with pytest.raises(HistoryError, match="type must be") as e:
         validate([{**op(0, 0, "invoke"), "type": ["invoke"]}])
     assert e.value.line == 1
+
+
+def test_loaded_history_goes_to_the_oldest_gc_generation(tmp_path: Path) -> None:
+    # Left in the youngest generation, millions of loaded objects would be walked by the
+    # next young collection, as costly as parsing them.
+    p = tmp_path / "h.jsonl"
+    write_history(simulate(200, seed=5), p)
+    was_enabled = gc.isenabled()
+    gc.enable()
+    try:
+        ops = load_history(p)
+        young = {id(o) for g in (0, 1) for o in gc.get_objects(generation=g)}
+        assert id(ops) not in young and id(ops[-1]["value"]) not in young
+        assert gc.isenabled()
+    finally:
+        if not was_enabled:
+            gc.disable()

@@ -20,8 +20,9 @@ cycle anomalies live in `checkers.queue.cycles`.
 from __future__ import annotations
 
 from bisect import bisect_left, insort
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 from typing import Any
 
 from checkers.history import HistoryError, gc_paused
@@ -36,6 +37,7 @@ __all__ = ["QueueAnalysis", "check_queue"]
 
 _MISSING = object()
 _VALUE = itemgetter(1)
+_KIND = attrgetter("kind")
 
 
 _fmt = fmt
@@ -581,11 +583,12 @@ class QueueAnalysis(CaseBuilders):
             for name, cases in check_eos(self.orders, inputs, outputs, consumed, links).items():
                 self.anomalies.add_all(name, cases)
         recs = self.records
+        kinds = Counter(map(_KIND, recs))
         self.stats.update(
             ops=len(recs),
-            ok=sum(1 for r in recs if r.kind == OK),
-            info=sum(1 for r in recs if r.kind == INFO),
-            fail=sum(1 for r in recs if r.kind == FAIL),
+            ok=kinds[OK],
+            info=kinds[INFO],
+            fail=kinds[FAIL],
             keys=len(self.orders),
             max_offset=max(
                 (vo.offsets[-1] for vo in self.orders.values() if vo.offsets), default=-1

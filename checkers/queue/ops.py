@@ -27,6 +27,9 @@ _KIND = {"ok": OK, "info": INFO, "fail": FAIL}
 DATA_FS = frozenset(("send", "poll", "txn"))
 ASSIGN_FS = frozenset(("assign", "subscribe"))
 _NO_INVOKE: tuple[int, None] = (-1, None)
+# Never mutated: `_parse_mops` replaces them with fresh containers before adding.
+_NO_SENDS: list[tuple[Any, Any, Any]] = []
+_NO_READS: dict[Any, list[Any]] = {}
 
 
 class QueueOp:
@@ -54,8 +57,10 @@ class QueueOp:
         self.inv = inv
         self.inv_index = -1
         self.process = process
-        self.sends: list[tuple[Any, Any, Any]] = []
-        self.reads: dict[Any, list[Any]] = {}
+        # Shared empties until `_parse_mops` finds a send or a poll: most ops have only
+        # one of the two, and a million empty containers cost time to make and to free.
+        self.sends: list[tuple[Any, Any, Any]] = _NO_SENDS
+        self.reads: dict[Any, list[Any]] = _NO_READS
         self.wm: dict[str, Any] | None = None
         self.idem = False
         self.committed = kind == OK
@@ -87,9 +92,13 @@ def _parse_mops(rec: QueueOp, value: Any, line: int, with_reads: bool) -> None:
             if type(x) is list:
                 if len(x) != 2:
                     raise HistoryError(f"send result must be [offset, value], got {x!r}", line)
-                sends.append((mop[1], x[0], x[1]))
+                item = (mop[1], x[0], x[1])
             else:
-                sends.append((mop[1], None, x))
+                item = (mop[1], None, x)
+            if sends is _NO_SENDS:
+                rec.sends = sends = [item]
+            else:
+                sends.append(item)
         elif name == "poll":
             if not with_reads or len(mop) < 2 or mop[1] is None:
                 continue
@@ -98,6 +107,8 @@ def _parse_mops(rec: QueueOp, value: Any, line: int, with_reads: bool) -> None:
                 raise HistoryError(
                     f"poll result must be an object of key -> pairs, got {m!r}", line
                 )
+            if reads is _NO_READS:
+                rec.reads = reads = {}
             for k, pairs in m.items():
                 if type(pairs) is not list:
                     raise HistoryError(f"poll result for {k!r} must be a list of pairs", line)

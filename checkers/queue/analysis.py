@@ -103,8 +103,8 @@ class QueueAnalysis(CaseBuilders):
         """One pass: writers, ok reads, and the version orders (see the module doc).
 
         Each key's observations (acked offsets of ok sends, then reads, op by op; then
-        acked offsets of proven info sends) are gathered in order and turned into a
-        `VersionOrder` in bulk at the end.
+        acked offsets of proven info sends) are gathered in that order, and each key's
+        `VersionOrder` is built from them in one call at the end.
         """
         writer = self.writer
         ok_reads = self.ok_reads

@@ -16,6 +16,7 @@ through Python.
 from __future__ import annotations
 
 import os
+import re
 import struct
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -96,10 +97,59 @@ def decode_request(frame: bytes | memoryview) -> Request:
         body = cls[api_version].decode(frame, header=True)
     except Exception as e:  # the codec raises a variety of errors on malformed input
         raise FrameError(f"malformed {cls.__name__} v{api_version}: {e!r}") from None
+    problem = null_violation(cls[api_version]._json, body, api_version)
+    if problem is not None:
+        raise FrameError(f"malformed {cls.__name__} v{api_version}: {problem}")
     header = body.header
     return Request(
         api_key, api_version, correlation_id, getattr(header, "client_id", None), body, len(frame)
     )
+
+
+def _in_versions(spec: str | None, version: int) -> bool:
+    """Kafka's schema version ranges: "3+", "0-12", "5", "none"."""
+    if not spec or spec == "none":
+        return False
+    if spec.endswith("+"):
+        return version >= int(spec[:-1])
+    lo, _, hi = spec.partition("-")
+    return int(lo) <= version <= int(hi or lo)
+
+
+def _attr_name(field_name: str) -> str:
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", field_name).lower()
+
+
+def null_violation(schema: dict[str, Any], message: Any, version: int) -> str | None:
+    """The first field the schema says cannot be null in ``version`` but was sent as null
+    (a -1 length), as Kafka's generated readers refuse it; None if there is none.
+
+    kafka-python's decoder accepts such nulls and the handlers would trip over them.
+    """
+    for f in schema.get("fields", ()):
+        if not _in_versions(f.get("versions"), version) or "taggedVersions" in f:
+            continue
+        value = getattr(message, _attr_name(f["name"]), _MISSING)
+        if value is _MISSING:
+            continue
+        if value is None:
+            # Only these types have a wire null (-1 length); kafka-python also reads the zero
+            # UUID and absent tagged structs as None.
+            nullable_type = f["type"].startswith("[]") or f["type"] in _NULLABLE_TYPES
+            if nullable_type and not _in_versions(f.get("nullableVersions"), version):
+                return f"non-nullable field {f['name']} was serialized as null"
+            continue
+        if "fields" in f:
+            items = value if isinstance(value, list) else [value]
+            for item in items:
+                problem = null_violation(f, item, version)
+                if problem is not None:
+                    return problem
+    return None
+
+
+_MISSING = object()
+_NULLABLE_TYPES = frozenset({"string", "bytes", "records"})
 
 
 class FileLike(Protocol):

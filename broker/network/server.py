@@ -57,10 +57,18 @@ class Connection:
         for part in parts:
             if isinstance(part, FileRegion):
                 await self.writer.drain()
+                if transport.is_closing():
+                    raise ConnectionResetError(f"connection {self.peer} closed by the peer")
                 # A fresh open file description: sendfile moves the file position, which must
                 # not disturb the log's own handle (works even if the segment was just deleted).
                 with open(f"/proc/self/fd/{part.file.fileno()}", "rb", buffering=0) as f:
-                    await loop.sendfile(transport, f, part.position, part.size)
+                    try:
+                        await loop.sendfile(transport, f, part.position, part.size)
+                    except RuntimeError as e:
+                        # asyncio refuses a transport that began closing during the send
+                        if not transport.is_closing():
+                            raise
+                        raise ConnectionResetError(f"connection {self.peer}: {e}") from None
             else:
                 self.writer.write(part)
         await self.writer.drain()

@@ -316,3 +316,27 @@ def test_after_fuzzing_the_log_is_still_valid(fuzz_broker):
         offsets = [h.base_offset for h in headers]
         assert offsets == sorted(offsets)
         assert headers[-1].next_offset == end_offset(fuzz_broker.port, "fuzz")
+
+
+def test_null_where_the_schema_forbids_it_closes_the_connection(broker):
+    # A -1 array length for ProduceRequest.TopicData / a null topic name: Kafka's generated
+    # readers refuse both ("non-nullable field ... was serialized as null").
+    P = ProduceRequest[8]
+    bad = [
+        P(transactional_id=None, acks=1, timeout_ms=5000, topic_data=None),
+        P(
+            transactional_id=None,
+            acks=1,
+            timeout_ms=5000,
+            topic_data=[P.TopicProduceData(name=None, partition_data=[])],
+        ),
+    ]
+    for request in bad:
+        c = RawClient(broker.port, timeout=5)
+        c.send_frame(c.encode(request))
+        assert c.sock.recv(65536) == b"", "the broker closes the connection"
+        c.close()
+    text = broker.log_text()
+    assert text.count("non-nullable field") == 2
+    assert "unexpected error" not in text
+    assert api_versions_ok(broker.port)

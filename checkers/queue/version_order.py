@@ -14,6 +14,8 @@ from typing import Any
 
 __all__ = ["VersionOrder"]
 
+_ABSENT = object()
+
 
 class VersionOrder:
     __slots__ = ("conflicts", "key", "log", "multi", "offsets", "oidx", "voff")
@@ -54,25 +56,32 @@ class VersionOrder:
         """The sealed version order of `key` from (offset, value) pairs in observation order.
 
         Pairs with a null offset are ignored. The same as `add` for each pair, then
-        `seal`, with `add`'s common case (an offset and a value seen before together, or
-        both new) inlined: this loop runs once per record read.
+        `seal`, with `add`'s common cases inlined: a record is usually read several times,
+        and a pair already seen changes nothing, so it costs one lookup.
         """
         vo = cls(key)
         log = vo.log
-        voff = vo.voff
+        multi = vo.multi
         add = vo.add
-        log_get = log.setdefault
-        voff_get = voff.setdefault
+        log_get = log.get
+        voff_setdefault = vo.voff.setdefault
         for o, v in pairs:
+            cur = log_get(o, _ABSENT)
+            if cur is v or cur == v:
+                continue  # seen before at this offset: `add` would change nothing
             if o is None:
                 continue
-            cur = log_get(o, v)
-            if cur is not v and cur != v:
-                add(o, v)  # a conflict: `add` records it (and any multi)
+            if cur is not _ABSENT:
+                add(o, v)  # a second value at this offset: a conflict
                 continue
-            o0 = voff_get(v, o)
-            if o0 != o:
-                add(o, v)  # the value sits at several offsets
+            log[o] = v
+            o0 = voff_setdefault(v, o)
+            if o0 != o:  # the value also sits at another offset
+                s = multi.get(v)
+                if s is None:
+                    multi[v] = {o0, o}
+                else:
+                    s.add(o)
         vo.seal()
         return vo
 

@@ -78,6 +78,7 @@ def cyclic_ops(analysis: QueueAnalysis) -> set[int]:
 
     The dependency graph is the one `cycle_anomalies` explains: ww (consecutive committed
     writers in a key's version order, with ww_deps), wr, process and realtime edges.
+    `analysis` must have run (its read checks note the backward wr edges).
     """
     return _cyclic_core(analysis)[0]
 

@@ -253,6 +253,31 @@ def explain_step(analysis: QueueAnalysis, a: int, b: int, kind: int) -> dict[str
                         f"(offset {vo.offsets[i1]}) before {rb.describe()} sent "
                         f"{_fmt(v2)} (offset {vo.offsets[i2]})",
                     }
+        # A duplicated value sits at several offsets: the edge may come from another copy.
+        for k, _, v2 in rb.sends:
+            vo = analysis.orders.get(k)
+            if vo is None:
+                continue
+            offs2 = vo.value_offsets(v2)
+            for k1, _, v1 in ra.sends:
+                offs1 = vo.value_offsets(v1) if k1 == k else []
+                pairs = [(o1, o2) for o1 in offs1 for o2 in offs2 if o1 < o2]
+                if not pairs:
+                    continue
+                o1, o2 = min(pairs, key=lambda p: p[1] - p[0])
+                copies = "; ".join(
+                    f"{_fmt(v)} is at offsets {offs}"
+                    for v, offs in ((v1, offs1), (v2, offs2))
+                    if len(offs) > 1
+                )
+                return {
+                    **base,
+                    "key": k,
+                    "values": [v1, v2],
+                    "explanation": f"{ra.describe()} sent {_fmt(v1)} to {_fmt(k)} "
+                    f"(offset {o1}) before {rb.describe()} sent {_fmt(v2)} (offset {o2})"
+                    + (f" ({copies})" if copies else ""),
+                }
     if kind == PROCESS:
         return {
             **base,

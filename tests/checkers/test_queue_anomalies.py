@@ -463,3 +463,21 @@ def test_subscribe_mode_is_inferred_from_the_history() -> None:
     assert "poll-skip" in r["anomaly_types"]
     assert r["valid"] is True and r["stats"]["subscribe_mode"] is True
     assert check(h, subscribe=False)["valid"] is False
+
+
+def test_g0_through_a_duplicated_value_is_explained_by_the_copies() -> None:
+    # Two concurrent info sends, each retried by the client: both values are stored twice,
+    # interleaved (1 2 1 2), so each precedes the other at some pair of offsets.
+    h = H()
+    h.invoke(0, "send", [["send", "k", 1]])
+    h.invoke(1, "send", [["send", "k", 2]])
+    h.complete(0, "info", "send", [["send", "k", 1]])
+    h.complete(1, "info", "send", [["send", "k", 2]])
+    h.poll(2, {"k": [[0, 1], [1, 2], [2, 1], [3, 2]]})
+    r = check(h)
+    assert {"duplicate", "G0"} <= set(r["anomaly_types"])
+    steps = r["anomalies"]["G0"]["examples"][0]["steps"]
+    assert all(s["type"] == "ww" for s in steps)
+    texts = " / ".join(s["explanation"] for s in steps)
+    assert "completed before" not in texts
+    assert "is at offsets [0, 2]" in texts or "is at offsets [1, 3]" in texts

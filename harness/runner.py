@@ -368,7 +368,24 @@ def exit_code(results: Mapping[str, Any]) -> int:
     return 0 if v is True else 1 if v is False else 2
 
 
+def idle_warning(results: Mapping[str, Any]) -> str | None:
+    """A warning when the run exercised nothing: no record acknowledged with an offset and none
+    read. Such a run is trivially valid (Jepsen's stats checker would fail it), so say so."""
+    stats = results.get("stats") or {}
+    if not isinstance(stats, Mapping) or "reads" not in stats:
+        return None
+    if stats.get("reads") == 0 and int(stats.get("max_offset", -1)) < 0:
+        return (
+            "no record was acknowledged with an offset and none was read: the verdict says "
+            "nothing about the system (was the cluster working? see the node logs)"
+        )
+    return None
+
+
 def print_summary(run_dir: Path, results: Mapping[str, Any]) -> None:
+    warning = idle_warning(results)
+    if warning:
+        console.print(f"[bold yellow]warning: {warning}[/]")
     v = results.get("valid")
     color = {True: "green", False: "red"}.get(v, "yellow")  # type: ignore[arg-type]
     console.print(

@@ -187,6 +187,10 @@ def _verdict(run_dir: Path | None) -> tuple[str, str]:
         return "unknown", f"no readable results.json ({e})"
     valid = results.get("valid") if isinstance(results, dict) else None
     types = ", ".join(results.get("anomaly_types") or []) if isinstance(results, dict) else ""
+    from harness.runner import idle_warning
+
+    if isinstance(results, dict) and idle_warning(results):
+        types = (types + "; " if types else "") + "NOTHING acknowledged or read"
     return ("valid" if valid is True else "invalid" if valid is False else "unknown"), types
 
 

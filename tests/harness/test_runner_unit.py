@@ -55,3 +55,23 @@ def test_make_test_validates_and_fills_defaults():
         make_test({"acks": "2"})
     with pytest.raises(SetupError, match="time-limit"):
         make_test({"time_limit": 0})
+
+
+def test_a_run_that_acknowledged_and_read_nothing_is_called_out():
+    from checkers.queue import check_queue
+    from harness.runner import idle_warning
+    from tests.checkers.hist import H
+
+    dead = H()
+    dead.invoke(0, "send", [["send", "t0/0", 1]])
+    dead.complete(0, "info", "send", [["send", "t0/0", 1]], error="timeout")
+    dead.poll(1, {})
+    assert "nothing about the system" in (idle_warning(check_queue(dead.ops)) or "")
+    alive = H()
+    alive.send(0, "t0/0", 1, 0)
+    assert idle_warning(check_queue(alive.ops)) is None
+    acks0 = H()  # acks=0: no offsets, but records were read back
+    acks0.invoke(0, "send", [["send", "t0/0", 1]])
+    acks0.complete(0, "ok", "send", [["send", "t0/0", [None, 1]]])
+    acks0.poll(1, {"t0/0": [[0, 1]]})
+    assert idle_warning(check_queue(acks0.ops)) is None

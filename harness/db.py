@@ -76,6 +76,7 @@ import time
 import tomllib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -99,6 +100,7 @@ SOURCE_SUFFIXES = (".py", ".html", ".j2", ".css", ".js")
 CLOCK_SHIM = PROJECT_ROOT / "nemeses" / "clockshim.py"
 
 KEEP_WHEELHOUSES = 3
+CREATE_ATTEMPT_S = 10.0  # one CreateTopics attempt before asking again with a fresh client
 ZK_PORT = 2181
 BROKER_PORT = 9092
 ZK_CHROOT = "/isrlab"
@@ -789,10 +791,23 @@ echo {wh.deps_key} > {deps_marker}
                 [NewTopic(t, n, rf, config=config) for t, n in sorted(pending.items())],
                 operation_timeout=timeout,
             )
+            # One attempt waits at most ATTEMPT_S: a client whose first Metadata answer named
+            # no controller (brokers that started before the election) can wait for one far
+            # longer than the whole deadline; a fresh client asks again.
+            attempt_end = min(deadline, time.monotonic() + CREATE_ATTEMPT_S)
             for topic, fut in futures.items():
                 try:
-                    fut.result(max(1.0, deadline - time.monotonic()))
+                    fut.result(max(0.5, attempt_end - time.monotonic()))
                     pending.pop(topic)
+                except FutureTimeout:
+                    if time.monotonic() > deadline:
+                        raise DBError(
+                            f"creating topic {topic} failed within {timeout:.0f}s: no answer "
+                            "from the controller; see the controller's logs/broker.log"
+                        ) from None
+                    self._admin = None
+                    admin = self._admin_for()
+                    break
                 except Exception as e:
                     msg = f"{type(e).__name__}: {e}"
                     if "TOPIC_ALREADY_EXISTS" in msg or "already exists" in msg:

@@ -90,3 +90,60 @@ def test_keys() -> None:
     for bad in ("t0", "t0/x", "/1"):
         with pytest.raises(ValueError, match="topic/partition"):
             parse_key(bad)
+
+
+class _Admin:
+    """Stands in for confluent-kafka's AdminClient: the first client never answers (it waits
+    for a controller it was told does not exist); later clients create the topics."""
+
+    made = 0
+
+    def __init__(self) -> None:
+        _Admin.made += 1
+        self.answers = _Admin.made > 1
+        self.created: list[str] = []
+
+    def create_topics(self, topics, operation_timeout):  # type: ignore[no-untyped-def]
+        from concurrent.futures import Future
+
+        out = {}
+        for t in topics:
+            fut: Future[None] = Future()
+            if self.answers:
+                self.created.append(t.topic)
+                fut.set_result(None)
+            out[t.topic] = fut
+        return out
+
+
+def test_create_topics_asks_again_with_a_fresh_client_when_nobody_answers(monkeypatch) -> None:
+    d = KafkaDB({"name": "t", "keys": ["t0/0"]}, inventory(), Path("/nonexistent"))
+    _Admin.made = 0
+    clients: list[_Admin] = []
+
+    def admin_for(nodes=None):  # type: ignore[no-untyped-def]
+        if d._admin is None:
+            d._admin = _Admin()
+            clients.append(d._admin)
+        return d._admin
+
+    monkeypatch.setattr(d, "_admin_for", admin_for)
+    monkeypatch.setattr(dbmod, "CREATE_ATTEMPT_S", 0.2)
+    monkeypatch.setattr(d, "metadata", lambda *a, **k: _Metadata({"t0": {0: 1}, "t1": {0: 2}}))
+    assert d.create_topics(["t0/0", "t1/0"], rf=3, timeout=5) == {"t0": 1, "t1": 1}
+    assert len(clients) == 2 and sorted(clients[1].created) == ["t0", "t1"]
+    # and a deadline nobody answers within is a clear error, not a hang
+    _Admin.made = -100
+    d._admin = None
+    with pytest.raises(DBError, match="no answer from the controller"):
+        d.create_topics(["t2/0"], rf=3, timeout=0.5)
+
+
+class _Metadata:
+    def __init__(self, leaders: dict[str, dict[int, int]]) -> None:
+        from types import SimpleNamespace as NS
+
+        self.topics = {
+            t: NS(partitions={p: NS(leader=lead) for p, lead in ps.items()})
+            for t, ps in leaders.items()
+        }

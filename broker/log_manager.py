@@ -19,7 +19,6 @@ from typing import Any
 
 from broker.config import BrokerConfig
 from broker.log.checkpoint import OffsetCheckpointFile
-from broker.log.errors import KafkaStorageError
 from broker.log.log import Log, LogConfig
 
 log = logging.getLogger(__name__)
@@ -120,45 +119,36 @@ class LogManager:
         if lg is not None:
             lg.delete()
 
+    def _recovery_points(self) -> dict[TopicPartition, int]:
+        return {tp: lg.recovery_point for tp, lg in self.logs.items()}
+
+    def _log_start_offsets(self) -> dict[TopicPartition, int]:
+        return {tp: lg.log_start_offset for tp, lg in self.logs.items()}
+
     def checkpoint(self) -> None:
-        self._recovery_cp.write({tp: lg.recovery_point for tp, lg in self.logs.items()})
-        self._log_start_cp.write({tp: lg.log_start_offset for tp, lg in self.logs.items()})
+        self._recovery_cp.write(self._recovery_points())
+        self._log_start_cp.write(self._log_start_offsets())
 
     def start_schedulers(self) -> None:
         self._tasks.append(asyncio.create_task(self._retention_loop()))
         self._tasks.append(asyncio.create_task(self._flush_loop()))
+        # Kafka's periodic checkpoint tasks, written off the event loop
         self._tasks.append(
             asyncio.create_task(
-                self._checkpoint_loop(
-                    "log.flush.offset.checkpoint.interval.ms",
-                    self._recovery_cp,
-                    lambda lg: lg.recovery_point,
+                self._recovery_cp.write_every(
+                    self.config["log.flush.offset.checkpoint.interval.ms"] / 1000,
+                    self._recovery_points,
                 )
             )
         )
         self._tasks.append(
             asyncio.create_task(
-                self._checkpoint_loop(
-                    "log.flush.start.offset.checkpoint.interval.ms",
-                    self._log_start_cp,
-                    lambda lg: lg.log_start_offset,
+                self._log_start_cp.write_every(
+                    self.config["log.flush.start.offset.checkpoint.interval.ms"] / 1000,
+                    self._log_start_offsets,
                 )
             )
         )
-
-    async def _checkpoint_loop(
-        self, interval_key: str, cp: OffsetCheckpointFile, field: Callable[[Log], int]
-    ) -> None:
-        """Kafka's periodic checkpoint tasks: the entries are taken on the loop, the file is
-        written and fsynced in a worker thread so a slow disk does not stall requests."""
-        interval = self.config[interval_key] / 1000
-        while True:
-            await asyncio.sleep(interval)
-            write = cp.snapshot({tp: field(lg) for tp, lg in self.logs.items()})
-            try:
-                await asyncio.to_thread(write)
-            except KafkaStorageError as e:
-                log.error("cannot write %s: %s", cp.path, e)
 
     async def _retention_loop(self) -> None:
         interval = self.config["log.retention.check.interval.ms"] / 1000

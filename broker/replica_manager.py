@@ -334,7 +334,13 @@ class ReplicaManager:
 
     def start(self) -> None:
         self._loops.append(asyncio.create_task(self._tick_loop()))
-        self._loops.append(asyncio.create_task(self._checkpoint_loop()))
+        self._loops.append(
+            asyncio.create_task(
+                self._hw_cp.write_every(
+                    self.hw_checkpoint_interval_ms / 1000, self._high_watermarks
+                )
+            )
+        )
 
     async def _tick_loop(self) -> None:
         while True:
@@ -345,22 +351,12 @@ class ReplicaManager:
                 except Exception:
                     log.exception("%s: tick failed", hp.name)
 
-    async def _checkpoint_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.hw_checkpoint_interval_ms / 1000)
-            # Snapshot on the loop, fsync in a worker thread: a slow disk must not stall
-            # every request of the broker (Kafka writes it from a scheduler thread too).
-            write = self._hw_cp.snapshot(
-                {tp: hp.high_watermark for tp, hp in self.partitions.items()}
-            )
-            try:
-                await asyncio.to_thread(write)
-            except KafkaStorageError as e:
-                log.error("cannot write %s: %s", self._hw_cp.path, e)
+    def _high_watermarks(self) -> dict[TopicPartition, int]:
+        return {tp: hp.high_watermark for tp, hp in self.partitions.items()}
 
     def checkpoint_high_watermarks(self) -> None:
         try:
-            self._hw_cp.write({tp: hp.high_watermark for tp, hp in self.partitions.items()})
+            self._hw_cp.write(self._high_watermarks())
         except KafkaStorageError as e:
             log.error("cannot write %s: %s", self._hw_cp.path, e)
 

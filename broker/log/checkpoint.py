@@ -21,6 +21,8 @@ the broker's event loop) cannot interleave with a write made on the loop (shutdo
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 import threading
 from collections.abc import Callable, Iterable, Mapping
@@ -28,6 +30,8 @@ from pathlib import Path
 from typing import Generic, TypeVar
 
 from broker.log.errors import KafkaStorageError
+
+_log = logging.getLogger(__name__)
 
 CHECKPOINT_VERSION = 0
 RECOVERY_POINT_CHECKPOINT = "recovery-point-offset-checkpoint"
@@ -171,3 +175,16 @@ class OffsetCheckpointFile:
     def read(self) -> dict[TopicPartition, int]:
         """{(topic, partition): offset}; empty if the file does not exist."""
         return dict(self._file.read())
+
+    async def write_every(
+        self, interval_s: float, offsets: Callable[[], Mapping[TopicPartition, int]]
+    ) -> None:
+        """Kafka's periodic checkpoint task, until cancelled: every ``interval_s`` the offsets
+        are taken on the event loop and written (fsynced) in a worker thread, so a slow disk
+        does not stall requests. A failed write is logged; the next one tries again."""
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await asyncio.to_thread(self.snapshot(offsets()))
+            except KafkaStorageError as e:
+                _log.error("cannot write %s: %s", self.path, e)

@@ -40,12 +40,12 @@ from broker.log.record_batch import (
 from broker.log.time_index import TimeIndex
 
 LOG_SUFFIX = ".log"
-RECENT_BATCHES = 256  # batch headers the active end of a segment keeps in memory
 INDEX_SUFFIX = ".index"
 TIME_INDEX_SUFFIX = ".timeindex"
 DELETED_SUFFIX = ".deleted"
 CLEANED_SUFFIX = ".cleaned"
 SWAP_SUFFIX = ".swap"
+RECENT_BATCHES = 256  # batch headers the active end of a segment keeps in memory
 _INT32_MAX = 0x7FFFFFFF
 
 
@@ -294,9 +294,7 @@ class LogSegment:
         self._next_offset = largest_offset + 1
 
     def _remember(self, batches: list[BatchHeader], physical_position: int) -> None:
-        if physical_position != self._size or (
-            self._recent and self._recent[-1].end_position != physical_position
-        ):
+        if self._recent and self._recent[-1].end_position != physical_position:
             self._forget_recent()
         for header in batches:
             self._recent.append(replace(header, position=physical_position + header.position))

@@ -15,6 +15,7 @@ through Python.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import struct
@@ -106,6 +107,7 @@ def decode_request(frame: bytes | memoryview) -> Request:
     )
 
 
+@functools.cache
 def _in_versions(spec: str | None, version: int) -> bool:
     """Kafka's schema version ranges: "3+", "0-12", "5", "none"."""
     if not spec or spec == "none":
@@ -116,6 +118,7 @@ def _in_versions(spec: str | None, version: int) -> bool:
     return int(lo) <= version <= int(hi or lo)
 
 
+@functools.cache
 def _attr_name(field_name: str) -> str:
     return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", field_name).lower()
 

@@ -791,7 +791,7 @@ echo {wh.deps_key} > {deps_marker}
                 [NewTopic(t, n, rf, config=config) for t, n in sorted(pending.items())],
                 operation_timeout=timeout,
             )
-            # One attempt waits at most ATTEMPT_S: a client whose first Metadata answer named
+            # One attempt waits at most CREATE_ATTEMPT_S: a client whose first Metadata answer named
             # no controller (brokers that started before the election) can wait for one far
             # longer than the whole deadline; a fresh client asks again.
             attempt_end = min(deadline, time.monotonic() + CREATE_ATTEMPT_S)

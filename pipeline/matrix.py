@@ -244,48 +244,48 @@ def run_matrix(
     summary = MatrixSummary()
     width = len(str(len(cells)))
     runner: RunTest | None = run_test
-    for i, test in enumerate(cells, 1):
-        name = str(test["name"])
-        pos = f"[{i:>{width}}/{len(cells)}]"
-        done = finished_run(store, name)
-        if done is not None:
-            summary.cells.append(CellResult(name, "skipped", done, detail="already finished"))
-            console.print(f"{pos} {name}: [dim]skipped, finished in {done}[/]", highlight=False)
-            continue
-        if runner is None:
-            runner = _default_run_test()
-        test = dict(test, store=str(store))
-        t0 = time.monotonic()
-        try:
-            run_dir = runner(test)
-        except KeyboardInterrupt:
-            console.print(f"{pos} {name}: [yellow]interrupted[/]; run again to resume")
-            close = getattr(runner, "close", None)
-            if callable(close):
-                close()
-            raise
-        except Exception as e:
-            # One broken run must not cost the rest of a nightly matrix.
+    try:
+        for i, test in enumerate(cells, 1):
+            name = str(test["name"])
+            pos = f"[{i:>{width}}/{len(cells)}]"
+            done = finished_run(store, name)
+            if done is not None:
+                summary.cells.append(CellResult(name, "skipped", done, detail="already finished"))
+                console.print(f"{pos} {name}: [dim]skipped, finished in {done}[/]", highlight=False)
+                continue
+            if runner is None:
+                runner = _default_run_test()
+            test = dict(test, store=str(store))
+            t0 = time.monotonic()
+            try:
+                run_dir = runner(test)
+            except KeyboardInterrupt:
+                console.print(f"{pos} {name}: [yellow]interrupted[/]; run again to resume")
+                raise
+            except Exception as e:
+                # One broken run must not cost the rest of a nightly matrix.
+                seconds = time.monotonic() - t0
+                summary.cells.append(CellResult(name, "error", None, seconds, repr(e)))
+                console.print(
+                    f"{pos} {name}: [red]error[/] after {seconds:.1f} s: {escape(repr(e))}",
+                    highlight=False,
+                )
+                continue
             seconds = time.monotonic() - t0
-            summary.cells.append(CellResult(name, "error", None, seconds, repr(e)))
+            status, detail = _verdict(Path(run_dir) if run_dir is not None else None)
+            summary.cells.append(
+                CellResult(name, status, Path(run_dir) if run_dir else None, seconds, detail)
+            )
+            style = {"valid": "green", "invalid": "red"}.get(status, "yellow")
             console.print(
-                f"{pos} {name}: [red]error[/] after {seconds:.1f} s: {escape(repr(e))}",
+                f"{pos} {name}: [{style}]{status}[/] {escape(detail)} ({seconds:.1f} s) -> {run_dir}",
                 highlight=False,
             )
-            continue
-        seconds = time.monotonic() - t0
-        status, detail = _verdict(Path(run_dir) if run_dir is not None else None)
-        summary.cells.append(
-            CellResult(name, status, Path(run_dir) if run_dir else None, seconds, detail)
-        )
-        style = {"valid": "green", "invalid": "red"}.get(status, "yellow")
-        console.print(
-            f"{pos} {name}: [{style}]{status}[/] {escape(detail)} ({seconds:.1f} s) -> {run_dir}",
-            highlight=False,
-        )
-    close = getattr(runner, "close", None)
-    if callable(close):
-        close()
+    finally:
+        # the real runner keeps the embedded cluster between cells: tear it down, also on ^C
+        close = getattr(runner, "close", None)
+        if callable(close):
+            close()
     _print_summary(summary, console)
     return summary
 

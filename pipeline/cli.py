@@ -29,7 +29,10 @@ def matrix_command(
     acks: Annotated[str, typer.Option(help="acks settings, comma-separated")] = "0,1,all",
     nemesis: Annotated[
         str,
-        typer.Option(help="faults: partition,kill,pause,clock,combined,none (comma-separated)"),
+        typer.Option(
+            help="faults, comma-separated: partition, kill, pause, clock, combined (all four), "
+            "none, or kinds joined by + (partition+kill)"
+        ),
     ] = "partition,kill,pause,clock,combined",
     switch: Annotated[
         list[str] | None,
@@ -46,6 +49,15 @@ def matrix_command(
             "truncation, min.insync.replicas=1"
         ),
     ] = False,
+    settings: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            help="a base-test setting for every cell, NAME=VALUE: replica_lag_time_max_ms, "
+            "zk_session_timeout_ms, key_count, concurrency, nemesis_interval, recovery_time, "
+            "final_time_limit; repeat for several",
+        ),
+    ] = None,
     repeats: Annotated[int, typer.Option(min=1, help="runs per cell")] = 1,
     time_limit: Annotated[float, typer.Option(help="seconds of workload per run")] = 60.0,
     nodes: Annotated[
@@ -54,7 +66,14 @@ def matrix_command(
     dry_run: Annotated[bool, typer.Option(help="list the cells and exit")] = False,
 ) -> None:
     """Run acks x fault x switches x repeats into STORE; finished cells are skipped."""
-    from pipeline.matrix import HISTORIC_SWITCHES, NEMESES, base_test, grid, parse_switches
+    from pipeline.matrix import (
+        HISTORIC_SWITCHES,
+        base_test,
+        grid,
+        nemesis_kinds,
+        parse_settings,
+        parse_switches,
+    )
 
     err = Console(stderr=True)
     try:
@@ -63,11 +82,11 @@ def matrix_command(
         if bad_acks or not acks_list:
             raise ValueError(f"--acks takes 0, 1 and all, not {', '.join(bad_acks) or 'nothing'}")
         nemeses = _split(nemesis)
-        bad = [n for n in nemeses if n not in (*NEMESES, "none")]
-        if bad or not nemeses:
-            raise ValueError(
-                f"unknown --nemesis {', '.join(bad) or '(empty)'}; use {', '.join(NEMESES)}, none"
-            )
+        if not nemeses:
+            raise ValueError("--nemesis is empty; use partition, kill, pause, clock, combined")
+        for n in nemeses:
+            nemesis_kinds(n)
+        overrides: dict[str, object] = parse_settings(settings or ())
         variants: list[dict[str, object]] = [{}]
         variants += [parse_switches(s) for s in switch or ()]
         if historic:
@@ -75,7 +94,8 @@ def matrix_command(
     except ValueError as e:
         err.print(f"[red]error:[/] {escape(str(e))}")
         raise typer.Exit(2) from None
-    overrides = {"nodes": _split(nodes)} if nodes else {}
+    if nodes:
+        overrides["nodes"] = _split(nodes)
     tests = grid(
         base_test(time_limit, **overrides),
         acks=acks_list,

@@ -5,7 +5,8 @@ Two explicit schemas (Arrow here, Spark DDL alongside so both sides agree):
 - ``runs``: one row per run: ``run_id`` (``<test-name>/<timestamp>``), ``path``,
   ``name``, ``workload``, the grouping columns of `pipeline.store.config_of` (acks,
   nemesis, idempotence, txn, min_insync_replicas, unclean_leader_election,
-  truncation_mode), ``seed`` and the whole ``test_json``;
+  truncation_mode, replica_lag_time_max_ms, zk_session_timeout_ms), ``seed`` and the whole
+  ``test_json``;
 - ``records``: one row per micro-op that touched a record, i.e. per send and per
   record read: ``run_id``, ``index`` (the completion's history index; the invoke's when
   the op never completed), ``invoke_index``, ``process``, ``type`` (ok/fail/info; an
@@ -51,6 +52,8 @@ RUNS_SCHEMA = pa.schema(
         ("min_insync_replicas", pa.int32()),
         ("unclean_leader_election", pa.bool_()),
         ("truncation_mode", pa.string()),
+        ("replica_lag_time_max_ms", pa.int64()),
+        ("zk_session_timeout_ms", pa.int64()),
         ("seed", pa.int64()),
         ("test_json", pa.string()),
     ]
@@ -58,7 +61,8 @@ RUNS_SCHEMA = pa.schema(
 RUNS_DDL = (
     "run_id string, path string, name string, workload string, acks string, nemesis string, "
     "idempotence boolean, txn boolean, min_insync_replicas int, "
-    "unclean_leader_election boolean, truncation_mode string, seed bigint, test_json string"
+    "unclean_leader_election boolean, truncation_mode string, replica_lag_time_max_ms bigint, "
+    "zk_session_timeout_ms bigint, seed bigint, test_json string"
 )
 
 RECORDS_SCHEMA = pa.schema(

@@ -1,6 +1,10 @@
 """`isrlab matrix`: run a grid of `isrlab test` runs into a store, resumably.
 
-The grid is acks x nemesis x switch variants x repeats (`grid`); every cell is a plain
+The grid is acks x nemesis x switch variants x repeats (`grid`). A nemesis is one fault
+kind, ``combined`` (all four on their own schedules) or a composition such as
+``partition+kill``; `parse_settings` reads ``--set`` overrides of the base test (the
+timings that decide how fast the ISR shrinks and leadership moves, key and process
+counts), which apply to every cell. Every cell is a plain
 test configuration (the harness's test.json keys, notes/harness-api.md) named by
 `pipeline.store.config_name`, e.g. ``acks-all_partition_isr2_unclean_r0``, so the
 cell's runs live in ``STORE/<name>/<timestamp>/``.
@@ -38,6 +42,8 @@ __all__ = [
     "base_test",
     "finished_run",
     "grid",
+    "nemesis_kinds",
+    "parse_settings",
     "parse_switches",
     "run_matrix",
 ]
@@ -59,6 +65,19 @@ SWITCH_TYPES: dict[str, type] = {
     "truncation_mode": str,
 }
 TRUNCATION_MODES = ("leader-epoch", "leader-epoch-v0", "high-watermark")
+# Fault kinds a nemesis spec may compose with "+" (nemeses.compose.KINDS).
+FAULT_KINDS = ("partition", "partition-iptables", "pause", "kill", "clock", "packet")
+# `--set` keys: base-test settings that change how a run stresses the cluster, with
+# their type and smallest sensible value.
+SETTINGS: dict[str, tuple[type, float]] = {
+    "replica_lag_time_max_ms": (int, 100),
+    "zk_session_timeout_ms": (int, 2000),
+    "key_count": (int, 1),
+    "concurrency": (int, 1),
+    "nemesis_interval": (float, 0.1),
+    "recovery_time": (float, 0),
+    "final_time_limit": (float, 1),
+}
 
 RunTest = Callable[[dict[str, Any]], Any]
 
@@ -120,6 +139,44 @@ def parse_switches(text: str) -> dict[str, Any]:
     return out
 
 
+def parse_settings(items: Sequence[str]) -> dict[str, Any]:
+    """``["replica_lag_time_max_ms=4000", "key_count=4"]`` -> base-test overrides."""
+    out: dict[str, Any] = {}
+    for item in items:
+        name, sep, raw = item.partition("=")
+        name = name.strip().replace(".", "_").replace("-", "_")
+        if name not in SETTINGS or not sep:
+            raise ValueError(
+                f"--set takes NAME=VALUE with NAME one of {', '.join(SETTINGS)}, not {item!r}"
+            )
+        kind, low = SETTINGS[name]
+        try:
+            value = kind(raw.strip())
+        except ValueError:
+            raise ValueError(f"--set {name} takes a number, not {raw.strip()!r}") from None
+        if value < low:
+            raise ValueError(f"--set {name} must be at least {low:g}, not {value}")
+        out[name] = value
+    return out
+
+
+def nemesis_kinds(spec: str) -> list[str]:
+    """A nemesis spec -> the fault kinds of a test: ``combined``, ``none``, ``kill`` or a
+    ``+`` composition such as ``partition+kill``; ValueError names an unknown kind."""
+    if spec == "combined":
+        return list(COMBINED)
+    if spec == "none":
+        return []
+    kinds = [k.strip() for k in spec.split("+")]
+    bad = [k for k in kinds if k not in FAULT_KINDS]
+    if bad or not kinds:
+        raise ValueError(
+            f"unknown fault kind {', '.join(repr(b) for b in bad)} in --nemesis {spec!r}; "
+            f"use {', '.join(FAULT_KINDS)}, combined or none, or join kinds with +"
+        )
+    return list(dict.fromkeys(kinds))
+
+
 def grid(
     base: Mapping[str, Any],
     *,
@@ -135,12 +192,10 @@ def grid(
         test = dict(base)
         test.update(variant)
         test["acks"] = str(a)
-        test["nemesis"] = list(COMBINED) if nemesis == "combined" else [nemesis]
-        if nemesis == "none":
-            test["nemesis"] = []
+        test["nemesis"] = nemesis_kinds(nemesis)
         test["repeat"] = repeat
         test["seed"] = int(base.get("seed", 0)) + seed
-        test["name"] = config_name(dict(test, nemesis=[nemesis] if nemesis != "none" else []))
+        test["name"] = config_name(test)
         tests.append(test)
     return tests
 

@@ -28,7 +28,7 @@ import orjson
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from pipeline.aggregate import rate_interval
-from pipeline.store import SWITCHES
+from pipeline.store import DEFAULTS, SWITCHES
 
 if TYPE_CHECKING:
     from pipeline.analyze import Analysis
@@ -55,6 +55,12 @@ def _setting(c: dict[str, Any]) -> str:
         parts.append("unclean election")
     if c["truncation_mode"] != "leader-epoch":
         parts.append(f"truncation={c['truncation_mode']}")
+    for name, label in (
+        ("replica_lag_time_max_ms", "lag"),
+        ("zk_session_timeout_ms", "zk session"),
+    ):
+        if c.get(name, DEFAULTS[name]) != DEFAULTS[name]:
+            parts.append(f"{label} {c[name] / 1000:g} s")
     return ", ".join(parts)
 
 

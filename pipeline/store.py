@@ -7,10 +7,12 @@ the malformed ones with the reason (unreadable or non-object test.json, missing
 history.jsonl), so that the pipeline reports and skips them instead of failing.
 
 `config_of(test)` reduces a test configuration to the columns the published report
-groups by: acks, nemesis (one fault kind, ``combined`` for several, ``none``) and the
-switches idempotence, txn, min_insync_replicas, unclean_leader_election and
-truncation_mode, with the broker defaults filled in so that runs that leave a switch
-unset group with runs that set its default.
+groups by: acks, nemesis (one fault kind; ``combined`` for the matrix's schedule of all
+four kinds; kinds joined by ``+``, e.g. ``kill+partition``, for other compositions;
+``none``), the switches idempotence, txn, min_insync_replicas, unclean_leader_election and
+truncation_mode, and the two timings that decide how fast the ISR shrinks and how fast a
+dead broker's leadership moves (replica_lag_time_max_ms, zk_session_timeout_ms), with
+defaults filled in so that runs that leave a key unset group with runs that set its default.
 """
 
 from __future__ import annotations
@@ -24,8 +26,10 @@ from typing import Any
 import orjson
 
 __all__ = [
+    "COMBINED_KINDS",
     "CONFIG_COLUMNS",
     "SWITCHES",
+    "TIMINGS",
     "BadRun",
     "Run",
     "StoreError",
@@ -41,15 +45,22 @@ SWITCHES = (
     "unclean_leader_election",
     "truncation_mode",
 )
-CONFIG_COLUMNS = ("acks", "nemesis", *SWITCHES)
-# Kafka's defaults, which the harness's brokers start with when a test leaves a key out.
+TIMINGS = ("replica_lag_time_max_ms", "zk_session_timeout_ms")
+CONFIG_COLUMNS = ("acks", "nemesis", *SWITCHES, *TIMINGS)
+# The switches' Kafka defaults, which the brokers start with when a test leaves a key out;
+# the timings' defaults are the harness's (harness.runner.DEFAULTS), which every harness
+# run writes into its test.json anyway.
 DEFAULTS: dict[str, Any] = {
     "idempotence": False,
     "txn": False,
     "min_insync_replicas": 1,
     "unclean_leader_election": False,
     "truncation_mode": "leader-epoch",
+    "replica_lag_time_max_ms": 10000,
+    "zk_session_timeout_ms": 6000,
 }
+# The matrix's "combined" schedule (pipeline.matrix.COMBINED): every fault kind at once.
+COMBINED_KINDS = frozenset(("partition", "kill", "pause", "clock"))
 
 
 class StoreError(Exception):
@@ -78,9 +89,9 @@ def _nemesis_label(kinds: Any) -> str:
     names = sorted({str(k) for k in kinds if str(k) != "none"})
     if not names:
         return "none"
-    if len(names) > 1:
+    if set(names) == COMBINED_KINDS:
         return "combined"
-    return names[0]
+    return "+".join(names)
 
 
 def config_of(test: Mapping[str, Any]) -> dict[str, Any]:
@@ -97,6 +108,9 @@ def config_of(test: Mapping[str, Any]) -> dict[str, Any]:
     out["unclean_leader_election"] = bool(out["unclean_leader_election"])
     out["min_insync_replicas"] = int(out["min_insync_replicas"])
     out["truncation_mode"] = str(out["truncation_mode"])
+    for name in TIMINGS:
+        value = test.get(name)
+        out[name] = int(DEFAULTS[name] if value is None else value)
     return out
 
 
@@ -140,11 +154,7 @@ def discover_runs(store: Path) -> tuple[list[Run], list[BadRun]]:
 
 def config_name(test: Mapping[str, Any]) -> str:
     """A file-name-safe name for a configuration: acks, nemesis and the switches that are on."""
-    kinds = test.get("nemesis") or ["none"]
-    if isinstance(kinds, str):
-        kinds = [kinds]
-    nem = "combined" if len(kinds) > 1 else str(kinds[0])
-    parts = [f"acks-{test.get('acks', 'all')}", nem]
+    parts = [f"acks-{test.get('acks', 'all')}", _nemesis_label(test.get("nemesis"))]
     if test.get("idempotence"):
         parts.append("idem")
     if test.get("txn"):
@@ -155,6 +165,9 @@ def config_name(test: Mapping[str, Any]) -> str:
         parts.append("unclean")
     if test.get("truncation_mode") not in (None, "leader-epoch"):
         parts.append(str(test["truncation_mode"]))
+    for name, short in zip(TIMINGS, ("lag", "zk"), strict=True):
+        if test.get(name) is not None and int(test[name]) != DEFAULTS[name]:
+            parts.append(f"{short}{int(test[name])}")
     if test.get("repeat") is not None:
         parts.append(f"r{test['repeat']}")
-    return re.sub(r"[^A-Za-z0-9_.=-]+", "-", "_".join(parts))
+    return re.sub(r"[^A-Za-z0-9_.=+-]+", "-", "_".join(parts))

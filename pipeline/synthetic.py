@@ -68,7 +68,7 @@ def make_test(
     concurrency: int = 10,
 ) -> dict[str, Any]:
     """A test configuration (test.json) with the harness's keys (notes/harness-api.md)."""
-    kinds = ["partition", "kill", "pause"] if nemesis == "combined" else [nemesis]
+    kinds = ["partition", "kill", "pause", "clock"] if nemesis == "combined" else [nemesis]
     test: dict[str, Any] = {
         "workload": "queue",
         "nodes": list(BROKERS),

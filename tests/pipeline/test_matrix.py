@@ -17,6 +17,8 @@ from pipeline.matrix import (
     base_test,
     finished_run,
     grid,
+    nemesis_kinds,
+    parse_settings,
     parse_switches,
     run_matrix,
 )
@@ -74,6 +76,30 @@ def test_parse_switches() -> None:
             parse_switches(bad)
 
 
+def test_nemesis_compositions_and_settings() -> None:
+    assert nemesis_kinds("partition+kill") == ["partition", "kill"]
+    assert nemesis_kinds("combined") == ["partition", "kill", "pause", "clock"]
+    assert nemesis_kinds("none") == [] and nemesis_kinds("pause") == ["pause"]
+    with pytest.raises(ValueError, match="'flood'"):
+        nemesis_kinds("partition+flood")
+    assert parse_settings(["replica.lag.time.max.ms=4000", "key_count=4"]) == {
+        "replica_lag_time_max_ms": 4000,
+        "key_count": 4,
+    }
+    for bad in (["colour=red"], ["key_count"], ["key_count=many"], ["zk_session_timeout_ms=5"]):
+        with pytest.raises(ValueError):
+            parse_settings(bad)
+    base = base_test(150, **parse_settings(["replica_lag_time_max_ms=4000"]))
+    tests = grid(base, acks=["all"], nemeses=["partition+kill"], variants=HISTORIC_SWITCHES)
+    assert [t["name"] for t in tests] == [
+        "acks-all_kill+partition_isr2_unclean_lag4000_r0",
+        "acks-all_kill+partition_isr2_high-watermark_lag4000_r0",
+        "acks-all_kill+partition_isr1_lag4000_r0",
+    ]
+    assert all(t["nemesis"] == ["partition", "kill"] for t in tests)
+    assert all(t["replica_lag_time_max_ms"] == 4000 for t in tests)
+
+
 def test_run_matrix_resumes_and_reports(tmp_path: Path) -> None:
     tests = grid(base_test(5), nemeses=["partition", "kill"])
     fake = FakeRunner(fail_names={tests[0]["name"]})
@@ -123,6 +149,15 @@ def test_cli_dry_run_and_bad_options(tmp_path: Path) -> None:
     assert r.exit_code == 2 and "acks" in r.output
     r = runner.invoke(_app(), ["matrix", "--switch", "colour=red"])
     assert r.exit_code == 2 and "unknown switch" in r.output
+    args = "matrix --dry-run --acks all --nemesis partition+kill,kill"
+    args += " --set zk_session_timeout_ms=4000 --set key_count=4"
+    r = runner.invoke(_app(), args.split())
+    assert r.exit_code == 0, r.output
+    assert "acks-all_kill+partition_isr2_zk4000_r0" in r.output and "2 cells" in r.output
+    r = runner.invoke(_app(), ["matrix", "--nemesis", "partition+flood"])
+    assert r.exit_code == 2 and "flood" in r.output
+    r = runner.invoke(_app(), ["matrix", "--set", "key_count=0"])
+    assert r.exit_code == 2 and "at least" in r.output
 
 
 def test_cli_analyze_without_runs_is_a_clear_error(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from tests.checkers.hist import H
 
 
 def test_config_of_fills_kafka_defaults_and_labels_faults() -> None:
-    c = config_of({"acks": "all", "nemesis": ["kill", "partition"]})
+    c = config_of({"acks": "all", "nemesis": ["kill", "partition", "pause", "clock"]})
     assert c == {
         "acks": "all",
         "nemesis": "combined",
@@ -28,7 +28,13 @@ def test_config_of_fills_kafka_defaults_and_labels_faults() -> None:
         "min_insync_replicas": 1,
         "unclean_leader_election": False,
         "truncation_mode": "leader-epoch",
+        "replica_lag_time_max_ms": 10000,
+        "zk_session_timeout_ms": 6000,
     }
+    # Other compositions keep their kinds: partition+kill is not the combined schedule.
+    assert config_of({"nemesis": ["partition", "kill", "kill"]})["nemesis"] == "kill+partition"
+    timed = config_of({"replica_lag_time_max_ms": 4000, "zk_session_timeout_ms": "4000"})
+    assert (timed["replica_lag_time_max_ms"], timed["zk_session_timeout_ms"]) == (4000, 4000)
     assert config_of({"acks": 1, "nemesis": []})["nemesis"] == "none"
     assert config_of({"acks": "-1", "nemesis": "pause"})["acks"] == "all"
     assert config_of({"nemesis": ["none"]})["nemesis"] == "none"
@@ -38,6 +44,14 @@ def test_config_name_is_file_safe_and_distinguishes_switches() -> None:
     a = config_name({"acks": "all", "nemesis": ["partition"], "unclean_leader_election": True})
     b = config_name({"acks": "all", "nemesis": ["partition"]})
     assert a != b and "/" not in a and " " not in a
+    timed = config_name(
+        {"acks": "all", "nemesis": ["partition", "kill"], "replica_lag_time_max_ms": 4000}
+    )
+    assert timed == "acks-all_kill+partition_lag4000"
+    # a timing equal to the harness default does not change the name
+    assert (
+        config_name(dict(b=1, acks="all", nemesis=["partition"], zk_session_timeout_ms=6000)) == b
+    )
 
 
 def test_discover_runs_separates_malformed(tmp_path: Path) -> None:

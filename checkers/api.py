@@ -3,6 +3,9 @@
 - `load(path, fmt)`: ``jsonl`` (checkers.history), ``edn`` and ``jepsen-log``
   (checkers.formats, imported lazily, then validated like jsonl); every failure is a
   `HistoryError`;
+- `load_for_check(path, fmt, workload)`: what `check` needs, loaded as fast as it can
+  be: for a ``queue`` check of a ``jsonl`` file, a `checkers.queue.load.QueueHistory`
+  (compact records, no op dicts; `isrlab check` uses this), otherwise `load`;
 - `check(ops, workload, **opts)`: ``queue`` -> `checkers.queue.check_queue`;
   ``register``, ``cas-register``, ``kv`` -> `checkers.linear.api.check_workload`
   (imported lazily);
@@ -15,11 +18,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from checkers.history import HistoryError, load_history, validate
 
-__all__ = ["FORMATS", "WORKLOADS", "check", "load", "policy_from_test"]
+if TYPE_CHECKING:
+    from checkers.queue.load import QueueHistory
+
+__all__ = ["FORMATS", "WORKLOADS", "check", "load", "load_for_check", "policy_from_test"]
 
 WORKLOADS = ("queue", "register", "cas-register", "kv")
 FORMATS = ("jsonl", "edn", "jepsen-log")
@@ -45,10 +51,28 @@ def load(path: Path, fmt: str = "jsonl") -> list[dict[str, Any]]:
     raise HistoryError(f"unknown history format {fmt!r}; use one of {', '.join(FORMATS)}")
 
 
-def check(ops: Sequence[dict[str, Any]], workload: str, **opts: Any) -> dict[str, Any]:
+def load_for_check(
+    path: Path, fmt: str = "jsonl", workload: str | None = None
+) -> Sequence[dict[str, Any]] | QueueHistory:
+    """The history at `path` in the form `check(..., workload)` checks fastest.
+
+    A ``queue`` check of a ``jsonl`` file gets a `QueueHistory` (or the op dicts, when
+    the file needs the ordinary loader); anything else gets `load`. Errors are `load`'s.
+    """
+    if workload == "queue" and fmt == "jsonl":
+        from checkers.queue.load import load_queue
+
+        return load_queue(Path(path))
+    return load(path, fmt)
+
+
+def check(
+    ops: Sequence[dict[str, Any]] | QueueHistory, workload: str, **opts: Any
+) -> dict[str, Any]:
     """Check `ops` as `workload`; queue options: allow, disallow, subscribe, eos, ww_deps.
 
-    Linearizability workloads take timeout_s and out_dir.
+    Linearizability workloads take timeout_s and out_dir. A `QueueHistory` (from
+    `load_for_check`) is only for ``queue``.
     """
     if workload == "queue":
         from checkers.queue import check_queue
@@ -56,6 +80,10 @@ def check(ops: Sequence[dict[str, Any]], workload: str, **opts: Any) -> dict[str
         return check_queue(ops, **{k: v for k, v in opts.items() if k in QUEUE_OPTS})
     if workload in ("register", "cas-register", "kv"):
         from checkers.linear.api import check_workload
+        from checkers.queue.load import QueueHistory
+
+        if isinstance(ops, QueueHistory):
+            ops = ops.op_dicts()
 
         return dict(
             check_workload(

@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from checkers.api import FORMATS, WORKLOADS, check, load, policy_from_test
+from checkers.api import FORMATS, WORKLOADS, check, load_for_check, policy_from_test
 from checkers.history import HistoryError
 
 __all__ = ["check_command", "exit_code", "find_history"]
@@ -196,7 +196,7 @@ def check_command(
             write_to = history_path.parent
         if write_to is not None and wl != "queue":
             opts["out_dir"] = write_to
-        ops = load(history_path, fmt)
+        ops = load_for_check(history_path, fmt, wl)
         try:
             with _deadline(timeout if wl == "queue" else None):
                 results = check(ops, wl, **opts)

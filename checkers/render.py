@@ -14,7 +14,8 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +71,7 @@ _COLORS = {"ok": "tab:blue", "info": "tab:orange", "fail": "tab:gray"}
 
 
 def _points(
-    ops: Sequence[dict[str, Any]], key: Any
+    ops: Iterable[dict[str, Any]], key: Any
 ) -> dict[tuple[str, str], list[tuple[int, int]]]:
     pts: dict[tuple[str, str], list[tuple[int, int]]] = {}
     for pos, op in enumerate(ops):
@@ -94,7 +95,7 @@ def _points(
     return pts
 
 
-def _plot_key(ops: Sequence[dict[str, Any]], key: Any, marked: set[int], out: Path) -> list[Path]:
+def _plot_key(ops: Iterable[dict[str, Any]], key: Any, marked: set[int], out: Path) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -136,13 +137,17 @@ def _plot_key(ops: Sequence[dict[str, Any]], key: Any, marked: set[int], out: Pa
 
 
 def render_artifacts(
-    ops: Sequence[dict[str, Any]],
+    ops: Iterable[dict[str, Any]],
     results: dict[str, Any],
     out_dir: Path,
     *,
     max_keys: int = 16,
 ) -> list[Path]:
-    """Write summary.txt and offset diagrams into out_dir; return the paths written."""
+    """Write summary.txt and offset diagrams into out_dir; return the paths written.
+
+    `ops` is iterated once per diagram, so it may re-read a file each time (a
+    `checkers.queue.load.QueueHistory` does).
+    """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = []
@@ -150,7 +155,7 @@ def render_artifacts(
     summary.write_text(summary_text(results, per_type=8))
     written.append(summary)
     marks = _anomalous_offsets(results)
-    queue_like = any(op.get("f") in ("send", "poll", "txn") for op in ops[:1000])
+    queue_like = any(op.get("f") in ("send", "poll", "txn") for op in islice(ops, 1000))
     if queue_like:
         for key in sorted(marks, key=str)[:max_keys]:
             written.extend(_plot_key(ops, key, marks[key], out))

@@ -28,6 +28,7 @@ from typing import Any
 from checkers.history import HistoryError, gc_paused
 from checkers.queue.cases import CaseBuilders, fmt
 from checkers.queue.cycles import cycle_anomalies
+from checkers.queue.load import QueueHistory
 from checkers.queue.ops import FAIL, INFO, OK, QueueOp, check_pairs, invoked_sends, parse_ops
 from checkers.queue.policy import allowed_types
 from checkers.queue.results import Anomalies, results_dict
@@ -70,13 +71,16 @@ class QueueAnalysis(CaseBuilders):
 
     def __init__(
         self,
-        ops: Sequence[dict[str, Any]],
+        ops: Sequence[dict[str, Any]] | QueueHistory,
         *,
         ww_deps: bool = True,
         max_examples: int = 32,
     ) -> None:
-        self.records, self.saw_subscribe = parse_ops(ops)
-        self._ops = ops
+        if isinstance(ops, QueueHistory):
+            self.records, self.saw_subscribe = ops.records, ops.saw_subscribe
+        else:
+            self.records, self.saw_subscribe = parse_ops(ops)
+        self._ops: Iterable[dict[str, Any]] = ops
         self._attempted: dict[Any, set[Any]] | None = None
         self.ww_deps = ww_deps
         self.anomalies = Anomalies(max_examples)
@@ -118,6 +122,7 @@ class QueueAnalysis(CaseBuilders):
                 n_sends += len(sends)
                 if kind == INFO:
                     infos.append(rec)
+                    rec.committed = False  # records of a `QueueHistory` may be checked again
                 for k, o, v in sends:
                     w = writer.get(k)
                     if w is None:
@@ -597,7 +602,7 @@ class QueueAnalysis(CaseBuilders):
 
 
 def check_queue(
-    ops: Sequence[dict[str, Any]],
+    ops: Sequence[dict[str, Any]] | QueueHistory,
     *,
     allow: set[str] | None = None,
     disallow: set[str] | None = None,
@@ -611,7 +616,20 @@ def check_queue(
     subscribe=None infers the mode from the history (any subscribe op). eos names the
     consume-transform-produce keys: {"input": [...], "output": [...]}. ww_deps=False
     drops version-order (ww) edges from the dependency graph, as Jepsen's :ww-deps.
+
+    `ops` may be a `QueueHistory` (`checkers.queue.load.load_queue`): the same check
+    without op dicts. Should the check fail on it, the history is checked again as op
+    dicts, so that the error is the one the dict path gives.
     """
+    if isinstance(ops, QueueHistory):
+        try:
+            with gc_paused():
+                analysis = QueueAnalysis(ops, ww_deps=ww_deps, max_examples=max_examples)
+                analysis.run(eos)
+        except (TypeError, ValueError, IndexError, KeyError, AttributeError):
+            ops = ops.op_dicts()
+        else:
+            return _results(analysis, allow, disallow, subscribe)
     with gc_paused():
         try:
             analysis = QueueAnalysis(ops, ww_deps=ww_deps, max_examples=max_examples)
@@ -622,6 +640,15 @@ def check_queue(
             # The fast path does not check every pair; find the op that broke it.
             check_pairs(ops)
             raise HistoryError(f"malformed queue history: {e!r}") from e
+    return _results(analysis, allow, disallow, subscribe)
+
+
+def _results(
+    analysis: QueueAnalysis,
+    allow: set[str] | None,
+    disallow: set[str] | None,
+    subscribe: bool | None,
+) -> dict[str, Any]:
     sub = analysis.saw_subscribe if subscribe is None else subscribe
     allowed = allowed_types(subscribe=sub, allow=allow, disallow=disallow)
     stats = dict(analysis.stats)

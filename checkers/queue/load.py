@@ -1,0 +1,225 @@
+"""Loading a queue history file straight into `QueueOp` records (what `isrlab check` uses).
+
+`load_history` builds every op of the file as the spec's op dict, validates them and
+hands the list to the checker, which converts them into compact `QueueOp` records and
+from then on only reads those. For a million ops the dicts are gigabytes of small
+objects whose allocation (page faults) costs more than parsing them. `load_queue` reads
+the file in small blocks instead, parses each block with one orjson call, validates and
+converts its ops as `validate` and `parse_ops` would, and lets the dicts die with the
+block: only the records (and the few invokes still open) stay.
+
+The result is a `QueueHistory`, which `check_queue` accepts in place of a list of op
+dicts and checks to the same results. Anything the fast path does not handle exactly as
+the dict path (blank lines, malformed JSON, any validation or micro-op error: anything
+raised) makes `load_queue` give up and return `load_history`'s op dicts instead, so
+errors are the dict path's own, word for word; `check_queue` likewise checks the op
+dicts again when the check of the records fails. Op dicts are re-read from the file on
+demand (iterating a `QueueHistory`) for what needs them: the garbage-read check's
+invoked values (only when some value read has no writer) and rendered artefacts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from checkers.history import OP_TYPES, gc_paused, load_history
+from checkers.queue.ops import (
+    ASSIGN_FS,
+    DATA_FS,
+    INFO,
+    QueueOp,
+    _parse_mops,
+)
+
+__all__ = ["QueueHistory", "load_queue"]
+
+_BLOCK = 1 << 16  # bytes per orjson call: small enough that its objects stay in cache
+_NEWLINE_TO_COMMA = bytes.maketrans(b"\n", b",")
+_KIND = {"ok": 0, "info": 1, "fail": 2}
+
+
+class _GiveUp(Exception):
+    """The fast path cannot vouch for this file; load it the ordinary way."""
+
+
+class QueueHistory:
+    """A validated queue history as `QueueOp` records (see the module doc).
+
+    `len()` is the number of ops (history lines); iterating yields the spec's op dicts,
+    re-read from the file.
+    """
+
+    __slots__ = ("n_ops", "path", "records", "saw_subscribe", "size")
+
+    def __init__(
+        self, path: Path, records: list[QueueOp], saw_subscribe: bool, n_ops: int, size: int
+    ) -> None:
+        self.path = path
+        self.records = records
+        self.saw_subscribe = saw_subscribe
+        self.n_ops = n_ops
+        self.size = size  # bytes of the file that were read
+
+    def __len__(self) -> int:
+        return self.n_ops
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return _reread(self.path, self.size)
+
+    def op_dicts(self) -> list[dict[str, Any]]:
+        """The whole history as op dicts, as `load_history` gives it."""
+        return load_history(self.path)
+
+
+def _reread(path: Path, size: int) -> Iterator[dict[str, Any]]:
+    """The op dicts of the first `size` bytes of the file (what `load_queue` read)."""
+    done = 0
+    with Path(path).open("rb") as fh:
+        for raw in fh:
+            done += len(raw)
+            if done > size:
+                raw = raw[: len(raw) - (done - size)]
+            if raw.strip():
+                yield orjson.loads(raw)
+            if done >= size:
+                return
+
+
+def load_queue(path: Path) -> QueueHistory | list[dict[str, Any]]:
+    """A queue history file as a `QueueHistory`, or else as `load_history` loads it.
+
+    Raises `HistoryError` exactly where `load_history` does; a history whose records
+    the checker would reject is returned as op dicts, for the checker to say why.
+    """
+    path = Path(path)
+    try:
+        with gc_paused():
+            return _load_fast(path)
+    except _GiveUp:
+        pass
+    except OSError:
+        pass  # load_history words the error
+    return load_history(path)
+
+
+def _blocks(path: Path) -> Iterator[tuple[bytes, int, int]]:
+    """(lines without their last newline, how many, bytes of the file they take).
+
+    The last block is the file's tail after its last newline (a last line without one).
+    """
+    with path.open("rb") as fh:
+        carry = b""
+        while True:
+            data = fh.read(_BLOCK)
+            if not data:
+                break
+            cut = data.rfind(b"\n")
+            if cut < 0:
+                carry += data
+                continue
+            block = carry + data[:cut]
+            carry = data[cut + 1 :]
+            yield block, block.count(b"\n") + 1, len(block) + 1
+        if carry:
+            yield carry, 1, len(carry)
+
+
+def _load_fast(path: Path) -> QueueHistory:
+    loads = orjson.loads
+    records: list[QueueOp] = []
+    append = records.append
+    # process -> (position, op dict) of its open invoke; processes that completed `info`.
+    pending: dict[Any, tuple[int, dict[str, Any]]] = {}
+    dead: set[Any] = set()
+    op_types = OP_TYPES
+    kinds = _KIND
+    data_fs = DATA_FS
+    assign_fs = ASSIGN_FS
+    saw_subscribe = False
+    pos = 0
+    last_time = -(2**63)
+    size = 0
+    for block, n_lines, n_bytes in _blocks(path):
+        size += n_bytes
+        try:
+            ops = loads(b"[" + block.translate(_NEWLINE_TO_COMMA) + b"]")
+        except orjson.JSONDecodeError:
+            raise _GiveUp() from None  # blank line, malformed JSON: the dict path says where
+        if len(ops) != n_lines:
+            raise _GiveUp()
+        try:
+            for op in ops:
+                # The structural checks of `checkers.history.validate`: on any doubt, give
+                # up (the dict path then names the fault).
+                index = op["index"]
+                time = op["time"]
+                typ = op["type"]
+                f = op["f"]
+                process = op["process"]
+                if type(index) is not int or index != pos:
+                    raise _GiveUp()
+                if type(time) is not int or time < last_time:
+                    raise _GiveUp()
+                last_time = time
+                if type(typ) is not str or typ not in op_types or type(f) is not str:
+                    raise _GiveUp()
+                if process == "nemesis":
+                    pos += 1
+                    continue
+                if type(process) is not int or process in dead:
+                    raise _GiveUp()
+                if typ == "invoke":
+                    if process in pending:
+                        raise _GiveUp()
+                    pending[process] = (pos, op)
+                    pos += 1
+                    continue
+                inv_pos, inv_op = pending.pop(process)
+                if inv_op["f"] != f:
+                    raise _GiveUp()
+                if typ == "info":
+                    dead.add(process)
+                # What `parse_ops` makes of a completion (index == position, checked above).
+                if f in data_fs:
+                    rec = QueueOp(f, kinds[typ], pos, pos, inv_pos, process)
+                    rec.inv_index = inv_pos
+                    value = op.get("value")
+                    if value is not None:
+                        _parse_mops(rec, value, pos + 1, True)
+                    rec.wm = op.get("watermarks")
+                    producer = op.get("producer")
+                    if producer:
+                        rec.idem = bool(producer.get("idempotent"))
+                    append(rec)
+                elif f in assign_fs:
+                    if f == "subscribe":
+                        saw_subscribe = True
+                    rec = QueueOp(f, kinds[typ], pos, pos, inv_pos, process)
+                    rec.value = op.get("value")
+                    append(rec)
+                pos += 1
+        except _GiveUp:
+            raise
+        except Exception:  # a missing field, a HistoryError of a micro-op, anything
+            raise _GiveUp() from None
+    # Invokes never completed count as info (as in `parse_ops`).
+    end = pos
+    try:
+        for process, (inv_pos, inv_op) in pending.items():
+            f = inv_op["f"]
+            if f == "subscribe":
+                saw_subscribe = True
+            if f not in data_fs:
+                continue
+            rec = QueueOp(f, INFO, end, inv_pos, inv_pos, process)
+            rec.inv_index = inv_pos
+            end += 1
+            _parse_mops(rec, inv_op.get("value"), inv_pos + 1, False)
+            append(rec)
+    except Exception:
+        raise _GiveUp() from None
+    return QueueHistory(path, records, saw_subscribe, pos, size)

@@ -188,7 +188,27 @@ def _load_fast(path: Path) -> QueueHistory:
                     rec = QueueOp(f, kinds[typ], pos, pos, inv_pos, process)
                     rec.inv_index = inv_pos
                     value = op.get("value")
-                    if value is not None:
+                    if type(value) is list and len(value) == 1:
+                        # One micro-op, the common shapes of `_parse_mops` inlined.
+                        mop = value[0]
+                        if type(mop) is not list:
+                            raise _GiveUp()
+                        n = len(mop)
+                        name = mop[0] if n else None
+                        if name == "send" and n == 3 and type(mop[2]) is list:
+                            x = mop[2]
+                            if len(x) != 2:
+                                raise _GiveUp()
+                            rec.sends = [(mop[1], x[0], x[1])]
+                        elif name == "poll" and n == 2 and type(mop[1]) is dict:
+                            m = mop[1]
+                            for pairs in m.values():
+                                if type(pairs) is not list:
+                                    raise _GiveUp()
+                            rec.reads = m  # the op dict dies: its poll result is free
+                        else:
+                            _parse_mops(rec, value, pos + 1, True)
+                    elif value is not None:
                         _parse_mops(rec, value, pos + 1, True)
                     rec.wm = op.get("watermarks")
                     producer = op.get("producer")

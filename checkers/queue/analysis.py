@@ -87,6 +87,7 @@ class QueueAnalysis(CaseBuilders):
         self.orders: dict[Any, VersionOrder] = {}
         self.writer: dict[Any, dict[Any, QueueOp]] = {}
         self.ok_reads: dict[Any, set[Any]] = {}
+        self.ok_senders: list[QueueOp] = []  # ok ops that sent something, in completion order
         self.by_pos: dict[int, QueueOp] = {}  # filled by cycle_anomalies when needed
         self.stats: dict[str, Any] = {}
         # Keys where committed data may have been replaced or have vanished.
@@ -107,20 +108,24 @@ class QueueAnalysis(CaseBuilders):
         """One pass: writers, ok reads, and the version orders (see the module doc).
 
         Each key's observations (acked offsets of ok sends, then reads, op by op; then
-        acked offsets of proven info sends) are gathered in that order, and each key's
-        `VersionOrder` is built from them in one call at the end.
+        acked offsets of proven info sends) go into its `VersionOrder` in that order as the
+        pass meets them (while the op's pairs are still in the CPU cache), and the orders
+        are sealed at the end.
         """
         writer = self.writer
         ok_reads = self.ok_reads
-        seen: dict[Any, list[Any]] = {}
+        orders = self.orders = {}
         infos: list[QueueOp] = []
+        ok_senders = self.ok_senders = []
         n_sends = n_reads = 0
         for rec in self.records:
             sends = rec.sends
             kind = rec.kind
             if sends:
                 n_sends += len(sends)
-                if kind == INFO:
+                if kind == OK:
+                    ok_senders.append(rec)
+                elif kind == INFO:
                     infos.append(rec)
                     rec.committed = False  # records of a `QueueHistory` may be checked again
                 for k, o, v in sends:
@@ -134,21 +139,20 @@ class QueueAnalysis(CaseBuilders):
                         if prior is None or kind < prior.kind:
                             w[v] = rec
                     if kind == OK and o is not None:
-                        obs = seen.get(k)
-                        if obs is None:
-                            seen[k] = [(o, v)]
-                        else:
-                            obs.append((o, v))
+                        vo = orders.get(k)
+                        if vo is None:
+                            orders[k] = vo = VersionOrder(k)
+                        vo.extend(((o, v),))
             reads = rec.reads
             if reads:
                 for k, pairs in reads.items():
                     if not pairs:
                         continue
                     n_reads += len(pairs)
-                    obs = seen.get(k)
-                    if obs is None:
-                        seen[k] = obs = []
-                    obs.extend(pairs)
+                    vo = orders.get(k)
+                    if vo is None:
+                        orders[k] = vo = VersionOrder(k)
+                    vo.extend(pairs)
                     if kind == OK:
                         s = ok_reads.get(k)
                         if s is None:
@@ -166,12 +170,12 @@ class QueueAnalysis(CaseBuilders):
             if rec.committed:
                 for k, o, v in rec.sends:
                     if o is not None:
-                        obs = seen.get(k)
-                        if obs is None:
-                            seen[k] = [(o, v)]
-                        else:
-                            obs.append((o, v))
-        self.orders = {k: VersionOrder.build(k, obs) for k, obs in seen.items()}
+                        vo = orders.get(k)
+                        if vo is None:
+                            orders[k] = vo = VersionOrder(k)
+                        vo.extend(((o, v),))
+        for vo in orders.values():
+            vo.seal()
         self.stats.update(sends=n_sends, reads=n_reads)
 
     # -- checks over the version orders ------------------------------------------------------
@@ -223,8 +227,8 @@ class QueueAnalysis(CaseBuilders):
     def _lost_and_unseen(self) -> None:
         for k, vo in self.orders.items():
             oks = self.ok_reads.get(k)
-            if not oks:
-                continue
+            if not oks or oks.issuperset(vo.voff):
+                continue  # every value of the key was read by some ok op: none was lost
             bound = -1
             bound_v: Any = None
             if vo.multi:
@@ -284,9 +288,7 @@ class QueueAnalysis(CaseBuilders):
                 )
         # unseen: acknowledged sends no ok op read by the end.
         per_key: dict[Any, list[tuple[Any, QueueOp]]] = {}
-        for rec in self.records:
-            if rec.kind != OK:
-                continue
+        for rec in self.ok_senders:
             for k, _o, v in rec.sends:
                 s = self.ok_reads.get(k)
                 if s is None or v not in s:

@@ -55,16 +55,21 @@ class VersionOrder:
     def build(cls, key: Any, pairs: Iterable[Sequence[Any]]) -> VersionOrder:
         """The sealed version order of `key` from (offset, value) pairs in observation order.
 
-        Pairs with a null offset are ignored. The same as `add` for each pair, then
-        `seal`, with `add`'s common cases inlined: a record is usually read several times,
-        and a pair already seen changes nothing, so it costs one lookup.
+        Pairs with a null offset are ignored. The same as `extend(pairs)`, then `seal()`.
         """
         vo = cls(key)
-        log = vo.log
-        multi = vo.multi
-        add = vo.add
+        vo.extend(pairs)
+        vo.seal()
+        return vo
+
+    def extend(self, pairs: Iterable[Sequence[Any]]) -> None:
+        """`add` each (offset, value) pair with a non-null offset, in order.
+
+        `add`'s common cases inlined: a record is usually read several times, and a pair
+        already seen changes nothing, so it costs one lookup.
+        """
+        log = self.log
         log_get = log.get
-        voff_setdefault = vo.voff.setdefault
         for o, v in pairs:
             cur = log_get(o, _ABSENT)
             if cur is v or cur == v:
@@ -72,18 +77,16 @@ class VersionOrder:
             if o is None:
                 continue
             if cur is not _ABSENT:
-                add(o, v)  # a second value at this offset: a conflict
+                self.add(o, v)  # a second value at this offset: a conflict
                 continue
             log[o] = v
-            o0 = voff_setdefault(v, o)
+            o0 = self.voff.setdefault(v, o)
             if o0 != o:  # the value also sits at another offset
-                s = multi.get(v)
+                s = self.multi.get(v)
                 if s is None:
-                    multi[v] = {o0, o}
+                    self.multi[v] = {o0, o}
                 else:
                     s.add(o)
-        vo.seal()
-        return vo
 
     def seal(self) -> None:
         self.offsets = sorted(self.log)

@@ -106,7 +106,11 @@ def main() -> None:
     ap.add_argument("--ops", type=float, default=1e6, help="history lines to generate")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--keep", type=Path, help="write the history here and keep it")
-    ap.add_argument("--history", type=Path, help="time this history file instead")
+    ap.add_argument(
+        "--history",
+        type=Path,
+        help="time this history file instead (with --interleave only to label its row)",
+    )
     ap.add_argument("--header", action="store_true", help="print the table header first")
     ap.add_argument("--repeat", type=int, default=1, help="best of N timings (by CPU time)")
     ap.add_argument(
@@ -166,7 +170,8 @@ def main() -> None:
         print("|" + "---|" * 17)
     print(
         f"| {lines:,} | {size / 1e6:.0f} | "
-        f"{'interleaved' if args.interleave else 'atomic'} | "
+        f"{'interleaved' if args.interleave else 'atomic'}"
+        f"{' (file)' if args.history else ''} | "
         f"{dl['cpu']:.2f} | {fl['cpu']:.2f} | {ck['cpu']:.2f} | {lc['cpu']:.2f} | "
         f"{lines / lc['cpu']:,.0f} | {ck['cpu'] / fl['cpu']:.2f} | "
         f"{dl['wall']:.2f} | {fl['wall']:.2f} | {ck['wall']:.2f} | {lc['wall']:.2f} | "

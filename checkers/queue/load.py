@@ -33,6 +33,7 @@ from checkers.queue.ops import (
     INFO,
     QueueOp,
     _parse_mops,
+    take_op_fields,
 )
 
 __all__ = ["QueueHistory", "load_queue"]
@@ -210,10 +211,7 @@ def _load_fast(path: Path) -> QueueHistory:
                             _parse_mops(rec, value, pos + 1, True)
                     elif value is not None:
                         _parse_mops(rec, value, pos + 1, True)
-                    rec.wm = op.get("watermarks")
-                    producer = op.get("producer")
-                    if producer:
-                        rec.idem = bool(producer.get("idempotent"))
+                    take_op_fields(rec, op)
                     append(rec)
                 elif f in assign_fs:
                     if f == "subscribe":

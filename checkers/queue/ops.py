@@ -20,7 +20,16 @@ from typing import Any
 
 from checkers.history import HistoryError
 
-__all__ = ["FAIL", "INFO", "OK", "QueueOp", "check_pairs", "invoked_sends", "parse_ops"]
+__all__ = [
+    "FAIL",
+    "INFO",
+    "OK",
+    "QueueOp",
+    "check_pairs",
+    "invoked_sends",
+    "parse_ops",
+    "take_op_fields",
+]
 
 OK, INFO, FAIL = 0, 1, 2
 _KIND = {"ok": OK, "info": INFO, "fail": FAIL}
@@ -121,6 +130,14 @@ def _parse_mops(rec: QueueOp, value: Any, line: int, with_reads: bool) -> None:
             raise HistoryError(f"unknown micro-op {name!r} (expected send or poll)", line)
 
 
+def take_op_fields(rec: QueueOp, op: dict[str, Any]) -> None:
+    """The completion's optional fields a data op's record keeps: watermarks, idempotence."""
+    rec.wm = op.get("watermarks")
+    producer = op.get("producer")
+    if producer:
+        rec.idem = bool(producer.get("idempotent"))
+
+
 def check_pairs(ops: Sequence[dict[str, Any]]) -> None:
     """Strict check of every micro-op (run only to locate an error the fast path hit)."""
     for pos, op in enumerate(ops):
@@ -180,10 +197,7 @@ def parse_ops(ops: Sequence[dict[str, Any]]) -> tuple[list[QueueOp], bool]:
             value = op.get("value")
             if value is not None:
                 _parse_mops(rec, value, pos + 1, True)
-            rec.wm = op.get("watermarks")
-            producer = op.get("producer")
-            if producer:
-                rec.idem = bool(producer.get("idempotent"))
+            take_op_fields(rec, op)
             records.append(rec)
         elif f in ASSIGN_FS:
             if f == "subscribe":

@@ -24,9 +24,7 @@ from checkers.txn_graph import (
     WW,
     DepGraph,
     find_cycles,
-    peel_with_realtime,
     realtime_chain,
-    strong_components,
 )
 
 if TYPE_CHECKING:
@@ -100,9 +98,9 @@ def _cyclic_core(analysis: QueueAnalysis) -> tuple[set[int], list[QueueOp], list
     others reach that writer along the key's ww chain, through ops of the same strongly
     connected component, hence of the region), process edges are left out (an ok op
     completes before its process's next invoke, so realtime covers them) and realtime
-    order stays implicit (`peel_with_realtime`). Nodes this peeling removes lie on no
-    cycle. The strongly connected components of the survivors are found without
-    networkx, and only their nodes get their full edges and go to `find_cycles`.
+    order is a chain of virtual nodes (`_link_realtime`). Its strongly connected
+    components are found without networkx, over adjacency lists of ints, and only their
+    nodes get their full edges and go to `find_cycles`.
     """
     writer = analysis.writer
     orders = analysis.orders
@@ -130,16 +128,17 @@ def _cyclic_core(analysis: QueueAnalysis) -> tuple[set[int], list[QueueOp], list
         return set(), nodes, chains
     region = _region(spans, [r.pos for r in nodes])
     nodes = [r for r in nodes if r.pos in region]
-    reduced: dict[int, list[int]] = {}
+    # Region ops become 0..n-1 (completion order); virtual realtime nodes follow.
+    idx_of = {r.pos: i for i, r in enumerate(nodes)}
+    adj: list[list[int]] = [[] for _ in nodes]
+    get_idx = idx_of.get
     for a, b in chains:
-        if a in region and b in region:
-            lst = reduced.get(a)
-            if lst is None:
-                reduced[a] = [b]
-            else:
-                lst.append(b)
-    for rec in nodes:
-        rpos = rec.pos
+        ia = get_idx(a)
+        if ia is not None:
+            ib = get_idx(b)
+            if ib is not None:
+                adj[ia].append(ib)
+    for i, rec in enumerate(nodes):
         for k, pairs in rec.reads.items():
             ws = writer.get(k)
             if not ws or not pairs:
@@ -152,32 +151,114 @@ def _cyclic_core(analysis: QueueAnalysis) -> tuple[set[int], list[QueueOp], list
                 if top is not None:
                     w = ws.get(top[1])
                     if w is not None and w is not rec and w.committed:
-                        if w.pos in region:
-                            lst = reduced.get(w.pos)
-                            if lst is None:
-                                reduced[w.pos] = [rpos]
-                            else:
-                                lst.append(rpos)
+                        iw = get_idx(w.pos)
+                        if iw is not None:
+                            adj[iw].append(i)
                         continue
             for _o, v in pairs:
                 w = ws.get(v)
-                if w is not None and w is not rec and w.committed and w.pos in region:
-                    lst = reduced.get(w.pos)
-                    if lst is None:
-                        reduced[w.pos] = [rpos]
-                    else:
-                        lst.append(rpos)
-    alive = peel_with_realtime(reduced, [(r.pos, r.inv, r.kind == OK) for r in nodes])
-    if not alive:
-        return alive, nodes, chains
-    # Survivors include everything downstream of a cycle. Their strongly connected
-    # components (reduced edges plus a realtime chain, same reachability as the full
-    # graph) are the part that matters; only that part gets full edges and networkx.
-    survivors = [r for r in nodes if r.pos in alive]
-    sub: dict[int, list[int]] = {a: [b for b in reduced.get(a, ()) if b in alive] for a in alive}
-    for a, b in realtime_chain(_events(survivors)):
-        sub.setdefault(a, []).append(b)
-    return {n for comp in strong_components(sub) for n in comp if n >= 0}, nodes, chains
+                if w is not None and w is not rec and w.committed:
+                    iw = get_idx(w.pos)
+                    if iw is not None:
+                        adj[iw].append(i)
+    _link_realtime(adj, nodes)
+    cyclic = _cyclic_indices(adj, len(nodes))
+    return {nodes[i].pos for i in cyclic}, nodes, chains
+
+
+def _link_realtime(adj: list[list[int]], nodes: Sequence[QueueOp]) -> None:
+    """Append a realtime chain over `nodes` (adjacency indices) to `adj`.
+
+    As `realtime_chain` over `_events(nodes)`: virtual nodes get the indices after the
+    existing ones, and node i reaches node j through them exactly when i's completion is
+    certain and precedes j's invoke.
+    """
+    invokes = sorted((r.inv, i) for i, r in enumerate(nodes) if r.inv >= 0)
+    n_inv = len(invokes)
+    j = 0
+    last = -1
+    fresh = False  # does `last` already precede some invoke?
+    for i, rec in enumerate(nodes):
+        pos = rec.pos
+        while j < n_inv and invokes[j][0] < pos:
+            if last >= 0:
+                adj[last].append(invokes[j][1])
+                fresh = True
+            j += 1
+        if rec.kind == OK:
+            if last < 0 or fresh:
+                v = len(adj)
+                adj.append([])
+                if last >= 0:
+                    adj[last].append(v)
+                last = v
+                fresh = False
+            adj[i].append(last)
+    if last >= 0:
+        tail = adj[last]
+        for k in range(j, n_inv):
+            tail.append(invokes[k][1])
+
+
+def _cyclic_indices(adj: list[list[int]], n_real: int) -> list[int]:
+    """Indices below `n_real` in strongly connected components of two or more nodes.
+
+    Iterative Tarjan over adjacency lists of ints, with lists for its bookkeeping.
+    """
+    size = len(adj)
+    index = [-1] * size
+    low = [0] * size
+    on_stack = [False] * size
+    stack: list[int] = []
+    out: list[int] = []
+    counter = 0
+    for root in range(size):
+        if index[root] >= 0:
+            continue
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack[root] = True
+        work_nodes = [root]
+        work_iters = [iter(adj[root])]
+        while work_nodes:
+            node = work_nodes[-1]
+            advanced = False
+            for nxt in work_iters[-1]:
+                if index[nxt] < 0:
+                    index[nxt] = low[nxt] = counter
+                    counter += 1
+                    stack.append(nxt)
+                    on_stack[nxt] = True
+                    work_nodes.append(nxt)
+                    work_iters.append(iter(adj[nxt]))
+                    advanced = True
+                    break
+                if on_stack[nxt] and index[nxt] < low[node]:
+                    low[node] = index[nxt]
+            if advanced:
+                continue
+            work_nodes.pop()
+            work_iters.pop()
+            lo = low[node]
+            if work_nodes:
+                parent = work_nodes[-1]
+                if lo < low[parent]:
+                    low[parent] = lo
+            if lo == index[node]:
+                n = stack.pop()
+                on_stack[n] = False
+                if n != node:
+                    while True:
+                        if n < n_real:
+                            out.append(n)
+                        n = stack.pop()
+                        on_stack[n] = False
+                        if n == node:
+                            break
+                    if n < n_real:
+                        out.append(n)
+    return out
 
 
 def cycle_anomalies(analysis: QueueAnalysis) -> None:

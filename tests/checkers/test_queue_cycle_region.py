@@ -18,9 +18,10 @@ from hypothesis import strategies as st
 
 from checkers.queue import check_queue
 from checkers.queue.analysis import QueueAnalysis
-from checkers.queue.cycles import _region, cyclic_ops
+from checkers.queue.cycles import _cyclic_indices, _events, _link_realtime, _region, cyclic_ops
 from checkers.queue.ops import OK
 from checkers.queue.simulate import simulate
+from checkers.txn_graph import realtime_chain
 from tests.checkers.hist import H
 
 
@@ -138,3 +139,47 @@ def test_reader_completing_before_its_writer_still_closes_a_cycle() -> None:
     r = check_queue(h.ops)
     assert "G1c" in r["anomaly_types"] and r["valid"] is False
     assert r["stats"]["backward_edges"] == 1
+
+
+def test_cyclic_indices_match_networkx_on_random_graphs() -> None:
+    rng = random.Random(11)
+    for _ in range(300):
+        size = rng.randint(1, 60)
+        n_real = rng.randint(0, size)
+        adj: list[list[int]] = [[] for _ in range(size)]
+        for _e in range(rng.randint(0, 3 * size)):
+            a, b = rng.randrange(size), rng.randrange(size)
+            if a != b:
+                adj[a].append(b)
+        g: nx.DiGraph[int] = nx.DiGraph()
+        g.add_nodes_from(range(size))
+        g.add_edges_from((a, b) for a, bs in enumerate(adj) for b in bs)
+        want = {n for c in nx.strongly_connected_components(g) if len(c) > 1 for n in c}
+        got = _cyclic_indices(adj, n_real)
+        assert len(got) == len(set(got))
+        assert set(got) == {n for n in want if n < n_real}
+
+
+def test_link_realtime_matches_realtime_chain() -> None:
+    for seed in range(40):
+        ops = simulate(n_ops=120, processes=4, keys=2, seed=seed, info_rate=0.1, interleave=True)
+        a = QueueAnalysis(ops)
+        a.run()
+        nodes = [r for r in a.records if r.committed and r.f not in ("assign", "subscribe")]
+        adj: list[list[int]] = [[] for _ in nodes]
+        _link_realtime(adj, nodes)
+        n = len(nodes)
+        got: nx.DiGraph[int] = nx.DiGraph()
+        got.add_edges_from((x, y) for x, ys in enumerate(adj) for y in ys)
+        want: nx.DiGraph[int] = nx.DiGraph()
+        # realtime_chain's virtual nodes are negative; name real nodes by index
+        idx = {r.pos: i for i, r in enumerate(nodes)}
+        want.add_edges_from(
+            (idx.get(x, x) if x >= 0 else x, idx.get(y, y) if y >= 0 else y)
+            for x, y in realtime_chain(_events(nodes))
+        )
+        for i in range(n):
+            reach_got = {j for j in nx.descendants(got, i) if j < n} if i in got else set()
+            reach_want = {j for j in nx.descendants(want, i) if j >= 0} if i in want else set()
+            assert reach_got == reach_want
+        assert got.number_of_edges() == want.number_of_edges()

@@ -19,8 +19,9 @@ reported with those stretches collapsed into one realtime step.
 | G1c-ww / -process / -realtime | ww, wr (+...) | ww and wr (+...) |
 
 Steps: nodes that cannot lie on any cycle (no in- or no out-edges, repeatedly) are
-trimmed in plain Python, so a valid history costs one linear pass; networkx then finds
-strongly connected components of what is left for each anomaly's edge set, and each
+trimmed in plain Python, so a valid history costs one linear pass; the strongly
+connected components of what is left for each anomaly's edge set are then found (in
+the order, and as the sets, networkx would give; without a networkx graph), and each
 component is explained by a shortest simple cycle that uses every required kind,
 found by breadth-first search over (node, kinds used) states.
 """
@@ -32,8 +33,6 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import chain
 from typing import Any
-
-import networkx as nx
 
 __all__ = [
     "CYCLE_RULES",
@@ -178,8 +177,8 @@ def peel_with_realtime(
 def strong_components(succ: Mapping[int, Iterable[int]]) -> list[list[int]]:
     """Strongly connected components with two or more nodes (iterative Tarjan).
 
-    Used to find the part of a large graph that matters before networkx builds its own
-    graph of it: it needs no graph object and no recursion.
+    Finds the part of a large graph that matters: it needs no graph object and no
+    recursion.
     """
     index: dict[int, int] = {}
     low: dict[int, int] = {}
@@ -258,6 +257,86 @@ def trim(succ: Mapping[int, Iterable[int]]) -> set[int]:
             if outdeg[a] == 0:
                 stack.append(a)
     return {a for a, d in outdeg.items() if d > 0}
+
+
+def _components(out: Iterable[tuple[int, list[int]]]) -> list[set[int]]:
+    """Strongly connected components of two or more nodes, exactly as networkx gives them.
+
+    `out` lists each node's successors. The graph is the one networkx's `DiGraph` builds
+    from the edges (a, b) for b in each list in turn: nodes in order of first mention,
+    successors in list order. The components come in the order, and each set is built
+    by the same insertions, as `networkx.strongly_connected_components` of that graph
+    (each when the depth-first search leaves its first node; that node, then the others
+    latest finished first), so iterating them, and everything found from them, is
+    unchanged; without the networkx graph, over adjacency lists of ints.
+    """
+    ids: dict[int, int] = {}
+    names: list[int] = []
+    adj: list[list[int]] = []
+    for a, bs in out:
+        if not bs:
+            continue
+        ia = ids.get(a)
+        if ia is None:
+            ia = ids[a] = len(names)
+            names.append(a)
+            adj.append([])
+        row = adj[ia]
+        for b in bs:
+            ib = ids.get(b)
+            if ib is None:
+                ib = ids[b] = len(names)
+                names.append(b)
+                adj.append([])
+            row.append(ib)
+    size = len(names)
+    pre = [0] * size  # preorder number, from 1; 0 = not yet visited
+    low = [0] * size
+    done = [False] * size  # assigned to a component
+    finished: list[int] = []  # finished nodes that are not a component's first node
+    comps: list[set[int]] = []
+    counter = 0
+    for root in range(size):
+        if pre[root]:
+            continue
+        counter += 1
+        pre[root] = low[root] = counter
+        work_nodes = [root]
+        work_iters = [iter(adj[root])]
+        while work_nodes:
+            node = work_nodes[-1]
+            advanced = False
+            for nxt in work_iters[-1]:
+                if not pre[nxt]:
+                    counter += 1
+                    pre[nxt] = low[nxt] = counter
+                    work_nodes.append(nxt)
+                    work_iters.append(iter(adj[nxt]))
+                    advanced = True
+                    break
+                if not done[nxt] and pre[nxt] < low[node]:
+                    low[node] = pre[nxt]
+            if advanced:
+                continue
+            work_nodes.pop()
+            work_iters.pop()
+            lo = low[node]
+            if work_nodes:
+                parent = work_nodes[-1]
+                if lo < low[parent]:
+                    low[parent] = lo
+            if lo == pre[node]:
+                done[node] = True
+                if finished and pre[finished[-1]] > lo:
+                    comp = {names[node]}
+                    while finished and pre[finished[-1]] > lo:
+                        k = finished.pop()
+                        done[k] = True
+                        comp.add(names[k])
+                    comps.append(comp)
+            else:
+                finished.append(node)
+    return comps
 
 
 def _bits(mask: int) -> list[int]:
@@ -341,9 +420,9 @@ def find_cycles(
     One case per strongly connected component of a rule's graph that holds a qualifying
     cycle; only the first `max_examples` per rule carry a full explanation.
 
-    Per rule, the graph is cut down to the rule's edge kinds and trimmed before networkx
-    computes strongly connected components, so only the part that can hold such a cycle
-    is ever built as a networkx graph. Each component is explained by the shortest
+    Per rule, the graph is cut down to the rule's edge kinds and trimmed before its
+    strongly connected components are computed (`_components`, in networkx's order), so
+    only the part that can hold such a cycle is searched. Each component is explained by the shortest
     simple cycle through one of its edges of the rarest required kind (up to `tries`
     edges, fewer in very large components; each search is bounded by `state_limit`).
     """
@@ -358,15 +437,13 @@ def find_cycles(
     if not alive:
         return found, stats
     # Every rule's components lie inside a component of the union of all edge kinds:
-    # one networkx pass over the union keeps only those nodes (and edges inside them).
-    union = nx.DiGraph()
-    union.add_edges_from((a, b) for a in alive for b in succ.get(a, ()) if b in alive)
+    # one pass over the union keeps only those nodes (and edges inside them).
     comp_of: dict[int, int] = {}
-    for i, comp in enumerate(nx.strongly_connected_components(union)):
-        if len(comp) > 1:
-            for n in comp:
-                comp_of[n] = i
-    del union
+    for i, comp in enumerate(
+        _components((a, [b for b in succ.get(a, ()) if b in alive]) for a in alive)
+    ):
+        for n in comp:
+            comp_of[n] = i
     stats["cyclic_nodes"] = len(comp_of)
     core = {
         a: {b: k for b, k in succ.get(a, {}).items() if comp_of.get(b) == c}
@@ -384,11 +461,7 @@ def find_cycles(
         live = trim(rule_adj)
         if not live:
             continue
-        sub = nx.DiGraph()
-        sub.add_edges_from((a, b) for a in live for b in rule_adj.get(a, ()) if b in live)
-        for scc in nx.strongly_connected_components(sub):
-            if len(scc) < 2:
-                continue
+        for scc in _components((a, [b for b in rule_adj.get(a, ()) if b in live]) for a in live):
             real = frozenset(n for n in scc if n >= 0)
             if real in explained.get(base, ()):
                 continue

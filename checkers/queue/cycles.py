@@ -48,15 +48,11 @@ def _events(nodes: Sequence[QueueOp]) -> list[tuple[int, bool]]:
     return [slots[i] for i in sorted(slots)]
 
 
-def _region(spans: list[tuple[int, int]], positions: Sequence[int]) -> set[int]:
-    """The positions lying inside the union of the closed intervals `spans`.
-
-    `positions` must be increasing.
-    """
+def _merge(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The union of the closed intervals `spans` as disjoint intervals, in order."""
     spans.sort()
-    region: set[int] = set()
     if not spans:
-        return region
+        return []
     lo, hi = spans[0]
     merged = []
     for a, b in spans:
@@ -66,7 +62,16 @@ def _region(spans: list[tuple[int, int]], positions: Sequence[int]) -> set[int]:
         elif b > hi:
             hi = b
     merged.append((lo, hi))
-    for lo, hi in merged:
+    return merged
+
+
+def _region(spans: list[tuple[int, int]], positions: Sequence[int]) -> set[int]:
+    """The positions lying inside the union of the closed intervals `spans`.
+
+    `positions` must be increasing.
+    """
+    region: set[int] = set()
+    for lo, hi in _merge(spans):
         region.update(positions[bisect_left(positions, lo) : bisect_right(positions, hi)])
     return region
 
@@ -126,24 +131,30 @@ def _cyclic_core(analysis: QueueAnalysis) -> tuple[set[int], list[QueueOp], list
     analysis.stats.update(graph_nodes=len(nodes), backward_edges=len(spans), cyclic_nodes=0)
     if not spans:
         return set(), nodes, chains
-    region = _region(spans, [r.pos for r in nodes])
-    nodes = [r for r in nodes if r.pos in region]
+    positions = [r.pos for r in nodes]
+    inside: list[QueueOp] = []
+    for lo, hi in _merge(spans):
+        inside.extend(nodes[bisect_left(positions, lo) : bisect_right(positions, hi)])
+    nodes = inside
     # Region ops become 0..n-1 (completion order); virtual realtime nodes follow.
-    idx_of = {r.pos: i for i, r in enumerate(nodes)}
+    # idx[position] is the op's index, -1 outside the region.
+    idx = [-1] * (max(r.pos for r in analysis.records) + 1)
+    for i, rec in enumerate(nodes):
+        idx[rec.pos] = i
     adj: list[list[int]] = [[] for _ in nodes]
-    get_idx = idx_of.get
     for a, b in chains:
-        ia = get_idx(a)
-        if ia is not None:
-            ib = get_idx(b)
-            if ib is not None:
+        ia = idx[a]
+        if ia >= 0:
+            ib = idx[b]
+            if ib >= 0:
                 adj[ia].append(ib)
+    ww_deps = analysis.ww_deps
     for i, rec in enumerate(nodes):
         for k, pairs in rec.reads.items():
             ws = writer.get(k)
             if not ws or not pairs:
                 continue
-            if analysis.ww_deps and not orders[k].conflicts:
+            if ww_deps and not orders[k].conflicts:
                 try:
                     top = max(pairs)  # the highest offset read (pairs are [offset, value])
                 except TypeError:  # a null offset
@@ -151,15 +162,15 @@ def _cyclic_core(analysis: QueueAnalysis) -> tuple[set[int], list[QueueOp], list
                 if top is not None:
                     w = ws.get(top[1])
                     if w is not None and w is not rec and w.committed:
-                        iw = get_idx(w.pos)
-                        if iw is not None:
+                        iw = idx[w.pos]
+                        if iw >= 0:
                             adj[iw].append(i)
                         continue
             for _o, v in pairs:
                 w = ws.get(v)
                 if w is not None and w is not rec and w.committed:
-                    iw = get_idx(w.pos)
-                    if iw is not None:
+                    iw = idx[w.pos]
+                    if iw >= 0:
                         adj[iw].append(i)
     _link_realtime(adj, nodes)
     cyclic = _cyclic_indices(adj, len(nodes))
@@ -173,16 +184,17 @@ def _link_realtime(adj: list[list[int]], nodes: Sequence[QueueOp]) -> None:
     existing ones, and node i reaches node j through them exactly when i's completion is
     certain and precedes j's invoke.
     """
-    invokes = sorted((r.inv, i) for i, r in enumerate(nodes) if r.inv >= 0)
+    inv = [r.inv for r in nodes]
+    invokes = sorted((i for i in range(len(nodes)) if inv[i] >= 0), key=inv.__getitem__)
     n_inv = len(invokes)
     j = 0
     last = -1
     fresh = False  # does `last` already precede some invoke?
     for i, rec in enumerate(nodes):
         pos = rec.pos
-        while j < n_inv and invokes[j][0] < pos:
+        while j < n_inv and inv[invokes[j]] < pos:
             if last >= 0:
-                adj[last].append(invokes[j][1])
+                adj[last].append(invokes[j])
                 fresh = True
             j += 1
         if rec.kind == OK:
@@ -196,8 +208,7 @@ def _link_realtime(adj: list[list[int]], nodes: Sequence[QueueOp]) -> None:
             adj[i].append(last)
     if last >= 0:
         tail = adj[last]
-        for k in range(j, n_inv):
-            tail.append(invokes[k][1])
+        tail.extend(invokes[j:])
 
 
 def _cyclic_indices(adj: list[list[int]], n_real: int) -> list[int]:

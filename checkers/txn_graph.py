@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from itertools import chain
 from typing import Any
 
@@ -259,12 +259,12 @@ def trim(succ: Mapping[int, Iterable[int]]) -> set[int]:
     return {a for a, d in outdeg.items() if d > 0}
 
 
-def _components(out: Iterable[tuple[int, list[int]]]) -> list[set[int]]:
+def _components(succ: Mapping[int, Iterable[int]], keep: Collection[int]) -> list[set[int]]:
     """Strongly connected components of two or more nodes, exactly as networkx gives them.
 
-    `out` lists each node's successors. The graph is the one networkx's `DiGraph` builds
-    from the edges (a, b) for b in each list in turn: nodes in order of first mention,
-    successors in list order. The components come in the order, and each set is built
+    The graph is the one networkx's `DiGraph` builds from the edges (a, b) for a in `keep`
+    and b in `succ[a]`, in turn, that have b in `keep`: nodes in order of first mention,
+    successors in `succ` order. The components come in the order, and each set is built
     by the same insertions, as `networkx.strongly_connected_components` of that graph
     (each when the depth-first search leaves its first node; that node, then the others
     latest finished first), so iterating them, and everything found from them, is
@@ -273,16 +273,21 @@ def _components(out: Iterable[tuple[int, list[int]]]) -> list[set[int]]:
     ids: dict[int, int] = {}
     names: list[int] = []
     adj: list[list[int]] = []
-    for a, bs in out:
+    for a in keep:
+        bs = succ.get(a)
         if not bs:
             continue
-        ia = ids.get(a)
-        if ia is None:
-            ia = ids[a] = len(names)
-            names.append(a)
-            adj.append([])
-        row = adj[ia]
+        row: list[int] | None = None
         for b in bs:
+            if b not in keep:
+                continue
+            if row is None:
+                ia = ids.get(a)
+                if ia is None:
+                    ia = ids[a] = len(names)
+                    names.append(a)
+                    adj.append([])
+                row = adj[ia]
             ib = ids.get(b)
             if ib is None:
                 ib = ids[b] = len(names)
@@ -340,7 +345,10 @@ def _components(out: Iterable[tuple[int, list[int]]]) -> list[set[int]]:
 
 
 def _bits(mask: int) -> list[int]:
-    return [b for b in (WW, WR, PROCESS, REALTIME) if mask & b]
+    return _BITS[mask & 15]
+
+
+_BITS = [[b for b in (WW, WR, PROCESS, REALTIME) if m & b] for m in range(16)]
 
 
 def _cycle_through(
@@ -439,9 +447,7 @@ def find_cycles(
     # Every rule's components lie inside a component of the union of all edge kinds:
     # one pass over the union keeps only those nodes (and edges inside them).
     comp_of: dict[int, int] = {}
-    for i, comp in enumerate(
-        _components((a, [b for b in succ.get(a, ()) if b in alive]) for a in alive)
-    ):
+    for i, comp in enumerate(_components(succ, alive)):
         for n in comp:
             comp_of[n] = i
     stats["cyclic_nodes"] = len(comp_of)
@@ -461,7 +467,7 @@ def find_cycles(
         live = trim(rule_adj)
         if not live:
             continue
-        for scc in _components((a, [b for b in rule_adj.get(a, ()) if b in live]) for a in live):
+        for scc in _components(rule_adj, live):
             real = frozenset(n for n in scc if n >= 0)
             if real in explained.get(base, ()):
                 continue

@@ -286,10 +286,9 @@ def cycle_anomalies(analysis: QueueAnalysis) -> None:
     for a, b in chains:
         if a in alive and b in alive:
             full.link(a, b, WW)
+    members = [r for r in nodes if r.pos in alive]
     last_by_process: dict[Any, QueueOp] = {}
-    for rec in nodes:
-        if rec.pos not in alive:
-            continue
+    for rec in members:
         prior = last_by_process.get(rec.process)
         if prior is not None:
             full.link(prior.pos, rec.pos, PROCESS)
@@ -302,9 +301,9 @@ def cycle_anomalies(analysis: QueueAnalysis) -> None:
                 w = ws.get(v)
                 if w is not None and w is not rec and w.committed and w.pos in alive:
                     full.link(w.pos, rec.pos, WR)
-    for a, b in realtime_chain(_events([r for r in nodes if r.pos in alive])):
+    for a, b in realtime_chain(_events(members)):
         full.link(a, b, REALTIME)
-    analysis.by_pos = {r.pos: r for r in analysis.records}
+    analysis.by_pos = {r.pos: r for r in members}  # every op find_cycles may explain
     found, gstats = find_cycles(
         full, partial(explain_step, analysis), max_examples=analysis.anomalies.max_examples
     )

@@ -118,16 +118,17 @@ def _cyclic_core(analysis: QueueAnalysis) -> tuple[set[int], list[QueueOp], list
             if not ws:
                 continue
             prev: QueueOp | None = None
-            log = vo.log
-            for o in vo.offsets:
-                w = ws.get(log[o])
-                if w is None or not w.committed or w is prev:
+            prev_pos = -1
+            for w in map(ws.get, map(vo.log.__getitem__, vo.offsets)):
+                if w is None or w is prev or not w.committed:
                     continue
+                pos = w.pos
                 if prev is not None:
-                    chains.append((prev.pos, w.pos))
-                    if prev.pos > w.pos:
-                        spans.append((w.pos, prev.pos))
+                    chains.append((prev_pos, pos))
+                    if prev_pos > pos:
+                        spans.append((pos, prev_pos))
                 prev = w
+                prev_pos = pos
     analysis.stats.update(graph_nodes=len(nodes), backward_edges=len(spans), cyclic_nodes=0)
     if not spans:
         return set(), nodes, chains

@@ -245,17 +245,18 @@ def trim(succ: Mapping[int, Iterable[int]]) -> set[int]:
         return survivors
     sub = {a: [b for b in succ.get(a, ()) if b in survivors] for a in survivors}
     outdeg = {a: len(bs) for a, bs in sub.items()}
-    pred: dict[int, list[int]] = {}
-    for a, bs in sub.items():
-        for b in bs:
-            pred.setdefault(b, []).append(a)
     stack = [a for a, d in outdeg.items() if d == 0]
-    while stack:
-        n = stack.pop()
-        for a in pred.get(n, ()):
-            outdeg[a] -= 1
-            if outdeg[a] == 0:
-                stack.append(a)
+    if stack:  # else no sinks: nothing to peel backward
+        pred: dict[int, list[int]] = {}
+        for a, bs in sub.items():
+            for b in bs:
+                pred.setdefault(b, []).append(a)
+        while stack:
+            n = stack.pop()
+            for a in pred.get(n, ()):
+                outdeg[a] -= 1
+                if outdeg[a] == 0:
+                    stack.append(a)
     return {a for a, d in outdeg.items() if d > 0}
 
 

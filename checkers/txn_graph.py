@@ -28,7 +28,6 @@ found by breadth-first search over (node, kinds used) states.
 
 from __future__ import annotations
 
-import heapq
 from collections import Counter, deque
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from itertools import chain
@@ -43,8 +42,8 @@ __all__ = [
     "DepGraph",
     "find_cycles",
     "kind_name",
-    "peel_with_realtime",
     "realtime_chain",
+    "scc_lists",
     "strong_components",
     "trim",
 ]
@@ -127,106 +126,13 @@ def realtime_chain(events: Iterable[tuple[int, bool]], start: int = -1) -> list[
     return edges
 
 
-def peel_with_realtime(
-    succ: Mapping[int, Iterable[int]], nodes: Sequence[tuple[int, int, bool]]
-) -> set[int]:
-    """Kahn's peeling of `succ` plus implicit realtime edges; returns the unpeeled nodes.
-
-    `nodes` are (node, invoke position, completion certain) with node = completion
-    position, in increasing node order; A precedes B in real time when A's completion is
-    certain and A < B's invoke position. Realtime edges are never built: a node becomes
-    ready once its explicit in-edges are gone and every certain node that completed
-    before its invoke has been peeled. An empty result means the union is acyclic; any
-    cycle's nodes (and everything after them) remain.
-    """
-    indeg = Counter(chain.from_iterable(succ.values()))
-    inv_of = {n: inv for n, inv, _c in nodes}
-    certain = [n for n, _inv, c in nodes if c]
-    peeled: set[int] = set()
-    j = 0  # certain[j] is the earliest certain node not yet peeled
-    limit = certain[0] if certain else None
-    ready: list[int] = []
-    waiting: list[tuple[int, int]] = []  # (invoke position, node), explicit in-degree 0
-    for n, inv, _c in nodes:
-        if n not in indeg:
-            if limit is None or inv < limit:
-                ready.append(n)
-            else:
-                waiting.append((inv, n))
-    heapq.heapify(waiting)
-    while ready:
-        n = ready.pop()
-        peeled.add(n)
-        for b in succ.get(n, ()):
-            d = indeg[b] - 1
-            indeg[b] = d
-            if d == 0:
-                if limit is None or inv_of[b] < limit:
-                    ready.append(b)
-                else:
-                    heapq.heappush(waiting, (inv_of[b], b))
-        if n == limit:
-            while j < len(certain) and certain[j] in peeled:
-                j += 1
-            limit = certain[j] if j < len(certain) else None
-            while waiting and (limit is None or waiting[0][0] < limit):
-                ready.append(heapq.heappop(waiting)[1])
-    return {n for n, _inv, _c in nodes if n not in peeled}
-
-
 def strong_components(succ: Mapping[int, Iterable[int]]) -> list[list[int]]:
-    """Strongly connected components with two or more nodes (iterative Tarjan).
+    """Strongly connected components with two or more nodes, without a graph object.
 
-    Finds the part of a large graph that matters: it needs no graph object and no
-    recursion.
+    A node without successors of its own cannot lie on a cycle, so `succ`'s keys are
+    every node that matters.
     """
-    index: dict[int, int] = {}
-    low: dict[int, int] = {}
-    on_stack: set[int] = set()
-    stack: list[int] = []
-    out: list[list[int]] = []
-    counter = 0
-    empty: tuple[int, ...] = ()
-    for root in list(succ):
-        if root in index:
-            continue
-        index[root] = low[root] = counter
-        counter += 1
-        stack.append(root)
-        on_stack.add(root)
-        work = [(root, iter(succ.get(root, empty)))]
-        while work:
-            node, it = work[-1]
-            advanced = False
-            for nxt in it:
-                if nxt not in index:
-                    index[nxt] = low[nxt] = counter
-                    counter += 1
-                    stack.append(nxt)
-                    on_stack.add(nxt)
-                    work.append((nxt, iter(succ.get(nxt, empty))))
-                    advanced = True
-                    break
-                if nxt in on_stack and index[nxt] < low[node]:
-                    low[node] = index[nxt]
-            if advanced:
-                continue
-            work.pop()
-            if work:
-                parent = work[-1][0]
-                if low[node] < low[parent]:
-                    low[parent] = low[node]
-            if low[node] == index[node]:
-                comp = []
-                while True:
-                    n = stack.pop()
-                    on_stack.discard(n)
-                    comp.append(n)
-                    if n == node:
-                        break
-                if len(comp) > 1:
-                    out.append(comp)
-    return out
+    return [list(c) for c in _components(succ, succ)]
 
 
 def trim(succ: Mapping[int, Iterable[int]]) -> set[int]:
@@ -258,6 +164,65 @@ def trim(succ: Mapping[int, Iterable[int]]) -> set[int]:
                 if outdeg[a] == 0:
                     stack.append(a)
     return {a for a, d in outdeg.items() if d > 0}
+
+
+def scc_lists(adj: Sequence[Sequence[int]]) -> list[list[int]]:
+    """Strongly connected components of two or more nodes of the graph over ``0..len(adj)-1``
+    whose node i has successors ``adj[i]`` (iterative Tarjan, lists for its bookkeeping).
+
+    In networkx's order: components come as `networkx.strongly_connected_components`
+    yields them for a graph with nodes in index order and successors in list order, each
+    as the node where the search leaves it, then the others latest finished first (the
+    order networkx inserts them into its set).
+    """
+    size = len(adj)
+    pre = [0] * size  # preorder number, from 1; 0 = not yet visited
+    low = [0] * size
+    done = [False] * size  # assigned to a component
+    finished: list[int] = []  # finished nodes that are not a component's first node
+    comps: list[list[int]] = []
+    counter = 0
+    for root in range(size):
+        if pre[root]:
+            continue
+        counter += 1
+        pre[root] = low[root] = counter
+        work_nodes = [root]
+        work_iters = [iter(adj[root])]
+        while work_nodes:
+            node = work_nodes[-1]
+            advanced = False
+            for nxt in work_iters[-1]:
+                if not pre[nxt]:
+                    counter += 1
+                    pre[nxt] = low[nxt] = counter
+                    work_nodes.append(nxt)
+                    work_iters.append(iter(adj[nxt]))
+                    advanced = True
+                    break
+                if not done[nxt] and pre[nxt] < low[node]:
+                    low[node] = pre[nxt]
+            if advanced:
+                continue
+            work_nodes.pop()
+            work_iters.pop()
+            lo = low[node]
+            if work_nodes:
+                parent = work_nodes[-1]
+                if lo < low[parent]:
+                    low[parent] = lo
+            if lo == pre[node]:
+                done[node] = True
+                if finished and pre[finished[-1]] > lo:
+                    comp = [node]
+                    while finished and pre[finished[-1]] > lo:
+                        k = finished.pop()
+                        done[k] = True
+                        comp.append(k)
+                    comps.append(comp)
+            else:
+                finished.append(node)
+    return comps
 
 
 def _components(succ: Mapping[int, Iterable[int]], keep: Collection[int]) -> list[set[int]]:
@@ -295,54 +260,8 @@ def _components(succ: Mapping[int, Iterable[int]], keep: Collection[int]) -> lis
                 names.append(b)
                 adj.append([])
             row.append(ib)
-    size = len(names)
-    pre = [0] * size  # preorder number, from 1; 0 = not yet visited
-    low = [0] * size
-    done = [False] * size  # assigned to a component
-    finished: list[int] = []  # finished nodes that are not a component's first node
-    comps: list[set[int]] = []
-    counter = 0
-    for root in range(size):
-        if pre[root]:
-            continue
-        counter += 1
-        pre[root] = low[root] = counter
-        work_nodes = [root]
-        work_iters = [iter(adj[root])]
-        while work_nodes:
-            node = work_nodes[-1]
-            advanced = False
-            for nxt in work_iters[-1]:
-                if not pre[nxt]:
-                    counter += 1
-                    pre[nxt] = low[nxt] = counter
-                    work_nodes.append(nxt)
-                    work_iters.append(iter(adj[nxt]))
-                    advanced = True
-                    break
-                if not done[nxt] and pre[nxt] < low[node]:
-                    low[node] = pre[nxt]
-            if advanced:
-                continue
-            work_nodes.pop()
-            work_iters.pop()
-            lo = low[node]
-            if work_nodes:
-                parent = work_nodes[-1]
-                if lo < low[parent]:
-                    low[parent] = lo
-            if lo == pre[node]:
-                done[node] = True
-                if finished and pre[finished[-1]] > lo:
-                    comp = {names[node]}
-                    while finished and pre[finished[-1]] > lo:
-                        k = finished.pop()
-                        done[k] = True
-                        comp.add(names[k])
-                    comps.append(comp)
-            else:
-                finished.append(node)
-    return comps
+    # set comprehensions insert in the lists' order: the same sets, iterated the same way
+    return [{names[i] for i in comp} for comp in scc_lists(adj)]
 
 
 def _bits(mask: int) -> list[int]:

@@ -25,6 +25,7 @@ from checkers.txn_graph import (
     DepGraph,
     find_cycles,
     realtime_chain,
+    scc_lists,
 )
 
 if TYPE_CHECKING:
@@ -213,64 +214,8 @@ def _link_realtime(adj: list[list[int]], nodes: Sequence[QueueOp]) -> None:
 
 
 def _cyclic_indices(adj: list[list[int]], n_real: int) -> list[int]:
-    """Indices below `n_real` in strongly connected components of two or more nodes.
-
-    Iterative Tarjan over adjacency lists of ints, with lists for its bookkeeping.
-    """
-    size = len(adj)
-    index = [-1] * size
-    low = [0] * size
-    on_stack = [False] * size
-    stack: list[int] = []
-    out: list[int] = []
-    counter = 0
-    for root in range(size):
-        if index[root] >= 0:
-            continue
-        index[root] = low[root] = counter
-        counter += 1
-        stack.append(root)
-        on_stack[root] = True
-        work_nodes = [root]
-        work_iters = [iter(adj[root])]
-        while work_nodes:
-            node = work_nodes[-1]
-            advanced = False
-            for nxt in work_iters[-1]:
-                if index[nxt] < 0:
-                    index[nxt] = low[nxt] = counter
-                    counter += 1
-                    stack.append(nxt)
-                    on_stack[nxt] = True
-                    work_nodes.append(nxt)
-                    work_iters.append(iter(adj[nxt]))
-                    advanced = True
-                    break
-                if on_stack[nxt] and index[nxt] < low[node]:
-                    low[node] = index[nxt]
-            if advanced:
-                continue
-            work_nodes.pop()
-            work_iters.pop()
-            lo = low[node]
-            if work_nodes:
-                parent = work_nodes[-1]
-                if lo < low[parent]:
-                    low[parent] = lo
-            if lo == index[node]:
-                n = stack.pop()
-                on_stack[n] = False
-                if n != node:
-                    while True:
-                        if n < n_real:
-                            out.append(n)
-                        n = stack.pop()
-                        on_stack[n] = False
-                        if n == node:
-                            break
-                    if n < n_real:
-                        out.append(n)
-    return out
+    """Indices below `n_real` in strongly connected components of two or more nodes."""
+    return [n for comp in scc_lists(adj) for n in comp if n < n_real]
 
 
 def cycle_anomalies(analysis: QueueAnalysis) -> None:

@@ -30,9 +30,9 @@ from checkers.history import OP_TYPES, gc_paused, load_history
 from checkers.queue.ops import (
     ASSIGN_FS,
     DATA_FS,
-    INFO,
     QueueOp,
     _parse_mops,
+    close_pending,
     take_op_fields,
 )
 
@@ -225,19 +225,8 @@ def _load_fast(path: Path) -> QueueHistory:
         except Exception:  # a missing field, a HistoryError of a micro-op, anything
             raise _GiveUp() from None
     # Invokes never completed count as info (as in `parse_ops`).
-    end = pos
     try:
-        for process, (inv_pos, inv_op) in pending.items():
-            f = inv_op["f"]
-            if f == "subscribe":
-                saw_subscribe = True
-            if f not in data_fs:
-                continue
-            rec = QueueOp(f, INFO, end, inv_pos, inv_pos, process)
-            rec.inv_index = inv_pos
-            end += 1
-            _parse_mops(rec, inv_op.get("value"), inv_pos + 1, False)
-            append(rec)
+        saw_subscribe = close_pending(pending, pos, records) or saw_subscribe
     except Exception:
         raise _GiveUp() from None
     return QueueHistory(path, records, saw_subscribe, pos, size)

@@ -26,6 +26,7 @@ __all__ = [
     "OK",
     "QueueOp",
     "check_pairs",
+    "close_pending",
     "invoked_sends",
     "parse_ops",
     "take_op_fields",
@@ -205,8 +206,16 @@ def parse_ops(ops: Sequence[dict[str, Any]]) -> tuple[list[QueueOp], bool]:
             rec = QueueOp(f, kinds.get(typ, INFO), pos, op.get("index", pos), inv_pos, process)
             rec.value = op.get("value")
             records.append(rec)
-    # Invokes never completed count as info: they may have happened at any later time.
-    end = len(ops)
+    return records, close_pending(pending, len(ops), records) or saw_subscribe
+
+
+def close_pending(
+    pending: dict[Any, tuple[int, dict[str, Any]]], end: int, records: list[QueueOp]
+) -> bool:
+    """Append a record for every invoke never completed, placed from position `end` on:
+    it counts as info, as it may have happened at any later time. True if one of them is
+    a subscribe."""
+    saw_subscribe = False
     for process, (inv_pos, inv_op) in pending.items():
         f = inv_op["f"]
         if f == "subscribe":
@@ -218,7 +227,7 @@ def parse_ops(ops: Sequence[dict[str, Any]]) -> tuple[list[QueueOp], bool]:
         end += 1
         _parse_mops(rec, inv_op.get("value"), inv_pos + 1, False)
         records.append(rec)
-    return records, saw_subscribe
+    return saw_subscribe
 
 
 def invoked_sends(ops: Iterable[dict[str, Any]]) -> dict[Any, set[Any]]:

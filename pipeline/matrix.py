@@ -31,7 +31,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from pipeline.store import config_name
+from pipeline.store import COMBINED_KINDS, config_name
 
 __all__ = [
     "ACKS",
@@ -50,7 +50,6 @@ __all__ = [
 
 ACKS = ("0", "1", "all")
 NEMESES = ("partition", "kill", "pause", "clock", "combined")
-COMBINED = ["partition", "kill", "pause", "clock"]
 # The settings that lost acknowledged data in Kafka's history: each one a variant.
 HISTORIC_SWITCHES: tuple[dict[str, Any], ...] = (
     {"unclean_leader_election": True},
@@ -164,7 +163,7 @@ def nemesis_kinds(spec: str) -> list[str]:
     """A nemesis spec -> the fault kinds of a test: ``combined``, ``none``, ``kill`` or a
     ``+`` composition such as ``partition+kill``; ValueError names an unknown kind."""
     if spec == "combined":
-        return list(COMBINED)
+        return list(COMBINED_KINDS)
     if spec == "none":
         return []
     kinds = [k.strip() for k in spec.split("+")]

@@ -59,8 +59,8 @@ DEFAULTS: dict[str, Any] = {
     "replica_lag_time_max_ms": 10000,
     "zk_session_timeout_ms": 6000,
 }
-# The matrix's "combined" schedule (pipeline.matrix.COMBINED): every fault kind at once.
-COMBINED_KINDS = frozenset(("partition", "kill", "pause", "clock"))
+# The "combined" schedule of the matrix and of synthetic stores: every fault kind at once.
+COMBINED_KINDS = ("partition", "kill", "pause", "clock")
 
 
 class StoreError(Exception):
@@ -89,7 +89,7 @@ def _nemesis_label(kinds: Any) -> str:
     names = sorted({str(k) for k in kinds if str(k) != "none"})
     if not names:
         return "none"
-    if set(names) == COMBINED_KINDS:
+    if set(names) == set(COMBINED_KINDS):
         return "combined"
     return "+".join(names)
 

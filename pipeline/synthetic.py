@@ -38,7 +38,7 @@ from typing import Any
 import orjson
 
 from checkers.history import write_history
-from pipeline.store import config_name
+from pipeline.store import COMBINED_KINDS, config_name
 
 __all__ = [
     "NEMESES",
@@ -68,7 +68,7 @@ def make_test(
     concurrency: int = 10,
 ) -> dict[str, Any]:
     """A test configuration (test.json) with the harness's keys (notes/harness-api.md)."""
-    kinds = ["partition", "kill", "pause", "clock"] if nemesis == "combined" else [nemesis]
+    kinds = list(COMBINED_KINDS) if nemesis == "combined" else [nemesis]
     test: dict[str, Any] = {
         "workload": "queue",
         "nodes": list(BROKERS),

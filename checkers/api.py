@@ -4,8 +4,9 @@
   (checkers.formats, imported lazily, then validated like jsonl); every failure is a
   `HistoryError`;
 - `load_for_check(path, fmt, workload)`: what `check` needs, loaded as fast as it can
-  be: for a ``queue`` check of a ``jsonl`` file, a `checkers.queue.load.QueueHistory`
-  (compact records, no op dicts; `isrlab check` uses this), otherwise `load`;
+  be: for a ``queue`` check of a ``jsonl`` file, a `checkers.queue.load.QueueFile`
+  (screened natively, loaded as compact records only if the checker must explain;
+  `isrlab check` uses this), otherwise `load`;
 - `check(ops, workload, **opts)`: ``queue`` -> `checkers.queue.check_queue`;
   ``register``, ``cas-register``, ``kv`` -> `checkers.linear.api.check_workload`
   (imported lazily);
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from checkers.history import HistoryError, load_history, validate
 
 if TYPE_CHECKING:
-    from checkers.queue.load import QueueHistory
+    from checkers.queue.load import QueueFile, QueueHistory
 
 __all__ = ["FORMATS", "WORKLOADS", "check", "load", "load_for_check", "policy_from_test"]
 
@@ -53,26 +54,27 @@ def load(path: Path, fmt: str = "jsonl") -> list[dict[str, Any]]:
 
 def load_for_check(
     path: Path, fmt: str = "jsonl", workload: str | None = None
-) -> Sequence[dict[str, Any]] | QueueHistory:
+) -> Sequence[dict[str, Any]] | QueueFile:
     """The history at `path` in the form `check(..., workload)` checks fastest.
 
-    A ``queue`` check of a ``jsonl`` file gets a `QueueHistory` (or the op dicts, when
-    the file needs the ordinary loader); anything else gets `load`. Errors are `load`'s.
+    A ``queue`` check of a ``jsonl`` file gets a `QueueFile`: `check` screens the file
+    natively and loads it (`checkers.queue.load.load_queue`) only if the explaining
+    checker must run. Anything else gets `load`. Errors are `load`'s.
     """
-    if workload == "queue" and fmt == "jsonl":
-        from checkers.queue.load import load_queue
+    if workload == "queue" and fmt == "jsonl" and Path(path).is_file():
+        from checkers.queue.load import QueueFile
 
-        return load_queue(Path(path))
+        return QueueFile(Path(path))
     return load(path, fmt)
 
 
 def check(
-    ops: Sequence[dict[str, Any]] | QueueHistory, workload: str, **opts: Any
+    ops: Sequence[dict[str, Any]] | QueueHistory | QueueFile, workload: str, **opts: Any
 ) -> dict[str, Any]:
     """Check `ops` as `workload`; queue options: allow, disallow, subscribe, eos, ww_deps.
 
-    Linearizability workloads take timeout_s and out_dir. A `QueueHistory` (from
-    `load_for_check`) is only for ``queue``.
+    Linearizability workloads take timeout_s and out_dir. A `QueueFile` or
+    `QueueHistory` (from `load_for_check`) is loaded as op dicts for them.
     """
     if workload == "queue":
         from checkers.queue import check_queue
@@ -80,8 +82,10 @@ def check(
         return check_queue(ops, **{k: v for k, v in opts.items() if k in QUEUE_OPTS})
     if workload in ("register", "cas-register", "kv"):
         from checkers.linear.api import check_workload
-        from checkers.queue.load import QueueHistory
+        from checkers.queue.load import QueueFile, QueueHistory
 
+        if isinstance(ops, QueueFile):
+            ops = ops.load()
         if isinstance(ops, QueueHistory):
             ops = ops.op_dicts()
 

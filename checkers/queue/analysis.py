@@ -28,10 +28,11 @@ from typing import Any
 from checkers.history import HistoryError, gc_paused
 from checkers.queue.cases import CaseBuilders, fmt
 from checkers.queue.cycles import cycle_anomalies
-from checkers.queue.load import QueueHistory
+from checkers.queue.load import QueueFile, QueueHistory
 from checkers.queue.ops import FAIL, INFO, OK, QueueOp, check_pairs, invoked_sends, parse_ops
 from checkers.queue.policy import allowed_types
 from checkers.queue.results import Anomalies, results_dict
+from checkers.queue.screen import screen_file, screen_ops
 from checkers.queue.version_order import VersionOrder
 
 __all__ = ["QueueAnalysis", "check_queue"]
@@ -604,7 +605,7 @@ class QueueAnalysis(CaseBuilders):
 
 
 def check_queue(
-    ops: Sequence[dict[str, Any]] | QueueHistory,
+    ops: Sequence[dict[str, Any]] | QueueHistory | QueueFile,
     *,
     allow: set[str] | None = None,
     disallow: set[str] | None = None,
@@ -612,6 +613,7 @@ def check_queue(
     eos: dict[str, Any] | None = None,
     ww_deps: bool = True,
     max_examples: int = 32,
+    screen: bool = True,
 ) -> dict[str, Any]:
     """Check a queue-workload history; return the spec's results dict.
 
@@ -621,8 +623,30 @@ def check_queue(
 
     `ops` may be a `QueueHistory` (`checkers.queue.load.load_queue`): the same check
     without op dicts. Should the check fail on it, the history is checked again as op
-    dicts, so that the error is the one the dict path gives.
+    dicts, so that the error is the one the dict path gives. It may also be a
+    `QueueFile` (`checkers.api.load_for_check`), loaded only if the screen needs it.
+
+    A history given as a file or as op dicts is first screened natively
+    (`checkers.queue.screen`): one with no anomaly gets its results from the screen's
+    stats, the same results the checker gives, and any other goes to the checker.
+    Checks with `eos`, and all checks with screen=False, go to the checker.
     """
+    screened = None
+    if screen and not eos:
+        if isinstance(ops, QueueFile):
+            screened = screen_file(ops.path, ww_deps=ww_deps)
+        elif isinstance(ops, list):
+            screened = screen_ops(ops, ww_deps=ww_deps)
+        if screened is not None and screened.stats is not None:
+            if isinstance(ops, QueueFile):
+                ops.n_ops = screened.n_ops
+            sub = screened.saw_subscribe if subscribe is None else subscribe
+            allowed = allowed_types(subscribe=sub, allow=allow, disallow=disallow)
+            return results_dict(
+                Anomalies(max_examples), allowed, screened.stats | {"subscribe_mode": sub}
+            )
+    if isinstance(ops, QueueFile):
+        ops = ops.load()
     if isinstance(ops, QueueHistory):
         try:
             with gc_paused():

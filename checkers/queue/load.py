@@ -36,7 +36,7 @@ from checkers.queue.ops import (
     take_op_fields,
 )
 
-__all__ = ["QueueHistory", "load_queue"]
+__all__ = ["QueueFile", "QueueHistory", "load_queue"]
 
 _BLOCK = 1 << 16  # bytes per orjson call: small enough that its objects stay in cache
 _NEWLINE_TO_COMMA = bytes.maketrans(b"\n", b",")
@@ -74,6 +74,39 @@ class QueueHistory:
     def op_dicts(self) -> list[dict[str, Any]]:
         """The whole history as op dicts, as `load_history` gives it."""
         return load_history(self.path)
+
+
+class QueueFile:
+    """A queue history file not loaded yet: what `isrlab check` hands `check_queue`.
+
+    `check_queue` first screens the file natively (`checkers.queue.screen`); only a
+    history the screen cannot prove clean is loaded (`load`, once) and checked by the
+    explaining checker. Iterating yields the spec's op dicts, re-read from the file.
+    """
+
+    __slots__ = ("_loaded", "n_ops", "path")
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.n_ops: int | None = None  # known once screened or loaded
+        self._loaded: QueueHistory | list[dict[str, Any]] | None = None
+
+    def load(self) -> QueueHistory | list[dict[str, Any]]:
+        """`load_queue` of the file, made once."""
+        if self._loaded is None:
+            self._loaded = load_queue(self.path)
+            self.n_ops = len(self._loaded)
+        return self._loaded
+
+    def __len__(self) -> int:
+        if self.n_ops is None:
+            self.n_ops = sum(1 for _ in self)
+        return self.n_ops
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        if self._loaded is not None:
+            return iter(self._loaded)
+        return _reread(self.path, self.path.stat().st_size)
 
 
 def _reread(path: Path, size: int) -> Iterator[dict[str, Any]]:

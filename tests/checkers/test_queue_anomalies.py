@@ -10,8 +10,11 @@ from tests.checkers.hist import H
 
 
 def check(h: H, **kw: Any) -> dict[str, Any]:
+    """The results, which must be the same with the native screen and without it."""
     validate(h.ops)
-    return check_queue(h.ops, **kw)
+    screened = check_queue(h.ops, **kw)
+    assert screened == check_queue(h.ops, screen=False, **kw)
+    return screened
 
 
 def types(h: H, **kw: Any) -> set[str]:

@@ -1,0 +1,748 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+# distutils: language = c++
+"""The native screen of a queue history: prove it has no anomaly, or say it needs the checker.
+
+`checkers.queue.screen` documents the contract; this module is its compiled core. One
+`Screen` is fed the spec's op dicts in history order (`feed`, a list at a time) and then
+`finish`es. It keeps only flat C++ arrays (records, sends, reads, watermarks), no
+per-op Python objects, and repeats the explaining checker's passes
+(`checkers.queue.analysis.QueueAnalysis`) as detectors: `_index`, `_order_checks`,
+`_lost_and_unseen`, `_op_checks` and the backward edges that start `cycles`. Every
+condition under which that checker records an anomaly makes `finish` return the name
+of the first pass that would (the caller then runs the checker); otherwise it returns
+the checker's stats, in the checker's order.
+
+It accepts less than the checker: integer values and offsets within 64 bits, reads
+with offsets, dict watermarks and the structure `checkers.queue.load` accepts.
+Anything else raises `GiveUp`, and the caller checks the history the ordinary way.
+"""
+
+from libc.stdint cimport int8_t, int32_t, int64_t, INT64_MIN
+from libcpp cimport bool as cbool
+from libcpp.algorithm cimport lower_bound, sort
+from libcpp.unordered_map cimport unordered_map
+from libcpp.unordered_set cimport unordered_set
+from libcpp.vector cimport vector
+from libcpp.utility cimport pair
+from cython.operator cimport dereference as deref, preincrement as inc
+from cpython.long cimport PyLong_AsLongLongAndOverflow, PyLong_CheckExact
+from cpython.dict cimport PyDict_CheckExact
+from cpython.list cimport PyList_CheckExact
+
+__all__ = ["GiveUp", "Screen"]
+
+
+class GiveUp(Exception):
+    """The screen cannot vouch for this history; check it the ordinary way."""
+
+
+cdef enum:  # kinds, as checkers.queue.ops
+    OK = 0
+    INFO = 1
+    FAIL = 2
+
+cdef enum:  # fs
+    F_SEND = 0
+    F_POLL = 1
+    F_TXN = 2
+    F_ASSIGN = 3
+    F_SUBSCRIBE = 4
+
+cdef extern from *:
+    """
+    #define SCREEN_NONE INT64_MIN
+    """
+    const int64_t NONE "SCREEN_NONE"  # a null offset, an index not known
+
+cdef struct Rec:
+    int64_t pos
+    int64_t inv
+    int32_t pid
+    int8_t kind
+    int8_t f
+    cbool committed
+    cbool assign_list  # assign/subscribe whose value is a list
+    int32_t s0, s1  # sends[s0:s1]
+    int32_t g0, g1  # groups[g0:g1]
+    int32_t w0, w1  # wms[w0:w1]
+    int32_t a0, a1  # assign_keys[a0:a1]
+
+cdef struct Send:
+    int32_t key
+    int64_t off  # NONE: no offset
+    int64_t val
+
+cdef struct Group:  # one key's pairs of one op's reads
+    int32_t key
+    int32_t p0, p1
+
+cdef struct WM:
+    int32_t key
+    int64_t high
+
+cdef struct VInfo:  # per (key, value)
+    int32_t writer  # record index, -1 none
+    int64_t first_off  # NONE: not in the version order
+    cbool ok_read
+
+cdef struct KeyState:
+    cbool has_order
+    cbool conflict
+    cbool multi
+    int64_t lo  # dense index: offsets in [lo, lo + len(dense))
+
+ctypedef unordered_map[int64_t, VInfo] ValMap
+ctypedef unordered_map[int64_t, int64_t] LogMap
+
+
+cdef inline int64_t as_int(object x) except? -1:
+    """An exact int within 64 bits (bools and big ints give up)."""
+    cdef int overflow = 0
+    cdef long long r
+    if not PyLong_CheckExact(x):
+        raise GiveUp()
+    r = PyLong_AsLongLongAndOverflow(x, &overflow)
+    if overflow or r == INT64_MIN:
+        raise GiveUp()
+    return r
+
+
+cdef void keep_only(unordered_map[int32_t, int64_t]* table, unordered_set[int32_t]* keep):
+    cdef unordered_map[int32_t, int64_t].iterator it = table.begin()
+    while it != table.end():
+        if keep.count(deref(it).first):
+            inc(it)
+        else:
+            it = table.erase(it)
+
+
+cdef class Screen:
+    cdef vector[Rec] recs
+    cdef vector[Send] sends
+    cdef vector[Group] groups
+    cdef vector[int64_t] poffs
+    cdef vector[int64_t] pvals
+    cdef vector[WM] wms
+    cdef vector[int32_t] assign_keys
+    cdef vector[KeyState] keys
+    cdef vector[ValMap] vals
+    cdef vector[LogMap] logs
+    cdef vector[vector[int64_t]] offsets  # sealed, per key
+    cdef vector[vector[int64_t]] dense  # offset - lo -> index, -1 absent (if compact)
+    cdef dict kids  # key -> key index (Python equality, as the checker's dicts)
+    cdef dict pids  # process -> process index
+    cdef dict pending  # process -> (position, invoke op dict)
+    cdef set dead
+    cdef readonly int64_t pos
+    cdef int64_t last_time
+    cdef public cbool saw_subscribe
+    cdef int64_t n_sends, n_reads
+
+    def __cinit__(self):
+        self.kids = {}
+        self.pids = {}
+        self.pending = {}
+        self.dead = set()
+        self.pos = 0
+        self.last_time = INT64_MIN
+        self.saw_subscribe = False
+        self.n_sends = 0
+        self.n_reads = 0
+
+    # -- loading: `checkers.queue.load._load_fast`'s checks, into flat arrays ----------------
+
+    cdef int32_t kid(self, object key) except -1:
+        cdef object k
+        try:
+            k = self.kids.get(key)
+        except TypeError:
+            raise GiveUp()
+        if k is None:
+            k = len(self.kids)
+            self.kids[key] = k
+            self.keys.push_back(KeyState(False, False, False, 0))
+            self.vals.push_back(ValMap())
+            self.logs.push_back(LogMap())
+        return <int32_t>k
+
+    cdef int32_t pid(self, object process) except -1:
+        cdef object p = self.pids.get(process)
+        if p is None:
+            p = len(self.pids)
+            self.pids[process] = p
+        return <int32_t>p
+
+    cdef int add_send(self, object key, object x) except -1:
+        cdef Send s
+        s.key = self.kid(key)
+        if PyList_CheckExact(x):
+            if len(<list>x) != 2:
+                raise GiveUp()
+            o = (<list>x)[0]
+            s.off = NONE if o is None else as_int(o)
+            s.val = as_int((<list>x)[1])
+        else:
+            s.off = NONE
+            s.val = as_int(x)
+        self.sends.push_back(s)
+        return 0
+
+    cdef int add_reads(self, dict m) except -1:
+        cdef Group g
+        cdef list pairs
+        cdef list pair
+        for k, ps in m.items():
+            if not PyList_CheckExact(ps):
+                raise GiveUp()
+            pairs = <list>ps
+            if not pairs:
+                continue
+            g.key = self.kid(k)
+            g.p0 = <int32_t>self.poffs.size()
+            for p in pairs:
+                if not PyList_CheckExact(p) or len(<list>p) != 2:
+                    raise GiveUp()
+                pair = <list>p
+                self.poffs.push_back(as_int(pair[0]))  # a null offset gives up
+                self.pvals.push_back(as_int(pair[1]))
+            g.p1 = <int32_t>self.poffs.size()
+            self.groups.push_back(g)
+        return 0
+
+    cdef int parse_mops(self, object value, cbool with_reads) except -1:
+        """`checkers.queue.ops._parse_mops`, into the arrays."""
+        if value is None:
+            return 0
+        cdef object polls = None  # the op's poll results: one dict, or a list of them
+        if not PyList_CheckExact(value):
+            raise GiveUp()
+        for mop in <list>value:
+            if not PyList_CheckExact(mop) or not mop:
+                raise GiveUp()
+            name = (<list>mop)[0]
+            if name == "send":
+                if len(<list>mop) != 3:
+                    raise GiveUp()
+                self.add_send((<list>mop)[1], (<list>mop)[2])
+            elif name == "poll":
+                if not with_reads or len(<list>mop) < 2 or (<list>mop)[1] is None:
+                    continue
+                m = (<list>mop)[1]
+                if not PyDict_CheckExact(m):
+                    raise GiveUp()
+                if polls is None:
+                    polls = m
+                elif PyDict_CheckExact(polls):
+                    polls = [polls, m]
+                else:
+                    polls.append(m)
+            else:
+                raise GiveUp()
+        if polls is None:
+            return 0
+        if PyDict_CheckExact(polls):
+            return self.add_reads(<dict>polls)
+        # Several polls: their reads concatenated per key, in order (as `_parse_mops`).
+        merged = {}
+        for m in polls:
+            for k, ps in (<dict>m).items():
+                if not PyList_CheckExact(ps):
+                    raise GiveUp()
+                have = merged.get(k)
+                merged[k] = ps if have is None else have + ps
+        return self.add_reads(merged)
+
+    cdef int add_record(self, int8_t f, int8_t kind, int64_t pos, int64_t inv, object process,
+                        object value, object wm, cbool with_reads) except -1:
+        cdef Rec r
+        cdef WM w
+        r.pos = pos
+        r.inv = inv
+        r.pid = self.pid(process)
+        r.kind = kind
+        r.f = f
+        r.committed = kind == OK
+        r.assign_list = False
+        r.s0 = <int32_t>self.sends.size()
+        r.g0 = <int32_t>self.groups.size()
+        r.w0 = <int32_t>self.wms.size()
+        r.a0 = <int32_t>self.assign_keys.size()
+        if f <= F_TXN:
+            self.parse_mops(value, with_reads)
+            if wm:
+                if not PyDict_CheckExact(wm):
+                    raise GiveUp()
+                for k, marks in (<dict>wm).items():
+                    if not PyDict_CheckExact(marks):
+                        continue
+                    high = (<dict>marks).get("high")
+                    if not PyLong_CheckExact(high):
+                        continue
+                    w.key = self.kid(k)
+                    w.high = as_int(high)
+                    self.wms.push_back(w)
+        elif PyList_CheckExact(value):
+            r.assign_list = True
+            for k in <list>value:
+                self.assign_keys.push_back(self.kid(k))
+        r.s1 = <int32_t>self.sends.size()
+        r.g1 = <int32_t>self.groups.size()
+        r.w1 = <int32_t>self.wms.size()
+        r.a1 = <int32_t>self.assign_keys.size()
+        self.recs.push_back(r)
+        return 0
+
+    def feed(self, list ops):
+        """The next ops of the history, in order (the spec's op dicts)."""
+        cdef int64_t pos = self.pos
+        cdef int64_t t
+        cdef int8_t kind, fc
+        cdef dict op
+        for o in ops:
+            if not PyDict_CheckExact(o):
+                raise GiveUp()
+            op = <dict>o
+            index = op.get("index")
+            time = op.get("time")
+            typ = op.get("type")
+            f = op.get("f")
+            process = op.get("process")
+            if not PyLong_CheckExact(index) or index != pos:
+                raise GiveUp()
+            t = as_int(time)
+            if t < self.last_time:
+                raise GiveUp()
+            self.last_time = t
+            if typ == "invoke":
+                kind = -1
+            elif typ == "ok":
+                kind = OK
+            elif typ == "info":
+                kind = INFO
+            elif typ == "fail":
+                kind = FAIL
+            else:
+                raise GiveUp()
+            if type(typ) is not str or type(f) is not str:
+                raise GiveUp()
+            if process == "nemesis":
+                pos += 1
+                continue
+            if not PyLong_CheckExact(process) or process in self.dead:
+                raise GiveUp()
+            if kind < 0:
+                if process in self.pending:
+                    raise GiveUp()
+                self.pending[process] = (pos, op)
+                pos += 1
+                continue
+            inv = self.pending.pop(process, None)
+            if inv is None or inv[1].get("f") != f:
+                raise GiveUp()
+            if kind == INFO:
+                self.dead.add(process)
+            if f == "send":
+                fc = F_SEND
+            elif f == "poll":
+                fc = F_POLL
+            elif f == "txn":
+                fc = F_TXN
+            elif f == "assign":
+                fc = F_ASSIGN
+            elif f == "subscribe":
+                fc = F_SUBSCRIBE
+                self.saw_subscribe = True
+            else:
+                pos += 1
+                continue
+            if fc <= F_TXN:
+                producer = op.get("producer")
+                if producer and not PyDict_CheckExact(producer):
+                    raise GiveUp()
+            self.add_record(fc, kind, pos, inv[0], process, op.get("value"),
+                            op.get("watermarks") if fc <= F_TXN else None, True)
+            pos += 1
+        self.pos = pos
+
+    def close(self):
+        """Invokes never completed count as info (`checkers.queue.ops.close_pending`)."""
+        cdef int64_t end = self.pos
+        cdef int8_t fc
+        for process, (inv_pos, inv_op) in self.pending.items():
+            f = inv_op.get("f")
+            if f == "subscribe":
+                self.saw_subscribe = True
+            if f == "send":
+                fc = F_SEND
+            elif f == "poll":
+                fc = F_POLL
+            elif f == "txn":
+                fc = F_TXN
+            else:
+                continue
+            self.add_record(fc, INFO, end, inv_pos, process, inv_op.get("value"), None, False)
+            end += 1
+        self.pending = {}
+
+    # -- the checker's passes, as detectors ----------------------------------------------
+
+    cdef VInfo* vinfo(self, int32_t k, int64_t v):
+        """The (key, value) entry, made on first use with no writer and no offset.
+
+        Pointers stay valid: an unordered_map never moves its elements.
+        """
+        cdef pair[ValMap.iterator, cbool] r
+        cdef VInfo fresh
+        fresh.writer = -1
+        fresh.first_off = NONE
+        fresh.ok_read = False
+        r = self.vals[k].insert(pair[int64_t, VInfo](v, fresh))
+        return &deref(r.first).second
+
+    cdef inline void extend(self, int32_t k, int64_t o, int64_t v):
+        """`VersionOrder.extend` of one pair; a conflict or a value at two offsets is flagged."""
+        cdef KeyState* ks = &self.keys[k]
+        cdef pair[LogMap.iterator, cbool] r = self.logs[k].insert(pair[int64_t, int64_t](o, v))
+        cdef VInfo* vi
+        ks.has_order = True
+        if not r.second:
+            if deref(r.first).second != v:
+                ks.conflict = True
+            return
+        vi = self.vinfo(k, v)
+        if vi.first_off == NONE:
+            vi.first_off = o
+        elif vi.first_off != o:
+            ks.multi = True
+
+    cdef void seal(self, int32_t k):
+        cdef vector[int64_t]* offs = &self.offsets[k]
+        cdef LogMap.iterator it = self.logs[k].begin()
+        cdef int64_t lo, span, i
+        offs.reserve(self.logs[k].size())
+        while it != self.logs[k].end():
+            offs.push_back(deref(it).first)
+            inc(it)
+        sort(offs.begin(), offs.end())
+        if offs.empty():
+            return
+        lo = deref(offs)[0]
+        span = offs.back() - lo + 1
+        if span <= 2 * <int64_t>offs.size() + 64:  # compact: a direct table
+            self.keys[k].lo = lo
+            self.dense[k].assign(span, -1)
+            for i in range(<int64_t>offs.size()):
+                self.dense[k][deref(offs)[i] - lo] = i
+
+    cdef inline int64_t index_of_offset(self, int32_t k, int64_t o):
+        """The index of offset `o` in key k's sealed version order, NONE if absent."""
+        cdef int64_t d
+        cdef vector[int64_t]* offs
+        cdef vector[int64_t].iterator it
+        if not self.dense[k].empty():
+            d = o - self.keys[k].lo
+            if d < 0 or d >= <int64_t>self.dense[k].size():
+                return NONE
+            d = self.dense[k][d]
+            return NONE if d < 0 else d
+        offs = &self.offsets[k]
+        it = lower_bound(offs.begin(), offs.end(), o)
+        if it == offs.end() or o != deref(it):
+            return NONE
+        return it - offs.begin()
+
+    cdef inline int64_t first_index(self, int32_t k, int64_t v):
+        """`VersionOrder.first_index` (a value sits at one offset once `multi` passed)."""
+        cdef ValMap.iterator it = self.vals[k].find(v)
+        if it == self.vals[k].end() or deref(it).second.first_off == NONE:
+            return NONE
+        return self.index_of_offset(k, deref(it).second.first_off)
+
+    def finish(self, cbool ww_deps=True):
+        """The checker's stats if no pass of it would record an anomaly, else that pass's name."""
+        cdef Rec* r
+        cdef Send* s
+        cdef Group* g
+        cdef VInfo* vi
+        cdef int64_t ri, si, gi, pi, nrec, k, n_keys, o, v, i, j, prev_i, first_i, delta, bound
+        cdef int64_t max_offset = -1
+        cdef int64_t n_ok = 0, n_info = 0, n_fail = 0, n_nodes = 0, n_orders = 0
+        cdef int32_t p, w, prev_w
+        cdef int64_t prev_pos
+        cdef cbool committed, any_ok, all_read
+        cdef ValMap.iterator vit
+        self.close()
+        nrec = self.recs.size()
+        n_keys = self.keys.size()
+        self.offsets.resize(n_keys)
+        self.dense.resize(n_keys)
+        # ---- _index: writers, ok reads, version orders
+        for ri in range(nrec):
+            r = &self.recs[ri]
+            if r.kind == OK:
+                n_ok += 1
+            elif r.kind == INFO:
+                n_info += 1
+            else:
+                n_fail += 1
+            self.n_sends += r.s1 - r.s0
+            for si in range(r.s0, r.s1):
+                s = &self.sends[si]
+                vi = self.vinfo(s.key, s.val)
+                if vi.writer < 0 or r.kind < self.recs[vi.writer].kind:
+                    vi.writer = <int32_t>ri
+                if r.kind == OK and s.off != NONE:
+                    self.extend(s.key, s.off, s.val)
+            for gi in range(r.g0, r.g1):
+                g = &self.groups[gi]
+                self.n_reads += g.p1 - g.p0
+                for pi in range(g.p0, g.p1):
+                    self.extend(g.key, self.poffs[pi], self.pvals[pi])
+                    if r.kind == OK:
+                        self.vinfo(g.key, self.pvals[pi]).ok_read = True
+        # proven info ops committed
+        for ri in range(nrec):
+            r = &self.recs[ri]
+            if r.kind != INFO or r.s0 == r.s1:
+                continue
+            for si in range(r.s0, r.s1):
+                s = &self.sends[si]
+                vi = self.vinfo(s.key, s.val)
+                if vi.ok_read and vi.writer == ri:
+                    r.committed = True
+                    break
+            if r.committed:
+                for si in range(r.s0, r.s1):
+                    s = &self.sends[si]
+                    if s.off != NONE:
+                        self.extend(s.key, s.off, s.val)
+        for k in range(n_keys):
+            if self.keys[k].conflict:
+                return "inconsistent-offsets"
+            if self.keys[k].multi:
+                return "duplicate"
+            if self.keys[k].has_order:
+                n_orders += 1
+                self.seal(<int32_t>k)
+                if self.offsets[k].back() > max_offset:
+                    max_offset = self.offsets[k].back()
+        # ---- _lost_and_unseen
+        for k in range(n_keys):
+            if not self.keys[k].has_order:
+                continue
+            any_ok = False
+            all_read = True
+            bound = -1
+            vit = self.vals[k].begin()
+            while vit != self.vals[k].end():
+                vi = &deref(vit).second
+                if vi.first_off != NONE:
+                    if vi.ok_read:
+                        any_ok = True
+                        i = self.index_of_offset(<int32_t>k, vi.first_off)
+                        if i > bound:
+                            bound = i
+                    else:
+                        all_read = False
+                inc(vit)
+            if not any_ok or all_read or bound < 0:
+                continue
+            vit = self.vals[k].begin()
+            while vit != self.vals[k].end():
+                vi = &deref(vit).second
+                if (vi.first_off != NONE and not vi.ok_read and vi.writer >= 0
+                        and self.recs[vi.writer].committed
+                        and self.index_of_offset(<int32_t>k, vi.first_off) <= bound):
+                    return "lost-write"
+                inc(vit)
+        for ri in range(nrec):
+            r = &self.recs[ri]
+            if r.kind != OK:
+                continue
+            for si in range(r.s0, r.s1):
+                s = &self.sends[si]
+                vit = self.vals[s.key].find(s.val)
+                if vit == self.vals[s.key].end() or not deref(vit).second.ok_read:
+                    return "unseen"
+        # ---- _op_checks
+        reason = self.op_checks()
+        if reason is not None:
+            return reason
+        # ---- cycles: the ww chains of the version orders must follow completion order
+        for ri in range(nrec):
+            r = &self.recs[ri]
+            if r.f <= F_TXN and r.committed:
+                n_nodes += 1
+        if ww_deps:
+            for k in range(n_keys):
+                if not self.keys[k].has_order:
+                    continue
+                prev_w = -1
+                prev_pos = -1
+                for j in range(<int64_t>self.offsets[k].size()):
+                    v = self.logs[k][self.offsets[k][j]]
+                    w = self.vals[k][v].writer
+                    if w < 0 or w == prev_w or not self.recs[w].committed:
+                        continue
+                    if prev_w >= 0 and prev_pos > self.recs[w].pos:
+                        return "ww edge against completion order"
+                    prev_w = w
+                    prev_pos = self.recs[w].pos
+        return {
+            "sends": self.n_sends,
+            "reads": self.n_reads,
+            "graph_nodes": n_nodes,
+            "backward_edges": 0,
+            "cyclic_nodes": 0,
+            "ops": nrec,
+            "ok": n_ok,
+            "info": n_info,
+            "fail": n_fail,
+            "keys": n_orders,
+            "max_offset": max_offset,
+        }
+
+    cdef object op_checks(self):
+        """`QueueAnalysis._op_checks`: None, or the name of what it would record."""
+        cdef Rec* r
+        cdef Rec* wr
+        cdef Send* s
+        cdef Group* g
+        cdef int64_t ri, si, gi, pi, nrec = self.recs.size(), n_pids = len(self.pids)
+        cdef int64_t n_keys = self.keys.size(), i, j, bi, prev_i, first_i, delta, top
+        cdef int32_t p, k, w
+        cdef cbool is_ok, committed
+        cdef vector[unordered_map[int32_t, int64_t]] positions = \
+            vector[unordered_map[int32_t, int64_t]](n_pids)
+        cdef vector[unordered_map[int32_t, int64_t]] last_sends = \
+            vector[unordered_map[int32_t, int64_t]](n_pids)
+        cdef vector[vector[int64_t]] send_pos = vector[vector[int64_t]](n_keys)
+        cdef vector[vector[int64_t]] send_top = vector[vector[int64_t]](n_keys)
+        cdef vector[vector[int64_t]] hw_pos = vector[vector[int64_t]](n_keys)
+        cdef vector[vector[int64_t]] hw_top = vector[vector[int64_t]](n_keys)
+        cdef unordered_map[int32_t, int64_t] this_i
+        cdef vector[pair[int32_t, int64_t]] firsts
+        cdef unordered_set[int32_t] keep
+        cdef unordered_map[int32_t, int64_t].iterator it
+        cdef vector[int64_t].iterator at
+        for ri in range(nrec):
+            r = &self.recs[ri]
+            p = r.pid
+            if r.f >= F_ASSIGN:
+                # assign/subscribe keep the positions of keys still assigned
+                if r.kind != FAIL and r.assign_list:
+                    keep.clear()
+                    for i in range(r.a0, r.a1):
+                        keep.insert(self.assign_keys[i])
+                    keep_only(&positions[p], &keep)
+                    keep_only(&last_sends[p], &keep)
+                continue
+            is_ok = r.kind == OK
+            committed = r.committed
+            # ---- reads
+            for gi in range(r.g0, r.g1):
+                g = &self.groups[gi]
+                k = g.key
+                prev_i = NONE
+                for pi in range(g.p0, g.p1):
+                    w = self.vals[k][self.pvals[pi]].writer
+                    if w < 0:
+                        return "garbage-read"  # or a value only an invoke tried to send
+                    wr = &self.recs[w]
+                    if w == ri:
+                        return "precommitted-read"
+                    if is_ok and wr.kind == FAIL:
+                        return "G1a"
+                    if wr.pos > r.pos and wr.committed and committed:
+                        return "wr edge against completion order"
+                    i = self.index_of_offset(k, self.poffs[pi])
+                    if prev_i != NONE and i != NONE and i - prev_i != 1:
+                        return "int-poll-skip or int-nonmonotonic-poll"
+                    prev_i = i
+                first_i = self.index_of_offset(k, self.poffs[g.p0])
+                it = positions[p].find(k)
+                if it != positions[p].end() and deref(it).second != NONE and first_i != NONE:
+                    if first_i - deref(it).second != 1:
+                        return "poll-skip or nonmonotonic-poll"
+                if is_ok:
+                    positions[p][k] = prev_i
+            # ---- sends
+            if r.s1 - r.s0 == 1 and committed:
+                s = &self.sends[r.s0]
+                k = s.key
+                i = NONE
+                if self.keys[k].has_order:
+                    if s.off != NONE:
+                        i = self.index_of_offset(k, s.off)
+                    if i == NONE:
+                        i = self.first_index(k, s.val)
+                it = last_sends[p].find(k)
+                if it != last_sends[p].end() and deref(it).second != NONE and i != NONE:
+                    if i - deref(it).second < 1:
+                        return "nonmonotonic-send"
+                last_sends[p][k] = i
+            elif r.s1 > r.s0:
+                this_i.clear()
+                firsts.clear()
+                for si in range(r.s0, r.s1):
+                    s = &self.sends[si]
+                    k = s.key
+                    if not self.keys[k].has_order:
+                        i = NONE
+                    elif committed and s.off != NONE:
+                        i = self.index_of_offset(k, s.off)
+                    else:
+                        i = self.first_index(k, s.val)
+                    it = this_i.find(k)
+                    if it == this_i.end():
+                        firsts.push_back(pair[int32_t, int64_t](k, i))
+                    else:
+                        bi = deref(it).second
+                        if bi != NONE and i != NONE:
+                            delta = i - bi
+                            if delta > 1:
+                                return "int-send-skip"
+                            if delta < 1:
+                                return "int-nonmonotonic-send"
+                    this_i[k] = i
+                if committed:
+                    for j in range(<int64_t>firsts.size()):
+                        k = firsts[j].first
+                        i = firsts[j].second
+                        it = last_sends[p].find(k)
+                        if it != last_sends[p].end() and deref(it).second != NONE and i != NONE:
+                            if i - deref(it).second < 1:
+                                return "nonmonotonic-send"
+                        last_sends[p][k] = this_i[k]
+            if not is_ok:
+                continue
+            # ---- realtime send order: no ok send below a send completed before its invoke
+            for si in range(r.s0, r.s1):
+                s = &self.sends[si]
+                if s.off == NONE:
+                    continue
+                k = s.key
+                if send_top[k].empty() or s.off > send_top[k].back():
+                    send_pos[k].push_back(r.pos)
+                    send_top[k].push_back(s.off)
+                elif send_top[k].back() > s.off:
+                    at = lower_bound(send_pos[k].begin(), send_pos[k].end(), r.inv)
+                    j = (at - send_pos[k].begin()) - 1
+                    if j >= 0 and send_top[k][j] > s.off:
+                        return "realtime-send-order"
+            # ---- watermarks: no ok op sees a high watermark below one seen before it
+            # was invoked. The checker's per-process hw-regression needs no pass of its
+            # own: a process's previous op completed before its next was invoked, so
+            # every per-process regression is also a real-time one.
+            for i in range(r.w0, r.w1):
+                k = self.wms[i].key
+                top = self.wms[i].high
+                if hw_top[k].empty() or top > hw_top[k].back():
+                    hw_pos[k].push_back(r.pos)
+                    hw_top[k].push_back(top)
+                elif hw_top[k].back() > top:
+                    at = lower_bound(hw_pos[k].begin(), hw_pos[k].end(), r.inv)
+                    j = (at - hw_pos[k].begin()) - 1
+                    if j >= 0 and hw_top[k][j] > top:
+                        return "hw-regression"
+        return None

@@ -1,0 +1,100 @@
+"""The native screen: proving a queue history anomaly-free without building the checker's records.
+
+Most histories a nightly suite checks have no anomaly at all, and for those the whole
+explaining machinery of `checkers.queue.analysis` (per-op records, version-order dicts,
+case builders) is spent on finding nothing. The screen (`_screen.pyx`, compiled
+Cython/C++) reads the spec's op dicts into flat arrays and runs the same passes as
+detectors. It answers one of two things:
+
+- the history has no anomaly: `ScreenResult.stats` holds the checker's stats, exactly
+  as `QueueAnalysis` computes them, and the results are built from them (valid, no
+  anomaly types);
+- some pass of the checker would record an anomaly, or the history is outside what
+  the screen reads (non-integer values or offsets, reads without offsets, anything the
+  fast loader would not accept): `ScreenResult.needs_checker` says which, and the
+  caller runs the explaining checker, which gives the verdict and its explanations.
+
+So the screen decides nothing on its own: it may send a history to the checker for no
+reason (that costs time, never correctness), but must never call a history clean that
+the checker would flag. tests/checkers/test_queue_screen.py holds it to that on
+simulated, mutated and hand-written histories.
+
+The compiled module is built by `pip install -e .` (setup.py); without it `AVAILABLE`
+is False and every history goes to the checker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from checkers.queue.load import _blocks
+
+try:
+    from checkers.queue._screen import GiveUp, Screen
+except ImportError:  # not built: the checker alone
+    AVAILABLE = False
+else:
+    AVAILABLE = True
+
+__all__ = ["AVAILABLE", "ScreenResult", "screen_file", "screen_ops"]
+
+_NEWLINE_TO_COMMA = bytes.maketrans(b"\n", b",")
+
+
+@dataclass(frozen=True)
+class ScreenResult:
+    """`stats` when the history has no anomaly; otherwise why the checker must look."""
+
+    stats: dict[str, Any] | None
+    saw_subscribe: bool = False
+    n_ops: int = 0
+    needs_checker: str = ""
+
+
+def _run(batches: Iterable[list[Any]], ww_deps: bool) -> ScreenResult:
+    if not AVAILABLE:
+        return ScreenResult(None, needs_checker="the native screen is not built")
+    sc = Screen()
+    try:
+        for ops in batches:
+            sc.feed(ops)
+        verdict = sc.finish(ww_deps)
+    except GiveUp:
+        return ScreenResult(None, needs_checker="outside what the screen reads")
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError) as e:
+        # An op shape the screen did not expect: the checker words what is wrong.
+        return ScreenResult(None, needs_checker=f"outside what the screen reads ({e!r})")
+    if isinstance(verdict, str):
+        return ScreenResult(None, sc.saw_subscribe, sc.pos, needs_checker=verdict)
+    return ScreenResult(verdict, sc.saw_subscribe, sc.pos)
+
+
+def screen_ops(ops: list[dict[str, Any]], *, ww_deps: bool = True) -> ScreenResult:
+    """Screen a history given as the spec's op dicts."""
+    return _run((ops,), ww_deps)
+
+
+def _parsed_blocks(path: Path) -> Iterable[list[Any]]:
+    """The file's lines parsed, a block at a time (a block's dicts die with it)."""
+    loads = orjson.loads
+    for block, n_lines, _size in _blocks(path):
+        ops = loads(b"[" + block.translate(_NEWLINE_TO_COMMA) + b"]")
+        if len(ops) != n_lines:
+            raise GiveUp()  # a blank line: the loader words it
+        yield ops
+
+
+def screen_file(path: Path, *, ww_deps: bool = True) -> ScreenResult:
+    """Screen a history.jsonl file; any blank or malformed line sends it to the checker
+    (whose loader says what and where)."""
+    if not AVAILABLE:
+        return _run((), ww_deps)
+    try:
+        return _run(_parsed_blocks(Path(path)), ww_deps)
+    except (orjson.JSONDecodeError, OSError) as e:
+        return ScreenResult(None, needs_checker=f"unreadable here ({e.__class__.__name__})")

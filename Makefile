@@ -6,13 +6,13 @@ PIP   := $(VENV)/bin/pip
 # Debian packages the project needs: command to probe -> package that provides it.
 SYSDEPS := /usr/sbin/sshd:openssh-server /usr/sbin/iptables:iptables /usr/sbin/route:net-tools \
            /usr/sbin/ip:iproute2 /usr/bin/faketime:faketime /usr/share/zookeeper/bin/zkServer.sh:zookeeper \
-           /usr/bin/java:default-jre-headless /usr/sbin/tc:iproute2
+           /usr/bin/java:default-jre-headless /usr/sbin/tc:iproute2 /usr/bin/g++:g++
 
-.PHONY: all setup sysdeps venv test lint typecheck unit demo soak bench clean
+.PHONY: all setup sysdeps venv build test lint typecheck unit demo soak bench clean
 
 all: test
 
-setup: sysdeps venv
+setup: sysdeps venv build
 
 sysdeps:
 	@missing=""; for pair in $(SYSDEPS); do f=$${pair%%:*}; p=$${pair##*:}; \
@@ -24,13 +24,17 @@ sysdeps:
 	  || { echo "could not install$$missing: run as root or install them by hand"; exit 1; }; \
 	fi
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml setup.py
 	@test -x $(PY) || python3 -m venv $(VENV)
-	@$(PIP) install -q -U pip >/dev/null
+	@$(PIP) install -q -U pip "setuptools>=77" >/dev/null
 	@$(PIP) install -q -e '.[dev]'
 	@touch $@
 
 venv: $(VENV)/.installed
+
+# The queue checker's native screen (Cython): recompiled only when its .pyx changed.
+build: venv
+	@$(PY) -W ignore setup.py -q build_ext --inplace 2>&1 | grep -v '^Compiling\|^\[1/1\]\|^$$' || true
 
 lint: venv
 	$(VENV)/bin/ruff check .
@@ -54,4 +58,4 @@ bench: setup
 	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) *.egg-info .mypy_cache .ruff_cache
+	rm -rf $(VENV) *.egg-info .mypy_cache .ruff_cache build checkers/queue/_screen.cpp checkers/queue/_screen.*.so

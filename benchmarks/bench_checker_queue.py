@@ -58,12 +58,10 @@ def _delta(a: tuple[float, float, float, int], b: tuple[float, float, float, int
 
 def measure(step: str, path: Path) -> dict[str, Any]:
     """Run one step in this (fresh) process; its figures, and the verdict if it checked."""
-    import orjson
-
     from checkers.api import load_for_check
     from checkers.history import gc_paused, load_history
     from checkers.queue import check_queue
-    from checkers.queue.load import _NEWLINE_TO_COMMA, _blocks, load_queue
+    from checkers.queue.load import load_queue, parse_blocks
 
     out: dict[str, Any] = {}
     if step == "dict-load":
@@ -75,8 +73,8 @@ def measure(step: str, path: Path) -> dict[str, Any]:
         a = _usage()
         n = 0
         with gc_paused():  # as every loader here parses
-            for block, _lines, _size in _blocks(path):
-                n += len(orjson.loads(b"[" + block.translate(_NEWLINE_TO_COMMA) + b"]"))
+            for ops, _size in parse_blocks(path):
+                n += len(ops)
         out = _delta(a, _usage())
         out["lines"] = n
     elif step == "check":

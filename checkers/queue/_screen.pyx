@@ -91,8 +91,67 @@ cdef struct KeyState:
     cbool multi
     int64_t lo  # dense index: offsets in [lo, lo + len(dense))
 
-ctypedef unordered_map[int64_t, VInfo] ValMap
-ctypedef unordered_map[int64_t, int64_t] LogMap
+cdef extern from *:
+    """
+    #include <algorithm>
+    #include <cstdint>
+    #include <unordered_map>
+    #include <vector>
+
+    // int64 -> V. Values and offsets of a key are mostly small and dense, so keys in
+    // [0, dense.size()) live in a vector (grown while it stays compact); others in a
+    // hash map. A pointer into the table is valid until the next insertion.
+    template <typename V>
+    struct IntTable {
+        std::vector<V> dense;
+        std::vector<uint8_t> used;
+        std::unordered_map<int64_t, V> sparse;
+        size_t count = 0;
+
+        V* find(int64_t x) {
+            if (x >= 0 && (uint64_t)x < dense.size()) {
+                if (used[x]) return &dense[x];
+            }
+            if (sparse.empty()) return nullptr;
+            auto it = sparse.find(x);
+            return it == sparse.end() ? nullptr : &it->second;
+        }
+        // The entry of x, made a copy of `blank` if absent (*fresh says which).
+        V* get(int64_t x, const V& blank, bool* fresh) {
+            V* p = find(x);
+            *fresh = p == nullptr;
+            if (p) return p;
+            count++;
+            if (x >= 0 && (uint64_t)x < dense.size() + 4096 + 2 * count) {
+                if ((uint64_t)x >= dense.size()) {
+                    size_t n = std::max((size_t)x + 1, dense.size() * 2);
+                    dense.resize(n);
+                    used.resize(n, 0);
+                }
+                used[x] = 1;
+                dense[x] = blank;
+                return &dense[x];
+            }
+            return &sparse.emplace(x, blank).first->second;
+        }
+        void keys(std::vector<int64_t>& out) {
+            out.reserve(out.size() + count);
+            for (size_t i = 0; i < dense.size(); i++)
+                if (used[i]) out.push_back((int64_t)i);
+            for (auto& kv : sparse) out.push_back(kv.first);
+        }
+        size_t size() { return count; }
+    };
+    """
+    cdef cppclass IntTable[V]:
+        IntTable()
+        V* find(int64_t x)
+        V* get(int64_t x, const V& blank, cbool* fresh)
+        void keys(vector[int64_t]& out)
+        size_t size()
+
+ctypedef IntTable[VInfo] ValMap
+ctypedef IntTable[int64_t] LogMap
 
 
 cdef inline int64_t as_int(object x) except? -1:
@@ -130,19 +189,23 @@ cdef class Screen:
     cdef vector[vector[int64_t]] offsets  # sealed, per key
     cdef vector[vector[int64_t]] dense  # offset - lo -> index, -1 absent (if compact)
     cdef dict kids  # key -> key index (Python equality, as the checker's dicts)
-    cdef dict pids  # process -> process index
-    cdef dict pending  # process -> (position, invoke op dict)
-    cdef set dead
+    cdef unordered_map[int64_t, int32_t] pids  # process -> process index
+    cdef vector[int64_t] open_at  # per process index: position of its open invoke, or -1
+    cdef vector[cbool] dead  # per process index: completed an info op
+    cdef list open_ops  # per process index: its open invoke's op dict
     cdef readonly int64_t pos
     cdef int64_t last_time
     cdef public cbool saw_subscribe
+    # The op fields' names, as the parser's own string objects once seen (`adopt_keys`).
+    cdef object k_index, k_time, k_type, k_f, k_process, k_value, k_watermarks, k_producer
     cdef int64_t n_sends, n_reads
 
     def __cinit__(self):
         self.kids = {}
-        self.pids = {}
-        self.pending = {}
-        self.dead = set()
+        self.open_ops = []
+        self.k_index, self.k_time, self.k_type, self.k_f = "index", "time", "type", "f"
+        self.k_process, self.k_value = "process", "value"
+        self.k_watermarks, self.k_producer = "watermarks", "producer"
         self.pos = 0
         self.last_time = INT64_MIN
         self.saw_subscribe = False
@@ -165,12 +228,17 @@ cdef class Screen:
             self.logs.push_back(LogMap())
         return <int32_t>k
 
-    cdef int32_t pid(self, object process) except -1:
-        cdef object p = self.pids.get(process)
-        if p is None:
-            p = len(self.pids)
-            self.pids[process] = p
-        return <int32_t>p
+    cdef int32_t pid(self, int64_t process):
+        cdef unordered_map[int64_t, int32_t].iterator it = self.pids.find(process)
+        cdef int32_t p
+        if it != self.pids.end():
+            return deref(it).second
+        p = <int32_t>self.open_at.size()
+        self.pids[process] = p
+        self.open_at.push_back(-1)
+        self.dead.push_back(False)
+        self.open_ops.append(None)
+        return p
 
     cdef int add_send(self, object key, object x) except -1:
         cdef Send s
@@ -252,13 +320,13 @@ cdef class Screen:
                 merged[k] = ps if have is None else have + ps
         return self.add_reads(merged)
 
-    cdef int add_record(self, int8_t f, int8_t kind, int64_t pos, int64_t inv, object process,
+    cdef int add_record(self, int8_t f, int8_t kind, int64_t pos, int64_t inv, int32_t pid,
                         object value, object wm, cbool with_reads) except -1:
         cdef Rec r
         cdef WM w
         r.pos = pos
         r.inv = inv
-        r.pid = self.pid(process)
+        r.pid = pid
         r.kind = kind
         r.f = f
         r.committed = kind == OK
@@ -292,22 +360,46 @@ cdef class Screen:
         self.recs.push_back(r)
         return 0
 
+    cdef void adopt_keys(self, dict op):
+        """Look fields up by the very key objects of `op`: orjson hands out one object per
+        short key, so dict lookups then succeed on identity instead of comparing text."""
+        for key in op:
+            if key == "index":
+                self.k_index = key
+            elif key == "time":
+                self.k_time = key
+            elif key == "type":
+                self.k_type = key
+            elif key == "f":
+                self.k_f = key
+            elif key == "process":
+                self.k_process = key
+            elif key == "value":
+                self.k_value = key
+            elif key == "watermarks":
+                self.k_watermarks = key
+            elif key == "producer":
+                self.k_producer = key
+
     def feed(self, list ops):
         """The next ops of the history, in order (the spec's op dicts)."""
         cdef int64_t pos = self.pos
-        cdef int64_t t
+        cdef int64_t t, inv_pos
         cdef int8_t kind, fc
+        cdef int32_t p
         cdef dict op
+        if ops and PyDict_CheckExact(ops[len(ops) - 1]):
+            self.adopt_keys(<dict>ops[len(ops) - 1])
         for o in ops:
             if not PyDict_CheckExact(o):
                 raise GiveUp()
             op = <dict>o
-            index = op.get("index")
-            time = op.get("time")
-            typ = op.get("type")
-            f = op.get("f")
-            process = op.get("process")
-            if not PyLong_CheckExact(index) or index != pos:
+            index = op.get(self.k_index)
+            time = op.get(self.k_time)
+            typ = op.get(self.k_type)
+            f = op.get(self.k_f)
+            process = op.get(self.k_process)
+            if as_int(index) != pos:
                 raise GiveUp()
             t = as_int(time)
             if t < self.last_time:
@@ -325,22 +417,28 @@ cdef class Screen:
                 raise GiveUp()
             if type(typ) is not str or type(f) is not str:
                 raise GiveUp()
-            if process == "nemesis":
-                pos += 1
-                continue
-            if not PyLong_CheckExact(process) or process in self.dead:
+            if not PyLong_CheckExact(process):
+                if process == "nemesis":
+                    pos += 1
+                    continue
+                raise GiveUp()
+            p = self.pid(as_int(process))
+            if self.dead[p]:
                 raise GiveUp()
             if kind < 0:
-                if process in self.pending:
+                if self.open_at[p] >= 0:
                     raise GiveUp()
-                self.pending[process] = (pos, op)
+                self.open_at[p] = pos
+                self.open_ops[p] = op
                 pos += 1
                 continue
-            inv = self.pending.pop(process, None)
-            if inv is None or inv[1].get("f") != f:
+            inv_pos = self.open_at[p]
+            if inv_pos < 0 or (<dict>self.open_ops[p]).get(self.k_f) != f:
                 raise GiveUp()
+            self.open_at[p] = -1
+            self.open_ops[p] = None
             if kind == INFO:
-                self.dead.add(process)
+                self.dead[p] = True
             if f == "send":
                 fc = F_SEND
             elif f == "poll":
@@ -356,20 +454,29 @@ cdef class Screen:
                 pos += 1
                 continue
             if fc <= F_TXN:
-                producer = op.get("producer")
+                producer = op.get(self.k_producer)
                 if producer and not PyDict_CheckExact(producer):
                     raise GiveUp()
-            self.add_record(fc, kind, pos, inv[0], process, op.get("value"),
-                            op.get("watermarks") if fc <= F_TXN else None, True)
+            self.add_record(fc, kind, pos, inv_pos, p, op.get(self.k_value),
+                            op.get(self.k_watermarks) if fc <= F_TXN else None, True)
             pos += 1
         self.pos = pos
 
     def close(self):
-        """Invokes never completed count as info (`checkers.queue.ops.close_pending`)."""
+        """Invokes never completed count as info (`checkers.queue.ops.close_pending`),
+        in the order they were invoked."""
         cdef int64_t end = self.pos
         cdef int8_t fc
-        for process, (inv_pos, inv_op) in self.pending.items():
-            f = inv_op.get("f")
+        cdef int32_t p
+        cdef vector[pair[int64_t, int32_t]] still_open
+        for p in range(<int32_t>self.open_at.size()):
+            if self.open_at[p] >= 0:
+                still_open.push_back(pair[int64_t, int32_t](self.open_at[p], p))
+        sort(still_open.begin(), still_open.end())
+        for i in range(<int64_t>still_open.size()):
+            p = still_open[i].second
+            inv_op = <dict>self.open_ops[p]
+            f = inv_op.get(self.k_f)
             if f == "subscribe":
                 self.saw_subscribe = True
             if f == "send":
@@ -380,33 +487,32 @@ cdef class Screen:
                 fc = F_TXN
             else:
                 continue
-            self.add_record(fc, INFO, end, inv_pos, process, inv_op.get("value"), None, False)
+            self.add_record(fc, INFO, end, self.open_at[p], p, inv_op.get(self.k_value), None, False)
             end += 1
-        self.pending = {}
+        for p in range(<int32_t>self.open_at.size()):
+            self.open_at[p] = -1
+            self.open_ops[p] = None
 
     # -- the checker's passes, as detectors ----------------------------------------------
 
     cdef VInfo* vinfo(self, int32_t k, int64_t v):
-        """The (key, value) entry, made on first use with no writer and no offset.
-
-        Pointers stay valid: an unordered_map never moves its elements.
-        """
-        cdef pair[ValMap.iterator, cbool] r
+        """The (key, value) entry, made on first use with no writer and no offset."""
         cdef VInfo fresh
+        cdef cbool made
         fresh.writer = -1
         fresh.first_off = NONE
         fresh.ok_read = False
-        r = self.vals[k].insert(pair[int64_t, VInfo](v, fresh))
-        return &deref(r.first).second
+        return self.vals[k].get(v, fresh, &made)
 
     cdef inline void extend(self, int32_t k, int64_t o, int64_t v):
         """`VersionOrder.extend` of one pair; a conflict or a value at two offsets is flagged."""
         cdef KeyState* ks = &self.keys[k]
-        cdef pair[LogMap.iterator, cbool] r = self.logs[k].insert(pair[int64_t, int64_t](o, v))
+        cdef cbool made
+        cdef int64_t* at = self.logs[k].get(o, v, &made)
         cdef VInfo* vi
         ks.has_order = True
-        if not r.second:
-            if deref(r.first).second != v:
+        if not made:
+            if at[0] != v:
                 ks.conflict = True
             return
         vi = self.vinfo(k, v)
@@ -417,12 +523,8 @@ cdef class Screen:
 
     cdef void seal(self, int32_t k):
         cdef vector[int64_t]* offs = &self.offsets[k]
-        cdef LogMap.iterator it = self.logs[k].begin()
         cdef int64_t lo, span, i
-        offs.reserve(self.logs[k].size())
-        while it != self.logs[k].end():
-            offs.push_back(deref(it).first)
-            inc(it)
+        self.logs[k].keys(offs[0])
         sort(offs.begin(), offs.end())
         if offs.empty():
             return
@@ -453,10 +555,10 @@ cdef class Screen:
 
     cdef inline int64_t first_index(self, int32_t k, int64_t v):
         """`VersionOrder.first_index` (a value sits at one offset once `multi` passed)."""
-        cdef ValMap.iterator it = self.vals[k].find(v)
-        if it == self.vals[k].end() or deref(it).second.first_off == NONE:
+        cdef VInfo* vi = self.vals[k].find(v)
+        if vi == NULL or vi.first_off == NONE:
             return NONE
-        return self.index_of_offset(k, deref(it).second.first_off)
+        return self.index_of_offset(k, vi.first_off)
 
     def finish(self, cbool ww_deps=True):
         """The checker's stats if no pass of it would record an anomaly, else that pass's name."""
@@ -470,7 +572,7 @@ cdef class Screen:
         cdef int32_t p, w, prev_w
         cdef int64_t prev_pos
         cdef cbool committed, any_ok, all_read
-        cdef ValMap.iterator vit
+        cdef vector[int64_t] held  # a key's values
         self.close()
         nrec = self.recs.size()
         n_keys = self.keys.size()
@@ -533,9 +635,10 @@ cdef class Screen:
             any_ok = False
             all_read = True
             bound = -1
-            vit = self.vals[k].begin()
-            while vit != self.vals[k].end():
-                vi = &deref(vit).second
+            held.clear()
+            self.vals[k].keys(held)
+            for j in range(<int64_t>held.size()):
+                vi = self.vals[k].find(held[j])
                 if vi.first_off != NONE:
                     if vi.ok_read:
                         any_ok = True
@@ -544,25 +647,22 @@ cdef class Screen:
                             bound = i
                     else:
                         all_read = False
-                inc(vit)
             if not any_ok or all_read or bound < 0:
                 continue
-            vit = self.vals[k].begin()
-            while vit != self.vals[k].end():
-                vi = &deref(vit).second
+            for j in range(<int64_t>held.size()):
+                vi = self.vals[k].find(held[j])
                 if (vi.first_off != NONE and not vi.ok_read and vi.writer >= 0
                         and self.recs[vi.writer].committed
                         and self.index_of_offset(<int32_t>k, vi.first_off) <= bound):
                     return "lost-write"
-                inc(vit)
         for ri in range(nrec):
             r = &self.recs[ri]
             if r.kind != OK:
                 continue
             for si in range(r.s0, r.s1):
                 s = &self.sends[si]
-                vit = self.vals[s.key].find(s.val)
-                if vit == self.vals[s.key].end() or not deref(vit).second.ok_read:
+                vi = self.vals[s.key].find(s.val)
+                if vi == NULL or not vi.ok_read:
                     return "unseen"
         # ---- _op_checks
         reason = self.op_checks()
@@ -580,8 +680,8 @@ cdef class Screen:
                 prev_w = -1
                 prev_pos = -1
                 for j in range(<int64_t>self.offsets[k].size()):
-                    v = self.logs[k][self.offsets[k][j]]
-                    w = self.vals[k][v].writer
+                    v = self.logs[k].find(self.offsets[k][j])[0]
+                    w = self.vinfo(<int32_t>k, v).writer
                     if w < 0 or w == prev_w or not self.recs[w].committed:
                         continue
                     if prev_w >= 0 and prev_pos > self.recs[w].pos:
@@ -608,7 +708,7 @@ cdef class Screen:
         cdef Rec* wr
         cdef Send* s
         cdef Group* g
-        cdef int64_t ri, si, gi, pi, nrec = self.recs.size(), n_pids = len(self.pids)
+        cdef int64_t ri, si, gi, pi, nrec = self.recs.size(), n_pids = self.open_at.size()
         cdef int64_t n_keys = self.keys.size(), i, j, bi, prev_i, first_i, delta, top
         cdef int32_t p, k, w
         cdef cbool is_ok, committed
@@ -645,7 +745,7 @@ cdef class Screen:
                 k = g.key
                 prev_i = NONE
                 for pi in range(g.p0, g.p1):
-                    w = self.vals[k][self.pvals[pi]].writer
+                    w = self.vinfo(k, self.pvals[pi]).writer
                     if w < 0:
                         return "garbage-read"  # or a value only an invoke tried to send
                     wr = &self.recs[w]

@@ -36,10 +36,9 @@ from checkers.queue.ops import (
     take_op_fields,
 )
 
-__all__ = ["QueueFile", "QueueHistory", "load_queue"]
+__all__ = ["QueueFile", "QueueHistory", "load_queue", "parse_blocks"]
 
 _BLOCK = 1 << 16  # bytes per orjson call: small enough that its objects stay in cache
-_NEWLINE_TO_COMMA = bytes.maketrans(b"\n", b",")
 _KIND = {"ok": 0, "info": 1, "fail": 2}
 
 
@@ -162,8 +161,22 @@ def _blocks(path: Path) -> Iterator[tuple[bytes, int, int]]:
             yield carry, 1, len(carry)
 
 
-def _load_fast(path: Path) -> QueueHistory:
+def parse_blocks(path: Path) -> Iterator[tuple[list[Any], int]]:
+    """The file's lines parsed, a block at a time: (their values, bytes of the file).
+
+    One orjson call per block of lines joined by commas. Raises ValueError (orjson's
+    JSONDecodeError) on malformed JSON or a blank line, and also when a line holds other
+    than one JSON value. The blocks' objects die with them unless kept.
+    """
     loads = orjson.loads
+    for block, n_lines, n_bytes in _blocks(path):
+        ops = loads(b"[" + block.replace(b"\n", b",") + b"]")
+        if len(ops) != n_lines:
+            raise ValueError("not one JSON value per line")
+        yield ops, n_bytes
+
+
+def _load_fast(path: Path) -> QueueHistory:
     records: list[QueueOp] = []
     append = records.append
     # process -> (position, op dict) of its open invoke; processes that completed `info`.
@@ -177,14 +190,15 @@ def _load_fast(path: Path) -> QueueHistory:
     pos = 0
     last_time = -(2**63)
     size = 0
-    for block, n_lines, n_bytes in _blocks(path):
-        size += n_bytes
+    blocks = parse_blocks(path)
+    while True:
         try:
-            ops = loads(b"[" + block.translate(_NEWLINE_TO_COMMA) + b"]")
-        except orjson.JSONDecodeError:
+            ops, n_bytes = next(blocks)
+        except StopIteration:
+            break
+        except ValueError:
             raise _GiveUp() from None  # blank line, malformed JSON: the dict path says where
-        if len(ops) != n_lines:
-            raise _GiveUp()
+        size += n_bytes
         try:
             for op in ops:
                 # The structural checks of `checkers.history.validate`: on any doubt, give

@@ -33,7 +33,7 @@ from typing import Any
 import orjson
 
 from checkers.history import gc_paused
-from checkers.queue.load import _blocks
+from checkers.queue.load import parse_blocks
 
 try:
     from checkers.queue._screen import GiveUp, Screen
@@ -43,8 +43,6 @@ else:
     AVAILABLE = True
 
 __all__ = ["AVAILABLE", "ScreenResult", "screen_file", "screen_ops"]
-
-_NEWLINE_TO_COMMA = bytes.maketrans(b"\n", b",")
 
 
 @dataclass(frozen=True)
@@ -81,22 +79,12 @@ def screen_ops(ops: list[dict[str, Any]], *, ww_deps: bool = True) -> ScreenResu
     return _run((ops,), ww_deps)
 
 
-def _parsed_blocks(path: Path) -> Iterable[list[Any]]:
-    """The file's lines parsed, a block at a time (a block's dicts die with it)."""
-    loads = orjson.loads
-    for block, n_lines, _size in _blocks(path):
-        ops = loads(b"[" + block.translate(_NEWLINE_TO_COMMA) + b"]")
-        if len(ops) != n_lines:
-            raise GiveUp()  # a blank line: the loader words it
-        yield ops
-
-
 def screen_file(path: Path, *, ww_deps: bool = True) -> ScreenResult:
     """Screen a history.jsonl file; any blank or malformed line sends it to the checker
     (whose loader says what and where)."""
     if not AVAILABLE:
         return _run((), ww_deps)
     try:
-        return _run(_parsed_blocks(Path(path)), ww_deps)
+        return _run((ops for ops, _size in parse_blocks(Path(path))), ww_deps)
     except (orjson.JSONDecodeError, OSError) as e:
         return ScreenResult(None, needs_checker=f"unreadable here ({e.__class__.__name__})")

@@ -55,14 +55,56 @@ class ScreenResult:
     needs_checker: str = ""
 
 
+# What the screen finds in a prefix of a history and more ops cannot undo, so that the
+# screen of the whole history would send it to the checker as well: an offset with two
+# values, a value at two offsets, order broken between indexes that more observations
+# only push further apart, a dependency against completion order.
+PERSISTENT = frozenset(
+    (
+        "inconsistent-offsets",
+        "duplicate",
+        "int-poll-skip or int-nonmonotonic-poll",
+        "poll-skip or nonmonotonic-poll",
+        "nonmonotonic-send",
+        "int-send-skip",
+        "int-nonmonotonic-send",
+        "realtime-send-order",
+        "hw-regression",
+        "wr edge against completion order",
+        "ww edge against completion order",
+    )
+)
+PROBE_OPS = 8192  # ops screened on their own first (`_run`)
+_SLICE = 8192  # ops per feed of a list
+
+
 def _run(batches: Iterable[list[Any]], ww_deps: bool) -> ScreenResult:
+    """Feed the screen, and answer.
+
+    A history with anomalies costs the screen and then the checker. Many such histories
+    show an anomaly all along (interleaved transactions: dependencies against
+    completion order everywhere), so the first `PROBE_OPS` ops are also screened on
+    their own: if they show an anomaly in `PERSISTENT`, the whole history is sent to
+    the checker at once. The probe only chooses the path; results are the checker's or
+    the whole screen's either way.
+    """
     if not AVAILABLE:
         return ScreenResult(None, needs_checker="the native screen is not built")
     sc = Screen()
+    probe: Screen | None = Screen()
     try:
         with gc_paused():  # op dicts hold no cycles: nothing for the collector to find
             for ops in batches:
                 sc.feed(ops)
+                if probe is not None:
+                    probe.feed(ops)
+                    if probe.pos >= PROBE_OPS:
+                        early = probe.finish(ww_deps, True)
+                        probe = None
+                        if isinstance(early, str) and early in PERSISTENT:
+                            return ScreenResult(
+                                None, needs_checker=f"{early} (in the first {PROBE_OPS:,} ops)"
+                            )
             verdict = sc.finish(ww_deps)
     except GiveUp:
         return ScreenResult(None, needs_checker="outside what the screen reads")
@@ -76,7 +118,7 @@ def _run(batches: Iterable[list[Any]], ww_deps: bool) -> ScreenResult:
 
 def screen_ops(ops: list[dict[str, Any]], *, ww_deps: bool = True) -> ScreenResult:
     """Screen a history given as the spec's op dicts."""
-    return _run((ops,), ww_deps)
+    return _run((ops[i : i + _SLICE] for i in range(0, len(ops), _SLICE)), ww_deps)
 
 
 def screen_file(path: Path, *, ww_deps: bool = True) -> ScreenResult:

@@ -21,6 +21,7 @@ import pytest
 from checkers.api import load_for_check
 from checkers.history import validate, write_history
 from checkers.queue import check_queue, screen
+from checkers.queue._screen import GiveUp, Screen
 from checkers.queue.load import QueueFile
 from checkers.queue.simulate import simulate
 from tests.checkers.hist import H
@@ -246,3 +247,41 @@ def test_each_detector_alone(name: str) -> None:
     got = screen.screen_ops(h.ops, **opts)
     assert got.stats is None and got.needs_checker == reason
     assert check_queue(h.ops, **opts) == want
+
+
+def test_what_a_prefix_shows_the_whole_history_shows_too() -> None:
+    """The probe (`screen._run`) sends a history to the checker when its first ops show
+    something in PERSISTENT: the screen of the whole history must not prove it clean
+    either (the probe only saves its time)."""
+    probed = 0
+    for seed in range(300):
+        rng = random.Random(seed)
+        ops = copy.deepcopy(_history(seed, seed % 3 == 0))
+        for _ in range(rng.randint(0, 2)):
+            rng.choice(MORE if rng.random() < 0.6 else MUTATIONS)(ops, rng)
+        _renumber(ops)
+        cut = rng.randint(1, len(ops))
+        probe = Screen()
+        try:
+            probe.feed(ops[:cut])
+        except GiveUp:
+            continue
+        early = probe.finish(True, True)
+        if isinstance(early, str) and early in screen.PERSISTENT:
+            probed += 1
+            assert screen.screen_ops(ops).stats is None, (seed, cut, early)
+    assert probed > 50
+
+
+def test_an_anomaly_in_the_first_ops_skips_the_rest_of_the_screen(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(screen, "PROBE_OPS", 100)
+    monkeypatch.setattr(screen, "_SLICE", 50)
+    ops = simulate(2000, processes=4, keys=2, seed=1, interleave=True)
+    got = screen.screen_ops(ops)
+    assert got.stats is None and "(in the first 100 ops)" in got.needs_checker
+    assert check_queue(ops) == _checker(ops)
+    # A clean history passes the probe and the whole screen.
+    clean = simulate(2000, processes=4, keys=2, seed=1)
+    assert screen.screen_ops(clean).stats is not None

@@ -353,6 +353,8 @@ cdef class Screen:
             r.assign_list = True
             for k in <list>value:
                 self.assign_keys.push_back(self.kid(k))
+        elif isinstance(value, list):
+            raise GiveUp()  # a list of another type: the checker's isinstance takes it
         r.s1 = <int32_t>self.sends.size()
         r.g1 = <int32_t>self.groups.size()
         r.w1 = <int32_t>self.wms.size()

@@ -285,3 +285,37 @@ def test_an_anomaly_in_the_first_ops_skips_the_rest_of_the_screen(
     # A clean history passes the probe and the whole screen.
     clean = simulate(2000, processes=4, keys=2, seed=1)
     assert screen.screen_ops(clean).stats is not None
+
+
+def test_isrlab_check_prints_and_writes_the_same_bytes_either_way(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A clean history through `isrlab check`, screened and not: the same output, exit
+    code, results.json and summary.txt, byte for byte."""
+    from typer.testing import CliRunner
+
+    from checkers.queue import analysis
+    from tests.checkers.test_queue_load import app
+
+    ops = simulate(600, processes=4, keys=3, seed=11, assign_rate=0.05)
+    p = tmp_path / "history.jsonl"
+    write_history(ops, p)
+    outs = {}
+    for screened in (True, False):
+        with monkeypatch.context() as m:
+            if not screened:
+                refuse = lambda *a, **k: screen.ScreenResult(None, needs_checker="off")  # noqa: E731
+                m.setattr(analysis, "screen_file", refuse)
+                m.setattr(analysis, "screen_ops", refuse)
+            d = tmp_path / f"out-{screened}"
+            runs = [
+                CliRunner().invoke(app, [str(p), "-w", "queue", *extra])
+                for extra in (["--json"], [], ["--json", "--out", str(d)])
+            ]
+        outs[screened] = (
+            [(r.exit_code, r.output) for r in runs],
+            {f.name: f.read_bytes() for f in sorted(d.iterdir())},
+        )
+    assert outs[True] == outs[False]
+    assert outs[True][0][0][0] == 0
+    assert set(outs[True][1]) == {"results.json", "summary.txt"}

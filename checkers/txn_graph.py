@@ -19,11 +19,13 @@ reported with those stretches collapsed into one realtime step.
 | G1c-ww / -process / -realtime | ww, wr (+...) | ww and wr (+...) |
 
 Steps: nodes that cannot lie on any cycle (no in- or no out-edges, repeatedly) are
-trimmed in plain Python, so a valid history costs one linear pass; the strongly
-connected components of what is left for each anomaly's edge set are then found (in
-the order, and as the sets, networkx would give; without a networkx graph), and each
-component is explained by a shortest simple cycle that uses every required kind,
-found by breadth-first search over (node, kinds used) states.
+trimmed in plain Python, so a valid history costs one linear pass; what is left for each
+anomaly's edge set becomes a networkx graph whose strongly connected components are the
+candidates, and each component is explained by a shortest simple cycle that uses every
+required kind, found by breadth-first search over (node, kinds used) states.
+(`scc_lists`, a Tarjan over integer adjacency lists, serves the queue checker's
+pre-filter of the cycle region, `checkers.queue.cycles`, where the graph is the whole
+region and building networkx objects would cost more than the search.)
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from collections import Counter, deque
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from itertools import chain
 from typing import Any
+
+import networkx as nx
 
 __all__ = [
     "CYCLE_RULES",
@@ -226,42 +230,15 @@ def scc_lists(adj: Sequence[Sequence[int]]) -> list[list[int]]:
 
 
 def _components(succ: Mapping[int, Iterable[int]], keep: Collection[int]) -> list[set[int]]:
-    """Strongly connected components of two or more nodes, exactly as networkx gives them.
+    """Strongly connected components of two or more nodes of the dependency graph.
 
-    The graph is the one networkx's `DiGraph` builds from the edges (a, b) for a in `keep`
-    and b in `succ[a]`, in turn, that have b in `keep`: nodes in order of first mention,
-    successors in `succ` order. The components come in the order, and each set is built
-    by the same insertions, as `networkx.strongly_connected_components` of that graph
-    (each when the depth-first search leaves its first node; that node, then the others
-    latest finished first), so iterating them, and everything found from them, is
-    unchanged; without the networkx graph, over adjacency lists of ints.
+    The graph is a networkx `DiGraph` of the edges (a, b) for a in `keep` and b in
+    `succ[a]`, in turn, that have b in `keep`; the components are networkx's, in its
+    order (which decides which cycles are explained first).
     """
-    ids: dict[int, int] = {}
-    names: list[int] = []
-    adj: list[list[int]] = []
-    for a in keep:
-        bs = succ.get(a)
-        if not bs:
-            continue
-        row: list[int] | None = None
-        for b in bs:
-            if b not in keep:
-                continue
-            if row is None:
-                ia = ids.get(a)
-                if ia is None:
-                    ia = ids[a] = len(names)
-                    names.append(a)
-                    adj.append([])
-                row = adj[ia]
-            ib = ids.get(b)
-            if ib is None:
-                ib = ids[b] = len(names)
-                names.append(b)
-                adj.append([])
-            row.append(ib)
-    # set comprehensions insert in the lists' order: the same sets, iterated the same way
-    return [{names[i] for i in comp} for comp in scc_lists(adj)]
+    g = nx.DiGraph()
+    g.add_edges_from((a, b) for a in keep for b in succ.get(a, ()) if b in keep)
+    return [c for c in nx.strongly_connected_components(g) if len(c) > 1]
 
 
 def _bits(mask: int) -> list[int]:
@@ -349,7 +326,7 @@ def find_cycles(
     cycle; only the first `max_examples` per rule carry a full explanation.
 
     Per rule, the graph is cut down to the rule's edge kinds and trimmed before its
-    strongly connected components are computed (`_components`, in networkx's order), so
+    strongly connected components are computed (`_components`, networkx's), so
     only the part that can hold such a cycle is searched. Each component is explained by the shortest
     simple cycle through one of its edges of the rarest required kind (up to `tries`
     edges, fewer in very large components; each search is bounded by `state_limit`).

@@ -130,73 +130,24 @@ def test_strong_components_matches_networkx() -> None:
         assert {frozenset(c) for c in strong_components(succ)} == want
 
 
-def _nx_components(succ: Any, keep: Any) -> list[set[int]]:
-    """The reference for `_components`: networkx's own graph and components."""
-    import networkx as nx
-
-    g = nx.DiGraph()
-    g.add_edges_from((a, b) for a in keep for b in succ.get(a, ()) if b in keep)
-    return [c for c in nx.strongly_connected_components(g) if len(c) > 1]
-
-
-def _random_succ(rng: Any, n: int) -> dict[int, dict[int, int]]:
-    succ: dict[int, dict[int, int]] = {}
-    for _e in range(rng.randint(0, 3 * n)):
-        a = rng.randrange(n) * rng.choice([1, 977, -3])
-        b = rng.randrange(n) * rng.choice([1, 977, -3])
-        if a != b:
-            succ.setdefault(a, {})[b] = rng.choice([WW, WR, PROCESS, REALTIME, WW | WR])
-    return succ
-
-
-def test_components_match_networkx_including_order() -> None:
+def test_scc_lists_match_networkx_including_order() -> None:
+    """`scc_lists` (the cycle region's Tarjan) gives networkx's components, in its order."""
     import random
 
-    from checkers.txn_graph import _components
+    import networkx as nx
+
+    from checkers.txn_graph import scc_lists
 
     rng = random.Random(5)
     for t in range(600):
-        succ = _random_succ(rng, rng.randint(1, 200 if t % 10 == 0 else 40))
-        nodes = list(succ) + [b for s in succ.values() for b in s]
-        keep = {x for x in nodes if rng.random() < 0.9}
-        got = _components(succ, keep)
-        # the same components, in the same order, each set iterating in the same order
-        assert [list(c) for c in got] == [list(c) for c in _nx_components(succ, keep)]
-
-
-def test_find_cycles_is_unchanged_against_networkx_components(monkeypatch: Any) -> None:
-    import random
-
-    import checkers.txn_graph as tg
-    from checkers.queue import check_queue
-    from checkers.queue.simulate import simulate
-    from tests.checkers.test_queue_cycle_region import cross_reads
-
-    rng = random.Random(9)
-    graphs = []
-    for _ in range(150):
-        g = DepGraph()
-        for a, s in _random_succ(rng, rng.randint(2, 60)).items():
-            for b, k in s.items():
-                g.link(abs(a), abs(b), k)
-        g.add_realtime_chain(
-            (rng.randrange(60), rng.random() < 0.5) for _ in range(rng.randint(0, 40))
-        )
-        graphs.append(g)
-    histories = []
-    for seed in range(25):
-        ops = simulate(n_ops=200, processes=4, keys=2, seed=seed, txn_rate=0.5, interleave=True)
-        cross_reads(ops, random.Random(seed), seed % 7)
-        histories.append(ops)
-
-    def run() -> list[Any]:
-        return [find_cycles(g, explain, max_examples=3) for g in graphs] + [
-            check_queue(ops, max_examples=2) for ops in histories
-        ]
-
-    got = run()
-    monkeypatch.setattr(tg, "_components", _nx_components)
-    want = run()
-    assert got == want
-    assert any(found for found, _stats in got[: len(graphs)])
-    assert any(not r["valid"] for r in got[len(graphs) :])
+        n = rng.randint(1, 200 if t % 10 == 0 else 40)
+        adj: list[list[int]] = [[] for _ in range(n)]
+        for _e in range(rng.randint(0, 3 * n)):
+            a, b = rng.randrange(n), rng.randrange(n)
+            if a != b and b not in adj[a]:
+                adj[a].append(b)
+        g = nx.DiGraph()
+        g.add_nodes_from(range(n))
+        g.add_edges_from((a, b) for a in range(n) for b in adj[a])
+        want = [c for c in nx.strongly_connected_components(g) if len(c) > 1]
+        assert [set(c) for c in scc_lists(adj)] == want

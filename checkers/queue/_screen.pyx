@@ -15,6 +15,8 @@ the checker's stats, in the checker's order.
 It accepts less than the checker: integer values and offsets within 64 bits, reads
 with offsets, dict watermarks and the structure `checkers.queue.load` accepts.
 Anything else raises `GiveUp`, and the caller checks the history the ordinary way.
+`finish(prefix=True)` screens the ops fed so far as the start of a longer history (the
+probe of `checkers.queue.screen`).
 """
 
 from libc.stdint cimport int8_t, int32_t, int64_t, INT64_MIN
@@ -99,8 +101,9 @@ cdef extern from *:
     #include <vector>
 
     // int64 -> V. Values and offsets of a key are mostly small and dense, so keys in
-    // [0, dense.size()) live in a vector (grown while it stays compact); others in a
-    // hash map. A pointer into the table is valid until the next insertion.
+    // [0, dense.size()) live in a vector, others in a hash map. The vector only grows to
+    // hold a key below 65536 + 16 * (entries), so it never takes more than that many
+    // slots, whatever the keys. A pointer into the table is valid until the next insertion.
     template <typename V>
     struct IntTable {
         std::vector<V> dense;
@@ -122,9 +125,10 @@ cdef extern from *:
             *fresh = p == nullptr;
             if (p) return p;
             count++;
-            if (x >= 0 && (uint64_t)x < dense.size() + 4096 + 2 * count) {
+            size_t cap = 65536 + 16 * count;
+            if (x >= 0 && (uint64_t)x < cap) {
                 if ((uint64_t)x >= dense.size()) {
-                    size_t n = std::max((size_t)x + 1, dense.size() * 2);
+                    size_t n = std::max((size_t)x + 1, std::min(dense.size() * 2, cap));
                     dense.resize(n);
                     used.resize(n, 0);
                 }
@@ -362,7 +366,7 @@ cdef class Screen:
         self.recs.push_back(r)
         return 0
 
-    cdef void adopt_keys(self, dict op):
+    cdef int adopt_keys(self, dict op) except -1:
         """Look fields up by the very key objects of `op`: orjson hands out one object per
         short key, so dict lookups then succeed on identity instead of comparing text."""
         for key in op:
@@ -382,6 +386,7 @@ cdef class Screen:
                 self.k_watermarks = key
             elif key == "producer":
                 self.k_producer = key
+        return 0
 
     def feed(self, list ops):
         """The next ops of the history, in order (the spec's op dicts)."""

@@ -319,3 +319,51 @@ def test_isrlab_check_prints_and_writes_the_same_bytes_either_way(
     assert outs[True] == outs[False]
     assert outs[True][0][0][0] == 0
     assert set(outs[True][1]) == {"results.json", "summary.txt"}
+
+
+def _remap(ops: Ops, value: Any, offset: Any) -> Ops:
+    """The history with every value and offset mapped (sends, reads, watermarks)."""
+    out = copy.deepcopy(ops)
+    for op in out:
+        mops = op.get("value")
+        if op.get("f") not in ("send", "poll", "txn") or not isinstance(mops, list):
+            continue
+        for mop in mops:
+            if mop[0] == "send":
+                x = mop[2]
+                if isinstance(x, list):
+                    mop[2] = [None if x[0] is None else offset(x[0]), value(x[1])]
+                else:
+                    mop[2] = value(x)
+            elif mop[0] == "poll" and len(mop) > 1 and mop[1]:
+                for pairs in mop[1].values():
+                    pairs[:] = [[offset(o), value(v)] for o, v in pairs]
+        for marks in (op.get("watermarks") or {}).values():
+            marks["high"] = offset(marks["high"])
+    return out
+
+
+@pytest.mark.parametrize(
+    "value, offset",
+    [
+        (lambda v: v * 1_000_003 + 10**15, lambda o: o + 10**12),  # sparse: hash tables
+        (lambda v: -v - 1, lambda o: o),  # negative values
+        (lambda v: v * 97, lambda o: o * 3),  # gaps in both
+    ],
+)
+def test_values_and_offsets_of_any_spread(value: Any, offset: Any) -> None:
+    for seed in range(6):
+        ops = _remap(_history(seed, interleave=False), value, offset)
+        got = screen.screen_ops(ops)
+        want = _checker(ops)
+        assert want["anomaly_types"] == [] and got.stats is not None, (seed, got)
+        assert {**got.stats, "subscribe_mode": got.saw_subscribe} == want["stats"]
+    # And a mutation is still caught there.
+    ops = _remap(_history(3, interleave=False), value, offset)
+    for op in ops:
+        if op["type"] == "ok" and op["f"] == "poll" and any(op["value"][0][1].values()):
+            pairs = next(p for p in op["value"][0][1].values() if p)
+            pairs.append([pairs[-1][0] + offset(2) - offset(0), pairs[-1][1]])  # a dup
+            break
+    assert screen.screen_ops(ops).stats is None
+    assert _checker(ops)["anomaly_types"]

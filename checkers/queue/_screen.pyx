@@ -203,6 +203,10 @@ cdef class Screen:
     # The op fields' names, as the parser's own string objects once seen (`adopt_keys`).
     cdef object k_index, k_time, k_type, k_f, k_process, k_value, k_watermarks, k_producer
     cdef int64_t n_sends, n_reads
+    # (reader, writer) and (writer, earlier writer) record indices of the dependency edges
+    # that point against completion order; ww chain edges as (from, to) record indices.
+    cdef vector[pair[int64_t, int64_t]] spans
+    cdef vector[pair[int32_t, int32_t]] chains
 
     def __cinit__(self):
         self.kids = {}
@@ -582,7 +586,6 @@ cdef class Screen:
         cdef int64_t max_offset = -1
         cdef int64_t n_ok = 0, n_info = 0, n_fail = 0, n_nodes = 0, n_orders = 0
         cdef int32_t p, w, prev_w
-        cdef int64_t prev_pos
         cdef cbool committed, any_ok, all_read
         cdef vector[int64_t] held  # a key's values
         if not prefix:
@@ -678,10 +681,12 @@ cdef class Screen:
                 if vi == NULL or not vi.ok_read:
                     return "unseen"
         # ---- _op_checks
-        reason = self.op_checks()
+        reason = self.op_checks(prefix)
         if reason is not None:
             return reason
-        # ---- cycles: the ww chains of the version orders must follow completion order
+        # ---- cycles (`checkers.queue.cycles._cyclic_core`): the ww chains of the version
+        # orders; with the backward wr edges noted above they give the spans where cycles
+        # may lie, and the region's graph must have none.
         for ri in range(nrec):
             r = &self.recs[ri]
             if r.f <= F_TXN and r.committed:
@@ -691,21 +696,23 @@ cdef class Screen:
                 if not self.keys[k].has_order:
                     continue
                 prev_w = -1
-                prev_pos = -1
                 for j in range(<int64_t>self.offsets[k].size()):
                     v = self.logs[k].find(self.offsets[k][j])[0]
                     w = self.vinfo(<int32_t>k, v).writer
                     if w < 0 or w == prev_w or not self.recs[w].committed:
                         continue
-                    if prev_w >= 0 and prev_pos > self.recs[w].pos:
-                        return "ww edge against completion order"
+                    if prev_w >= 0:
+                        self.chains.push_back(pair[int32_t, int32_t](prev_w, w))
+                        if prev_w > w:
+                            self.spans.push_back(pair[int64_t, int64_t](w, prev_w))
                     prev_w = w
-                    prev_pos = self.recs[w].pos
+        if not self.spans.empty() and self.region_has_cycle(ww_deps):
+            return "dependency cycle"
         return {
             "sends": self.n_sends,
             "reads": self.n_reads,
             "graph_nodes": n_nodes,
-            "backward_edges": 0,
+            "backward_edges": <int64_t>self.spans.size(),
             "cyclic_nodes": 0,
             "ops": nrec,
             "ok": n_ok,
@@ -715,7 +722,124 @@ cdef class Screen:
             "max_offset": max_offset,
         }
 
-    cdef object op_checks(self):
+    cdef cbool region_has_cycle(self, cbool ww_deps):
+        """Whether the dependency graph has a cycle, found as `cycles._cyclic_core` does.
+
+        Ops in completion order, realtime edges point forward, so every cycle lies inside
+        the span of one of its backward edges (`spans`). The committed ops inside their
+        union (the region) get a reduced graph that keeps reachability: ww chain edges,
+        a wr edge from the writer of the highest offset each op read of a key (all its
+        reads' writers without ww_deps), and realtime order as a chain of virtual nodes.
+        A strongly connected component of two or more nodes exists exactly when that
+        graph is not acyclic, which Kahn's algorithm tells.
+        """
+        cdef int64_t nrec = self.recs.size(), i, j, a, lo, hi, n_inv, n_real, n_all
+        cdef int64_t removed, node
+        cdef int32_t ri, w, k, last, v
+        cdef cbool fresh
+        cdef Rec* r
+        cdef Group* g
+        cdef VInfo* vi
+        cdef vector[int32_t] ridx = vector[int32_t](nrec, -1)
+        cdef vector[int32_t] nodes
+        cdef vector[vector[int32_t]] adj
+        cdef vector[pair[int64_t, int32_t]] invs
+        cdef vector[int32_t] indeg
+        cdef vector[int32_t] ready
+        cdef vector[pair[int64_t, int64_t]] spans = self.spans
+        # the region: committed ops inside the union of the spans, in completion order
+        sort(spans.begin(), spans.end())
+        i = 0
+        while i < <int64_t>spans.size():
+            lo = spans[i].first
+            hi = spans[i].second
+            i += 1
+            while i < <int64_t>spans.size() and spans[i].first <= hi:
+                if spans[i].second > hi:
+                    hi = spans[i].second
+                i += 1
+            for a in range(lo, hi + 1):
+                r = &self.recs[a]
+                if r.f <= F_TXN and r.committed and ridx[a] < 0:
+                    ridx[a] = <int32_t>nodes.size()
+                    nodes.push_back(<int32_t>a)
+        n_real = nodes.size()
+        adj.resize(n_real)
+        for j in range(<int64_t>self.chains.size()):
+            if ridx[self.chains[j].first] >= 0 and ridx[self.chains[j].second] >= 0:
+                adj[ridx[self.chains[j].first]].push_back(ridx[self.chains[j].second])
+        for i in range(n_real):
+            ri = nodes[i]
+            r = &self.recs[ri]
+            for j in range(r.g0, r.g1):
+                g = &self.groups[j]
+                k = g.key
+                if ww_deps:  # no conflicts, and offsets rise within a read: its last pair
+                    vi = self.vals[k].find(self.pvals[g.p1 - 1])
+                    if vi != NULL and vi.writer >= 0 and vi.writer != ri:
+                        w = vi.writer
+                        if self.recs[w].committed:
+                            if ridx[w] >= 0:
+                                adj[ridx[w]].push_back(<int32_t>i)
+                            continue
+                for a in range(g.p0, g.p1):
+                    vi = self.vals[k].find(self.pvals[a])
+                    if vi == NULL or vi.writer < 0 or vi.writer == ri:
+                        continue
+                    w = vi.writer
+                    if self.recs[w].committed and ridx[w] >= 0:
+                        adj[ridx[w]].push_back(<int32_t>i)
+        # realtime: op i reaches op j through virtual nodes when i completed ok before j
+        # was invoked (`cycles._link_realtime`)
+        for i in range(n_real):
+            if self.recs[nodes[i]].inv >= 0:
+                invs.push_back(pair[int64_t, int32_t](self.recs[nodes[i]].inv, <int32_t>i))
+        sort(invs.begin(), invs.end())
+        n_inv = invs.size()
+        j = 0
+        last = -1
+        fresh = False
+        for i in range(n_real):
+            r = &self.recs[nodes[i]]
+            while j < n_inv and invs[j].first < r.pos:
+                if last >= 0:
+                    adj[last].push_back(invs[j].second)
+                    fresh = True
+                j += 1
+            if r.kind == OK:
+                if last < 0 or fresh:
+                    v = <int32_t>adj.size()
+                    adj.push_back(vector[int32_t]())
+                    if last >= 0:
+                        adj[last].push_back(v)
+                    last = v
+                    fresh = False
+                adj[i].push_back(last)
+        if last >= 0:
+            while j < n_inv:
+                adj[last].push_back(invs[j].second)
+                j += 1
+        # Kahn: peel nodes without predecessors; what cannot be peeled lies on a cycle
+        n_all = adj.size()
+        indeg.assign(n_all, 0)
+        for i in range(n_all):
+            for j in range(<int64_t>adj[i].size()):
+                indeg[adj[i][j]] += 1
+        for i in range(n_all):
+            if indeg[i] == 0:
+                ready.push_back(<int32_t>i)
+        removed = 0
+        while not ready.empty():
+            node = ready.back()
+            ready.pop_back()
+            removed += 1
+            for j in range(<int64_t>adj[node].size()):
+                indeg[adj[node][j]] -= 1
+                if indeg[adj[node][j]] == 0:
+                    ready.push_back(adj[node][j])
+        return removed < n_all
+
+    cdef object op_checks(self, cbool prefix):
         """`QueueAnalysis._op_checks`: None, or the name of what it would record."""
         cdef Rec* r
         cdef Rec* wr
@@ -759,15 +883,17 @@ cdef class Screen:
                 prev_i = NONE
                 for pi in range(g.p0, g.p1):
                     w = self.vinfo(k, self.pvals[pi]).writer
-                    if w < 0:
+                    if w >= 0:
+                        wr = &self.recs[w]
+                        if w == ri:
+                            return "precommitted-read"
+                        if is_ok and wr.kind == FAIL:
+                            return "G1a"
+                        if wr.pos > r.pos and wr.committed and committed:
+                            # A wr edge against completion order: where cycles may lie.
+                            self.spans.push_back(pair[int64_t, int64_t](ri, w))
+                    elif not prefix:  # (a prefix: its writer may not have completed yet)
                         return "garbage-read"  # or a value only an invoke tried to send
-                    wr = &self.recs[w]
-                    if w == ri:
-                        return "precommitted-read"
-                    if is_ok and wr.kind == FAIL:
-                        return "G1a"
-                    if wr.pos > r.pos and wr.committed and committed:
-                        return "wr edge against completion order"
                     i = self.index_of_offset(k, self.poffs[pi])
                     if prev_i != NONE and i != NONE and i - prev_i != 1:
                         return "int-poll-skip or int-nonmonotonic-poll"

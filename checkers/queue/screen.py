@@ -58,7 +58,7 @@ class ScreenResult:
 # What the screen finds in a prefix of a history and more ops cannot undo, so that the
 # screen of the whole history would send it to the checker as well: an offset with two
 # values, a value at two offsets, order broken between indexes that more observations
-# only push further apart, a dependency against completion order.
+# only push further apart, a dependency cycle.
 PERSISTENT = frozenset(
     (
         "inconsistent-offsets",
@@ -70,8 +70,7 @@ PERSISTENT = frozenset(
         "int-nonmonotonic-send",
         "realtime-send-order",
         "hw-regression",
-        "wr edge against completion order",
-        "ww edge against completion order",
+        "dependency cycle",
     )
 )
 PROBE_OPS = 8192  # ops screened on their own first (`_run`)

@@ -15,7 +15,8 @@ CLI runs):
 - `explain`: that explaining path on its own (`load_queue`, then `check_queue` with the
   screen off, then freeing the records): what a history with anomalies costs.
 
-    python benchmarks/bench_checker_queue.py [--ops N] [--interleave] [--repeat R] [--header]
+    python benchmarks/bench_checker_queue.py [--ops N] [--interleave] [--late-acks X]
+        [--repeat R] [--header] [--keep FILE | --history FILE]
 
 Targets: `check` >= 250,000 ops/s on one core, and check time <= 2x load time (printed
 against both baselines). CPU time (user + system, from getrusage) is the honest figure
@@ -130,6 +131,13 @@ def main() -> None:
         action="store_true",
         help="Kafka-like non-isolated transactional writes (many allowed G0/G1c-ww cycles)",
     )
+    ap.add_argument(
+        "--late-acks",
+        type=float,
+        default=0.0,
+        help="fraction of ok sends acknowledged late, as on a real cluster (backward wr "
+        "edges: the cycle search's work)",
+    )
     ap.add_argument("--measure", nargs=2, metavar=("STEP", "PATH"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.measure:
@@ -155,6 +163,7 @@ def main() -> None:
                 crash_rate=0.002,
                 assign_rate=0.002,
                 interleave=args.interleave,
+                late_acks=args.late_acks,
             )
             gen_s = time.perf_counter() - t0
             write_history(ops, path)
@@ -183,6 +192,7 @@ def main() -> None:
     print(
         f"| {lines:,} | {size / 1e6:.0f} | "
         f"{'interleaved' if args.interleave else 'atomic'}"
+        f"{f', late acks {args.late_acks:g}' if args.late_acks else ''}"
         f"{' (file)' if args.history else ''} | "
         f"{dl['cpu']:.2f} | {pa['cpu']:.2f} | {ck['cpu']:.2f} | {lines / ck['cpu']:,.0f} | "
         f"{ck['cpu'] / dl['cpu']:.2f} | {ck['cpu'] / pa['cpu']:.2f} | {ck['screen']} | "

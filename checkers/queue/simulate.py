@@ -57,6 +57,7 @@ def simulate(
     final_drain: bool = True,
     interleave: bool = False,
     copiers: int = 0,
+    late_acks: float = 0.0,
 ) -> list[dict[str, Any]]:
     """Return a valid history of about `n_ops` ops (lines), deterministic in `seed`.
 
@@ -69,6 +70,11 @@ def simulate(
     and copies what it polls, verbatim and in one transaction with its consumed position
     (a consumer-group offset that survives the copier's crash), to output key `out/i`.
     Check such histories with eos={"input": [...], "output": [...]} (see `eos_keys`).
+
+    late_acks=x delivers that fraction of ok send/txn completions later, at a random
+    point before their process's next op, as acknowledgements arrive late on a real
+    cluster: ops in between may already have read the values (wr edges against
+    completion order, the cycle search's work), and the history stays valid.
     """
     rng = random.Random(seed)
     key_names = [f"t{i % 4}/{i}" for i in range(keys)]
@@ -290,6 +296,8 @@ def simulate(
     for th in copier_threads:
         if th.op is not None:
             copy(th)
+    if late_acks:
+        _delay_acks(history, rng, late_acks)
     if final_drain:
         drain = _Thread(next_process, key_names)
         for k in key_names + outputs:
@@ -299,3 +307,29 @@ def simulate(
             pairs = [[o, v] for o, v in enumerate(logs[k]) if v is not None]
             emit(drain.process, "ok", "poll", [["poll", {k: pairs}]], **wm({k}))
     return history
+
+
+def _delay_acks(history: list[dict[str, Any]], rng: random.Random, fraction: float) -> None:
+    """Move `fraction` of the ok send/txn completions later (see `simulate`), in place."""
+    n = len(history)
+    next_of_process = [n] * n  # index of the same process's next line
+    seen: dict[Any, int] = {}
+    for i in range(n - 1, -1, -1):
+        p = history[i]["process"]
+        next_of_process[i] = seen.get(p, n)
+        seen[p] = i
+    keys: list[float] = []
+    for i, op in enumerate(history):
+        key = float(i)
+        if op["type"] == "ok" and op["f"] in ("send", "txn") and rng.random() < fraction:
+            j = next_of_process[i]
+            if j - 1 > i:
+                key = rng.randint(i + 1, j - 1) + 0.5  # just after that line
+        keys.append(key)
+    order = sorted(range(n), key=keys.__getitem__)
+    moved = [history[i] for i in order]
+    last_time = -(2**63)
+    for i, op in enumerate(moved):
+        op["index"] = i
+        last_time = op["time"] = max(op["time"], last_time)
+    history[:] = moved

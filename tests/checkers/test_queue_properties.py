@@ -29,6 +29,7 @@ shapes = st.fixed_dictionaries(
         "fail_rate": st.sampled_from([0.0, 0.05, 0.2]),
         "crash_rate": st.sampled_from([0.0, 0.02]),
         "assign_rate": st.sampled_from([0.0, 0.05]),
+        "late_acks": st.sampled_from([0.0, 0.0, 0.3]),
     }
 )
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

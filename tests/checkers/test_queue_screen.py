@@ -369,38 +369,21 @@ def test_values_and_offsets_of_any_spread(value: Any, offset: Any) -> None:
     assert _checker(ops)["anomaly_types"]
 
 
-def late_acks(ops: Ops, rng: random.Random, n: int) -> Ops:
-    """Move up to n ok send/txn completions later, up to just before their process's next
-    invoke: reads in between see a value whose writer completed after them (a wr edge
-    against completion order, as acks arrive late on a real cluster), yet nothing
-    breaks. Returns the new history (indexes and times renumbered)."""
-    out = copy.deepcopy(ops)
-    for _ in range(n):
-        movable = [
-            i for i, op in enumerate(out) if op["type"] == "ok" and op["f"] in ("send", "txn")
-        ]
-        if not movable:
-            break
-        i = rng.choice(movable)
-        p = out[i]["process"]
-        j = i + 1
-        while j < len(out) and out[j]["process"] != p:
-            j += 1
-        if j - 1 <= i:
-            continue
-        dest = rng.randint(i + 1, j - 1)
-        out.insert(dest, out.pop(i))
-    for k, op in enumerate(out):
-        op["index"] = k
-        op["time"] = k * 10
-    return out
-
-
 def test_late_acks_leave_a_history_clean_and_the_screen_agrees() -> None:
     backward = 0
     for seed in range(60):
         rng = random.Random(seed)
-        ops = late_acks(_history(seed, interleave=False), rng, rng.randint(1, 40))
+        ops = simulate(
+            rng.randint(60, 500),
+            processes=rng.randint(2, 6),
+            keys=rng.randint(1, 4),
+            seed=seed,
+            txn_rate=rng.choice([0.0, 0.3, 0.8]),
+            info_rate=rng.choice([0.0, 0.05]),
+            fail_rate=rng.choice([0.0, 0.05]),
+            assign_rate=rng.choice([0.0, 0.05]),
+            late_acks=rng.choice([0.2, 0.6, 1.0]),
+        )
         for opts in ({}, {"ww_deps": False}):
             want = _checker(ops, **opts)
             got = screen.screen_ops(ops, **opts)
@@ -419,7 +402,7 @@ def test_cycles_are_sent_to_the_checker() -> None:
     cyclic = 0
     for seed in range(80):
         rng = random.Random(seed)
-        ops = late_acks(_history(seed, interleave=False), rng, 10)
+        ops = simulate(300, processes=4, keys=3, seed=seed, txn_rate=0.3, late_acks=0.3)
         cross_reads(ops, rng, rng.randint(1, 4))
         for opts in ({}, {"ww_deps": False}):
             want = _checker(ops, **opts)

@@ -26,8 +26,8 @@ sysdeps:
 
 $(VENV)/.installed: pyproject.toml setup.py
 	@test -x $(PY) || python3 -m venv $(VENV)
-	@$(PIP) install -q -U pip "setuptools>=77" >/dev/null
-	@$(PIP) install -q -e '.[dev]' > $(VENV)/install.log 2>&1 || { cat $(VENV)/install.log; exit 1; }
+	@$(PIP) install -q -U pip "setuptools>=77" > $(VENV)/install.log 2>&1 || { cat $(VENV)/install.log; exit 1; }
+	@$(PIP) install -q -e '.[dev]' >> $(VENV)/install.log 2>&1 || { cat $(VENV)/install.log; exit 1; }
 	@touch $@
 
 venv: $(VENV)/.installed

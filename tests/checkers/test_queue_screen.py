@@ -3,9 +3,11 @@
 The screen may send any history to the checker, but a history it calls clean must be
 one the checker finds no anomaly in, with exactly the checker's stats, so that
 `check_queue` gives the same results either way. Checked here on simulated histories
-of a correct log (which it should prove clean), on mutated ones (each mutation models a
-broker bug or an odd but valid shape), on files, and on what it must refuse to read.
-The hand-written anomaly histories of test_queue_anomalies.py are checked both ways too.
+of a correct log (which it should prove clean, late acknowledgements included), on
+mutated ones (each mutation models a broker bug or an odd but valid shape), on histories
+with dependency cycles, on files, on `isrlab check`'s output, and on what it must refuse
+to read. The hand-written anomaly histories of test_queue_anomalies.py are checked both
+ways too.
 """
 
 from __future__ import annotations

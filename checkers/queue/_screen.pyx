@@ -158,6 +158,36 @@ ctypedef IntTable[VInfo] ValMap
 ctypedef IntTable[int64_t] LogMap
 
 
+cdef inline int8_t f_code(object f):
+    """The record kind of an op's f: F_SEND..F_SUBSCRIBE, or -1 for any other f."""
+    if f == "send":
+        return F_SEND
+    if f == "poll":
+        return F_POLL
+    if f == "txn":
+        return F_TXN
+    if f == "assign":
+        return F_ASSIGN
+    if f == "subscribe":
+        return F_SUBSCRIBE
+    return -1
+
+
+cdef inline cbool below_earlier_max(vector[int64_t]* at, vector[int64_t]* top, int64_t pos,
+                                    int64_t inv, int64_t value):
+    """A per-key running maximum over ok completions (`analysis._RunningMax`): record
+    `value`, completed at history position `pos`, and say whether it lies below the
+    maximum among completions before position `inv` (this op's invoke)."""
+    cdef int64_t j
+    if top.empty() or value > top.back():
+        at.push_back(pos)
+        top.push_back(value)
+    elif top.back() > value:
+        j = (lower_bound(at.begin(), at.end(), inv) - at.begin()) - 1
+        return j >= 0 and deref(top)[j] > value
+    return False
+
+
 cdef inline int64_t as_int(object x) except? -1:
     """An exact int within 64 bits (bools and big ints give up)."""
     cdef int overflow = 0
@@ -450,20 +480,12 @@ cdef class Screen:
             self.open_ops[p] = None
             if kind == INFO:
                 self.dead[p] = True
-            if f == "send":
-                fc = F_SEND
-            elif f == "poll":
-                fc = F_POLL
-            elif f == "txn":
-                fc = F_TXN
-            elif f == "assign":
-                fc = F_ASSIGN
-            elif f == "subscribe":
-                fc = F_SUBSCRIBE
-                self.saw_subscribe = True
-            else:
+            fc = f_code(f)
+            if fc < 0:
                 pos += 1
                 continue
+            if fc == F_SUBSCRIBE:
+                self.saw_subscribe = True
             if fc <= F_TXN:
                 producer = op.get(self.k_producer)
                 if producer and not PyDict_CheckExact(producer):
@@ -487,16 +509,10 @@ cdef class Screen:
         for i in range(<int64_t>still_open.size()):
             p = still_open[i].second
             inv_op = <dict>self.open_ops[p]
-            f = inv_op.get(self.k_f)
-            if f == "subscribe":
+            fc = f_code(inv_op.get(self.k_f))
+            if fc == F_SUBSCRIBE:
                 self.saw_subscribe = True
-            if f == "send":
-                fc = F_SEND
-            elif f == "poll":
-                fc = F_POLL
-            elif f == "txn":
-                fc = F_TXN
-            else:
+            if fc < 0 or fc > F_TXN:
                 continue
             self.add_record(fc, INFO, end, self.open_at[p], p, inv_op.get(self.k_value), None, False)
             end += 1
@@ -846,7 +862,7 @@ cdef class Screen:
         cdef Send* s
         cdef Group* g
         cdef int64_t ri, si, gi, pi, nrec = self.recs.size(), n_pids = self.open_at.size()
-        cdef int64_t n_keys = self.keys.size(), i, j, bi, prev_i, first_i, delta, top
+        cdef int64_t n_keys = self.keys.size(), i, j, bi, prev_i, first_i, delta
         cdef int32_t p, k, w
         cdef cbool is_ok, committed
         cdef vector[unordered_map[int32_t, int64_t]] positions = \
@@ -861,7 +877,6 @@ cdef class Screen:
         cdef vector[pair[int32_t, int64_t]] firsts
         cdef unordered_set[int32_t] keep
         cdef unordered_map[int32_t, int64_t].iterator it
-        cdef vector[int64_t].iterator at
         for ri in range(nrec):
             r = &self.recs[ri]
             p = r.pid
@@ -961,27 +976,14 @@ cdef class Screen:
                 if s.off == NONE:
                     continue
                 k = s.key
-                if send_top[k].empty() or s.off > send_top[k].back():
-                    send_pos[k].push_back(r.pos)
-                    send_top[k].push_back(s.off)
-                elif send_top[k].back() > s.off:
-                    at = lower_bound(send_pos[k].begin(), send_pos[k].end(), r.inv)
-                    j = (at - send_pos[k].begin()) - 1
-                    if j >= 0 and send_top[k][j] > s.off:
-                        return "realtime-send-order"
+                if below_earlier_max(&send_pos[k], &send_top[k], r.pos, r.inv, s.off):
+                    return "realtime-send-order"
             # ---- watermarks: no ok op sees a high watermark below one seen before it
             # was invoked. The checker's per-process hw-regression needs no pass of its
             # own: a process's previous op completed before its next was invoked, so
             # every per-process regression is also a real-time one.
             for i in range(r.w0, r.w1):
                 k = self.wms[i].key
-                top = self.wms[i].high
-                if hw_top[k].empty() or top > hw_top[k].back():
-                    hw_pos[k].push_back(r.pos)
-                    hw_top[k].push_back(top)
-                elif hw_top[k].back() > top:
-                    at = lower_bound(hw_pos[k].begin(), hw_pos[k].end(), r.inv)
-                    j = (at - hw_pos[k].begin()) - 1
-                    if j >= 0 and hw_top[k][j] > top:
-                        return "hw-regression"
+                if below_earlier_max(&hw_pos[k], &hw_top[k], r.pos, r.inv, self.wms[i].high):
+                    return "hw-regression"
         return None

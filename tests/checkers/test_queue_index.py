@@ -268,6 +268,15 @@ MORE = [
 ]
 
 
+def mutated(seed: int, interleave: bool, rng: random.Random, times: tuple[int, int]) -> Ops:
+    """A simulated history with `times` (a range) random mutations, mostly from MORE, drawn
+    from `rng`; renumbered."""
+    ops = copy.deepcopy(_history(seed, interleave))
+    for _ in range(rng.randint(*times)):
+        rng.choice(MORE if rng.random() < 0.6 else MUTATIONS)(ops, rng)
+    return _renumber(ops)
+
+
 @pytest.mark.parametrize("interleave", [False, True])
 def test_simulated_histories_match_the_reference(interleave: bool) -> None:
     for seed in range(20):
@@ -279,10 +288,7 @@ def test_mutated_histories_match_the_reference() -> None:
     found: set[str] = set()
     for seed in range(150):
         rng = random.Random(seed)
-        ops = copy.deepcopy(_history(seed, seed % 2 == 1))
-        for _ in range(rng.randint(1, 3)):
-            rng.choice(MORE if rng.random() < 0.6 else MUTATIONS)(ops, rng)
-        _renumber(ops)
+        ops = mutated(seed, seed % 2 == 1, rng, (1, 3))
         for opts in ({}, {"ww_deps": False, "max_examples": 2}):
             try:
                 fast = _check(QueueAnalysis, ops, **opts)

@@ -27,8 +27,8 @@ from checkers.queue._screen import GiveUp, Screen
 from checkers.queue.load import QueueFile
 from checkers.queue.simulate import simulate
 from tests.checkers.hist import H
-from tests.checkers.test_queue_index import MORE
-from tests.checkers.test_queue_load import MUTATIONS, Ops, _history, _renumber
+from tests.checkers.test_queue_index import mutated
+from tests.checkers.test_queue_load import Ops, _history
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -79,10 +79,7 @@ def test_the_screen_never_clears_what_the_checker_flags() -> None:
     reasons: set[str] = set()
     for seed in range(400):
         rng = random.Random(seed)
-        ops = copy.deepcopy(_history(seed, seed % 4 == 3))
-        for _ in range(rng.randint(1, 3)):
-            rng.choice(MORE if rng.random() < 0.6 else MUTATIONS)(ops, rng)
-        _renumber(ops)
+        ops = mutated(seed, seed % 4 == 3, rng, (1, 3))
         for opts in ({}, {"ww_deps": False}):
             got = screen.screen_ops(ops, **opts)
             try:
@@ -258,10 +255,7 @@ def test_what_a_prefix_shows_the_whole_history_shows_too() -> None:
     probed = 0
     for seed in range(300):
         rng = random.Random(seed)
-        ops = copy.deepcopy(_history(seed, seed % 3 == 0))
-        for _ in range(rng.randint(0, 2)):
-            rng.choice(MORE if rng.random() < 0.6 else MUTATIONS)(ops, rng)
-        _renumber(ops)
+        ops = mutated(seed, seed % 3 == 0, rng, (0, 2))
         cut = rng.randint(1, len(ops))
         probe = Screen()
         try:

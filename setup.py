@@ -1,19 +1,35 @@
-"""Builds the compiled part of isrlab: the queue checker's native screen (Cython, C++).
+"""Builds isrlab: its five packages under one ``isrlab`` namespace, and the native screen.
 
-Everything else is in pyproject.toml. `pip install -e .` builds it in place;
-`python setup.py build_ext --inplace` rebuilds it after an edit of the .pyx (`make`
-does this before the tests). Without it the checker runs, slower, in Python alone.
+The top-level folders (broker/, harness/, nemeses/, checkers/, pipeline/) install as
+``isrlab.broker``, ``isrlab.harness``, ... (setuptools' package-dir mapping), so nothing
+collides with other distributions' generic names; this holds for `pip install -e .` and for the
+wheel the harness ships to nodes alike. Everything else is in pyproject.toml.
+
+The compiled part is the queue checker's screen (Cython, C++): `pip install -e .` builds it in
+place; `python setup.py build_ext --inplace` rebuilds it after an edit of the .pyx (`make` does
+this before the tests). Without it the checker runs, slower, in Python alone.
 """
 
-from Cython.Build import cythonize
-from setuptools import Extension, setup
+from pathlib import Path
 
-setup(
-    ext_modules=cythonize(
+from setuptools import Extension, find_packages, setup
+
+ROOT = Path(__file__).resolve().parent
+FOLDERS = ("broker", "harness", "nemeses", "checkers", "pipeline")
+SCREEN = "checkers/queue/_screen.pyx"
+
+
+def _extensions() -> list[Extension]:
+    # The harness's node wheel is built from the .py sources alone: no screen there.
+    if not (ROOT / SCREEN).exists():
+        return []
+    from Cython.Build import cythonize
+
+    return cythonize(
         [
             Extension(
-                "checkers.queue._screen",
-                ["checkers/queue/_screen.pyx"],
+                "isrlab.checkers.queue._screen",
+                [SCREEN],
                 extra_compile_args=["-O2", "-std=c++17"],
                 # No C++ compiler: install anyway, and check in Python alone (slower).
                 optional=True,
@@ -21,4 +37,15 @@ setup(
         ],
         compiler_directives={"language_level": 3},
     )
+
+
+setup(
+    package_dir={f"isrlab.{f}": f for f in FOLDERS if (ROOT / f).is_dir()},
+    packages=[
+        f"isrlab.{f}{'.' + sub if sub else ''}"
+        for f in FOLDERS
+        if (ROOT / f).is_dir()
+        for sub in ["", *find_packages(str(ROOT / f))]
+    ],
+    ext_modules=_extensions(),
 )

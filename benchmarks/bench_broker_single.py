@@ -149,7 +149,7 @@ def _null_broker(port: int, ready: mp.synchronize.Event) -> None:
     from kafka.protocol.metadata import ApiVersionsResponse, MetadataResponse
     from kafka.protocol.producer import ProduceResponse
 
-    from broker.network.codec import api_versions_table, decode_request, encode_response
+    from isrlab.broker.network.codec import api_versions_table, decode_request, encode_response
 
     offsets: dict[tuple[str, int], int] = {}
 
@@ -298,7 +298,7 @@ def broker_run(n: int, size: int) -> tuple[float, float]:
             [
                 sys.executable,
                 "-m",
-                "broker",
+                "isrlab.broker",
                 "start",
                 "-o",
                 f"listeners=PLAINTEXT://127.0.0.1:{port}",

@@ -59,10 +59,10 @@ def _delta(a: tuple[float, float, float, int], b: tuple[float, float, float, int
 
 def measure(step: str, path: Path) -> dict[str, Any]:
     """Run one step in this (fresh) process; its figures, and the verdict if it checked."""
-    from checkers.api import load_for_check
-    from checkers.history import gc_paused, load_history
-    from checkers.queue import check_queue
-    from checkers.queue.load import load_queue, parse_blocks
+    from isrlab.checkers.api import load_for_check
+    from isrlab.checkers.history import gc_paused, load_history
+    from isrlab.checkers.queue import check_queue
+    from isrlab.checkers.queue.load import load_queue, parse_blocks
 
     out: dict[str, Any] = {}
     if step == "dict-load":
@@ -97,7 +97,7 @@ def measure(step: str, path: Path) -> dict[str, Any]:
         out["free"] = _delta(b, _usage())["cpu"]
         out["valid"] = results["valid"]
     if step == "check":  # did the screen prove it clean (the file never loaded)?
-        from checkers.queue.screen import screen_file
+        from isrlab.checkers.queue.screen import screen_file
 
         verdict = screen_file(path)
         out["screen"] = "clean" if verdict.stats is not None else verdict.needs_checker
@@ -144,8 +144,8 @@ def main() -> None:
         print(json.dumps(measure(args.measure[0], Path(args.measure[1]))))
         return
 
-    from checkers.history import write_history
-    from checkers.queue.simulate import simulate
+    from isrlab.checkers.history import write_history
+    from isrlab.checkers.queue.simulate import simulate
 
     gen_s = 0.0
     with tempfile.TemporaryDirectory() as tmp:

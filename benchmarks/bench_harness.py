@@ -52,13 +52,13 @@ def main() -> None:
 
     from confluent_kafka import Producer
 
-    from harness.client import QueueClient
-    from harness.cluster import embedded
-    from harness.db import KafkaDB
-    from harness.generator import QueueWorkload, queue_test
-    from harness.history import HistoryWriter
-    from harness.interpreter import Interpreter
-    from harness.runner import make_test
+    from isrlab.harness.client import QueueClient
+    from isrlab.harness.cluster import embedded
+    from isrlab.harness.db import KafkaDB
+    from isrlab.harness.generator import QueueWorkload, queue_test
+    from isrlab.harness.history import HistoryWriter
+    from isrlab.harness.interpreter import Interpreter
+    from isrlab.harness.runner import make_test
 
     with tempfile.TemporaryDirectory() as d:
         run_dir = Path(d)
@@ -126,7 +126,7 @@ def main() -> None:
             history.close()
             db.teardown()
             db.close()
-        from checkers.history import load_history
+        from isrlab.checkers.history import load_history
 
         ops = load_history(run_dir / "history.jsonl")
         main_ops = [

@@ -34,8 +34,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from checkers.formats import load_edn, load_jepsen_log  # noqa: E402
-from checkers.linear import CAS_REGISTER, KV, KV_UNPARTITIONED, Model, check  # noqa: E402
+from isrlab.checkers.formats import load_edn, load_jepsen_log  # noqa: E402
+from isrlab.checkers.linear import CAS_REGISTER, KV, KV_UNPARTITIONED, Model, check  # noqa: E402
 
 BENCH = ROOT / ".." / "shared" / "bench-data" / "porcupine"
 PORCUPINE_MIRROR = ROOT / ".." / ".mirror" / "anishathalye+porcupine" / "repo"

@@ -36,9 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import orjson
 
-from pipeline.check import check_run
-from pipeline.store import discover_runs
-from pipeline.synthetic import default_grid, write_run
+from isrlab.pipeline.check import check_run
+from isrlab.pipeline.store import discover_runs
+from isrlab.pipeline.synthetic import default_grid, write_run
 
 
 def _write(args: tuple[Path, dict[str, Any], int]) -> Path:
@@ -126,8 +126,8 @@ def baseline(store: Path) -> tuple[float, float, int]:
 def spark_run(store: Path, out: Path, master: str) -> dict[str, float]:
     from pyspark.sql import SparkSession
 
-    from pipeline.analyze import analyze
-    from pipeline.spark import spark_session
+    from isrlab.pipeline.analyze import analyze
+    from isrlab.pipeline.spark import spark_session
 
     active = SparkSession.getActiveSession()
     if active is not None:

@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 from confluent_kafka import Producer  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
-from harness.zookeeper import LocalZooKeeper  # noqa: E402
+from isrlab.harness.zookeeper import LocalZooKeeper  # noqa: E402
 
 
 def free_port(host: str) -> int:
@@ -45,7 +45,7 @@ def start_cluster(base: Path, zk: LocalZooKeeper) -> tuple[list[subprocess.Popen
                 [
                     sys.executable,
                     "-m",
-                    "broker",
+                    "isrlab.broker",
                     "start",
                     "-o",
                     f"broker.id={i}",

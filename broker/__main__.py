@@ -1,3 +1,3 @@
-from broker.cli import main
+from isrlab.broker.cli import main
 
 main()

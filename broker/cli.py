@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from broker.config import BrokerConfig, ConfigError, config_doc_markdown
+from isrlab.broker.config import BrokerConfig, ConfigError, config_doc_markdown
 
 app = typer.Typer(add_completion=False, help="The isrlab reference broker (Kafka wire protocol).")
 
@@ -45,7 +45,7 @@ def start(
         format=f"%(asctime)s %(levelname)s [broker {cfg.broker_id}] %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    from broker.main import run
+    from isrlab.broker.main import run
 
     try:
         asyncio.run(run(cfg))
@@ -63,7 +63,7 @@ def dump_log(
     ] = False,
 ) -> None:
     """Print batches or index entries of segment files, like kafka-dump-log.sh."""
-    from broker.log.dump import dump_files
+    from isrlab.broker.log.dump import dump_files
 
     for f in files:
         if not f.exists():

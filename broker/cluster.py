@@ -24,14 +24,14 @@ from typing import Any
 
 from kazoo.protocol.states import KazooState
 
-from broker.config import BrokerConfig
-from broker.controller_service import ControllerService
-from broker.errors import ErrorCode, KafkaError
-from broker.partition import HostedPartition
-from broker.replication import LeaderAndIsr, TopicPartition, WriteStateZnode
-from broker.server import KafkaServer, PartitionMetadata
-from broker.topics import TopicInfo
-from broker.zk_client import KafkaZkClient
+from isrlab.broker.config import BrokerConfig
+from isrlab.broker.controller_service import ControllerService
+from isrlab.broker.errors import ErrorCode, KafkaError
+from isrlab.broker.partition import HostedPartition
+from isrlab.broker.replication import LeaderAndIsr, TopicPartition, WriteStateZnode
+from isrlab.broker.server import KafkaServer, PartitionMetadata
+from isrlab.broker.topics import TopicInfo
+from isrlab.broker.zk_client import KafkaZkClient
 
 log = logging.getLogger(__name__)
 

@@ -23,15 +23,15 @@ from typing import Any
 
 from kazoo.protocol.states import KazooState
 
-from broker.controller.controller import (
+from isrlab.broker.controller.controller import (
     Controller,
     ControllerAction,
     NotifyBrokers,
     ReadStateZnode,
     WriteAssignmentZnode,
 )
-from broker.replication import LeaderAndIsr, TopicPartition, WriteStateZnode
-from broker.zk_client import KafkaZkClient
+from isrlab.broker.replication import LeaderAndIsr, TopicPartition, WriteStateZnode
+from isrlab.broker.zk_client import KafkaZkClient
 
 log = logging.getLogger(__name__)
 

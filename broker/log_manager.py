@@ -17,9 +17,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from broker.config import BrokerConfig
-from broker.log.checkpoint import OffsetCheckpointFile
-from broker.log.log import Log, LogConfig
+from isrlab.broker.config import BrokerConfig
+from isrlab.broker.log.checkpoint import OffsetCheckpointFile
+from isrlab.broker.log.log import Log, LogConfig
 
 log = logging.getLogger(__name__)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import gc
 
-from broker.config import BrokerConfig
-from broker.server import KafkaServer
+from isrlab.broker.config import BrokerConfig
+from isrlab.broker.server import KafkaServer
 
 
 async def run(config: BrokerConfig) -> None:
@@ -15,7 +15,7 @@ async def run(config: BrokerConfig) -> None:
     gc.set_threshold(50_000, 20, 50)
     server: KafkaServer
     if config["zookeeper.connect"]:
-        from broker.cluster import ClusterKafkaServer
+        from isrlab.broker.cluster import ClusterKafkaServer
 
         server = ClusterKafkaServer(config)
     else:

@@ -22,17 +22,21 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from broker.errors import ErrorCode
-from broker.log.errors import (
+from isrlab.broker.errors import ErrorCode
+from isrlab.broker.log.errors import (
     InvalidRecordError,
     KafkaStorageError,
     LogError,
     OffsetOutOfRangeError,
 )
-from broker.log.log import FetchDataInfo, Log
-from broker.log.producer_state import DuplicateBatch, ProducerStateError, ProducerStateManager
-from broker.log.record_batch import iter_batches, validate
-from broker.replication import (
+from isrlab.broker.log.log import FetchDataInfo, Log
+from isrlab.broker.log.producer_state import (
+    DuplicateBatch,
+    ProducerStateError,
+    ProducerStateManager,
+)
+from isrlab.broker.log.record_batch import iter_batches, validate
+from isrlab.broker.replication import (
     Action,
     FetchResponse,
     LeaderAndIsr,
@@ -369,7 +373,7 @@ class HostedPartition:
     def on_fetch_response(
         self, request_id: int, error: int, records: bytes, hw: int, log_start: int, leo: int
     ) -> None:
-        from broker.replication import ErrorCode as ReplError
+        from isrlab.broker.replication import ErrorCode as ReplError
 
         try:
             err = ReplError(error)
@@ -390,7 +394,7 @@ class HostedPartition:
     def on_offsets_for_leader_epoch_response(
         self, request_id: int, error: int, leader_epoch: int, end_offset: int
     ) -> None:
-        from broker.replication import ErrorCode as ReplError
+        from isrlab.broker.replication import ErrorCode as ReplError
 
         try:
             err = ReplError(error)

@@ -24,13 +24,13 @@ from typing import Any, Protocol
 
 from kafka.protocol.consumer import FetchRequest, ListOffsetsRequest, OffsetForLeaderEpochRequest
 
-from broker.errors import ErrorCode, KafkaError
-from broker.log.checkpoint import OffsetCheckpointFile
-from broker.log.errors import KafkaStorageError
-from broker.log.log import Log
-from broker.network.client import ConnectionFailed, KafkaConnection
-from broker.partition import AppendResult, HostedPartition, ReadResult
-from broker.replication import (
+from isrlab.broker.errors import ErrorCode, KafkaError
+from isrlab.broker.log.checkpoint import OffsetCheckpointFile
+from isrlab.broker.log.errors import KafkaStorageError
+from isrlab.broker.log.log import Log
+from isrlab.broker.network.client import ConnectionFailed, KafkaConnection
+from isrlab.broker.partition import AppendResult, HostedPartition, ReadResult
+from isrlab.broker.replication import (
     LeaderAndIsr,
     ReplicationConfig,
     SendFetch,

@@ -20,20 +20,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from broker.apis.admin import handle_create_topics, handle_delete_topics, handle_init_producer_id
-from broker.apis.fetch import handle_fetch
-from broker.apis.metadata import handle_api_versions, handle_metadata
-from broker.apis.offsets import handle_list_offsets, handle_offset_for_leader_epoch
-from broker.apis.produce import handle_produce
-from broker.config import BrokerConfig, parse_topic_configs
-from broker.errors import ErrorCode, KafkaError
-from broker.log_manager import LogManager
-from broker.network.codec import FileRegion, Request
-from broker.network.server import Connection, SocketServer
-from broker.partition import AppendResult, HostedPartition, ReadResult
-from broker.replica_manager import LocalStateStore, ReplicaManager, StateStore
-from broker.replication import LeaderAndIsr, ReplicationConfig, TruncationMode
-from broker.topics import LocalTopicStore, TopicInfo, assign_replicas
+from isrlab.broker.apis.admin import (
+    handle_create_topics,
+    handle_delete_topics,
+    handle_init_producer_id,
+)
+from isrlab.broker.apis.fetch import handle_fetch
+from isrlab.broker.apis.metadata import handle_api_versions, handle_metadata
+from isrlab.broker.apis.offsets import handle_list_offsets, handle_offset_for_leader_epoch
+from isrlab.broker.apis.produce import handle_produce
+from isrlab.broker.config import BrokerConfig, parse_topic_configs
+from isrlab.broker.errors import ErrorCode, KafkaError
+from isrlab.broker.log_manager import LogManager
+from isrlab.broker.network.codec import FileRegion, Request
+from isrlab.broker.network.server import Connection, SocketServer
+from isrlab.broker.partition import AppendResult, HostedPartition, ReadResult
+from isrlab.broker.replica_manager import LocalStateStore, ReplicaManager, StateStore
+from isrlab.broker.replication import LeaderAndIsr, ReplicationConfig, TruncationMode
+from isrlab.broker.topics import LocalTopicStore, TopicInfo, assign_replicas
 
 log = logging.getLogger(__name__)
 

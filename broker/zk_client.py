@@ -27,8 +27,8 @@ from typing import Any
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
-from broker.replication import LeaderAndIsr, TopicPartition, WriteStateZnode
-from broker.topics import TopicInfo
+from isrlab.broker.replication import LeaderAndIsr, TopicPartition, WriteStateZnode
+from isrlab.broker.topics import TopicInfo
 
 PRODUCER_ID_BLOCK = 1000
 

@@ -21,10 +21,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from checkers.history import HistoryError, load_history, validate
+from isrlab.checkers.history import HistoryError, load_history, validate
 
 if TYPE_CHECKING:
-    from checkers.queue.load import QueueFile, QueueHistory
+    from isrlab.checkers.queue.load import QueueFile, QueueHistory
 
 __all__ = ["FORMATS", "WORKLOADS", "check", "load", "load_for_check", "policy_from_test"]
 
@@ -38,7 +38,7 @@ def load(path: Path, fmt: str = "jsonl") -> list[dict[str, Any]]:
     if fmt == "jsonl":
         return load_history(Path(path))
     if fmt in ("edn", "jepsen-log"):
-        from checkers import formats
+        from isrlab.checkers import formats
 
         reader = formats.load_edn if fmt == "edn" else formats.load_jepsen_log
         try:
@@ -62,7 +62,7 @@ def load_for_check(
     checker must run. Anything else gets `load`. Errors are `load`'s.
     """
     if workload == "queue" and fmt == "jsonl" and Path(path).is_file():
-        from checkers.queue.load import QueueFile
+        from isrlab.checkers.queue.load import QueueFile
 
         return QueueFile(Path(path))
     return load(path, fmt)
@@ -77,12 +77,12 @@ def check(
     `QueueHistory` (from `load_for_check`) is loaded as op dicts for them.
     """
     if workload == "queue":
-        from checkers.queue import check_queue
+        from isrlab.checkers.queue import check_queue
 
         return check_queue(ops, **{k: v for k, v in opts.items() if k in QUEUE_OPTS})
     if workload in ("register", "cas-register", "kv"):
-        from checkers.linear.api import check_workload
-        from checkers.queue.load import QueueFile, QueueHistory
+        from isrlab.checkers.linear.api import check_workload
+        from isrlab.checkers.queue.load import QueueFile, QueueHistory
 
         if isinstance(ops, QueueFile):
             ops = ops.load()

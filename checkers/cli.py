@@ -27,8 +27,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from checkers.api import FORMATS, WORKLOADS, check, load_for_check, policy_from_test
-from checkers.history import HistoryError
+from isrlab.checkers.api import FORMATS, WORKLOADS, check, load_for_check, policy_from_test
+from isrlab.checkers.history import HistoryError
 
 __all__ = ["check_command", "exit_code", "find_history"]
 
@@ -170,7 +170,7 @@ def check_command(
             raise _BadInput(f"unknown workload {wl!r}; use one of {', '.join(WORKLOADS)}")
         opts: dict[str, Any] = dict(policy)
         if wl == "queue":
-            from checkers.queue.policy import ALL_TYPES
+            from isrlab.checkers.queue.policy import ALL_TYPES
 
             for flag, value in (("--allow", allow), ("--disallow", disallow)):
                 names = _split(value)
@@ -225,7 +225,7 @@ def check_command(
         err.print(f"[red]error:[/] {escape(str(e))}", soft_wrap=True)
         raise typer.Exit(2) from None
     if write_to is not None:
-        from checkers.render import render_artifacts
+        from isrlab.checkers.render import render_artifacts
 
         write_to.mkdir(parents=True, exist_ok=True)
         (write_to / "results.json").write_bytes(

@@ -26,7 +26,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from checkers.queue.version_order import VersionOrder
+from isrlab.checkers.queue.version_order import VersionOrder
 
 __all__ = ["check_eos"]
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import typer
 
-from checkers.cli import check_command
-from harness.cluster.cli import app as cluster_app
+from isrlab.checkers.cli import check_command
+from isrlab.harness.cluster.cli import app as cluster_app
 
 app = typer.Typer(
     add_completion=False,
@@ -26,17 +26,17 @@ app.add_typer(cluster_app, name="cluster", help="The embedded network-namespace 
 
 def _register_optional() -> None:
     """Commands whose modules may pull heavy dependencies are imported here, once."""
-    from harness import runner
+    from isrlab.harness import runner
 
     app.command("test", help=runner.test_command.__doc__)(runner.test_command)
     app.command("demo", help=runner.demo_command.__doc__)(runner.demo_command)
-    from harness import seeds
+    from isrlab.harness import seeds
 
     app.command("seeds", help=seeds.seeds_command.__doc__)(seeds.seeds_command)
-    from harness import serve
+    from isrlab.harness import serve
 
     app.command("serve", help=serve.serve_command.__doc__)(serve.serve_command)
-    from pipeline import cli as pipeline_cli
+    from isrlab.pipeline import cli as pipeline_cli
 
     app.command("matrix", help=pipeline_cli.matrix_command.__doc__)(pipeline_cli.matrix_command)
     app.command("analyze", help=pipeline_cli.analyze_command.__doc__)(pipeline_cli.analyze_command)

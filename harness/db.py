@@ -81,8 +81,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness import zookeeper
-from harness.control import (
+from isrlab.harness import zookeeper
+from isrlab.harness.control import (
     ConnectionPool,
     ControlError,
     Inventory,
@@ -94,7 +94,7 @@ from harness.control import (
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("broker", "harness", "nemeses", "checkers", "pipeline")
-# what `python -m broker start` imports on a node; pins come from pyproject.toml
+# what `python -m isrlab.broker start` imports on a node; pins come from pyproject.toml
 NODE_REQUIREMENTS = ("kafka-python", "crc32c", "kazoo", "typer", "rich", "orjson")
 SOURCE_SUFFIXES = (".py", ".html", ".j2", ".css", ".js")
 CLOCK_SHIM = PROJECT_ROOT / "nemeses" / "clockshim.py"
@@ -167,7 +167,7 @@ def cache_dir() -> Path:
 
 
 def _source_files(root: Path) -> list[Path]:
-    out = [root / "pyproject.toml"]
+    out = [root / "pyproject.toml", *[p for p in [root / "setup.py"] if p.exists()]]
     for pkg in PACKAGES:
         base = root / pkg
         if base.is_dir():
@@ -431,7 +431,7 @@ rm -rf {venv}
 {python} -m venv --without-pip {venv}
 {pip} install --no-index --find-links {house} {reqs}
 {pip} install --no-index --no-deps {house}/{project}
-{venv}/bin/python -c 'import broker.cli'
+{venv}/bin/python -c 'import isrlab.broker.cli'
 echo {wh.deps_key} > {deps_marker}
 """,
             timeout=600,
@@ -727,7 +727,7 @@ echo {wh.deps_key} > {deps_marker}
     def _admin_for(self, nodes: Iterable[str] | None = None) -> Any:
         from confluent_kafka.admin import AdminClient
 
-        from harness.client import LIBRDKAFKA_LOG
+        from isrlab.harness.client import LIBRDKAFKA_LOG
 
         # librdkafka's own lines (refused connections while brokers restart) go to logging at
         # DEBUG, not straight to stderr between the progress lines.

@@ -36,8 +36,8 @@ import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from harness.generator import Context, Generator, Pending
-from harness.history import HistoryWriter
+from isrlab.harness.generator import Context, Generator, Pending
+from isrlab.harness.history import HistoryWriter
 
 __all__ = ["Client", "Interpreter", "NemesisLike"]
 

@@ -27,7 +27,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from checkers.history import load_history
+from isrlab.checkers.history import load_history
 
 NS = 1e9
 COLORS = {"ok": "#2a9d4b", "fail": "#d1495b", "info": "#edae49"}

@@ -40,7 +40,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from harness.generator import Context, Pending, QueueWorkload, queue_test
+from isrlab.harness.generator import Context, Pending, QueueWorkload, queue_test
 
 console = Console(stderr=True)
 
@@ -131,7 +131,7 @@ class ScheduleGenerator:
 
     @classmethod
     def for_test(cls, test: Mapping[str, Any]) -> ScheduleGenerator:
-        import nemeses
+        from isrlab import nemeses
 
         return cls(
             [
@@ -183,7 +183,7 @@ class ScheduleGenerator:
 @contextlib.contextmanager
 def node_inventory(test: dict[str, Any]) -> Iterator[Any]:
     """The nodes to run on: given hosts, or the embedded cluster (brought up if needed)."""
-    from harness.control import load_inventory
+    from isrlab.harness.control import load_inventory
 
     if test.get("nodes") or test.get("nodes_file"):
         try:
@@ -192,7 +192,7 @@ def node_inventory(test: dict[str, Any]) -> Iterator[Any]:
             raise SetupError(f"bad --nodes/--nodes-file: {e}") from None
         yield inv
         return
-    from harness.cluster import embedded
+    from isrlab.harness.cluster import embedded
 
     try:
         cm = embedded.embedded_cluster(
@@ -245,15 +245,15 @@ def _raise_fd_limit() -> None:
 def run_test(test: dict[str, Any], progress: bool = True) -> tuple[Path, dict[str, Any]]:
     """Run one test; returns (run dir, results). Raises SetupError when it cannot start."""
     _raise_fd_limit()
-    import nemeses
-    from checkers.api import check, policy_from_test
-    from checkers.history import load_history
-    from checkers.render import render_artifacts
-    from harness.client import QueueClient
-    from harness.db import KafkaDB
-    from harness.history import HistoryWriter
-    from harness.interpreter import Interpreter
-    from harness.report import render_report
+    from isrlab import nemeses
+    from isrlab.checkers.api import check, policy_from_test
+    from isrlab.checkers.history import load_history
+    from isrlab.checkers.render import render_artifacts
+    from isrlab.harness.client import QueueClient
+    from isrlab.harness.db import KafkaDB
+    from isrlab.harness.history import HistoryWriter
+    from isrlab.harness.interpreter import Interpreter
+    from isrlab.harness.report import render_report
 
     store = Path(test["store"])
     run_dir = new_run_dir(store, test["name"])

@@ -30,7 +30,7 @@ from typing import Annotated, Any
 
 import typer
 
-from harness.runner import SetupError, console, make_test, new_run_dir, node_inventory
+from isrlab.harness.runner import SetupError, console, make_test, new_run_dir, node_inventory
 
 TOPIC = "seeds"
 
@@ -73,7 +73,7 @@ def _producer_loop(
 def measure(
     db: Any, run_dir: Path, lag_ms: int, rate: float = 300.0, before_s: float = 6.0
 ) -> dict[str, Any]:
-    from nemeses.partition import PartitionFault
+    from isrlab.nemeses.partition import PartitionFault
 
     md = db.metadata(topic=TOPIC)
     part = md.topics[TOPIC].partitions[0]
@@ -211,7 +211,7 @@ def render(r: dict[str, Any]) -> str:
 def run_seeds(
     store: Path, lag_ms: int = 10000, cluster_name: str = "default", keep_cluster: bool = False
 ) -> tuple[Path, dict[str, Any]]:
-    from harness.db import KafkaDB
+    from isrlab.harness.db import KafkaDB
 
     test = make_test(
         {

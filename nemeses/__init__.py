@@ -18,8 +18,8 @@ Use from a runner::
             nem.invoke(op)
 """
 
-from nemeses.base import TARGETS, NemesisError
-from nemeses.compose import (
+from isrlab.nemeses.base import TARGETS, NemesisError
+from isrlab.nemeses.compose import (
     KINDS,
     Nemesis,
     build,
@@ -29,8 +29,8 @@ from nemeses.compose import (
     parse_kinds,
     schedule,
 )
-from nemeses.packet import PacketFaultsUnavailable
-from nemeses.partition import SHAPES, grudge
+from isrlab.nemeses.packet import PacketFaultsUnavailable
+from isrlab.nemeses.partition import SHAPES, grudge
 
 __all__ = [
     "KINDS",

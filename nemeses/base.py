@@ -18,7 +18,7 @@ import random
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from harness.control import Remote
+from isrlab.harness.control import Remote
 
 TARGETS: tuple[str, ...] = ("one", "minority", "majority", "all", "leader", "controller")
 

@@ -28,7 +28,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from nemeses.base import ClusterDB, NemesisError, resolve_targets
+from isrlab.nemeses.base import ClusterDB, NemesisError, resolve_targets
 
 DEFAULT_MAX_SKEW_MS = 60_000
 

@@ -29,11 +29,11 @@ import random
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from nemeses.base import TARGETS, ClusterDB, Fault, NemesisError, default_key
-from nemeses.clock import ClockFault
-from nemeses.packet import PacketFault, check_available
-from nemeses.partition import SHAPES, PartitionFault
-from nemeses.process import KillFault, PauseFault
+from isrlab.nemeses.base import TARGETS, ClusterDB, Fault, NemesisError, default_key
+from isrlab.nemeses.clock import ClockFault
+from isrlab.nemeses.packet import PacketFault, check_available
+from isrlab.nemeses.partition import SHAPES, PartitionFault
+from isrlab.nemeses.process import KillFault, PauseFault
 
 KINDS: tuple[str, ...] = ("partition", "partition-iptables", "pause", "kill", "clock", "packet")
 

@@ -20,8 +20,8 @@ import shlex
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from harness.control import Remote
-from nemeses.base import ClusterDB, NemesisError, resolve_targets
+from isrlab.harness.control import Remote
+from isrlab.nemeses.base import ClusterDB, NemesisError, resolve_targets
 
 DEFAULT_BEHAVIOUR: dict[str, str] = {"delay": "50ms", "jitter": "10ms"}
 KNOWN = ("delay", "jitter", "loss", "duplicate", "reorder", "corrupt", "rate")

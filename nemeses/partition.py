@@ -39,8 +39,8 @@ import shlex
 from collections.abc import Sequence
 from typing import Any
 
-from harness.control import Remote
-from nemeses.base import ClusterDB, NemesisError, leader_node
+from isrlab.harness.control import Remote
+from isrlab.nemeses.base import ClusterDB, NemesisError, leader_node
 
 SHAPES: tuple[str, ...] = ("isolate-one", "isolate-leader", "halves", "majorities-ring", "bridge")
 METHODS: tuple[str, ...] = ("route", "iptables")

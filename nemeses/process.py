@@ -16,7 +16,7 @@ import random
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from nemeses.base import ClusterDB, resolve_targets
+from isrlab.nemeses.base import ClusterDB, resolve_targets
 
 
 def _each(names: list[str], fn: Any) -> list[Any]:

@@ -20,8 +20,8 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from checkers.queue.policy import DEFAULT_ALLOWED
-from pipeline.store import CONFIG_COLUMNS
+from isrlab.checkers.queue.policy import DEFAULT_ALLOWED
+from isrlab.pipeline.store import CONFIG_COLUMNS
 
 __all__ = ["PER", "Z95", "config_key", "rate_interval", "summarize"]
 

@@ -39,12 +39,12 @@ import orjson
 import pyarrow as pa
 from rich.console import Console
 
-from checkers.queue.policy import DEFAULT_ALLOWED
-from pipeline.aggregate import summarize
-from pipeline.check import RESULTS_DDL, check_run, results_table
-from pipeline.ingest import RUNS_DDL, RUNS_SCHEMA, records_of, run_row
-from pipeline.spark import StageProgress, spark_session
-from pipeline.store import CONFIG_COLUMNS, discover_runs
+from isrlab.checkers.queue.policy import DEFAULT_ALLOWED
+from isrlab.pipeline.aggregate import summarize
+from isrlab.pipeline.check import RESULTS_DDL, check_run, results_table
+from isrlab.pipeline.ingest import RUNS_DDL, RUNS_SCHEMA, records_of, run_row
+from isrlab.pipeline.spark import StageProgress, spark_session
+from isrlab.pipeline.store import CONFIG_COLUMNS, discover_runs
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -239,7 +239,7 @@ def analyze(
         seconds=seconds,
     )
     if report:
-        from pipeline.report import write_report
+        from isrlab.pipeline.report import write_report
 
         t = time.perf_counter()
         write_report(analysis)

@@ -26,8 +26,8 @@ from typing import Any
 import orjson
 import pyarrow as pa
 
-from checkers.api import WORKLOADS, check, policy_from_test
-from checkers.history import HistoryError, load_history
+from isrlab.checkers.api import WORKLOADS, check, policy_from_test
+from isrlab.checkers.history import HistoryError, load_history
 
 __all__ = ["RESULTS_DDL", "RESULTS_SCHEMA", "acked_writes", "check_run", "results_table"]
 

@@ -66,7 +66,7 @@ def matrix_command(
     dry_run: Annotated[bool, typer.Option(help="list the cells and exit")] = False,
 ) -> None:
     """Run acks x fault x switches x repeats into STORE; finished cells are skipped."""
-    from pipeline.matrix import (
+    from isrlab.pipeline.matrix import (
         HISTORIC_SWITCHES,
         base_test,
         grid,
@@ -109,7 +109,7 @@ def matrix_command(
             console.print(t["name"], highlight=False)
         console.print(f"{len(tests)} cells")
         return
-    from pipeline.matrix import run_matrix
+    from isrlab.pipeline.matrix import run_matrix
 
     try:
         summary = run_matrix(tests, store, console=console)
@@ -129,13 +129,13 @@ def analyze_command(
     ] = None,
 ) -> None:
     """Ingest, check and aggregate every run of STORE on Spark; publish index.html."""
-    from pipeline.spark import SparkUnavailable
-    from pipeline.store import StoreError
+    from isrlab.pipeline.spark import SparkUnavailable
+    from isrlab.pipeline.store import StoreError
 
     err = Console(stderr=True)
     out_dir = out if out is not None else Path(store) / "analysis"
     try:
-        from pipeline.analyze import analyze
+        from isrlab.pipeline.analyze import analyze
 
         analysis = analyze(Path(store), out_dir, master, console=err)
     except (StoreError, SparkUnavailable) as e:

@@ -28,7 +28,7 @@ from typing import Any
 import orjson
 import pyarrow as pa
 
-from pipeline.store import Run, config_of
+from isrlab.pipeline.store import Run, config_of
 
 __all__ = [
     "RECORDS_DDL",

@@ -31,7 +31,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from pipeline.store import COMBINED_KINDS, config_name
+from isrlab.pipeline.store import COMBINED_KINDS, config_name
 
 __all__ = [
     "ACKS",
@@ -241,7 +241,7 @@ def _verdict(run_dir: Path | None) -> tuple[str, str]:
         return "unknown", f"no readable results.json ({e})"
     valid = results.get("valid") if isinstance(results, dict) else None
     types = ", ".join(results.get("anomaly_types") or []) if isinstance(results, dict) else ""
-    from harness.runner import idle_warning
+    from isrlab.harness.runner import idle_warning
 
     if isinstance(results, dict) and idle_warning(results):
         types = (types + "; " if types else "") + "NOTHING acknowledged or read"
@@ -255,11 +255,11 @@ class HarnessRunner:
 
     def __init__(self) -> None:
         try:
-            from harness import runner
+            from isrlab.harness import runner
         except ImportError as e:
             raise RuntimeError(
                 f"the harness's runner is not available ({e}); `isrlab matrix` needs "
-                "harness.runner.run_test"
+                "isrlab.harness.runner.run_test"
             ) from None
         self._runner = runner
         self._cluster: str | None = None
@@ -273,7 +273,7 @@ class HarnessRunner:
 
     def close(self) -> None:
         if self._cluster is not None:
-            from harness.cluster import embedded
+            from isrlab.harness.cluster import embedded
 
             embedded.down(self._cluster)
             self._cluster = None

@@ -27,11 +27,11 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
-from pipeline.aggregate import rate_interval
-from pipeline.store import DEFAULTS, SWITCHES
+from isrlab.pipeline.aggregate import rate_interval
+from isrlab.pipeline.store import DEFAULTS, SWITCHES
 
 if TYPE_CHECKING:
-    from pipeline.analyze import Analysis
+    from isrlab.pipeline.analyze import Analysis
 
 __all__ = ["ACKS_ORDER", "NEMESIS_ORDER", "switch_tables", "write_report"]
 
@@ -181,7 +181,7 @@ def _fmt(x: float | None, digits: int = 1) -> str:
 
 
 def _write_csv(analysis: Analysis, path: Path) -> None:
-    from pipeline.store import CONFIG_COLUMNS
+    from isrlab.pipeline.store import CONFIG_COLUMNS
 
     types = sorted({t for c in analysis.configs for t in c["anomalies"]})
     head = [

@@ -18,16 +18,16 @@ from rich.console import Console
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="pipeline.submit", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="isrlab.pipeline.submit", description=__doc__.splitlines()[0])
     ap.add_argument("store", type=Path, help="store of run directories (shared filesystem)")
     ap.add_argument("--out", type=Path, help="report directory (default: STORE/analysis)")
     args = ap.parse_args(argv)
     err = Console(stderr=True)
     from pyspark.sql import SparkSession
 
-    from pipeline.analyze import analyze
-    from pipeline.spark import SparkUnavailable
-    from pipeline.store import StoreError
+    from isrlab.pipeline.analyze import analyze
+    from isrlab.pipeline.spark import SparkUnavailable
+    from isrlab.pipeline.store import StoreError
 
     spark = SparkSession.builder.appName("isrlab-analyze").getOrCreate()
     try:

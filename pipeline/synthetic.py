@@ -37,8 +37,8 @@ from typing import Any
 
 import orjson
 
-from checkers.history import write_history
-from pipeline.store import COMBINED_KINDS, config_name
+from isrlab.checkers.history import write_history
+from isrlab.pipeline.store import COMBINED_KINDS, config_name
 
 __all__ = [
     "NEMESES",

@@ -17,13 +17,13 @@ from kafka.protocol.admin import (
 )
 from kafka.protocol.producer.transaction import InitProducerIdResponse
 
-from broker.config import ConfigError, parse_topic_configs
-from broker.errors import ErrorCode, KafkaError
-from broker.network.codec import FileRegion, Request, encode_response
-from broker.topics import topic_name_problem
+from isrlab.broker.config import ConfigError, parse_topic_configs
+from isrlab.broker.errors import ErrorCode, KafkaError
+from isrlab.broker.network.codec import FileRegion, Request, encode_response
+from isrlab.broker.topics import topic_name_problem
 
 if TYPE_CHECKING:
-    from broker.server import KafkaServer
+    from isrlab.broker.server import KafkaServer
 
 
 async def handle_create_topics(server: KafkaServer, request: Request) -> list[bytes | FileRegion]:

@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING, Any
 
 from kafka.protocol.consumer import FetchResponse
 
-from broker.errors import ErrorCode
-from broker.network.codec import FileRegion, RecordsPlaceholder, Request, encode_response
-from broker.partition import ReadResult
+from isrlab.broker.errors import ErrorCode
+from isrlab.broker.network.codec import FileRegion, RecordsPlaceholder, Request, encode_response
+from isrlab.broker.partition import ReadResult
 
 if TYPE_CHECKING:
-    from broker.server import KafkaServer
+    from isrlab.broker.server import KafkaServer
 
 
 def _read_all(server: KafkaServer, req: Any, replica_id: int) -> tuple[list[Any], int, bool]:

@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING
 
 from kafka.protocol.metadata import ApiVersionsResponse, MetadataResponse
 
-from broker.errors import ErrorCode
-from broker.network.codec import FileRegion, Request, api_versions_table, encode_response
-from broker.topics import topic_name_problem
+from isrlab.broker.errors import ErrorCode
+from isrlab.broker.network.codec import FileRegion, Request, api_versions_table, encode_response
+from isrlab.broker.topics import topic_name_problem
 
 if TYPE_CHECKING:
-    from broker.server import KafkaServer
+    from isrlab.broker.server import KafkaServer
 
 
 async def handle_api_versions(server: KafkaServer, request: Request) -> list[bytes | FileRegion]:

@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING
 
 from kafka.protocol.consumer import ListOffsetsResponse, OffsetForLeaderEpochResponse
 
-from broker.errors import ErrorCode, KafkaError
-from broker.network.codec import FileRegion, Request, encode_response
+from isrlab.broker.errors import ErrorCode, KafkaError
+from isrlab.broker.network.codec import FileRegion, Request, encode_response
 
 if TYPE_CHECKING:
-    from broker.server import KafkaServer
+    from isrlab.broker.server import KafkaServer
 
 EARLIEST = -2
 LATEST = -1

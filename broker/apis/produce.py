@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 from kafka.protocol.producer import ProduceResponse
 
-from broker.errors import ErrorCode
-from broker.network.codec import FileRegion, Request, encode_response
-from broker.partition import AppendResult
+from isrlab.broker.errors import ErrorCode
+from isrlab.broker.network.codec import FileRegion, Request, encode_response
+from isrlab.broker.partition import AppendResult
 
 if TYPE_CHECKING:
-    from broker.server import KafkaServer
+    from isrlab.broker.server import KafkaServer
 
 log = logging.getLogger(__name__)
 

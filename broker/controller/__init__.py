@@ -4,8 +4,8 @@ See ``broker.controller.controller`` for the decision rules and
 ``broker.controller.assignment`` for how new topics are placed on brokers.
 """
 
-from broker.controller.assignment import assign_replicas_to_brokers
-from broker.controller.controller import (
+from isrlab.broker.controller.assignment import assign_replicas_to_brokers
+from isrlab.broker.controller.controller import (
     Controller,
     ControllerAction,
     NotifyBrokers,

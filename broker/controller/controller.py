@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from broker.controller.assignment import assign_replicas_to_brokers
-from broker.replication.state import (
+from isrlab.broker.controller.assignment import assign_replicas_to_brokers
+from isrlab.broker.replication.state import (
     NO_LEADER,
     LeaderAndIsr,
     TopicPartition,

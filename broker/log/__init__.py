@@ -9,8 +9,8 @@
 - ``dump``: kafka-dump-log style output
 """
 
-from broker.log.checkpoint import OffsetCheckpointFile
-from broker.log.errors import (
+from isrlab.broker.log.checkpoint import OffsetCheckpointFile
+from isrlab.broker.log.errors import (
     CorruptRecordError,
     InvalidRecordError,
     KafkaStorageError,
@@ -20,9 +20,9 @@ from broker.log.errors import (
     RecordTooLargeError,
     UnexpectedAppendOffsetError,
 )
-from broker.log.leader_epoch_checkpoint import LeaderEpochFileCache
-from broker.log.log import AppendOrigin, FetchDataInfo, Log, LogAppendInfo, LogConfig
-from broker.log.segment import FileRegion, LogSegment
+from isrlab.broker.log.leader_epoch_checkpoint import LeaderEpochFileCache
+from isrlab.broker.log.log import AppendOrigin, FetchDataInfo, Log, LogAppendInfo, LogConfig
+from isrlab.broker.log.segment import FileRegion, LogSegment
 
 __all__ = [
     "AppendOrigin",

@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import ClassVar
 
-from broker.log.errors import KafkaStorageError
+from isrlab.broker.log.errors import KafkaStorageError
 
 
 class CorruptIndexError(KafkaStorageError):

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Generic, TypeVar
 
-from broker.log.errors import KafkaStorageError
+from isrlab.broker.log.errors import KafkaStorageError
 
 _log = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
-from broker.log.errors import LogError
-from broker.log.record_batch import (
+from isrlab.broker.log.errors import LogError
+from isrlab.broker.log.record_batch import (
     COMPRESSION_NAMES,
     LOG_APPEND_TIME,
     BatchHeader,

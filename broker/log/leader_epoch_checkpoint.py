@@ -19,7 +19,7 @@ from __future__ import annotations
 import bisect
 from pathlib import Path
 
-from broker.log.checkpoint import CheckpointFile
+from isrlab.broker.log.checkpoint import CheckpointFile
 
 LEADER_EPOCH_CHECKPOINT = "leader-epoch-checkpoint"
 UNDEFINED_EPOCH = -1

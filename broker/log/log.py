@@ -48,8 +48,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from broker.log.abstract_index import CorruptIndexError
-from broker.log.errors import (
+from isrlab.broker.log.abstract_index import CorruptIndexError
+from isrlab.broker.log.errors import (
     InvalidRecordError,
     KafkaStorageError,
     LogError,
@@ -58,9 +58,9 @@ from broker.log.errors import (
     RecordTooLargeError,
     UnexpectedAppendOffsetError,
 )
-from broker.log.leader_epoch_checkpoint import LEADER_EPOCH_CHECKPOINT, LeaderEpochFileCache
-from broker.log.record_batch import NO_TIMESTAMP, BatchHeader, parse_header, stamp, validate
-from broker.log.segment import (
+from isrlab.broker.log.leader_epoch_checkpoint import LEADER_EPOCH_CHECKPOINT, LeaderEpochFileCache
+from isrlab.broker.log.record_batch import NO_TIMESTAMP, BatchHeader, parse_header, stamp, validate
+from isrlab.broker.log.segment import (
     CLEANED_SUFFIX,
     DELETED_SUFFIX,
     INDEX_SUFFIX,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
-from broker.log.abstract_index import AbstractIndex, CorruptIndexError
+from isrlab.broker.log.abstract_index import AbstractIndex, CorruptIndexError
 
 _ENTRY = struct.Struct(">II")
 

@@ -30,7 +30,7 @@ from typing import Any
 
 import crc32c
 
-from broker.log.record_batch import BatchHeader
+from isrlab.broker.log.record_batch import BatchHeader
 
 RETAINED_BATCHES = 5
 INT32_MAX = (1 << 31) - 1

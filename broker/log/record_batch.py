@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 from crc32c import crc32c
 
-from broker.log.errors import CorruptRecordError, InvalidRecordError
+from isrlab.broker.log.errors import CorruptRecordError, InvalidRecordError
 
 #: Anything the header parser reads from: wire buffers, file contents, a mapped segment.
 ByteBuffer = bytes | bytearray | memoryview | mmap.mmap

@@ -24,10 +24,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import BinaryIO
 
-from broker.log.abstract_index import CorruptIndexError
-from broker.log.errors import CorruptRecordError, InvalidRecordError, KafkaStorageError, LogError
-from broker.log.offset_index import OffsetIndex
-from broker.log.record_batch import (
+from isrlab.broker.log.abstract_index import CorruptIndexError
+from isrlab.broker.log.errors import (
+    CorruptRecordError,
+    InvalidRecordError,
+    KafkaStorageError,
+    LogError,
+)
+from isrlab.broker.log.offset_index import OffsetIndex
+from isrlab.broker.log.record_batch import (
     HEADER,
     HEADER_SIZE,
     MIN_BATCH_LENGTH,
@@ -37,7 +42,7 @@ from broker.log.record_batch import (
     check_header,
     iter_batches,
 )
-from broker.log.time_index import TimeIndex
+from isrlab.broker.log.time_index import TimeIndex
 
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"

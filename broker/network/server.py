@@ -20,7 +20,7 @@ from typing import Any
 
 from kafka.protocol.metadata import ApiVersionsResponse
 
-from broker.network.codec import (
+from isrlab.broker.network.codec import (
     FileRegion,
     FrameError,
     Request,

@@ -9,7 +9,7 @@
 - ``config.ReplicationConfig``: min.insync.replicas, replica.lag.time.max.ms, truncation mode.
 """
 
-from broker.replication.actions import (
+from isrlab.broker.replication.actions import (
     CONSUMER_REPLICA_ID,
     Action,
     FetchResponse,
@@ -18,12 +18,12 @@ from broker.replication.actions import (
     SendFetch,
     SendOffsetsForLeaderEpoch,
 )
-from broker.replication.config import ReplicationConfig, TruncationMode
-from broker.replication.errors import ErrorCode
-from broker.replication.partition import ACKS_ALL, FollowerPhase, Partition, Role
-from broker.replication.replica import Replica
-from broker.replication.replica_log import MemoryLog, ReplicaLog
-from broker.replication.state import (
+from isrlab.broker.replication.config import ReplicationConfig, TruncationMode
+from isrlab.broker.replication.errors import ErrorCode
+from isrlab.broker.replication.partition import ACKS_ALL, FollowerPhase, Partition, Role
+from isrlab.broker.replication.replica import Replica
+from isrlab.broker.replication.replica_log import MemoryLog, ReplicaLog
+from isrlab.broker.replication.state import (
     NO_LEADER,
     LeaderAndIsr,
     TopicPartition,

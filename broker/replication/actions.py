@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from broker.replication.errors import ErrorCode
-from broker.replication.state import TopicPartition, WriteStateZnode
+from isrlab.broker.replication.errors import ErrorCode
+from isrlab.broker.replication.state import TopicPartition, WriteStateZnode
 
 CONSUMER_REPLICA_ID = -1
 

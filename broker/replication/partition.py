@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from broker.replication.actions import (
+from isrlab.broker.replication.actions import (
     CONSUMER_REPLICA_ID,
     Action,
     FetchResponse,
@@ -50,11 +50,15 @@ from broker.replication.actions import (
     SendFetch,
     SendOffsetsForLeaderEpoch,
 )
-from broker.replication.config import ReplicationConfig, TruncationMode
-from broker.replication.errors import ErrorCode
-from broker.replication.replica import UNKNOWN_OFFSET, Replica
-from broker.replication.replica_log import UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET, ReplicaLog
-from broker.replication.state import NO_LEADER, LeaderAndIsr, TopicPartition, WriteStateZnode
+from isrlab.broker.replication.config import ReplicationConfig, TruncationMode
+from isrlab.broker.replication.errors import ErrorCode
+from isrlab.broker.replication.replica import UNKNOWN_OFFSET, Replica
+from isrlab.broker.replication.replica_log import (
+    UNDEFINED_EPOCH,
+    UNDEFINED_EPOCH_OFFSET,
+    ReplicaLog,
+)
+from isrlab.broker.replication.state import NO_LEADER, LeaderAndIsr, TopicPartition, WriteStateZnode
 
 ACKS_ALL = -1
 NO_EPOCH_CHECK = -1

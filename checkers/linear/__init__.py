@@ -7,9 +7,14 @@ a :class:`LinearizabilityResult` whose ``verdict`` is ``"ok"``, ``"illegal"`` or
 that into the spec's results dict and writes the HTML visualisation.
 """
 
-from checkers.linear.checker import LinearizabilityResult, PartitionResult, check, check_operations
-from checkers.linear.model import UNKNOWN, Model, Operation
-from checkers.linear.models import CAS_REGISTER, KV, KV_UNPARTITIONED, MODELS, REGISTER
+from isrlab.checkers.linear.checker import (
+    LinearizabilityResult,
+    PartitionResult,
+    check,
+    check_operations,
+)
+from isrlab.checkers.linear.model import UNKNOWN, Model, Operation
+from isrlab.checkers.linear.models import CAS_REGISTER, KV, KV_UNPARTITIONED, MODELS, REGISTER
 
 __all__ = [
     "CAS_REGISTER",

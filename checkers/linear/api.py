@@ -13,10 +13,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from checkers.linear.checker import LinearizabilityResult, PartitionResult, check
-from checkers.linear.html import write_html
-from checkers.linear.model import Model
-from checkers.linear.models import CAS_REGISTER, KV, REGISTER
+from isrlab.checkers.linear.checker import LinearizabilityResult, PartitionResult, check
+from isrlab.checkers.linear.html import write_html
+from isrlab.checkers.linear.model import Model
+from isrlab.checkers.linear.models import CAS_REGISTER, KV, REGISTER
 
 __all__ = ["ANOMALY", "WORKLOADS", "check_workload", "results_dict"]
 

@@ -18,9 +18,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from checkers.linear.model import Model, Operation
-from checkers.linear.operations import operations_from_history
-from checkers.linear.search import SearchOutcome, StateTable, search
+from isrlab.checkers.linear.model import Model, Operation
+from isrlab.checkers.linear.operations import operations_from_history
+from isrlab.checkers.linear.search import SearchOutcome, StateTable, search
 
 __all__ = ["LinearizabilityResult", "PartitionResult", "check", "check_operations"]
 

@@ -19,8 +19,8 @@ from typing import Any
 
 import jinja2
 
-from checkers.linear.checker import LinearizabilityResult, PartitionResult
-from checkers.linear.model import Model, Operation
+from isrlab.checkers.linear.checker import LinearizabilityResult, PartitionResult
+from isrlab.checkers.linear.model import Model, Operation
 
 __all__ = ["render_html", "write_html"]
 

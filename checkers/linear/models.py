@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from checkers.linear.model import UNKNOWN, Model, Operation
+from isrlab.checkers.linear.model import UNKNOWN, Model, Operation
 
 __all__ = [
     "CAS_REGISTER",

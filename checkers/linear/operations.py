@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from checkers.linear.model import INFINITY, UNKNOWN, Model, Operation
+from isrlab.checkers.linear.model import INFINITY, UNKNOWN, Model, Operation
 
 __all__ = ["HistoryError", "operations_from_history"]
 

@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from checkers.linear.model import Model, Operation
+from isrlab.checkers.linear.model import Model, Operation
 
 __all__ = ["SearchOutcome", "StateTable", "search"]
 

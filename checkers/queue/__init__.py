@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from checkers.queue.analysis import QueueAnalysis, check_queue
-from checkers.queue.policy import ALL_TYPES, DEFAULT_ALLOWED, allowed_types
-from checkers.queue.results import merge_results
+from isrlab.checkers.queue.analysis import QueueAnalysis, check_queue
+from isrlab.checkers.queue.policy import ALL_TYPES, DEFAULT_ALLOWED, allowed_types
+from isrlab.checkers.queue.results import merge_results
 
 __all__ = [
     "ALL_TYPES",

@@ -25,15 +25,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from operator import attrgetter, itemgetter
 from typing import Any
 
-from checkers.history import HistoryError, gc_paused
-from checkers.queue.cases import CaseBuilders, fmt
-from checkers.queue.cycles import cycle_anomalies
-from checkers.queue.load import QueueFile, QueueHistory
-from checkers.queue.ops import FAIL, INFO, OK, QueueOp, check_pairs, invoked_sends, parse_ops
-from checkers.queue.policy import allowed_types
-from checkers.queue.results import Anomalies, results_dict
-from checkers.queue.screen import screen_file, screen_ops
-from checkers.queue.version_order import VersionOrder
+from isrlab.checkers.history import HistoryError, gc_paused
+from isrlab.checkers.queue.cases import CaseBuilders, fmt
+from isrlab.checkers.queue.cycles import cycle_anomalies
+from isrlab.checkers.queue.load import QueueFile, QueueHistory
+from isrlab.checkers.queue.ops import FAIL, INFO, OK, QueueOp, check_pairs, invoked_sends, parse_ops
+from isrlab.checkers.queue.policy import allowed_types
+from isrlab.checkers.queue.results import Anomalies, results_dict
+from isrlab.checkers.queue.screen import screen_file, screen_ops
+from isrlab.checkers.queue.version_order import VersionOrder
 
 __all__ = ["QueueAnalysis", "check_queue"]
 
@@ -569,7 +569,7 @@ class QueueAnalysis(CaseBuilders):
         self._truncation_checks()
         cycle_anomalies(self)
         if eos:
-            from checkers.eos import check_eos
+            from isrlab.checkers.eos import check_eos
 
             inputs, outputs = list(eos.get("input", ())), list(eos.get("output", ()))
             out_set = set(outputs)

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from checkers.queue.ops import QueueOp
-from checkers.queue.results import Anomalies
-from checkers.queue.version_order import VersionOrder
+from isrlab.checkers.queue.ops import QueueOp
+from isrlab.checkers.queue.results import Anomalies
+from isrlab.checkers.queue.version_order import VersionOrder
 
 __all__ = ["CaseBuilders", "fmt"]
 

@@ -15,9 +15,9 @@ from collections.abc import Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from checkers.queue.cases import fmt as _fmt
-from checkers.queue.ops import OK, QueueOp
-from checkers.txn_graph import (
+from isrlab.checkers.queue.cases import fmt as _fmt
+from isrlab.checkers.queue.ops import OK, QueueOp
+from isrlab.checkers.txn_graph import (
     PROCESS,
     REALTIME,
     WR,
@@ -29,7 +29,7 @@ from checkers.txn_graph import (
 )
 
 if TYPE_CHECKING:
-    from checkers.queue.analysis import QueueAnalysis
+    from isrlab.checkers.queue.analysis import QueueAnalysis
 
 __all__ = ["cycle_anomalies", "cyclic_ops", "explain_step"]
 

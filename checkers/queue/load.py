@@ -26,8 +26,8 @@ from typing import Any
 
 import orjson
 
-from checkers.history import OP_TYPES, gc_paused, load_history
-from checkers.queue.ops import (
+from isrlab.checkers.history import OP_TYPES, gc_paused, load_history
+from isrlab.checkers.queue.ops import (
     ASSIGN_FS,
     DATA_FS,
     QueueOp,

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from checkers.history import HistoryError
+from isrlab.checkers.history import HistoryError
 
 __all__ = [
     "FAIL",

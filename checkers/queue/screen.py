@@ -32,11 +32,11 @@ from typing import Any
 
 import orjson
 
-from checkers.history import gc_paused
-from checkers.queue.load import parse_blocks
+from isrlab.checkers.history import gc_paused
+from isrlab.checkers.queue.load import parse_blocks
 
 try:
-    from checkers.queue._screen import GiveUp, Screen
+    from isrlab.checkers.queue._screen import GiveUp, Screen
 except ImportError:  # not built: the checker alone
     AVAILABLE = False
 else:

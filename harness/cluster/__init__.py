@@ -8,7 +8,7 @@ without creating anything), ``sshd_stop`` / ``sshd_start`` (a node's listener, f
 ``libfaketime_path()``, ``ClusterError``; the CLI is ``cli.app``.
 """
 
-from harness.cluster.embedded import (
+from isrlab.harness.cluster.embedded import (
     ClusterError,
     ClusterStatus,
     EmbeddedCluster,

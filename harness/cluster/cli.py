@@ -1,7 +1,7 @@
 """``isrlab cluster up|down|status``: the embedded network-namespace cluster from the shell.
 
 ``app`` is a ``typer.Typer`` the top-level CLI mounts as ``cluster``; it also runs on its own
-(``python -m harness.cluster.cli``). Every user-fixable problem (not root, missing package,
+(``python -m isrlab.harness.cluster.cli``). Every user-fixable problem (not root, missing package,
 subnet clash) prints one message and exits with status 1; no tracebacks.
 """
 
@@ -13,8 +13,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from harness.cluster import embedded
-from harness.cluster.embedded import DEFAULT_NAME, ClusterError, ClusterStatus
+from isrlab.harness.cluster import embedded
+from isrlab.harness.cluster.embedded import DEFAULT_NAME, ClusterError, ClusterStatus
 
 app = typer.Typer(
     help="The embedded cluster: N nodes as network namespaces with their own sshd.",

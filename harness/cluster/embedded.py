@@ -60,10 +60,10 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from harness.cluster import network, sshd
-from harness.cluster import state as st
-from harness.cluster.network import ClusterError
-from harness.control import ConnectionPool, Inventory, Node, Remote, SshOptions
+from isrlab.harness.cluster import network, sshd
+from isrlab.harness.cluster import state as st
+from isrlab.harness.cluster.network import ClusterError
+from isrlab.harness.control import ConnectionPool, Inventory, Node, Remote, SshOptions
 
 DEFAULT_NAME = "default"
 DEFAULT_SUBNET = "10.77.0.0/24"

@@ -16,9 +16,9 @@ import signal
 import time
 from pathlib import Path
 
-from harness.cluster import state as st
-from harness.cluster.keys import generate_keypair, known_hosts_lines
-from harness.cluster.network import ClusterError, hosts_file, netns_pids, pid_in_netns, run
+from isrlab.harness.cluster import state as st
+from isrlab.harness.cluster.keys import generate_keypair, known_hosts_lines
+from isrlab.harness.cluster.network import ClusterError, hosts_file, netns_pids, pid_in_netns, run
 
 SSHD = "/usr/sbin/sshd"
 

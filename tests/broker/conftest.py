@@ -48,7 +48,7 @@ class BrokerProcess:
         return f"{self.host}:{self.port}"
 
     def start(self, timeout: float = 20) -> None:
-        args = [sys.executable, "-m", "broker", "start"]
+        args = [sys.executable, "-m", "isrlab.broker", "start"]
         for k, v in self.overrides.items():
             args += ["--override", f"{k}={v}"]
         self.stderr = open(self.stderr_path, "ab")  # noqa: SIM115 - lives as long as the process

@@ -307,7 +307,7 @@ def test_random_and_mutated_requests_never_hurt_the_broker(fuzz_broker, data):
 
 
 def test_after_fuzzing_the_log_is_still_valid(fuzz_broker):
-    from broker.log.record_batch import validate
+    from isrlab.broker.log.record_batch import validate
 
     assert "unexpected error" not in fuzz_broker.log_text()
     data = fetch_all(fuzz_broker.port, "fuzz")

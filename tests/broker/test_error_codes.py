@@ -5,7 +5,7 @@ from __future__ import annotations
 import kafka.errors as ke
 import pytest
 
-from broker.errors import ErrorCode
+from isrlab.broker.errors import ErrorCode
 
 # kafka-python names a few errors differently from org.apache.kafka.common.protocol.Errors.
 ALIASES = {

@@ -251,7 +251,16 @@ def test_dump_log_cli_prints_batches_and_index(broker_factory):
     seg = b.log_dir / "dump-0" / "00000000000000000000.log"
     idx = seg.with_suffix(".index")
     out = subprocess.run(
-        [sys.executable, "-m", "broker", "dump-log", "--files", str(seg), "--files", str(idx)],
+        [
+            sys.executable,
+            "-m",
+            "isrlab.broker",
+            "dump-log",
+            "--files",
+            str(seg),
+            "--files",
+            str(idx),
+        ],
         capture_output=True,
         text=True,
         check=True,
@@ -259,7 +268,7 @@ def test_dump_log_cli_prints_batches_and_index(broker_factory):
     assert "baseOffset: 0" in out and "isvalid: true" in out
     assert "offset:" in out and "position:" in out  # sparse index entries
     bad = subprocess.run(
-        [sys.executable, "-m", "broker", "dump-log", "--files", str(seg) + ".missing"],
+        [sys.executable, "-m", "isrlab.broker", "dump-log", "--files", str(seg) + ".missing"],
         capture_output=True,
         text=True,
     )
@@ -273,7 +282,7 @@ def test_unknown_config_key_is_a_clear_error(tmp_path):
     cfg = tmp_path / "server.properties"
     cfg.write_text("broker.id=1\nlog.retention.hourz=5\n")
     r = subprocess.run(
-        [sys.executable, "-m", "broker", "start", "--config", str(cfg)],
+        [sys.executable, "-m", "isrlab.broker", "start", "--config", str(cfg)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -281,7 +290,7 @@ def test_unknown_config_key_is_a_clear_error(tmp_path):
     assert r.returncode == 2
     assert "log.retention.hourz" in r.stderr and "Traceback" not in r.stderr
     r = subprocess.run(
-        [sys.executable, "-m", "broker", "start", "-o", "num.partitions=zero"],
+        [sys.executable, "-m", "isrlab.broker", "start", "-o", "num.partitions=zero"],
         capture_output=True,
         text=True,
         timeout=60,

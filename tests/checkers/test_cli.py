@@ -12,11 +12,11 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from checkers import api
-from checkers.cli import check_command
-from checkers.history import write_history
-from checkers.queue.simulate import simulate
-from checkers.render import render_artifacts
+from isrlab.checkers import api
+from isrlab.checkers.cli import check_command
+from isrlab.checkers.history import write_history
+from isrlab.checkers.queue.simulate import simulate
+from isrlab.checkers.render import render_artifacts
 from tests.checkers.hist import H
 
 app = typer.Typer()
@@ -151,9 +151,9 @@ def test_api_dispatches_linear_workloads_lazily(monkeypatch: pytest.MonkeyPatch)
         calls.append((workload, timeout_s, out_dir))
         return {"valid": "unknown", "anomaly_types": [], "anomalies": {}, "stats": {}}
 
-    mod = types.ModuleType("checkers.linear.api")
+    mod = types.ModuleType("isrlab.checkers.linear.api")
     mod.check_workload = check_workload  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "checkers.linear.api", mod)
+    monkeypatch.setitem(sys.modules, "isrlab.checkers.linear.api", mod)
     r = api.check([], "cas-register", timeout_s=5, out_dir=None)
     assert r["valid"] == "unknown" and calls == [("cas-register", 5, None)]
     with pytest.raises(ValueError, match="unknown workload"):
@@ -192,13 +192,13 @@ def test_render_without_anomalies_writes_only_summary(tmp_path: Path) -> None:
 def test_timeout_gives_unknown_and_exit_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import time
 
-    import checkers.cli
+    import isrlab.checkers.cli
 
     def slow_check(ops: Any, workload: str, **opts: Any) -> dict[str, Any]:
         time.sleep(5)
         raise AssertionError("the deadline should have fired")
 
-    monkeypatch.setattr(checkers.cli, "check", slow_check)
+    monkeypatch.setattr(isrlab.checkers.cli, "check", slow_check)
     p = tmp_path / "history.jsonl"
     write_history(lossy_history(), p)
     r = run(str(p), "-w", "queue", "--json", "--timeout", "0.2")

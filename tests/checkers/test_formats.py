@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from checkers.formats import FormatError, dump_edn, load_edn, load_jepsen_log
+from isrlab.checkers.formats import FormatError, dump_edn, load_edn, load_jepsen_log
 
 BENCH = Path(__file__).resolve().parents[2] / ".." / "shared" / "bench-data" / "porcupine"
 

@@ -9,8 +9,14 @@ from typing import Any
 import orjson
 import pytest
 
-from checkers.history import HistoryError, iter_history, load_history, validate, write_history
-from checkers.queue.simulate import simulate
+from isrlab.checkers.history import (
+    HistoryError,
+    iter_history,
+    load_history,
+    validate,
+    write_history,
+)
+from isrlab.checkers.queue.simulate import simulate
 
 
 def op(i: int, process: Any, typ: str, f: str = "send", **kw: Any) -> dict[str, Any]:

@@ -14,10 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from checkers.linear import CAS_REGISTER, KV, KV_UNPARTITIONED, REGISTER, Model, check
-from checkers.linear.api import check_workload
-from checkers.linear.model import INFINITY, Operation
-from checkers.linear.operations import HistoryError, operations_from_history
+from isrlab.checkers.linear import CAS_REGISTER, KV, KV_UNPARTITIONED, REGISTER, Model, check
+from isrlab.checkers.linear.api import check_workload
+from isrlab.checkers.linear.model import INFINITY, Operation
+from isrlab.checkers.linear.operations import HistoryError, operations_from_history
 
 Event = tuple[Any, ...]
 

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from checkers.formats import load_edn, load_jepsen_log
-from checkers.linear import CAS_REGISTER, KV, KV_UNPARTITIONED, check
-from checkers.linear.api import check_workload
+from isrlab.checkers.formats import load_edn, load_jepsen_log
+from isrlab.checkers.linear import CAS_REGISTER, KV, KV_UNPARTITIONED, check
+from isrlab.checkers.linear.api import check_workload
 
 BENCH = Path(__file__).resolve().parents[2] / ".." / "shared" / "bench-data" / "porcupine"
 

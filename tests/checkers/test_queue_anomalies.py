@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from checkers.history import validate
-from checkers.queue import check_queue
+from isrlab.checkers.history import validate
+from isrlab.checkers.queue import check_queue
 from tests.checkers.hist import H
 
 

@@ -16,12 +16,18 @@ import networkx as nx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from checkers.queue import check_queue
-from checkers.queue.analysis import QueueAnalysis
-from checkers.queue.cycles import _cyclic_indices, _events, _link_realtime, _region, cyclic_ops
-from checkers.queue.ops import OK
-from checkers.queue.simulate import simulate
-from checkers.txn_graph import realtime_chain
+from isrlab.checkers.queue import check_queue
+from isrlab.checkers.queue.analysis import QueueAnalysis
+from isrlab.checkers.queue.cycles import (
+    _cyclic_indices,
+    _events,
+    _link_realtime,
+    _region,
+    cyclic_ops,
+)
+from isrlab.checkers.queue.ops import OK
+from isrlab.checkers.queue.simulate import simulate
+from isrlab.checkers.txn_graph import realtime_chain
 from tests.checkers.hist import H
 
 

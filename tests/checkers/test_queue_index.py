@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from checkers.queue.analysis import QueueAnalysis, _results
-from checkers.queue.ops import INFO, OK, QueueOp
-from checkers.queue.version_order import VersionOrder
+from isrlab.checkers.queue.analysis import QueueAnalysis, _results
+from isrlab.checkers.queue.ops import INFO, OK, QueueOp
+from isrlab.checkers.queue.version_order import VersionOrder
 from tests.checkers.test_queue_load import MUTATIONS, Ops, _completions, _history, _renumber
 
 
@@ -131,7 +131,7 @@ class ReferenceAnalysis(QueueAnalysis):
 
     @staticmethod
     def _f(x: Any) -> str:
-        from checkers.queue.cases import fmt
+        from isrlab.checkers.queue.cases import fmt
 
         return fmt(x)
 

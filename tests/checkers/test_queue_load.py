@@ -20,12 +20,12 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from checkers import api, cli
-from checkers.cli import check_command
-from checkers.history import HistoryError, load_history, write_history
-from checkers.queue import check_queue
-from checkers.queue.load import QueueHistory, load_queue
-from checkers.queue.simulate import eos_keys, simulate
+from isrlab.checkers import api, cli
+from isrlab.checkers.cli import check_command
+from isrlab.checkers.history import HistoryError, load_history, write_history
+from isrlab.checkers.queue import check_queue
+from isrlab.checkers.queue.load import QueueHistory, load_queue
+from isrlab.checkers.queue.simulate import eos_keys, simulate
 
 Ops = list[dict[str, Any]]
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from checkers.queue import check_queue, keys_of, merge_results, project_key
+from isrlab.checkers.queue import check_queue, keys_of, merge_results, project_key
 from tests.checkers.hist import H
 
 

@@ -14,9 +14,9 @@ from typing import Any
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from checkers.history import validate
-from checkers.queue import check_queue, keys_of, merge_results, project_key
-from checkers.queue.simulate import eos_keys, simulate
+from isrlab.checkers.history import validate
+from isrlab.checkers.queue import check_queue, keys_of, merge_results, project_key
+from isrlab.checkers.queue.simulate import eos_keys, simulate
 
 shapes = st.fixed_dictionaries(
     {

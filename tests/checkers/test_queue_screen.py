@@ -20,12 +20,12 @@ from typing import Any
 import orjson
 import pytest
 
-from checkers.api import load_for_check
-from checkers.history import validate, write_history
-from checkers.queue import check_queue, screen
-from checkers.queue._screen import GiveUp, Screen
-from checkers.queue.load import QueueFile
-from checkers.queue.simulate import simulate
+from isrlab.checkers.api import load_for_check
+from isrlab.checkers.history import validate, write_history
+from isrlab.checkers.queue import check_queue, screen
+from isrlab.checkers.queue._screen import GiveUp, Screen
+from isrlab.checkers.queue.load import QueueFile
+from isrlab.checkers.queue.simulate import simulate
 from tests.checkers.hist import H
 from tests.checkers.test_queue_index import mutated
 from tests.checkers.test_queue_load import Ops, _history
@@ -290,7 +290,7 @@ def test_isrlab_check_prints_and_writes_the_same_bytes_either_way(
     code, results.json and summary.txt, byte for byte."""
     from typer.testing import CliRunner
 
-    from checkers.queue import analysis
+    from isrlab.checkers.queue import analysis
     from tests.checkers.test_queue_load import app
 
     ops = simulate(600, processes=4, keys=3, seed=11, assign_rate=0.05)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from checkers.txn_graph import (
+from isrlab.checkers.txn_graph import (
     PROCESS,
     REALTIME,
     WR,
@@ -114,7 +114,7 @@ def test_strong_components_matches_networkx() -> None:
 
     import networkx as nx
 
-    from checkers.txn_graph import strong_components
+    from isrlab.checkers.txn_graph import strong_components
 
     rng = random.Random(7)
     for _ in range(30):
@@ -136,7 +136,7 @@ def test_scc_lists_match_networkx_including_order() -> None:
 
     import networkx as nx
 
-    from checkers.txn_graph import scc_lists
+    from isrlab.checkers.txn_graph import scc_lists
 
     rng = random.Random(5)
     for t in range(600):

@@ -14,12 +14,12 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from kafka.record.default_records import DefaultRecordBatch
 
-from broker.log.checkpoint import REPLICATION_CHECKPOINT, OffsetCheckpointFile
-from broker.log.errors import LogError
-from broker.log.log import CLEAN_SHUTDOWN_FILE
-from broker.log.record_batch import BatchHeader, check_crc, iter_batches
-from broker.log.segment import LOG_SUFFIX
-from harness.zookeeper import LocalZooKeeper, ZooKeeperMissing, check_installed
+from isrlab.broker.log.checkpoint import REPLICATION_CHECKPOINT, OffsetCheckpointFile
+from isrlab.broker.log.errors import LogError
+from isrlab.broker.log.log import CLEAN_SHUTDOWN_FILE
+from isrlab.broker.log.record_batch import BatchHeader, check_crc, iter_batches
+from isrlab.broker.log.segment import LOG_SUFFIX
+from isrlab.harness.zookeeper import LocalZooKeeper, ZooKeeperMissing, check_installed
 from tests.broker.conftest import BrokerProcess, free_port
 
 

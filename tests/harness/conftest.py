@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.cluster import embedded, sshd
-from harness.cluster import state as st
+from isrlab.harness.cluster import embedded, sshd
+from isrlab.harness.cluster import state as st
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -8,9 +8,9 @@ import os
 import pytest
 from typer.testing import CliRunner
 
-from harness.cluster import embedded, sshd
-from harness.cluster.cli import app
-from harness.cluster.embedded import ClusterError, plan
+from isrlab.harness.cluster import embedded, sshd
+from isrlab.harness.cluster.cli import app
+from isrlab.harness.cluster.embedded import ClusterError, plan
 
 
 def test_default_plan_matches_the_documented_layout() -> None:

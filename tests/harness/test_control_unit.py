@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.control import (
+from isrlab.harness.control import (
     Node,
     NodesError,
     Remote,

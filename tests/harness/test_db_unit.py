@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import db as dbmod
-from harness.control import Inventory, Node, SshOptions
-from harness.db import DBError, KafkaDB, build_hash, node_requirements, parse_key
+from isrlab.harness import db as dbmod
+from isrlab.harness.control import Inventory, Node, SshOptions
+from isrlab.harness.db import DBError, KafkaDB, build_hash, node_requirements, parse_key
 
 
 def inventory(n: int = 5) -> Inventory:

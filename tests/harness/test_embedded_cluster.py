@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from harness.cluster import embedded, embedded_cluster, network, sshd
-from harness.cluster import state as st
-from harness.cluster.cli import app
-from harness.cluster.embedded import EmbeddedCluster
-from harness.control import (
+from isrlab.harness.cluster import embedded, embedded_cluster, network, sshd
+from isrlab.harness.cluster import state as st
+from isrlab.harness.cluster.cli import app
+from isrlab.harness.cluster.embedded import EmbeddedCluster
+from isrlab.harness.control import (
     ConnectionLost,
     ConnectionPool,
     Remote,

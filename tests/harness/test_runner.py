@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from checkers.history import load_history
+from isrlab.checkers.history import load_history
 
 pytestmark = [pytest.mark.root, pytest.mark.integration]
 
@@ -26,13 +26,13 @@ def _root_only():
     if os.geteuid() != 0:
         pytest.skip("the embedded cluster needs root")
     yield
-    from harness.cluster import embedded
+    from isrlab.harness.cluster import embedded
 
     embedded.down(CLUSTER)
 
 
 def short_test(tmp_path: Path, **over: object) -> dict:
-    from harness.runner import make_test
+    from isrlab.harness.runner import make_test
 
     conf = {
         "name": "ci",
@@ -59,7 +59,7 @@ def short_test(tmp_path: Path, **over: object) -> dict:
 
 @pytest.mark.parametrize("kinds", [["partition", "kill", "clock"], ["pause", "partition-iptables"]])
 def test_short_run_per_fault_kind(tmp_path, kinds):
-    from harness.runner import run_test
+    from isrlab.harness.runner import run_test
 
     run_dir, results = run_test(short_test(tmp_path, nemesis=kinds), progress=False)
     for name in ("test.json", "history.jsonl", "results.json", "report.html", "summary.txt"):
@@ -174,7 +174,7 @@ def test_abort_heals_and_leaves_nothing_behind(tmp_path):
 def test_long_runs_find_lost_writes(tmp_path, over):
     """Theory: acks=1 under leader isolation, and unclean election with an ISR of one, lose
     acknowledged writes. A few minutes and a few seeds are enough to see it."""
-    from harness.runner import run_test
+    from isrlab.harness.runner import run_test
 
     found = []
     for seed in (1, 2, 3):

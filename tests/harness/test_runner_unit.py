@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness.generator import Context, Pending
-from harness.runner import ScheduleGenerator, SetupError, make_test
+from isrlab.harness.generator import Context, Pending
+from isrlab.harness.runner import ScheduleGenerator, SetupError, make_test
 
 
 def drive(gen: ScheduleGenerator, n_ops: int) -> list[tuple[int, str]]:
@@ -58,8 +58,8 @@ def test_make_test_validates_and_fills_defaults():
 
 
 def test_a_run_that_acknowledged_and_read_nothing_is_called_out():
-    from checkers.queue import check_queue
-    from harness.runner import idle_warning
+    from isrlab.checkers.queue import check_queue
+    from isrlab.harness.runner import idle_warning
     from tests.checkers.hist import H
 
     dead = H()

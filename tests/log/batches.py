@@ -37,7 +37,7 @@ def make_batch(
 
 def decode_values(data: bytes) -> list[tuple[int, bytes]]:
     """(offset, value) of every record in a buffer of batches."""
-    from broker.log.record_batch import iter_batches
+    from isrlab.broker.log.record_batch import iter_batches
 
     out: list[tuple[int, bytes]] = []
     for header in iter_batches(data):

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.log.log import Log, LogConfig
+from isrlab.broker.log.log import Log, LogConfig
 
 
 class FakeClock:

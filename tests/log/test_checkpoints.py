@@ -2,9 +2,9 @@ from pathlib import Path
 
 import pytest
 
-from broker.log.checkpoint import OffsetCheckpointFile
-from broker.log.errors import KafkaStorageError
-from broker.log.leader_epoch_checkpoint import LeaderEpochFileCache
+from isrlab.broker.log.checkpoint import OffsetCheckpointFile
+from isrlab.broker.log.errors import KafkaStorageError
+from isrlab.broker.log.leader_epoch_checkpoint import LeaderEpochFileCache
 
 
 def test_offset_checkpoint_round_trip_in_kafka_format(tmp_path: Path) -> None:

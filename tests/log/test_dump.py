@@ -1,8 +1,8 @@
 import io
 from collections.abc import Callable
 
-from broker.log.dump import dump_files
-from broker.log.log import Log, LogConfig
+from isrlab.broker.log.dump import dump_files
+from isrlab.broker.log.log import Log, LogConfig
 from tests.log.batches import make_batch
 
 Opener = Callable[..., Log]

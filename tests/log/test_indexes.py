@@ -2,9 +2,9 @@ from pathlib import Path
 
 import pytest
 
-from broker.log.abstract_index import CorruptIndexError
-from broker.log.offset_index import OffsetIndex
-from broker.log.time_index import TimeIndex
+from isrlab.broker.log.abstract_index import CorruptIndexError
+from isrlab.broker.log.offset_index import OffsetIndex
+from isrlab.broker.log.time_index import TimeIndex
 
 
 def test_offset_index_lookup_is_largest_entry_at_or_below(tmp_path: Path) -> None:

@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.log.errors import (
+from isrlab.broker.log.errors import (
     CorruptRecordError,
     InvalidRecordError,
     KafkaStorageError,
@@ -12,8 +12,8 @@ from broker.log.errors import (
     RecordBatchTooLargeError,
     RecordTooLargeError,
 )
-from broker.log.log import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, AppendOrigin, Log, LogConfig
-from broker.log.record_batch import CONTROL_MASK, iter_batches, stamp
+from isrlab.broker.log.log import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, AppendOrigin, Log, LogConfig
+from isrlab.broker.log.record_batch import CONTROL_MASK, iter_batches, stamp
 from tests.log.batches import decode_values, make_batch
 from tests.log.conftest import FakeClock
 
@@ -381,7 +381,7 @@ def test_regions_can_be_sent_with_sendfile(open_log: Opener) -> None:
 
 
 def test_follower_offset_mismatch_carries_the_offsets(open_log: Opener) -> None:
-    from broker.log.errors import UnexpectedAppendOffsetError
+    from isrlab.broker.log.errors import UnexpectedAppendOffsetError
 
     leader = open_log(name="leader-0")
     fill(leader, 3)

@@ -28,9 +28,9 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from broker.log.errors import UnexpectedAppendOffsetError
-from broker.log.log import Log, LogConfig
-from broker.log.record_batch import iter_batches, parse_header, stamp
+from isrlab.broker.log.errors import UnexpectedAppendOffsetError
+from isrlab.broker.log.log import Log, LogConfig
+from isrlab.broker.log.record_batch import iter_batches, parse_header, stamp
 from tests.log.batches import make_batch
 
 CONFIG = LogConfig(

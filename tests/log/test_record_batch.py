@@ -2,8 +2,8 @@ import struct
 
 import pytest
 
-from broker.log.errors import CorruptRecordError, InvalidRecordError
-from broker.log.record_batch import (
+from isrlab.broker.log.errors import CorruptRecordError, InvalidRecordError
+from isrlab.broker.log.record_batch import (
     HEADER_SIZE,
     check_crc,
     iter_batches,

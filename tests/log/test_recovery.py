@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.log.log import CLEAN_SHUTDOWN_FILE, Log, LogConfig
-from broker.log.record_batch import HEADER_SIZE
+from isrlab.broker.log.log import CLEAN_SHUTDOWN_FILE, Log, LogConfig
+from isrlab.broker.log.record_batch import HEADER_SIZE
 from tests.log.batches import decode_values, make_batch
 
 Opener = Callable[..., Log]
@@ -192,7 +192,7 @@ def test_garbage_epoch_checkpoint_is_rebuilt_from_the_batches(open_log: Opener) 
 
 
 def test_failed_open_releases_its_files(open_log: Opener, monkeypatch: pytest.MonkeyPatch) -> None:
-    from broker.log import log as log_module
+    from isrlab.broker.log import log as log_module
 
     log = open_log(CONFIG)
     fill(log, 6)

@@ -1,7 +1,7 @@
 from pathlib import Path
 
-from broker.log.record_batch import BatchHeader, iter_batches, stamp
-from broker.log.segment import LogSegment, log_path
+from isrlab.broker.log.record_batch import BatchHeader, iter_batches, stamp
+from isrlab.broker.log.segment import LogSegment, log_path
 from tests.log.batches import decode_values, make_batch
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.cluster import sshd
+from isrlab.harness.cluster import sshd
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

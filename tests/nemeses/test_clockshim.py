@@ -8,12 +8,12 @@ import sys
 import time
 from pathlib import Path
 
-import nemeses.clockshim as shim
+import isrlab.nemeses.clockshim as shim
 
 PROBE = """
 import sys, time, threading
 sys.path.insert(0, {src!r})
-import nemeses.clockshim  # what isrlab_clockshim.pth does at interpreter start
+import clockshim  # what isrlab_clockshim.pth does at interpreter start (a top-level module on nodes)
 t0, m0 = time.time(), time.monotonic()
 time.sleep(0.05)                      # libfaketime breaks exactly these two
 threading.Event().wait(0.05)
@@ -31,7 +31,7 @@ def test_a_process_with_the_shim_sees_the_offset_and_follows_changes(tmp_path: P
     offset = tmp_path / "offset"
     flag = tmp_path / "started"
     offset.write_text("+3600\n")
-    src = str(Path(shim.__file__).resolve().parent.parent)
+    src = str(Path(shim.__file__).resolve().parent)
     env = {**os.environ, shim.ENV: str(offset)}
     proc = subprocess.Popen(
         [sys.executable, "-c", PROBE.format(src=src, flag=str(flag), offset=str(offset))],

@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-import nemeses
-from harness.cluster import EmbeddedCluster, embedded_cluster
-from harness.db import KafkaDB, build_wheelhouse
-from nemeses.partition import CHAIN
+from isrlab import nemeses
+from isrlab.harness.cluster import EmbeddedCluster, embedded_cluster
+from isrlab.harness.db import KafkaDB, build_wheelhouse
+from isrlab.nemeses.partition import CHAIN
 
 pytestmark = [pytest.mark.root, pytest.mark.integration, pytest.mark.timeout(600)]
 

@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import nemeses
-from nemeses.base import NemesisError, resolve_targets
-from nemeses.packet import netem_args
-from nemeses.partition import grudge
+from isrlab import nemeses
+from isrlab.nemeses.base import NemesisError, resolve_targets
+from isrlab.nemeses.packet import netem_args
+from isrlab.nemeses.partition import grudge
 
 
 def reach(g: dict[str, list[str]], a: str) -> set[str]:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from pipeline.synthetic import make_test, write_store
+from isrlab.pipeline.synthetic import make_test, write_store
 
 SMALL_OPS = 1500
 
@@ -49,7 +49,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     pytest.importorskip("pyspark")
-    from pipeline.spark import spark_session
+    from isrlab.pipeline.spark import spark_session
 
     session = spark_session("local[1]", app_name="isrlab-tests")
     yield session
@@ -58,7 +58,7 @@ def spark() -> Iterator[Any]:
 
 @pytest.fixture(scope="session")
 def analysis(spark: Any, store: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    from pipeline.analyze import analyze
+    from isrlab.pipeline.analyze import analyze
 
     out = tmp_path_factory.mktemp("analysis")
     return analyze(store, out, spark=spark)

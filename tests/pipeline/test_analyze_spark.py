@@ -11,12 +11,12 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 
-from checkers.api import check, policy_from_test
-from checkers.history import load_history
-from checkers.queue.policy import DEFAULT_ALLOWED
-from pipeline.check import RESULTS_SCHEMA, acked_writes
-from pipeline.ingest import RECORDS_SCHEMA, RUNS_SCHEMA, records_of
-from pipeline.store import CONFIG_COLUMNS, config_of
+from isrlab.checkers.api import check, policy_from_test
+from isrlab.checkers.history import load_history
+from isrlab.checkers.queue.policy import DEFAULT_ALLOWED
+from isrlab.pipeline.check import RESULTS_SCHEMA, acked_writes
+from isrlab.pipeline.ingest import RECORDS_SCHEMA, RUNS_SCHEMA, records_of
+from isrlab.pipeline.store import CONFIG_COLUMNS, config_of
 from tests.pipeline.conftest import small_store_tests
 
 # pyspark 4.3 warns that it does not fully support pandas 3 (the pipeline uses Arrow).

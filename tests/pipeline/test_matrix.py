@@ -11,8 +11,8 @@ import typer
 from rich.console import Console
 from typer.testing import CliRunner
 
-from pipeline.cli import analyze_command, matrix_command
-from pipeline.matrix import (
+from isrlab.pipeline.cli import analyze_command, matrix_command
+from isrlab.pipeline.matrix import (
     HISTORIC_SWITCHES,
     base_test,
     finished_run,

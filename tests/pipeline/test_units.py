@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
-from pipeline.aggregate import rate_interval, summarize
-from pipeline.check import check_run
-from pipeline.ingest import records_of
-from pipeline.report import switch_tables
-from pipeline.spark import SparkUnavailable, check_java
-from pipeline.store import StoreError, config_name, config_of, discover_runs
-from pipeline.synthetic import make_test, write_run
+from isrlab.pipeline.aggregate import rate_interval, summarize
+from isrlab.pipeline.check import check_run
+from isrlab.pipeline.ingest import records_of
+from isrlab.pipeline.report import switch_tables
+from isrlab.pipeline.spark import SparkUnavailable, check_java
+from isrlab.pipeline.store import StoreError, config_name, config_of, discover_runs
+from isrlab.pipeline.synthetic import make_test, write_run
 from tests.checkers.hist import H
 
 

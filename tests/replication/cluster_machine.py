@@ -30,7 +30,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from broker.replication import ACKS_ALL, ReplicationConfig, TruncationMode
+from isrlab.broker.replication import ACKS_ALL, ReplicationConfig, TruncationMode
 from tests.replication.cluster_sim import SimCluster
 
 BROKERS = (0, 1, 2)

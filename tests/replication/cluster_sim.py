@@ -16,9 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from broker.controller import Controller, NotifyBrokers, ReadStateZnode, WriteAssignmentZnode
-from broker.controller.controller import ControllerAction
-from broker.replication import (
+from isrlab.broker.controller import Controller, NotifyBrokers, ReadStateZnode, WriteAssignmentZnode
+from isrlab.broker.controller.controller import ControllerAction
+from isrlab.broker.replication import (
     ACKS_ALL,
     Action,
     ErrorCode,

@@ -5,15 +5,15 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from broker.controller import (
+from isrlab.broker.controller import (
     Controller,
     NotifyBrokers,
     ReadStateZnode,
     WriteAssignmentZnode,
     assign_replicas_to_brokers,
 )
-from broker.controller.controller import ControllerAction
-from broker.replication import LeaderAndIsr, TopicPartition, WriteStateZnode
+from isrlab.broker.controller.controller import ControllerAction
+from isrlab.broker.replication import LeaderAndIsr, TopicPartition, WriteStateZnode
 
 TP = TopicPartition("t", 0)
 

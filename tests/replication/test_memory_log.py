@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from broker.replication import LeaderAndIsr, MemoryLog, ReplicationConfig, TruncationMode
-from broker.replication.replica_log import UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET
+from isrlab.broker.replication import LeaderAndIsr, MemoryLog, ReplicationConfig, TruncationMode
+from isrlab.broker.replication.replica_log import UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET
 
 
 def log_with_epochs() -> MemoryLog:

@@ -7,7 +7,7 @@ from typing import TypeVar
 
 import pytest
 
-from broker.replication import (
+from isrlab.broker.replication import (
     ACKS_ALL,
     Action,
     ErrorCode,

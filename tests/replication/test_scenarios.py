@@ -6,7 +6,7 @@ published; with Kafka's current behaviour the same steps must keep everything.
 
 from __future__ import annotations
 
-from broker.replication import ACKS_ALL, ErrorCode, ReplicationConfig, TruncationMode
+from isrlab.broker.replication import ACKS_ALL, ErrorCode, ReplicationConfig, TruncationMode
 from tests.replication.cluster_sim import SimCluster
 
 A, B, C = 0, 1, 2

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from harness.client import QueueClient
+from isrlab.harness.client import QueueClient
 
 
 class FakeMessage:

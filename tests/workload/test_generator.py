@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from harness import generator as g
-from harness.generator import NS, Context, Pending, QueueWorkload
+from isrlab.harness import generator as g
+from isrlab.harness.generator import NS, Context, Pending, QueueWorkload
 
 Op = dict[str, Any]
 Reply = Callable[[Op, int | str], Op]

@@ -13,8 +13,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from checkers.history import load_history
-from harness.history import HistoryWriter, repair_history
+from isrlab.checkers.history import load_history
+from isrlab.harness.history import HistoryWriter, repair_history
 
 
 def test_stamps_dense_index_and_time(history_path: Path) -> None:
@@ -71,7 +71,7 @@ def test_concurrent_writers_keep_order(history_path: Path) -> None:
 
 _CHILD = """
 import sys
-from harness.history import HistoryWriter, repair_history
+from isrlab.harness.history import HistoryWriter, repair_history
 h = HistoryWriter(sys.argv[1])
 big = list(range(3000))  # lines of ~15 kB, so a torn write would show
 i = 0

@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 
-from checkers.history import load_history
-from checkers.queue import check_queue
-from harness import generator as g
-from harness.client import QueueClient
-from harness.generator import QueueWorkload
-from harness.history import HistoryWriter
-from harness.interpreter import Interpreter
+from isrlab.checkers.history import load_history
+from isrlab.checkers.queue import check_queue
+from isrlab.harness import generator as g
+from isrlab.harness.client import QueueClient
+from isrlab.harness.generator import QueueWorkload
+from isrlab.harness.history import HistoryWriter
+from isrlab.harness.interpreter import Interpreter
 from tests.broker.conftest import BrokerProcess
 from tests.workload.shapes import check_op
 

@@ -2,7 +2,7 @@
 
     spark-submit --master spark://host:7077 \\
         --conf spark.pyspark.python=/opt/isrlab/.venv/bin/python \\
-        "$(python -c 'import pipeline.submit as m; print(m.__file__)')" STORE --out DIR
+        "$(python -c 'import isrlab.pipeline.submit as m; print(m.__file__)')" STORE --out DIR
 
 Unlike `isrlab analyze --master`, this takes the SparkSession spark-submit configured
 (master, executors, memory) instead of building one. Exit codes as `isrlab analyze`.

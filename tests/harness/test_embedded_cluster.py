@@ -112,7 +112,7 @@ def test_project_checkout_and_venv_are_usable_on_nodes(
     cluster: EmbeddedCluster, pool: ConnectionPool
 ) -> None:
     r = cluster.remote("n2", pool)
-    res = r.exec(f"{REPO}/.venv/bin/python -c 'import harness.control, sys; print(sys.prefix)'")
+    res = r.exec(f"{REPO}/.venv/bin/python -c 'import isrlab.harness.control, sys; print(sys.prefix)'")
     assert res.stdout.strip() == str(REPO / ".venv")
     assert r.exec("pwd", cwd=cluster.workdir("n2")).stdout.strip() == "/var/lib/isrlab/itest/n2"
 
@@ -369,7 +369,7 @@ def test_down_removes_everything_including_processes_and_is_idempotent() -> None
 
 def test_kill_9_of_the_harness_then_down_or_up_cleans_up() -> None:
     proc = _run_harness_script(
-        "from harness.cluster import up\n"
+        "from isrlab.harness.cluster import up\n"
         f"up({LIFE!r}, 2, {LIFE_NET!r})\n"
         "print('UP', flush=True)\ntime.sleep(600)\n"
     )
@@ -391,7 +391,7 @@ def test_kill_9_in_the_middle_of_up_then_down_cleans_up() -> None:
     # the harness dies after n1's sshd started and before n2's: a half-built cluster
     proc = _run_harness_script(
         "import os, signal\n"
-        "from harness.cluster import embedded, sshd\n"
+        "from isrlab.harness.cluster import embedded, sshd\n"
         "real = sshd.start_sshd\n"
         "def dying(s, node):\n"
         "    if node == 'n2':\n"
@@ -444,7 +444,7 @@ def test_half_built_cluster_is_rebuilt_by_up() -> None:
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_context_manager_tears_down_on_signals(sig: signal.Signals) -> None:
     proc = _run_harness_script(
-        "from harness.cluster import embedded_cluster\n"
+        "from isrlab.harness.cluster import embedded_cluster\n"
         f"with embedded_cluster(2, name={LIFE!r}, subnet={LIFE_NET!r}):\n"
         "    print('IN', flush=True)\n    time.sleep(600)\n"
     )

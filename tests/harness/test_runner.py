@@ -101,7 +101,7 @@ def test_abort_heals_and_leaves_nothing_behind(tmp_path):
         [
             sys.executable,
             "-c",
-            "from harness.cli import main; main()",
+            "from isrlab.harness.cli import main; main()",
             "test",
             "--name",
             "abort",

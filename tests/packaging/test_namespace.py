@@ -1,7 +1,8 @@
 """The five folders install and import as one ``isrlab`` namespace (setup.py's package-dir map).
 
-A bare ``import broker`` would work from the repository root (it is on sys.path there) and load a
-second copy of every module under another name; nothing may rely on it.
+Importing the bare folder names would work from the repository root (it is on sys.path there) and
+load a second copy of every module under another name; no code, command string or test may rely on
+it.
 """
 
 import re
@@ -17,7 +18,12 @@ import isrlab.checkers.queue.analysis
 
 ROOT = Path(__file__).resolve().parents[2]
 FOLDERS = ("broker", "harness", "nemeses", "checkers", "pipeline")
-BARE = re.compile(rf"^\s*(from|import)\s+({'|'.join(FOLDERS)})(\.|\s|$)", re.M)
+# statements, also inside strings (`python -c '...'`, probes run in subprocesses)
+BARE = re.compile(
+    rf"(?:^|(?<!isrlab)[\s'\"])(from|import)\s+({'|'.join(FOLDERS)})(\.\w+)*"
+    r"(\s+import\b|\s+as\b|\s*[,;'\"]|\s*\\n|\s*$)",
+    re.M,
+)
 
 
 def _sources() -> list[Path]:

@@ -76,7 +76,7 @@ def main() -> None:
                 "seed": 1,
                 **overrides,
             }
-        )
+        ).to_test()
         with embedded.embedded_cluster(5, name="bench") as cluster:
             db = KafkaDB(
                 test, cluster.inventory, run_dir, workdirs=cluster.workdirs, progress=lambda m: None

@@ -36,7 +36,7 @@ Cluster (``setup`` steps 2-4)
     three) on port 2181, chroot ``/isrlab``; it is up once every member answers ``srvr`` with a
     mode. A broker runs on every node with ``broker.id`` = the node's 1-based index, listening on
     ``PLAINTEXT://<node host>:9092``; the settings under test come from the test config
-    (``BROKER_SETTINGS`` maps test keys to broker keys; ``broker_config`` adds raw keys). A
+    (``testconfig.BROKER_SETTINGS`` maps test keys to broker keys; ``broker_config`` adds raw keys). A
     broker runs as a daemon with a pid file and the cluster is ready when a metadata request
     lists every broker (a broker that dies before registering is restarted twice).
 
@@ -91,6 +91,7 @@ from isrlab.harness.control import (
     RemoteCommandError,
     on_nodes,
 )
+from isrlab.harness.testconfig import BROKER_SETTINGS, ConfigError, option, render_broker_value
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("broker", "harness", "nemeses", "checkers", "pipeline")
@@ -105,19 +106,6 @@ ZK_PORT = 2181
 BROKER_PORT = 9092
 ZK_CHROOT = "/isrlab"
 ZK_ENSEMBLE_SIZE = 3
-
-# test config key -> (broker key, how to render the value)
-BROKER_SETTINGS: dict[str, tuple[str, Callable[[Any], str]]] = {
-    "min_insync_replicas": ("min.insync.replicas", str),
-    "unclean_leader_election": ("unclean.leader.election.enable", lambda v: str(bool(v)).lower()),
-    "truncation_mode": ("replica.truncation.mode", str),
-    "replica_lag_time_max_ms": ("replica.lag.time.max.ms", str),
-    "zk_session_timeout_ms": ("zookeeper.session.timeout.ms", str),
-    "flush_interval_messages": ("log.flush.interval.messages", str),
-    "flush_interval_ms": ("log.flush.interval.ms", str),
-    "replication_factor": ("default.replication.factor", str),
-    "partitions_per_topic": ("num.partitions", str),
-}
 
 Progress = Callable[[str], None]
 
@@ -326,9 +314,10 @@ class KafkaDB:
         self.progress: Progress = progress or _print_progress
         self.zk_nodes = self.nodes[: ZK_ENSEMBLE_SIZE if len(self.nodes) >= ZK_ENSEMBLE_SIZE else 1]
         self.broker_ids = {n.name: i for i, n in enumerate(self.nodes, 1)}
-        self.clock_mode: str = str(test.get("clock_mode") or "process")
-        if self.clock_mode not in ("process", "date"):
-            raise DBError(f"clock_mode must be 'process' or 'date', not {self.clock_mode!r}")
+        try:
+            self.clock_mode: str = option("clock_mode").check(test.get("clock_mode") or "process")
+        except ConfigError as e:
+            raise DBError(str(e)) from None
         self._admin: Any = None
 
     # ---------------------------------------------------------------- helpers
@@ -499,9 +488,9 @@ echo {wh.deps_key} > {deps_marker}
             "default.replication.factor": str(min(3, len(self.nodes))),
             "auto.create.topics.enable": "false",
         }
-        for key, (prop, render) in BROKER_SETTINGS.items():
+        for key, prop in BROKER_SETTINGS.items():
             if self.test.get(key) is not None:
-                props[prop] = render(self.test[key])
+                props[prop] = render_broker_value(self.test[key])
         for k, v in (self.test.get("broker_config") or {}).items():
             props[str(k)] = str(v)
         return "".join(f"{k}={v}\n" for k, v in props.items())

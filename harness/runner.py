@@ -1,7 +1,8 @@
 """`isrlab test` and `isrlab demo`: one Jepsen-style test from nodes to report.
 
-A test is a plain dict (saved as test.json; keys in `DEFAULTS`). `run_test(test)` wires the pieces,
-each of which knows nothing of the others:
+A test is a `TestConfig` (harness.testconfig: one table of options, validated before any node is
+touched); its test map (`to_test()`) is saved as test.json. `run_test(config)` wires the pieces,
+each of which knows nothing of the others and gets the test map:
 
     nodes       embedded netns cluster (harness.cluster), or --nodes / --nodes-file (harness.control)
     db          ZooKeeper ensemble + brokers deployed over SSH (harness.db.KafkaDB)
@@ -25,9 +26,9 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import inspect
 import json
 import os
-import random
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -41,63 +42,21 @@ from rich.live import Live
 from rich.table import Table
 
 from isrlab.harness.generator import Context, Pending, QueueWorkload, queue_test
+from isrlab.harness.testconfig import ConfigError, TestConfig, with_cli_options
 
 console = Console(stderr=True)
-
-DEFAULTS: dict[str, Any] = {
-    "name": "queue",
-    "workload": "queue",
-    "nodes": None,
-    "nodes_file": None,
-    "node_count": 5,
-    "cluster_name": "default",
-    "keep_cluster": False,
-    "concurrency": 20,
-    "rate": 0,
-    "time_limit": 60,
-    "final_time_limit": 60,
-    "recovery_time": 10,
-    "nemesis": ["partition", "kill"],
-    "nemesis_interval": 10,
-    "nemesis_targets": None,
-    "acks": "all",
-    "idempotence": False,
-    "txn": False,
-    "isolation_level": "read_uncommitted",
-    "min_insync_replicas": 2,
-    "unclean_leader_election": False,
-    "truncation_mode": "leader-epoch",
-    "replica_lag_time_max_ms": 10000,
-    "zk_session_timeout_ms": 6000,
-    "replication_factor": 3,
-    "key_count": 8,
-    "seed": None,
-    "store": "store",
-}
 
 
 class SetupError(RuntimeError):
     """The test could not start (nodes, deployment, bad options): exit code 2."""
 
 
-def make_test(overrides: Mapping[str, Any]) -> dict[str, Any]:
-    test = dict(DEFAULTS)
-    test.update({k: v for k, v in overrides.items() if v is not None})
-    if test["seed"] is None:
-        test["seed"] = random.SystemRandom().randrange(1 << 31)
-    if isinstance(test["nemesis"], str):
-        test["nemesis"] = [k.strip() for k in test["nemesis"].split(",") if k.strip()]
-    test["nemesis"] = [k for k in test["nemesis"] if k != "none"]
-    test.setdefault("keys", [f"t{i}/0" for i in range(int(test["key_count"]))])
-    if str(test["acks"]) not in ("0", "1", "all", "-1"):
-        raise SetupError(f"--acks must be 0, 1 or all, not {test['acks']!r}")
-    test["acks"] = "all" if str(test["acks"]) in ("all", "-1") else str(test["acks"])
-    if test["txn"] and not test["idempotence"]:
-        test["idempotence"] = True
-    for k in ("concurrency", "time_limit", "final_time_limit"):
-        if float(test[k]) <= 0:
-            raise SetupError(f"--{k.replace('_', '-')} must be positive")
-    return test
+def make_test(overrides: Mapping[str, Any]) -> TestConfig:
+    """The validated configuration (table defaults for what ``overrides`` leaves out or None)."""
+    try:
+        return TestConfig.from_mapping(overrides)
+    except ConfigError as e:
+        raise SetupError(str(e)) from None
 
 
 def new_run_dir(store: Path, name: str) -> Path:
@@ -130,19 +89,20 @@ class ScheduleGenerator:
         self._ready: list[dict[str, Any] | None] = [None] * len(streams)
 
     @classmethod
-    def for_test(cls, test: Mapping[str, Any]) -> ScheduleGenerator:
+    def for_test(cls, config: TestConfig) -> ScheduleGenerator:
         from isrlab import nemeses
 
+        targets = list(config.nemesis_targets) if config.nemesis_targets else None
         return cls(
             [
                 nemeses.schedule(
                     [kind],
-                    float(test["nemesis_interval"]),
-                    f"{test['seed']}-{kind}",
-                    targets=test.get("nemesis_targets"),
-                    keys=test["keys"],
+                    config.nemesis_interval,
+                    f"{config.seed}-{kind}",
+                    targets=targets,
+                    keys=list(config.keys or ()),
                 )
-                for kind in test["nemesis"]
+                for kind in config.nemesis
             ]
         )
 
@@ -181,44 +141,48 @@ class ScheduleGenerator:
 
 
 @contextlib.contextmanager
-def node_inventory(test: dict[str, Any]) -> Iterator[Any]:
-    """The nodes to run on: given hosts, or the embedded cluster (brought up if needed)."""
+def node_inventory(config: TestConfig) -> Iterator[tuple[Any, TestConfig]]:
+    """The nodes to run on: given hosts, or the embedded cluster (brought up if needed).
+
+    Yields the inventory and the configuration completed with the embedded cluster's node
+    names and work directories."""
     from isrlab.harness.control import load_inventory
 
-    if test.get("nodes") or test.get("nodes_file"):
+    if config.nodes or config.nodes_file:
         try:
-            inv = load_inventory(test.get("nodes"), test.get("nodes_file"))
+            inv = load_inventory(config.nodes, config.nodes_file)
         except Exception as e:
             raise SetupError(f"bad --nodes/--nodes-file: {e}") from None
-        yield inv
+        yield inv, config
         return
     from isrlab.harness.cluster import embedded
 
     try:
         cm = embedded.embedded_cluster(
-            int(test["node_count"]), name=test["cluster_name"], keep=bool(test["keep_cluster"])
+            config.node_count, name=config.cluster_name, keep=config.keep_cluster
         )
         cluster = cm.__enter__()
     except Exception as e:
         raise SetupError(f"{e}") from None
     try:
-        test["nodes"] = [n.name for n in cluster.nodes]
         # Node files (venv, data, logs) under the cluster's own directories, which
         # `cluster down` removes: an embedded run leaves nothing behind.
-        test["workdirs"] = dict(cluster.workdirs)
-        yield cluster.inventory
+        yield (
+            cluster.inventory,
+            config.replace(nodes=[n.name for n in cluster.nodes], workdirs=dict(cluster.workdirs)),
+        )
     finally:
         cm.__exit__(None, None, None)
 
 
-def _progress_table(test: dict[str, Any], stats: dict[str, Any], phase: str) -> Table:
+def _progress_table(config: TestConfig, stats: dict[str, Any], phase: str) -> Table:
     t = Table.grid(padding=(0, 2))
-    limit = float(test["time_limit"])
+    limit = config.time_limit
     elapsed = float(stats.get("elapsed_s", 0))
     bar_w = 30
     done = min(int(bar_w * elapsed / limit), bar_w) if limit else bar_w
     t.add_row(
-        f"[bold]{test['name']}[/]",
+        f"[bold]{config.name}[/]",
         f"{phase}",
         f"[{'#' * done}{'.' * (bar_w - done)}] {elapsed:5.1f}/{limit:.0f}s",
     )
@@ -242,7 +206,7 @@ def _raise_fd_limit() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 1 << 20), hard))
 
 
-def run_test(test: dict[str, Any], progress: bool = True) -> tuple[Path, dict[str, Any]]:
+def run_test(config: TestConfig, progress: bool = True) -> tuple[Path, dict[str, Any]]:
     """Run one test; returns (run dir, results). Raises SetupError when it cannot start."""
     _raise_fd_limit()
     from isrlab import nemeses
@@ -255,12 +219,12 @@ def run_test(test: dict[str, Any], progress: bool = True) -> tuple[Path, dict[st
     from isrlab.harness.interpreter import Interpreter
     from isrlab.harness.report import render_report
 
-    store = Path(test["store"])
-    run_dir = new_run_dir(store, test["name"])
-    test["run_dir"] = str(run_dir)
+    run_dir = new_run_dir(Path(config.store), config.name)
+    config = config.replace(run_dir=str(run_dir))
     say = console.print if progress else (lambda *a, **k: None)
-    say(f"[bold]isrlab test[/] {test['name']}: run directory {run_dir}")
-    with node_inventory(test) as inventory:
+    say(f"[bold]isrlab test[/] {config.name}: run directory {run_dir}")
+    with node_inventory(config) as (inventory, config):
+        test = config.to_test()
         (run_dir / "test.json").write_text(json.dumps(test, indent=2, default=str))
         db = KafkaDB(test, inventory, run_dir, progress=lambda m: say(f"  {m}"))
         nem = None
@@ -269,10 +233,10 @@ def run_test(test: dict[str, Any], progress: bool = True) -> tuple[Path, dict[st
             try:
                 db.setup()
                 db.create_topics(
-                    test["keys"], int(test["replication_factor"]), int(test["min_insync_replicas"])
+                    test["keys"], config.replication_factor, config.min_insync_replicas
                 )
-                if test["nemesis"]:
-                    nem = nemeses.build(test["nemesis"], db, test)
+                if config.nemesis:
+                    nem = nemeses.build(list(config.nemesis), db, test)
             except Exception as e:
                 failure = f"setting up the cluster failed: {e}"
             if failure is not None:
@@ -281,18 +245,18 @@ def run_test(test: dict[str, Any], progress: bool = True) -> tuple[Path, dict[st
                 raise SetupError(failure)
             nodes = {n: db.bootstrap_servers([n]) for n in db.names}
             workload = QueueWorkload(test)
-            nemesis_gen = ScheduleGenerator.for_test(test) if nem is not None else None
+            nemesis_gen = ScheduleGenerator.for_test(config) if nem is not None else None
             gen = queue_test(workload, test, nemesis_gen=nemesis_gen)
             history = HistoryWriter(run_dir / "history.jsonl")
             interp = Interpreter(
                 gen,
                 history,
                 QueueClient.factory(test, nodes),
-                int(test["concurrency"]),
+                config.concurrency,
                 nemesis=nem,
-                seed=int(test["seed"]),
+                seed=int(config.seed or 0),
             )
-            _run_with_progress(interp, test, progress)
+            _run_with_progress(interp, config, progress)
             history.close()
         finally:
             if nem is not None:
@@ -319,7 +283,7 @@ def run_test(test: dict[str, Any], progress: bool = True) -> tuple[Path, dict[st
     return run_dir, results
 
 
-def _run_with_progress(interp: Any, test: dict[str, Any], progress: bool) -> None:
+def _run_with_progress(interp: Any, config: TestConfig, progress: bool) -> None:
     result: dict[str, Any] = {}
 
     def target() -> None:
@@ -337,10 +301,10 @@ def _run_with_progress(interp: Any, test: dict[str, Any], progress: bool) -> Non
                     stats = interp.stats()
                     phase = (
                         "workload"
-                        if stats.get("elapsed_s", 0) < test["time_limit"]
+                        if stats.get("elapsed_s", 0) < config.time_limit
                         else "final reads"
                     )
-                    live.update(_progress_table(test, stats, phase))
+                    live.update(_progress_table(config, stats, phase))
                     worker.join(0.25)
         else:
             last = 0.0
@@ -399,8 +363,8 @@ def print_summary(run_dir: Path, results: Mapping[str, Any]) -> None:
     console.print(f"report: {run_dir / 'report.html'}")
 
 
-def _require_root_or_nodes(test: Mapping[str, Any]) -> None:
-    if test.get("nodes") or test.get("nodes_file"):
+def _require_root_or_nodes(config: TestConfig) -> None:
+    if config.nodes or config.nodes_file:
         return
     if os.geteuid() != 0:
         raise SetupError(
@@ -409,103 +373,50 @@ def _require_root_or_nodes(test: Mapping[str, Any]) -> None:
         )
 
 
-def test_command(
-    nodes: Annotated[
-        str | None, typer.Option(help="comma-separated SSH hosts (real nodes)")
-    ] = None,
-    nodes_file: Annotated[
-        Path | None, typer.Option(help="YAML nodes file (host, port, user, key)")
-    ] = None,
-    node_count: Annotated[int, typer.Option(help="embedded cluster size")] = 5,
-    cluster_name: Annotated[str, typer.Option(help="embedded cluster name")] = "default",
-    keep_cluster: Annotated[bool, typer.Option(help="leave the embedded cluster up")] = False,
-    concurrency: Annotated[int, typer.Option(help="client processes")] = 20,
-    rate: Annotated[
-        float, typer.Option(help="target ops/s over all processes (0 = unlimited)")
-    ] = 0,
-    time_limit: Annotated[float, typer.Option(help="seconds of workload with faults")] = 60,
-    final_time_limit: Annotated[float, typer.Option(help="seconds for the final reads")] = 60,
-    recovery_time: Annotated[
-        float, typer.Option(help="seconds between healing and final reads")
-    ] = 10,
-    nemesis: Annotated[
-        str,
-        typer.Option(
-            help="comma list: partition, partition-iptables, pause, kill, clock, packet, none"
-        ),
-    ] = "partition,kill",
-    nemesis_interval: Annotated[float, typer.Option(help="seconds between fault changes")] = 10,
-    nemesis_targets: Annotated[
-        str | None,
-        typer.Option(help="comma list: one, minority, majority, all, leader, controller"),
-    ] = None,
-    acks: Annotated[str, typer.Option(help="producer acks: 0, 1 or all")] = "all",
-    idempotence: Annotated[bool, typer.Option(help="idempotent producers")] = False,
-    txn: Annotated[bool, typer.Option(help="transactional sends and polls")] = False,
-    isolation_level: Annotated[
-        str, typer.Option(help="read_uncommitted or read_committed")
-    ] = "read_uncommitted",
-    min_insync_replicas: Annotated[int, typer.Option(help="broker min.insync.replicas")] = 2,
-    unclean_leader_election: Annotated[
-        bool, typer.Option(help="HISTORIC: unclean leader election")
-    ] = False,
-    truncation_mode: Annotated[
-        str, typer.Option(help="leader-epoch, leader-epoch-v0 or high-watermark (HISTORIC)")
-    ] = "leader-epoch",
-    replica_lag_time_max_ms: Annotated[
-        int, typer.Option(help="broker replica.lag.time.max.ms")
-    ] = 10000,
-    replication_factor: Annotated[int, typer.Option(help="topic replication factor")] = 3,
-    keys: Annotated[int, typer.Option(help="number of keys (topic-partitions)")] = 8,
-    seed: Annotated[
-        int | None, typer.Option(help="random seed (default: random, saved in test.json)")
-    ] = None,
-    test_count: Annotated[int, typer.Option(help="run the test this many times")] = 1,
-    name: Annotated[str, typer.Option(help="test name (run store folder)")] = "queue",
-    store: Annotated[Path, typer.Option(help="run store")] = Path("store"),
-) -> None:
+def _test_command(test_count: int = 1, **options: Any) -> None:
     """Run a Jepsen-style fault-injection test and check its history."""
-    worst = 0
-    for i in range(test_count):
-        try:
-            test = make_test(
+    try:
+        # every run's configuration is validated before the first run touches a node
+        if test_count < 1:
+            raise SetupError(f"--test-count must be at least 1, not {test_count}")
+        seed = options.get("seed")
+        configs = [
+            make_test(
                 {
-                    "nodes": nodes.split(",") if nodes else None,
-                    "nodes_file": str(nodes_file) if nodes_file else None,
-                    "node_count": node_count,
-                    "cluster_name": cluster_name,
-                    "keep_cluster": keep_cluster or i < test_count - 1,
-                    "concurrency": concurrency,
-                    "rate": rate,
-                    "time_limit": time_limit,
-                    "final_time_limit": final_time_limit,
-                    "recovery_time": recovery_time,
-                    "nemesis": nemesis,
-                    "nemesis_interval": nemesis_interval,
-                    "nemesis_targets": nemesis_targets.split(",") if nemesis_targets else None,
-                    "acks": acks,
-                    "idempotence": idempotence,
-                    "txn": txn,
-                    "isolation_level": isolation_level,
-                    "min_insync_replicas": min_insync_replicas,
-                    "unclean_leader_election": unclean_leader_election,
-                    "truncation_mode": truncation_mode,
-                    "replica_lag_time_max_ms": replica_lag_time_max_ms,
-                    "replication_factor": replication_factor,
-                    "key_count": keys,
+                    **options,
+                    "keep_cluster": bool(options.get("keep_cluster")) or i < test_count - 1,
                     "seed": seed + i if seed is not None else None,
-                    "name": name,
-                    "store": str(store),
                 }
             )
-            _require_root_or_nodes(test)
-            run_dir, results = run_test(test)
+            for i in range(test_count)
+        ]
+        _require_root_or_nodes(configs[0])
+    except SetupError as e:
+        console.print(f"[red]isrlab test: {e}[/]")
+        raise typer.Exit(2) from None
+    worst = 0
+    for config in configs:
+        try:
+            run_dir, results = run_test(config)
         except SetupError as e:
             console.print(f"[red]isrlab test: {e}[/]")
             raise typer.Exit(2) from None
         print_summary(run_dir, results)
         worst = max(worst, exit_code(results))
     raise typer.Exit(worst)
+
+
+test_command = with_cli_options(
+    _test_command,
+    [
+        inspect.Parameter(
+            "test_count",
+            inspect.Parameter.KEYWORD_ONLY,
+            default=1,
+            annotation=Annotated[int, typer.Option(help="run the test this many times")],
+        )
+    ],
+)
 
 
 def demo_command(

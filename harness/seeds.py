@@ -213,7 +213,7 @@ def run_seeds(
 ) -> tuple[Path, dict[str, Any]]:
     from isrlab.harness.db import KafkaDB
 
-    test = make_test(
+    config = make_test(
         {
             "name": "seeds",
             "store": str(store),
@@ -227,7 +227,8 @@ def run_seeds(
         }
     )
     run_dir = new_run_dir(store, "seeds")
-    with node_inventory(test) as inventory:
+    with node_inventory(config) as (inventory, config):
+        test = config.to_test()
         (run_dir / "test.json").write_text(json.dumps(test, indent=2, default=str))
         db = KafkaDB(test, inventory, run_dir, progress=lambda m: console.print(f"  {m}"))
         try:

@@ -66,6 +66,7 @@ def matrix_command(
     dry_run: Annotated[bool, typer.Option(help="list the cells and exit")] = False,
 ) -> None:
     """Run acks x fault x switches x repeats into STORE; finished cells are skipped."""
+    from isrlab.harness.testconfig import option
     from isrlab.pipeline.matrix import (
         HISTORIC_SWITCHES,
         base_test,
@@ -77,10 +78,9 @@ def matrix_command(
 
     err = Console(stderr=True)
     try:
-        acks_list = _split(acks)
-        bad_acks = [a for a in acks_list if a not in ("0", "1", "all")]
-        if bad_acks or not acks_list:
-            raise ValueError(f"--acks takes 0, 1 and all, not {', '.join(bad_acks) or 'nothing'}")
+        acks_list = [str(option("acks").check(a)) for a in _split(acks)]
+        if not acks_list:
+            raise ValueError("--acks is empty; give some of 0, 1, all")
         nemeses = _split(nemesis)
         if not nemeses:
             raise ValueError("--nemesis is empty; use partition, kill, pause, clock, combined")

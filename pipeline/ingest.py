@@ -28,7 +28,8 @@ from typing import Any
 import orjson
 import pyarrow as pa
 
-from isrlab.pipeline.store import Run, config_of
+from isrlab.harness.testconfig import COLUMNS
+from isrlab.pipeline.store import CONFIG_COLUMNS, Run, config_of
 
 __all__ = [
     "RECORDS_DDL",
@@ -39,31 +40,20 @@ __all__ = [
     "run_row",
 ]
 
-RUNS_SCHEMA = pa.schema(
-    [
-        ("run_id", pa.string()),
-        ("path", pa.string()),
-        ("name", pa.string()),
-        ("workload", pa.string()),
-        ("acks", pa.string()),
-        ("nemesis", pa.string()),
-        ("idempotence", pa.bool_()),
-        ("txn", pa.bool_()),
-        ("min_insync_replicas", pa.int32()),
-        ("unclean_leader_election", pa.bool_()),
-        ("truncation_mode", pa.string()),
-        ("replica_lag_time_max_ms", pa.int64()),
-        ("zk_session_timeout_ms", pa.int64()),
-        ("seed", pa.int64()),
-        ("test_json", pa.string()),
-    ]
+# The config columns' types come from the harness's test table (Spark DDL name -> Arrow type).
+_ARROW = {"string": pa.string(), "boolean": pa.bool_(), "int": pa.int32(), "bigint": pa.int64()}
+_CONFIG_TYPES = {"nemesis": "string", **{o.name: o.column or "string" for o in COLUMNS}}
+_RUN_COLUMNS = (
+    ("run_id", "string"),
+    ("path", "string"),
+    ("name", "string"),
+    ("workload", "string"),
+    *((name, _CONFIG_TYPES[name]) for name in CONFIG_COLUMNS),
+    ("seed", "bigint"),
+    ("test_json", "string"),
 )
-RUNS_DDL = (
-    "run_id string, path string, name string, workload string, acks string, nemesis string, "
-    "idempotence boolean, txn boolean, min_insync_replicas int, "
-    "unclean_leader_election boolean, truncation_mode string, replica_lag_time_max_ms bigint, "
-    "zk_session_timeout_ms bigint, seed bigint, test_json string"
-)
+RUNS_SCHEMA = pa.schema([(name, _ARROW[ddl]) for name, ddl in _RUN_COLUMNS])
+RUNS_DDL = ", ".join(f"{name} {ddl}" for name, ddl in _RUN_COLUMNS)
 
 RECORDS_SCHEMA = pa.schema(
     [

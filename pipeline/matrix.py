@@ -31,6 +31,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from isrlab.harness.testconfig import SETTINGS, SWITCHES, ConfigError, TestConfig, option
 from isrlab.pipeline.store import COMBINED_KINDS, config_name
 
 __all__ = [
@@ -48,7 +49,7 @@ __all__ = [
     "run_matrix",
 ]
 
-ACKS = ("0", "1", "all")
+ACKS = option("acks").choices
 NEMESES = ("partition", "kill", "pause", "clock", "combined")
 # The settings that lost acknowledged data in Kafka's history: each one a variant.
 HISTORIC_SWITCHES: tuple[dict[str, Any], ...] = (
@@ -56,48 +57,31 @@ HISTORIC_SWITCHES: tuple[dict[str, Any], ...] = (
     {"truncation_mode": "high-watermark"},
     {"min_insync_replicas": 1},
 )
-SWITCH_TYPES: dict[str, type] = {
-    "idempotence": bool,
-    "txn": bool,
-    "min_insync_replicas": int,
-    "unclean_leader_election": bool,
-    "truncation_mode": str,
-}
-TRUNCATION_MODES = ("leader-epoch", "leader-epoch-v0", "high-watermark")
+# `--switch` and `--set` names: the test table's switches and settings (types and bounds there).
+SWITCH_NAMES = tuple(o.name for o in SWITCHES)
+SETTING_NAMES = tuple(o.name for o in SETTINGS)
 # Fault kinds a nemesis spec may compose with "+" (nemeses.compose.KINDS).
-FAULT_KINDS = ("partition", "partition-iptables", "pause", "kill", "clock", "packet")
-# `--set` keys: base-test settings that change how a run stresses the cluster, with
-# their type and smallest sensible value.
-SETTINGS: dict[str, tuple[type, float]] = {
-    "replica_lag_time_max_ms": (int, 100),
-    "zk_session_timeout_ms": (int, 2000),
-    "key_count": (int, 1),
-    "concurrency": (int, 1),
-    "nemesis_interval": (float, 0.1),
-    "recovery_time": (float, 0),
-    "final_time_limit": (float, 1),
-}
+FAULT_KINDS = tuple(k for k in option("nemesis").choices if k != "none")
 
 RunTest = Callable[[dict[str, Any]], Any]
 
 
 def base_test(time_limit: float = 60.0, **overrides: Any) -> dict[str, Any]:
     """The configuration every cell starts from: a 3-broker queue test, acks=all, RF 3."""
+    # The table's defaults for the switches (a cell names them all, so its name and
+    # test.json say what ran); the matrix's own shorter final phase and one partition per topic.
+    defaults = TestConfig()
     test: dict[str, Any] = {
-        "workload": "queue",
-        "concurrency": 20,
-        "rate": 0,
+        "workload": defaults.workload,
+        "concurrency": defaults.concurrency,
+        "rate": defaults.rate,
         "time_limit": time_limit,
         "final_time_limit": 30,
-        "recovery_time": 10,
-        "nemesis_interval": 10,
-        "acks": "all",
-        "idempotence": False,
-        "txn": False,
-        "min_insync_replicas": 2,
-        "unclean_leader_election": False,
-        "truncation_mode": "leader-epoch",
-        "replication_factor": 3,
+        "recovery_time": defaults.recovery_time,
+        "nemesis_interval": defaults.nemesis_interval,
+        "acks": defaults.acks,
+        **{name: getattr(defaults, name) for name in SWITCH_NAMES},
+        "replication_factor": defaults.replication_factor,
         "partitions_per_topic": 1,
     }
     test.update(overrides)
@@ -114,27 +98,15 @@ def parse_switches(text: str) -> dict[str, Any]:
         name = name.strip().replace(".", "_").replace("-", "_")
         if name == "min_insync":
             name = "min_insync_replicas"
-        kind = SWITCH_TYPES.get(name)
-        if kind is None:
+        if name not in SWITCH_NAMES:
             raise ValueError(
-                f"unknown switch {name!r}; use one of {', '.join(SWITCH_TYPES)} (as name=value)"
+                f"unknown switch {name!r}; use one of {', '.join(SWITCH_NAMES)} (as name=value)"
             )
         raw = raw.strip() if sep else "true"
-        if kind is bool:
-            if raw.lower() not in ("true", "false", "1", "0", "yes", "no", "on", "off"):
-                raise ValueError(f"switch {name} takes true or false, not {raw!r}")
-            out[name] = raw.lower() in ("true", "1", "yes", "on")
-        elif kind is int:
-            try:
-                out[name] = int(raw)
-            except ValueError:
-                raise ValueError(f"switch {name} takes an integer, not {raw!r}") from None
-        else:
-            if name == "truncation_mode" and raw not in TRUNCATION_MODES:
-                raise ValueError(
-                    f"truncation_mode is one of {', '.join(TRUNCATION_MODES)}, not {raw!r}"
-                )
-            out[name] = raw
+        try:
+            out[name] = option(name).check(raw)
+        except ConfigError as e:
+            raise ValueError(f"switch {e}") from None
     return out
 
 
@@ -144,18 +116,14 @@ def parse_settings(items: Sequence[str]) -> dict[str, Any]:
     for item in items:
         name, sep, raw = item.partition("=")
         name = name.strip().replace(".", "_").replace("-", "_")
-        if name not in SETTINGS or not sep:
+        if name not in SETTING_NAMES or not sep:
             raise ValueError(
-                f"--set takes NAME=VALUE with NAME one of {', '.join(SETTINGS)}, not {item!r}"
+                f"--set takes NAME=VALUE with NAME one of {', '.join(SETTING_NAMES)}, not {item!r}"
             )
-        kind, low = SETTINGS[name]
         try:
-            value = kind(raw.strip())
-        except ValueError:
-            raise ValueError(f"--set {name} takes a number, not {raw.strip()!r}") from None
-        if value < low:
-            raise ValueError(f"--set {name} must be at least {low:g}, not {value}")
-        out[name] = value
+            out[name] = option(name).check(raw.strip())
+        except ConfigError as e:
+            raise ValueError(f"--set {e}") from None
     return out
 
 
@@ -265,10 +233,10 @@ class HarnessRunner:
         self._cluster: str | None = None
 
     def __call__(self, cell: dict[str, Any]) -> Path:
-        test = self._runner.make_test(dict(cell, keep_cluster=True))
-        if not (test.get("nodes") or test.get("nodes_file")):
-            self._cluster = str(test["cluster_name"])
-        run_dir, _results = self._runner.run_test(test, progress=False)
+        config = self._runner.make_test(dict(cell, keep_cluster=True))
+        if not (config.nodes or config.nodes_file):
+            self._cluster = config.cluster_name
+        run_dir, _results = self._runner.run_test(config, progress=False)
         return Path(run_dir)
 
     def close(self) -> None:

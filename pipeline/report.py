@@ -28,7 +28,7 @@ import orjson
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from isrlab.pipeline.aggregate import rate_interval
-from isrlab.pipeline.store import DEFAULTS, SWITCHES
+from isrlab.pipeline.store import ABSENT, SWITCHES
 
 if TYPE_CHECKING:
     from isrlab.pipeline.analyze import Analysis
@@ -59,7 +59,7 @@ def _setting(c: dict[str, Any]) -> str:
         ("replica_lag_time_max_ms", "lag"),
         ("zk_session_timeout_ms", "zk session"),
     ):
-        if c.get(name, DEFAULTS[name]) != DEFAULTS[name]:
+        if c.get(name, ABSENT[name]) != ABSENT[name]:
             parts.append(f"{label} {c[name] / 1000:g} s")
     return ", ".join(parts)
 

@@ -11,8 +11,10 @@ groups by: acks, nemesis (one fault kind; ``combined`` for the matrix's schedule
 four kinds; kinds joined by ``+``, e.g. ``kill+partition``, for other compositions;
 ``none``), the switches idempotence, txn, min_insync_replicas, unclean_leader_election and
 truncation_mode, and the two timings that decide how fast the ISR shrinks and how fast a
-dead broker's leadership moves (replica_lag_time_max_ms, zk_session_timeout_ms), with
-defaults filled in so that runs that leave a key unset group with runs that set its default.
+dead broker's leadership moves (replica_lag_time_max_ms, zk_session_timeout_ms). The columns
+are the options of the harness's test table (``harness.testconfig``) that have a report
+column; a test.json without a key gets the value that run actually used (`ABSENT`, the
+table's ``absent``: Kafka's min.insync.replicas of 1, not the harness's default of 2).
 """
 
 from __future__ import annotations
@@ -25,7 +27,10 @@ from typing import Any
 
 import orjson
 
+from isrlab.harness.testconfig import COLUMNS
+
 __all__ = [
+    "ABSENT",
     "COMBINED_KINDS",
     "CONFIG_COLUMNS",
     "SWITCHES",
@@ -38,27 +43,12 @@ __all__ = [
     "discover_runs",
 ]
 
-SWITCHES = (
-    "idempotence",
-    "txn",
-    "min_insync_replicas",
-    "unclean_leader_election",
-    "truncation_mode",
-)
-TIMINGS = ("replica_lag_time_max_ms", "zk_session_timeout_ms")
+SWITCHES = tuple(o.name for o in COLUMNS if o.switch)
+TIMINGS = tuple(o.name for o in COLUMNS if o.kind is int and not o.switch)
 CONFIG_COLUMNS = ("acks", "nemesis", *SWITCHES, *TIMINGS)
-# The switches' Kafka defaults, which the brokers start with when a test leaves a key out;
-# the timings' defaults are the harness's (harness.runner.DEFAULTS), which every harness
-# run writes into its test.json anyway.
-DEFAULTS: dict[str, Any] = {
-    "idempotence": False,
-    "txn": False,
-    "min_insync_replicas": 1,
-    "unclean_leader_election": False,
-    "truncation_mode": "leader-epoch",
-    "replica_lag_time_max_ms": 10000,
-    "zk_session_timeout_ms": 6000,
-}
+# What a run whose test.json lacks a key ran with (the brokers' setting then).
+ABSENT: dict[str, Any] = {o.name: o.absent for o in COLUMNS if o.name in (*SWITCHES, *TIMINGS)}
+_COERCE = {"boolean": bool, "int": int, "bigint": int, "string": str}
 # The "combined" schedule of the matrix and of synthetic stores: every fault kind at once.
 COMBINED_KINDS = ("partition", "kill", "pause", "clock")
 
@@ -100,17 +90,12 @@ def config_of(test: Mapping[str, Any]) -> dict[str, Any]:
         "acks": str(test.get("acks", "all")).lower().replace("-1", "all"),
         "nemesis": _nemesis_label(test.get("nemesis")),
     }
-    for name in SWITCHES:
-        value = test.get(name)
-        out[name] = DEFAULTS[name] if value is None else value
-    out["idempotence"] = bool(out["idempotence"])
-    out["txn"] = bool(out["txn"])
-    out["unclean_leader_election"] = bool(out["unclean_leader_election"])
-    out["min_insync_replicas"] = int(out["min_insync_replicas"])
-    out["truncation_mode"] = str(out["truncation_mode"])
-    for name in TIMINGS:
-        value = test.get(name)
-        out[name] = int(DEFAULTS[name] if value is None else value)
+    for opt in COLUMNS:
+        if opt.name in ABSENT:
+            value = test.get(opt.name)
+            out[opt.name] = _COERCE[opt.column or "string"](
+                ABSENT[opt.name] if value is None else value
+            )
     return out
 
 
@@ -166,7 +151,7 @@ def config_name(test: Mapping[str, Any]) -> str:
     if test.get("truncation_mode") not in (None, "leader-epoch"):
         parts.append(str(test["truncation_mode"]))
     for name, short in zip(TIMINGS, ("lag", "zk"), strict=True):
-        if test.get(name) is not None and int(test[name]) != DEFAULTS[name]:
+        if test.get(name) is not None and int(test[name]) != ABSENT[name]:
             parts.append(f"{short}{int(test[name])}")
     if test.get("repeat") is not None:
         parts.append(f"r{test['repeat']}")

@@ -49,8 +49,8 @@ def test_schedule_is_deterministic_for_a_seed():
 
 def test_make_test_validates_and_fills_defaults():
     t = make_test({"acks": "-1", "txn": True, "nemesis": "none"})
-    assert t["acks"] == "all" and t["idempotence"] is True and t["nemesis"] == []
-    assert isinstance(t["seed"], int) and t["keys"] == [f"t{i}/0" for i in range(8)]
+    assert t.acks == "all" and t.idempotence is True and t.nemesis == ()
+    assert isinstance(t.seed, int) and t.keys == tuple(f"t{i}/0" for i in range(8))
     with pytest.raises(SetupError, match="acks"):
         make_test({"acks": "2"})
     with pytest.raises(SetupError, match="time-limit"):

@@ -1,0 +1,188 @@
+"""The test table (harness.testconfig): every option's validation, the CLI derived from it, and
+bad options rejected before anything touches a node."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from isrlab.harness import runner, testconfig
+from isrlab.harness.testconfig import OPTIONS, ConfigError, Option, TestConfig
+
+
+def _app() -> typer.Typer:
+    app = typer.Typer()
+    app.command("test")(runner.test_command)
+    app.command("other")(lambda: None)  # a second command keeps "test" a subcommand
+    return app
+
+
+def _good(opt: Option) -> Any:
+    if opt.choices:
+        return opt.choices[0]
+    if opt.kind is bool:
+        return True
+    if opt.kind in (int, float):
+        return opt.minimum + 1 if opt.minimum is not None else 7
+    if opt.kind is dict:
+        return {"log.segment.bytes": 1048576}
+    return "n1" if opt.kind is list else "x"
+
+
+@pytest.mark.parametrize("opt", OPTIONS, ids=lambda o: o.name)
+def test_every_option_is_validated_from_the_table(opt: Option) -> None:
+    # the default, and a good value, pass
+    assert TestConfig.from_mapping({opt.name: opt.default}) is not None
+    good = TestConfig.from_mapping({opt.name: _good(opt)})
+    value = getattr(good, opt.name)
+    assert value is not None and (opt.name != "keys" or value == ("n1",))
+    # a value of the wrong type is refused with the option's name
+    wrong: Any = {bool: "maybe", int: "many", float: "fast", dict: "k=v"}.get(opt.kind, 3.5)
+    if opt.kind in (str, list) and not opt.choices:
+        wrong = object()
+    with pytest.raises(ConfigError, match=re.escape(opt.name)):
+        TestConfig.from_mapping({opt.name: wrong})
+    for choice in opt.choices:
+        assert TestConfig.from_mapping({opt.name: choice})
+    if opt.choices:
+        with pytest.raises(ConfigError, match="must be one of"):
+            TestConfig.from_mapping({opt.name: "no-such-value"})
+    if opt.minimum is not None:
+        low = opt.minimum if opt.above else opt.minimum - 1
+        with pytest.raises(ConfigError, match=re.escape(f"{opt.name} ")):
+            TestConfig.from_mapping({opt.name: low})
+        if not opt.above:
+            assert TestConfig.from_mapping({opt.name: opt.minimum})
+
+
+def test_the_typed_config_round_trips_through_test_json() -> None:
+    config = TestConfig.from_mapping(
+        {"nemesis": "partition,kill,none", "acks": "-1", "seed": 3, "key_count": 2, "poll_ms": 5}
+    )
+    assert config.acks == "all" and config.nemesis == ("partition", "kill")
+    test = json.loads(json.dumps(config.to_test()))
+    assert test["nemesis"] == ["partition", "kill"] and test["keys"] == ["t0/0", "t1/0"]
+    assert test["poll_ms"] == 5  # a workload knob the table does not own passes through
+    # the keys every harness run has written (the history/results contract), and no more
+    always = {
+        *[
+            "name",
+            "workload",
+            "nodes",
+            "nodes_file",
+            "node_count",
+            "cluster_name",
+            "keep_cluster",
+            "concurrency",
+        ],
+        *["rate", "time_limit", "final_time_limit", "recovery_time", "nemesis", "nemesis_interval"],
+        *[
+            "nemesis_targets",
+            "acks",
+            "idempotence",
+            "txn",
+            "isolation_level",
+            "min_insync_replicas",
+        ],
+        *["unclean_leader_election", "truncation_mode", "replica_lag_time_max_ms"],
+        *[
+            "zk_session_timeout_ms",
+            "replication_factor",
+            "key_count",
+            "seed",
+            "store",
+            "keys",
+            "poll_ms",
+        ],
+    }
+    assert set(test) == always
+    assert TestConfig.from_mapping(test) == config
+
+
+def test_broker_settings_and_report_columns_come_from_the_table() -> None:
+    assert testconfig.BROKER_SETTINGS["min_insync_replicas"] == "min.insync.replicas"
+    from isrlab.harness.control import Inventory, Node, SshOptions
+    from isrlab.harness.db import KafkaDB
+
+    inv = Inventory([Node("n1", "10.0.0.11")], SshOptions(host_key_policy="warn"))
+    test = TestConfig.from_mapping({"unclean_leader_election": True}).to_test()
+    props = KafkaDB(test, inv, "/tmp/run").broker_properties("n1")
+    for name, key in testconfig.BROKER_SETTINGS.items():
+        if test.get(name) is not None:
+            assert f"{key}={testconfig.render_broker_value(test[name])}\n" in props
+    assert "unclean.leader.election.enable=true\n" in props
+    from isrlab.pipeline.ingest import RUNS_SCHEMA
+    from isrlab.pipeline.store import CONFIG_COLUMNS, config_of
+
+    assert set(CONFIG_COLUMNS) == {"nemesis", *(o.name for o in testconfig.COLUMNS)}
+    assert set(CONFIG_COLUMNS) <= set(RUNS_SCHEMA.names)
+    # a stored test.json without min_insync_replicas ran with Kafka's 1, not the new default 2
+    assert TestConfig().min_insync_replicas == 2
+    assert config_of({})["min_insync_replicas"] == 1
+
+
+def test_help_lists_every_option_of_the_table() -> None:
+    res = CliRunner().invoke(_app(), ["test", "--help"], env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    flags = [o.flag for o in OPTIONS if o.flag]
+    assert len(flags) >= 30
+    for flag in [*flags, "--test-count"]:
+        assert flag in res.output, flag
+
+
+@pytest.fixture()
+def no_cluster(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Records any attempt to reach nodes (inventory, deploy, run) instead of doing it."""
+    calls: list[str] = []
+
+    def refuse(name: str) -> Any:
+        def f(*a: Any, **k: Any) -> Any:
+            calls.append(name)
+            raise AssertionError(f"{name} called")
+
+        return f
+
+    monkeypatch.setattr(runner, "node_inventory", refuse("node_inventory"))
+    monkeypatch.setattr(runner, "run_test", refuse("run_test"))
+    from isrlab.harness import db
+
+    monkeypatch.setattr(db.KafkaDB, "setup", refuse("KafkaDB.setup"))
+    return calls
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--nemesis", "partition,flood"], "flood"),
+        (["--test-count", "0"], "test-count"),
+        (["--acks", "2"], "acks"),
+        (["--nemesis-targets", "half"], "nemesis_targets"),
+        (["--truncation-mode", "none"], "truncation_mode"),
+        (["--replica-lag-time-max-ms", "0"], "at least 100"),
+        (["--time-limit", "0"], "above 0"),
+        (["--nodes", "n1", "--nodes-file", "nodes.yaml"], "not both"),
+    ],
+)
+def test_bad_options_exit_2_before_any_node_is_touched(
+    no_cluster: list[str], tmp_path: Path, args: list[str], message: str
+) -> None:
+    res = CliRunner().invoke(_app(), ["test", "--store", str(tmp_path), *args])
+    assert res.exit_code == 2, res.output
+    text = " ".join(res.output.split())  # rich wraps long lines
+    assert message in text and "Traceback" not in text
+    assert no_cluster == []
+    assert not any(tmp_path.iterdir())  # no run directory either
+
+
+def test_good_options_do_reach_the_run(no_cluster: list[str], tmp_path: Path) -> None:
+    # the guard above is not vacuous: valid options get as far as running
+    res = CliRunner().invoke(
+        _app(), ["test", "--store", str(tmp_path), "--nodes", "n1", "--nemesis", "kill"]
+    )
+    assert no_cluster == ["run_test"] and res.exit_code != 0

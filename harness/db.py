@@ -593,7 +593,7 @@ echo {wh.deps_key} > {deps_marker}
         name = r.node.name
         return r.start_daemon(
             "broker",
-            f"{self.path(name, 'venv', 'bin', 'python')} -m broker start "
+            f"{self.path(name, 'venv', 'bin', 'python')} -m isrlab.broker start "
             f"--config {self.path(name, 'broker', 'server.properties')}",
             pidfile=self.broker_pidfile(name),
             logfile=self.path(name, "logs", "broker.log"),

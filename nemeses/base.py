@@ -6,6 +6,12 @@ returns what it did (a JSON value for the history); ``stop(value)`` undoes what 
 harness, twice in a row, or on a cluster that was never touched. Faults reach nodes only through
 the DB's ``remote(node)`` (SSH) and ask it cluster questions (``leader_of``, ``controller``).
 
+The dependency runs one way: the harness imports nemeses, never the reverse. What a fault needs of
+the harness is written here as protocols (``ClusterDB``, ``Shell``, ``CommandResult``), which
+``harness.db.KafkaDB`` and ``harness.remote.Remote`` satisfy (mypy checks it where the runner hands
+its DB to ``nemeses.build``); ``tests/nemeses/test_layering.py`` fails if a nemesis imports the
+harness again.
+
 Targets (for process, clock and packet faults): ``one``, ``minority``, ``majority``, ``all``,
 ``leader`` (of a key, default the test's first key), ``controller``; ``resolve_targets`` turns a
 target into node names with a seeded ``random.Random`` so a run is reproducible given the same
@@ -18,13 +24,44 @@ import random
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from isrlab.harness.control import Remote
 
 TARGETS: tuple[str, ...] = ("one", "minority", "majority", "all", "leader", "controller")
 
 
 class NemesisError(Exception):
     """A fault cannot be injected here; the message says why and what to do."""
+
+
+class CommandResult(Protocol):
+    """The outcome of one shell command on a node."""
+
+    @property
+    def ok(self) -> bool: ...
+
+    @property
+    def stdout(self) -> str: ...
+
+    @property
+    def stderr(self) -> str: ...
+
+    def check(self) -> Any: ...
+
+
+class NodeAddress(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def host(self) -> str: ...
+
+
+class Shell(Protocol):
+    """A shell on one node: all a fault needs of the harness's SSH layer."""
+
+    @property
+    def node(self) -> NodeAddress: ...
+
+    def exec(self, cmd: str, *, check: bool = True) -> CommandResult: ...
 
 
 class ClusterDB(Protocol):
@@ -35,7 +72,7 @@ class ClusterDB(Protocol):
     @property
     def names(self) -> list[str]: ...
 
-    def remote(self, name: str) -> Remote: ...
+    def remote(self, name: str) -> Shell: ...
 
     def leader_of(self, topic: str, partition: int) -> str | None: ...
 

@@ -20,8 +20,7 @@ import shlex
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from isrlab.harness.control import Remote
-from isrlab.nemeses.base import ClusterDB, NemesisError, resolve_targets
+from isrlab.nemeses.base import ClusterDB, NemesisError, Shell, resolve_targets
 
 DEFAULT_BEHAVIOUR: dict[str, str] = {"delay": "50ms", "jitter": "10ms"}
 KNOWN = ("delay", "jitter", "loss", "duplicate", "reorder", "corrupt", "rate")
@@ -62,7 +61,7 @@ def _unavailable(node: str, stderr: str) -> PacketFaultsUnavailable:
     )
 
 
-def interface(r: Remote, peer_host: str) -> str:
+def interface(r: Shell, peer_host: str) -> str:
     """The interface ``r``'s node uses to reach ``peer_host``."""
     res = r.exec(
         f"ip -o route get $(getent ahostsv4 {shlex.quote(peer_host)} | head -n1 | "

@@ -39,8 +39,7 @@ import shlex
 from collections.abc import Sequence
 from typing import Any
 
-from isrlab.harness.control import Remote
-from isrlab.nemeses.base import ClusterDB, NemesisError, leader_node
+from isrlab.nemeses.base import ClusterDB, NemesisError, Shell, leader_node
 
 SHAPES: tuple[str, ...] = ("isolate-one", "isolate-leader", "halves", "majorities-ring", "bridge")
 METHODS: tuple[str, ...] = ("route", "iptables")
@@ -101,13 +100,13 @@ def grudge(
     raise NemesisError(f"unknown partition shape {shape!r}; use one of {', '.join(SHAPES)}")
 
 
-def _address(r: Remote, host: str) -> str:
+def _address(r: Shell, host: str) -> str:
     """``host`` as the node resolves it (an IP literal resolves to itself)."""
     res = r.exec(f"getent ahostsv4 {shlex.quote(host)} | head -n1", check=False)
     return res.stdout.split()[0] if res.ok and res.stdout.split() else host
 
 
-def heal_node(r: Remote) -> list[str]:
+def heal_node(r: Shell) -> list[str]:
     """Remove every black-hole route and our iptables chain on one node; what was removed."""
     res = r.exec(
         f"""

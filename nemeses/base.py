@@ -24,7 +24,6 @@ import random
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-
 TARGETS: tuple[str, ...] = ("one", "minority", "majority", "all", "leader", "controller")
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 import signal
 import uuid
 from dataclasses import dataclass, field
@@ -31,10 +32,20 @@ from isrlab.broker.apis.offsets import handle_list_offsets, handle_offset_for_le
 from isrlab.broker.apis.produce import handle_produce
 from isrlab.broker.config import BrokerConfig, parse_topic_configs
 from isrlab.broker.errors import ErrorCode, KafkaError
+from isrlab.broker.log.errors import KafkaStorageError
 from isrlab.broker.log_manager import LogManager
 from isrlab.broker.network.codec import FileRegion, Request
 from isrlab.broker.network.server import Connection, SocketServer
 from isrlab.broker.partition import AppendResult, HostedPartition, ReadResult
+from isrlab.broker.partition_limit import (
+    FDS_PER_PARTITION,
+    check_partition_budget,
+    check_partition_count,
+    derived_partition_limit,
+    open_file_limit,
+    partition_limit,
+    replicas_per_broker,
+)
 from isrlab.broker.replica_manager import LocalStateStore, ReplicaManager, StateStore
 from isrlab.broker.replication import LeaderAndIsr, ReplicationConfig, TruncationMode
 from isrlab.broker.topics import LocalTopicStore, TopicInfo, assign_replicas
@@ -91,6 +102,10 @@ class KafkaServer:
             hw_checkpoint_interval_ms=config["replica.high.watermark.checkpoint.interval.ms"],
         )
         self.log_manager.high_watermark = self._high_watermark
+        # max.broker.partitions, never above what the open-file limit allows
+        self.partition_limit, self.partition_limit_why = partition_limit(
+            config["max.broker.partitions"]
+        )
         self.topic_store = LocalTopicStore(config.log_dir)
         self._topics: dict[str, TopicInfo] = {}
         self.cluster_id = self._load_cluster_id()
@@ -133,8 +148,29 @@ class KafkaServer:
         path.write_text(f"version=0\nbroker.id={self.broker_id}\ncluster.id={cid}\n")
         return cid
 
+    def check_hosted_partitions(self) -> None:
+        """Refuse to start with more partitions than the open-file limit can hold open (the
+        start would fail half-way with "Too many open files"), saying what to do instead."""
+        configured = self.config["max.broker.partitions"]
+        if configured is not None and configured > self.partition_limit:
+            log.warning(
+                "max.broker.partitions=%d is more than the open-file limit allows; using %s",
+                configured,
+                self.partition_limit_why,
+            )
+        hosted = replicas_per_broker(t.assignment for t in self._topics.values())[self.broker_id]
+        nofile = open_file_limit()
+        if hosted > derived_partition_limit(nofile):
+            raise RuntimeError(
+                f"{self.config.log_dir} holds {hosted} partitions but the open-file limit "
+                f"(ulimit -n {nofile}) lets this broker keep at most "
+                f"{derived_partition_limit(nofile)} open ({FDS_PER_PARTITION} descriptors each); "
+                "raise ulimit -n and start again"
+            )
+
     async def start(self) -> None:
         self._topics = self.topic_store.all()
+        self.check_hosted_partitions()
         self.log_manager.load({n: self.topic_config(n) for n in self._topics})
         for name, info in self._topics.items():
             for p in info.assignment:
@@ -267,7 +303,21 @@ class KafkaServer:
                     f"replication factor {replication_factor} larger than {len(brokers)} "
                     "available broker(s)",
                 )
+            check_partition_count(
+                num_partitions,
+                replication_factor,
+                len(brokers),
+                self.partition_limit,
+                self.partition_limit_why,
+            )
             assignment = assign_replicas(num_partitions, replication_factor, brokers, start)
+        # Every broker is held to this broker's limit (KIP-578 has the controller do the same).
+        check_partition_budget(
+            replicas_per_broker(t.assignment for t in self._topics.values()),
+            assignment,
+            self.partition_limit,
+            self.partition_limit_why,
+        )
         return assignment
 
     async def create_topic(
@@ -285,12 +335,32 @@ class KafkaServer:
         info = TopicInfo(name, uuid.uuid4(), assignment, dict(config))
         if validate_only:
             return info
-        self.topic_store.create(info)
+        # Logs first, the topic store last: a crash in between leaves directories of an unknown
+        # topic, which the next start removes; a failure removes what was made. Never half a topic.
         self._topics[name] = info
-        for p in assignment:
-            self._host_partition((name, p))
+        try:
+            for p in assignment:
+                self._host_partition((name, p))
+            self.topic_store.create(info)
+        except (OSError, KafkaStorageError) as e:
+            self._undo_create(info)
+            raise KafkaError(
+                ErrorCode.KAFKA_STORAGE_ERROR,
+                f"could not create topic {name!r} ({e}); nothing was created",
+            ) from None
         log.info("created topic %s with %d partition(s)", name, len(assignment))
         return info
+
+    def _undo_create(self, info: TopicInfo) -> None:
+        for p in info.assignment:
+            self.replica_manager.remove((info.name, p))
+            self.log_manager.delete((info.name, p))
+            shutil.rmtree(self.config.log_dir / f"{info.name}-{p}", ignore_errors=True)
+        self._topics.pop(info.name, None)
+        try:
+            self.topic_store.delete(info.name)
+        except OSError as e:
+            log.warning("could not rewrite the topic store after a failed create: %s", e)
 
     async def auto_create_topic(self, name: str) -> ErrorCode:
         try:

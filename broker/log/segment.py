@@ -11,14 +11,24 @@ LogSegment does.
 A segment can be renamed with a suffix (``.deleted``) so that files being deleted are told
 apart from live ones; the open file handles keep working across the rename, which lets reads
 handed out before a deletion still be sent.
+
+Open files: the active segment (the one appended to) keeps its three files open and both
+indexes mapped, ``FDS_PER_SEGMENT`` descriptors. Any other segment opens its files only when
+used, and at most ``SEGMENT_HANDLE_POOL_SIZE`` of them keep them open at once, broker-wide
+(``HANDLE_POOL``, least recently used released first). So a partition costs one active
+segment's descriptors however many segments it has, and ``broker.partition_limit`` can bound
+the partitions a broker hosts by its open-file limit. A released ``.log`` file stays open
+while a ``FileRegion`` handed out for it is still being sent, and closes with its last one.
 """
 
 from __future__ import annotations
 
 import bisect
 import contextlib
+import io
 import mmap
 import os
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -52,6 +62,11 @@ CLEANED_SUFFIX = ".cleaned"
 SWAP_SUFFIX = ".swap"
 RECENT_BATCHES = 256  # batch headers the active end of a segment keeps in memory
 _INT32_MAX = 0x7FFFFFFF
+#: Descriptors of a segment with open files: ``.log``, ``.index``, ``.timeindex``, and the
+#: duplicate descriptor Python's ``mmap`` keeps for each of the two index mappings.
+FDS_PER_SEGMENT = 5
+#: Segments other than the active ones that may keep their files open at once (per process).
+SEGMENT_HANDLE_POOL_SIZE = 16
 
 
 def filename_prefix(offset: int) -> str:
@@ -88,6 +103,43 @@ class FileRegion:
 
     def read_bytes(self) -> bytes:
         return pread_fully(self.file.fileno(), self.size, self.position)
+
+
+class _SegmentFile(io.FileIO):
+    """A ``.log`` file that closes when its last user lets go of it, without a ResourceWarning:
+    a released segment drops it while fetch responses may still be sending regions of it."""
+
+    def __del__(self) -> None:
+        if not self.closed:
+            self.close()
+
+
+class SegmentHandlePool:
+    """Inactive segments whose files are open, least recently used first; past ``capacity``
+    the oldest one releases its files (they reopen on its next use)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = max(capacity, 1)
+        self._open: OrderedDict[int, LogSegment] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def touch(self, segment: LogSegment) -> None:
+        key = id(segment)
+        if key in self._open:
+            self._open.move_to_end(key)
+            return
+        self._open[key] = segment
+        while len(self._open) > self.capacity:
+            _, oldest = self._open.popitem(last=False)
+            oldest._release_handles()
+
+    def discard(self, segment: LogSegment) -> None:
+        self._open.pop(id(segment), None)
+
+
+HANDLE_POOL = SegmentHandlePool(SEGMENT_HANDLE_POOL_SIZE)
 
 
 def pread_fully(fd: int, size: int, position: int) -> bytes:
@@ -131,15 +183,20 @@ class LogSegment:
         self._clock = clock
         self._suffix = file_suffix
         path = log_path(directory, base_offset, file_suffix)
-        self._file: BinaryIO = open(path, "r+b" if path.exists() else "w+b", buffering=0)  # noqa: SIM115
         self._path = path
-        self._size = os.fstat(self._file.fileno()).st_size
-        self.offset_index = OffsetIndex(
-            offset_index_path(directory, base_offset, file_suffix), base_offset, max_index_size
-        )
-        self.time_index = TimeIndex(
-            time_index_path(directory, base_offset, file_suffix), base_offset, max_index_size
-        )
+        self._log_file: BinaryIO | None = None
+        self._offset_index: OffsetIndex | None = None
+        self._time_index: TimeIndex | None = None
+        self._closed = False
+        # A new segment is the log's active one: its files are created now and stay open. An
+        # existing one opens them when first used (see the module docstring); the log pins the
+        # one it appends to with resize_indexes().
+        self._pinned = not path.exists()
+        if self._pinned:
+            self._log_file = _SegmentFile(path, "w+")
+        self._size = path.stat().st_size
+        if self._pinned:
+            _ = self.offset_index, self.time_index  # create the preallocated index files
         self._bytes_since_last_index_entry = 0
         self._max_timestamp: int | None = None  # loaded lazily from the time index, as Kafka does
         self._offset_of_max_timestamp = -1
@@ -150,6 +207,75 @@ class LogSegment:
         # reads of caught-up followers and consumers land here and skip the index + scan.
         self._recent: list[BatchHeader] = []
         self._recent_last: list[int] = []
+
+    # -- open files --------------------------------------------------------------------------
+
+    def _used(self) -> bool:
+        """Note a use of the files; False once the segment is closed (its closed file objects
+        still answer ``path`` and the like, any IO on them fails)."""
+        if self._closed:
+            return False
+        if not self._pinned:
+            HANDLE_POOL.touch(self)
+        return True
+
+    @property
+    def _file(self) -> BinaryIO:
+        f = self._log_file
+        if f is None or not self._pinned:
+            if self._used() and self._log_file is None:
+                self._log_file = _SegmentFile(self._path, "r+")
+            f = self._log_file
+            if f is None:
+                raise KafkaStorageError(f"segment {self._path} is closed")
+        return f
+
+    @property
+    def offset_index(self) -> OffsetIndex:
+        index = self._offset_index
+        if index is None or not self._pinned:
+            if self._used() and self._offset_index is None:
+                self._offset_index = OffsetIndex(
+                    offset_index_path(self.dir, self.base_offset, self._suffix),
+                    self.base_offset,
+                    self.max_index_size,
+                )
+            index = self._offset_index
+            if index is None:
+                raise KafkaStorageError(f"segment {self._path} is closed")
+        return index
+
+    @property
+    def time_index(self) -> TimeIndex:
+        index = self._time_index
+        if index is None or not self._pinned:
+            if self._used() and self._time_index is None:
+                self._time_index = TimeIndex(
+                    time_index_path(self.dir, self.base_offset, self._suffix),
+                    self.base_offset,
+                    self.max_index_size,
+                )
+            index = self._time_index
+            if index is None:
+                raise KafkaStorageError(f"segment {self._path} is closed")
+        return index
+
+    @property
+    def has_open_files(self) -> bool:
+        return not self._closed and not (
+            self._log_file is None and self._offset_index is None and self._time_index is None
+        )
+
+    def _release_handles(self) -> None:
+        """Close the files of an inactive segment (the pool's eviction); they reopen on use.
+
+        The ``.log`` file is only dropped: a FileRegion still being sent keeps it open.
+        """
+        self._log_file = None
+        for index in (self._offset_index, self._time_index):
+            if index is not None:
+                index.close()  # an inactive index is already trimmed: this only unmaps
+        self._offset_index = self._time_index = None
 
     # -- properties --------------------------------------------------------------------------
 
@@ -179,7 +305,7 @@ class LogSegment:
 
     @property
     def last_modified_ms(self) -> int:
-        return int(os.fstat(self._file.fileno()).st_mtime * 1000)
+        return int(self._path.stat().st_mtime * 1000)
 
     @property
     def largest_timestamp(self) -> int:
@@ -480,16 +606,26 @@ class LogSegment:
     # -- lifecycle ---------------------------------------------------------------------------
 
     def resize_indexes(self, size: int) -> None:
+        """Preallocate the indexes for appends: the log calls this on its active segment, which
+        keeps its files open from now on."""
+        HANDLE_POOL.discard(self)
+        self._pinned = True
         self.offset_index.resize(size)
         self.time_index.resize(size)
 
     def on_become_inactive(self) -> None:
-        """Called on roll: record the final largest timestamp and give back the preallocated index space."""
+        """Called on roll: record the final largest timestamp and give back the preallocated index space.
+
+        From now on the segment's files may be released when other segments need descriptors.
+        """
         self.time_index.maybe_append(
             self.max_timestamp_so_far, self.offset_of_max_timestamp_so_far, skip_full_check=True
         )
         self.offset_index.trim_to_valid_size()
         self.time_index.trim_to_valid_size()
+        if self._pinned:
+            self._pinned = False
+            HANDLE_POOL.touch(self)
 
     @property
     def is_full(self) -> bool:
@@ -505,35 +641,58 @@ class LogSegment:
             raise KafkaStorageError(f"cannot flush segment {self._path}: {exc}") from exc
 
     def close(self) -> None:
-        if self._file.closed:
+        if self._closed:
             return
-        self.on_become_inactive()
-        self.offset_index.close()
-        self.time_index.close()
-        self._file.close()
+        if self._pinned:  # an inactive segment was finalized when it became inactive
+            self.on_become_inactive()
+        HANDLE_POOL.discard(self)
+        for index in (self._offset_index, self._time_index):
+            if index is not None:
+                index.close()
+        if self._log_file is not None:
+            self._log_file.close()
+        self._closed = True
 
     def close_handlers(self) -> None:
         """Close files without trimming or writing anything (before deleting them)."""
-        self.offset_index.close_handler()
-        self.time_index.close_handler()
-        if not self._file.closed:
-            self._file.close()
+        HANDLE_POOL.discard(self)
+        for index in (self._offset_index, self._time_index):
+            if index is not None:
+                index.close_handler()
+        if self._log_file is not None:
+            self._log_file.close()
+        self._closed = True
 
     def change_file_suffix(self, new_suffix: str) -> None:
         """Rename the three files from the current suffix to ``new_suffix`` (e.g. ``.deleted``)."""
         new_log = log_path(self.dir, self.base_offset, new_suffix)
         os.replace(self._path, new_log)
         self._path = new_log
-        self.offset_index.rename_to(offset_index_path(self.dir, self.base_offset, new_suffix))
-        self.time_index.rename_to(time_index_path(self.dir, self.base_offset, new_suffix))
+        for index, old, new in (
+            (
+                self._offset_index,
+                offset_index_path(self.dir, self.base_offset, self._suffix),
+                offset_index_path(self.dir, self.base_offset, new_suffix),
+            ),
+            (
+                self._time_index,
+                time_index_path(self.dir, self.base_offset, self._suffix),
+                time_index_path(self.dir, self.base_offset, new_suffix),
+            ),
+        ):
+            if index is not None:
+                index.rename_to(new)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    os.replace(old, new)
         self._suffix = new_suffix
 
     def delete(self) -> None:
         """Close and remove the segment's files."""
         self.close_handlers()
         self._path.unlink(missing_ok=True)
-        self.offset_index.path.unlink(missing_ok=True)
-        self.time_index.path.unlink(missing_ok=True)
+        offset_index_path(self.dir, self.base_offset, self._suffix).unlink(missing_ok=True)
+        time_index_path(self.dir, self.base_offset, self._suffix).unlink(missing_ok=True)
 
     def __repr__(self) -> str:
         return f"LogSegment(base_offset={self.base_offset}, size={self._size}, path={self._path})"

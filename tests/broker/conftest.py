@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -28,8 +29,10 @@ class BrokerProcess:
         overrides: dict[str, str] | None = None,
         host: str = "127.0.0.1",
         broker_id: int = 0,
+        nofile: int | None = None,
     ):
         self.log_dir = log_dir
+        self.nofile = nofile  # the child's open-file limit (ulimit -n), if lowered
         self.port = port
         self.host = host
         self.broker_id = broker_id
@@ -52,7 +55,15 @@ class BrokerProcess:
         for k, v in self.overrides.items():
             args += ["--override", f"{k}={v}"]
         self.stderr = open(self.stderr_path, "ab")  # noqa: SIM115 - lives as long as the process
-        self.proc = subprocess.Popen(args, stdout=self.stderr, stderr=self.stderr)
+        nofile = self.nofile
+
+        def limit_files() -> None:
+            if nofile is not None:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
+        self.proc = subprocess.Popen(
+            args, stdout=self.stderr, stderr=self.stderr, preexec_fn=limit_files
+        )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -76,3 +76,59 @@ def build_batch(values: list[bytes], *, timestamp: int = 1_700_000_000_000, **kw
         builder.append(timestamp=timestamp + i, key=None, value=v, headers=[])
     builder.close()
     return bytes(builder.buffer())
+
+
+def fetch_records(
+    client: RawClient, topic: str, partition: int, start: int = 0
+) -> list[tuple[int, bytes | None]]:
+    """Every (offset, value) of a partition from ``start`` to the high watermark, fetched
+    (Fetch v11) until an empty answer."""
+    from kafka.protocol.consumer import FetchRequest
+    from kafka.record.default_records import DefaultRecordBatch
+
+    F = FetchRequest[11]
+    out: list[tuple[int, bytes | None]] = []
+    offset = start
+    while True:
+        req = F(
+            replica_id=-1,
+            max_wait_ms=0,
+            min_bytes=0,
+            max_bytes=1 << 20,
+            isolation_level=0,
+            session_id=0,
+            session_epoch=-1,
+            topics=[
+                F.FetchTopic(
+                    topic=topic,
+                    partitions=[
+                        F.FetchTopic.FetchPartition(
+                            partition=partition,
+                            current_leader_epoch=-1,
+                            fetch_offset=offset,
+                            log_start_offset=-1,
+                            partition_max_bytes=1 << 20,
+                        )
+                    ],
+                )
+            ],
+            forgotten_topics_data=[],
+            rack_id="",
+        )
+        p = client.call(req).responses[0].partitions[0]
+        if p.error_code != 0:
+            raise AssertionError(f"fetch {topic}-{partition} at {offset}: error {p.error_code}")
+        data = bytes(p.records or b"")
+        position = 0
+        batches = 0
+        while position + 12 <= len(data):
+            (length,) = struct.unpack_from(">i", data, position + 8)
+            if position + 12 + length > len(data):
+                break  # a partial batch at the end of the fetch
+            for record in DefaultRecordBatch(data[position : position + 12 + length]):
+                out.append((record.offset, None if record.value is None else bytes(record.value)))
+            position += 12 + length
+            batches += 1
+        if batches == 0:
+            return out
+        offset = out[-1][0] + 1

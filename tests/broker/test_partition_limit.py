@@ -1,0 +1,195 @@
+"""A broker hosts no more partitions than its open-file limit can hold (max.broker.partitions).
+
+Issue 12, point 6: one CreateTopics with num_partitions=100000 used to create partitions until the
+process ran out of descriptors; the request was never answered, ApiVersions neither, SIGTERM did
+nothing and the broker could not start again. These tests run a real broker with a lowered
+`ulimit -n` and check that such requests are refused before anything is created, that the limit
+counts every hosted partition (CreateTopics and auto-creation alike), and that a broker filled to
+the limit, with many segments per partition, still serves, stops on SIGTERM and starts again.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+from kafka.protocol.admin import CreateTopicsRequest
+from kafka.protocol.metadata import ApiVersionsRequest, MetadataRequest
+from kafka.protocol.producer import ProduceRequest
+
+from isrlab.broker.errors import ErrorCode
+from isrlab.broker.partition_limit import derived_partition_limit
+from tests.broker.conftest import BrokerProcess, free_port
+from tests.broker.rawclient import RawClient, build_batch, fetch_records
+
+pytestmark = pytest.mark.integration
+
+NOFILE = 256
+LIMIT = derived_partition_limit(NOFILE)
+
+
+def create(port: int, name: str, partitions: int, rf: int = 1, **configs: str):
+    C = CreateTopicsRequest[4]
+    topic = C.CreatableTopic(
+        name=name,
+        num_partitions=partitions,
+        replication_factor=rf,
+        assignments=[],
+        configs=[
+            C.CreatableTopic.CreatableTopicConfig(name=k, value=v) for k, v in configs.items()
+        ],
+    )
+    c = RawClient(port, timeout=30)
+    try:
+        return c.call(C(topics=[topic], timeout_ms=30000, validate_only=False)).topics[0]
+    finally:
+        c.close()
+
+
+def metadata(port: int, topics: list[str] | None, auto_create: bool = False):
+    c = RawClient(port)
+    try:
+        M = MetadataRequest[8]
+        req = M(
+            topics=None if topics is None else [M.MetadataRequestTopic(name=t) for t in topics],
+            allow_auto_topic_creation=auto_create,
+            include_cluster_authorized_operations=False,
+            include_topic_authorized_operations=False,
+        )
+        return c.call(req)
+    finally:
+        c.close()
+
+
+def api_versions_ok(port: int) -> bool:
+    c = RawClient(port)
+    try:
+        return c.call(ApiVersionsRequest[0]()).error_code == 0
+    finally:
+        c.close()
+
+
+def produce(c: RawClient, topic: str, partition: int, value: bytes) -> int:
+    P = ProduceRequest[8]
+    req = P(
+        transactional_id=None,
+        acks=1,
+        timeout_ms=5000,
+        topic_data=[
+            P.TopicProduceData(
+                name=topic,
+                partition_data=[
+                    P.TopicProduceData.PartitionProduceData(
+                        index=partition, records=build_batch([value])
+                    )
+                ],
+            )
+        ],
+    )
+    resp = c.call(req).responses[0].partition_responses[0]
+    assert resp.error_code == 0, resp
+    return int(resp.base_offset)
+
+
+def partition_dirs(b: BrokerProcess, topic: str) -> list[str]:
+    return sorted(
+        d.name for d in b.log_dir.iterdir() if d.is_dir() and d.name.rpartition("-")[0] == topic
+    )
+
+
+@pytest.fixture
+def limited(tmp_path: Path):
+    started: list[BrokerProcess] = []
+
+    def make(**overrides: str) -> BrokerProcess:
+        b = BrokerProcess(tmp_path / "logs", free_port(), overrides, nofile=NOFILE)
+        b.start()
+        started.append(b)
+        return b
+
+    yield make
+    for b in started:
+        b.stop()
+
+
+def stop_with_sigterm(b: BrokerProcess) -> None:
+    assert b.proc is not None
+    b.proc.send_signal(signal.SIGTERM)
+    assert b.proc.wait(20) == 0, b.log_text()[-3000:]
+    b.proc = None
+
+
+def test_huge_partition_count_is_refused_and_nothing_is_created(limited) -> None:
+    b = limited()
+    result = create(b.port, "huge", 100_000)
+    assert result.error_code == ErrorCode.POLICY_VIOLATION, result
+    assert "max.broker.partitions" in result.error_message
+    assert "ulimit -n" in result.error_message
+    assert partition_dirs(b, "huge") == []
+    assert "huge" not in [t.name for t in metadata(b.port, None).topics]
+    assert api_versions_ok(b.port)
+
+    # a replication factor no set of live brokers can honour
+    result = create(b.port, "wide", 1, rf=3)
+    assert result.error_code == ErrorCode.INVALID_REPLICATION_FACTOR, result
+    assert "3" in result.error_message
+    assert partition_dirs(b, "wide") == []
+
+    # just over the limit in one request: refused whole, not created up to the limit
+    result = create(b.port, "over", LIMIT + 1)
+    assert result.error_code == ErrorCode.POLICY_VIOLATION, result
+    assert partition_dirs(b, "over") == []
+    assert create(b.port, "fits", LIMIT).error_code == 0
+    assert len(partition_dirs(b, "fits")) == LIMIT
+    stop_with_sigterm(b)
+
+
+def test_limit_counts_every_hosted_partition_and_the_full_broker_keeps_working(limited) -> None:
+    per_topic = 3
+    left = LIMIT % per_topic  # room after the topics below
+    b = limited(**{"num.partitions": str(left + 1)})
+    topics = [f"t{i}" for i in range(LIMIT // per_topic)]
+    for name in topics:
+        # small segments: every produced batch below rolls a new one
+        result = create(b.port, name, per_topic, **{"segment.bytes": "1000"})
+        assert result.error_code == 0, result
+
+    # many topics approaching the limit: the next one is refused whole
+    result = create(b.port, "next", per_topic)
+    assert result.error_code == ErrorCode.POLICY_VIOLATION, result
+    assert partition_dirs(b, "next") == []
+
+    # auto-creation (num.partitions = one more than is left) takes the same path
+    md = metadata(b.port, ["auto"], auto_create=True)
+    assert md.topics[0].error_code == ErrorCode.POLICY_VIOLATION, md.topics[0]
+    assert partition_dirs(b, "auto") == []
+    assert "auto" not in [t.name for t in metadata(b.port, None).topics]
+    assert api_versions_ok(b.port)
+
+    # 20 segments per partition: only the active ones keep their files open
+    written: dict[tuple[str, int], list[tuple[int, bytes | None]]] = {}
+    c = RawClient(b.port)
+    for round_ in range(20):
+        for name in topics:
+            for p in range(per_topic):
+                value = f"{name}-{p}-{round_}".encode() * 100
+                written.setdefault((name, p), []).append((produce(c, name, p, value), value))
+    for (name, p), expected in written.items():
+        assert fetch_records(c, name, p) == expected
+    c.close()
+    segments = len(list((b.log_dir / "t0-0").glob("*.log")))
+    assert segments >= 20
+    assert b.proc is not None
+    assert len(os.listdir(f"/proc/{b.proc.pid}/fd")) < NOFILE * 3 // 4
+    assert api_versions_ok(b.port)
+
+    stop_with_sigterm(b)
+    b.start()  # same log dir, same ulimit -n
+    c = RawClient(b.port)
+    for (name, p), expected in written.items():
+        assert fetch_records(c, name, p) == expected
+    c.close()
+    assert api_versions_ok(b.port)
+    stop_with_sigterm(b)

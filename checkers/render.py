@@ -19,6 +19,8 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
+from isrlab.checkers.queue.codec import DATA_FS, entries_in
+
 __all__ = ["render_artifacts", "summary_text"]
 
 
@@ -76,22 +78,14 @@ def _points(
     pts: dict[tuple[str, str], list[tuple[int, int]]] = {}
     for pos, op in enumerate(ops):
         typ = op.get("type")
-        if typ == "invoke" or op.get("f") not in ("send", "poll", "txn"):
-            continue
-        value = op.get("value")
-        if not isinstance(value, list):
+        if typ == "invoke" or op.get("f") not in DATA_FS:
             continue
         x = op.get("index", pos)
-        for mop in value:
-            if not isinstance(mop, list) or len(mop) < 2:
-                continue
-            if mop[0] == "send" and len(mop) == 3 and mop[1] == key:
-                if isinstance(mop[2], list) and isinstance(mop[2][0], int):
-                    pts.setdefault(("send", str(typ)), []).append((x, mop[2][0]))
-            elif mop[0] == "poll" and isinstance(mop[1], dict) and key in mop[1]:
-                for pair in mop[1][key]:
-                    if isinstance(pair, list) and pair and isinstance(pair[0], int):
-                        pts.setdefault(("poll", str(typ)), []).append((x, pair[0]))
+        for _, what, k, offset, _ in entries_in(op.get("value")):
+            if k == key and isinstance(offset, int):
+                pts.setdefault(("send" if what == "send" else "poll", str(typ)), []).append(
+                    (x, offset)
+                )
     return pts
 
 
@@ -155,7 +149,7 @@ def render_artifacts(
     summary.write_text(summary_text(results, per_type=8))
     written.append(summary)
     marks = _anomalous_offsets(results)
-    queue_like = any(op.get("f") in ("send", "poll", "txn") for op in islice(ops, 1000))
+    queue_like = any(op.get("f") in DATA_FS for op in islice(ops, 1000))
     if queue_like:
         for key in sorted(marks, key=str)[:max_keys]:
             written.extend(_plot_key(ops, key, marks[key], out))

@@ -28,6 +28,7 @@ import pyarrow as pa
 
 from isrlab.checkers.api import WORKLOADS, check, policy_from_test
 from isrlab.checkers.history import HistoryError, load_history
+from isrlab.checkers.queue.codec import sends_in
 
 __all__ = ["RESULTS_DDL", "RESULTS_SCHEMA", "acked_writes", "check_run", "results_table"]
 
@@ -59,9 +60,7 @@ def acked_writes(ops: Sequence[dict[str, Any]]) -> int:
     for op in ops:
         if op.get("type") != "ok" or op.get("f") not in ("send", "txn"):
             continue
-        value = op.get("value")
-        if isinstance(value, list):
-            n += sum(1 for m in value if isinstance(m, list) and m and m[0] == "send")
+        n += sum(1 for _ in sends_in(op.get("value")))
     return n
 
 

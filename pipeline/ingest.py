@@ -28,6 +28,7 @@ from typing import Any
 import orjson
 import pyarrow as pa
 
+from isrlab.checkers.queue.codec import ASSIGN_FS, entries_in
 from isrlab.harness.testconfig import COLUMNS
 from isrlab.pipeline.store import CONFIG_COLUMNS, Run, config_of
 
@@ -134,23 +135,10 @@ class _Columns:
 
 
 def _emit(out: _Columns, comp: dict[str, Any], inv: tuple[int, int] | None, typ: str) -> None:
-    value = comp.get("value")
-    if not isinstance(value, list) or comp.get("f") in ("assign", "subscribe"):
+    if comp.get("f") in ASSIGN_FS:
         return
-    for i, mop in enumerate(value):
-        if not isinstance(mop, list) or not mop:
-            continue
-        if mop[0] == "send" and len(mop) >= 3:
-            sent = mop[2]
-            if isinstance(sent, list) and len(sent) == 2:
-                out.add(comp, inv, typ, "send", i, mop[1], sent[0], sent[1])
-            else:
-                out.add(comp, inv, typ, "send", i, mop[1], None, sent)
-        elif mop[0] == "poll" and len(mop) >= 2 and isinstance(mop[1], dict):
-            for key, pairs in mop[1].items():
-                for pair in pairs or ():
-                    if isinstance(pair, list) and len(pair) == 2:
-                        out.add(comp, inv, typ, "read", i, key, pair[0], pair[1])
+    for i, kind, key, offset, value in entries_in(comp.get("value")):
+        out.add(comp, inv, typ, kind, i, key, offset, value)
 
 
 def records_of(run_id: str, ops: Sequence[dict[str, Any]]) -> pa.Table:

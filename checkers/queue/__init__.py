@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from isrlab.checkers.queue.analysis import QueueAnalysis, check_queue
+from isrlab.checkers.queue.codec import ASSIGN_FS, POLL, SEND, poll_result, polls_in, sends_in
 from isrlab.checkers.queue.policy import ALL_TYPES, DEFAULT_ALLOWED, allowed_types
 from isrlab.checkers.queue.results import merge_results
 
@@ -35,33 +36,29 @@ def keys_of(ops: Sequence[dict[str, Any]]) -> list[Any]:
         value = op.get("value")
         if not isinstance(value, list):
             continue
-        if op.get("f") in ("assign", "subscribe"):
+        if op.get("f") in ASSIGN_FS:
             keys.update(value)
             continue
-        for mop in value:
-            if not isinstance(mop, list) or not mop:
-                continue
-            if mop[0] == "send" and len(mop) >= 2:
-                keys.add(mop[1])
-            elif mop[0] == "poll" and len(mop) >= 2 and isinstance(mop[1], dict):
-                keys.update(mop[1])
+        keys.update(k for _, k, _, _ in sends_in(value))
+        for _, reads in polls_in(value):
+            keys.update(reads)
     return sorted(keys, key=str)
 
 
 def _project_value(f: str, value: Any, key: Any) -> Any:
     if not isinstance(value, list):
         return value
-    if f in ("assign", "subscribe"):
+    if f in ASSIGN_FS:
         return [k for k in value if k == key]
     out = []
     for mop in value:
         if not isinstance(mop, list) or not mop:
             out.append(mop)
-        elif mop[0] == "send":
+        elif mop[0] == SEND:
             if len(mop) >= 2 and mop[1] == key:
                 out.append(mop)
-        elif mop[0] == "poll" and len(mop) >= 2 and isinstance(mop[1], dict):
-            out.append(["poll", {key: mop[1][key]} if key in mop[1] else {}])
+        elif mop[0] == POLL and len(mop) >= 2 and isinstance(mop[1], dict):
+            out.append(poll_result({key: mop[1][key]} if key in mop[1] else {}))
         else:
             out.append(mop)
     return out

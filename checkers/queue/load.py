@@ -27,14 +27,8 @@ from typing import Any
 import orjson
 
 from isrlab.checkers.history import OP_TYPES, gc_paused, load_history
-from isrlab.checkers.queue.ops import (
-    ASSIGN_FS,
-    DATA_FS,
-    QueueOp,
-    _parse_mops,
-    close_pending,
-    take_op_fields,
-)
+from isrlab.checkers.queue.codec import ASSIGN_FS, DATA_FS, decode_into
+from isrlab.checkers.queue.ops import QueueOp, close_pending, take_op_fields
 
 __all__ = ["QueueFile", "QueueHistory", "load_queue", "parse_blocks"]
 
@@ -237,7 +231,8 @@ def _load_fast(path: Path) -> QueueHistory:
                     rec.inv_index = inv_pos
                     value = op.get("value")
                     if type(value) is list and len(value) == 1:
-                        # One micro-op, the common shapes of `_parse_mops` inlined.
+                        # One micro-op: the codec's `decode_into` inlined for its two
+                        # commonest shapes (tests/checkers/test_queue_load.py holds them equal).
                         mop = value[0]
                         if type(mop) is not list:
                             raise _GiveUp()
@@ -255,9 +250,9 @@ def _load_fast(path: Path) -> QueueHistory:
                                     raise _GiveUp()
                             rec.reads = m  # the op dict dies: its poll result is free
                         else:
-                            _parse_mops(rec, value, pos + 1, True)
+                            decode_into(rec, value, pos + 1, True)
                     elif value is not None:
-                        _parse_mops(rec, value, pos + 1, True)
+                        decode_into(rec, value, pos + 1, True)
                     take_op_fields(rec, op)
                     append(rec)
                 elif f in assign_fs:

@@ -10,7 +10,8 @@ A `QueueOp` is one completed (or never-completed, hence `info`) client op of f `
   "A completed before B was invoked" is ``A.pos < B.inv`` (the history is in the order
   the control node saw events). Ops left open at the end get positions past the end.
 
-Malformed micro-ops raise `HistoryError` naming the op's line.
+Micro-ops are decoded by `checkers.queue.codec.decode_into`; malformed ones raise
+`HistoryError` naming the op's line.
 """
 
 from __future__ import annotations
@@ -18,9 +19,19 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from isrlab.checkers.history import HistoryError
+from isrlab.checkers.queue.codec import (
+    ASSIGN_FS,
+    DATA_FS,
+    NO_READS,
+    NO_SENDS,
+    check_pairs_of,
+    decode_into,
+    sends_in,
+)
 
 __all__ = [
+    "ASSIGN_FS",
+    "DATA_FS",
     "FAIL",
     "INFO",
     "OK",
@@ -34,12 +45,7 @@ __all__ = [
 
 OK, INFO, FAIL = 0, 1, 2
 _KIND = {"ok": OK, "info": INFO, "fail": FAIL}
-DATA_FS = frozenset(("send", "poll", "txn"))
-ASSIGN_FS = frozenset(("assign", "subscribe"))
 _NO_INVOKE: tuple[int, None] = (-1, None)
-# Never mutated: `_parse_mops` replaces them with fresh containers before adding.
-_NO_SENDS: list[tuple[Any, Any, Any]] = []
-_NO_READS: dict[Any, list[Any]] = {}
 
 
 class QueueOp:
@@ -67,10 +73,9 @@ class QueueOp:
         self.inv = inv
         self.inv_index = -1
         self.process = process
-        # Shared empties until `_parse_mops` finds a send or a poll: most ops have only
-        # one of the two, and a million empty containers cost time to make and to free.
-        self.sends: list[tuple[Any, Any, Any]] = _NO_SENDS
-        self.reads: dict[Any, list[Any]] = _NO_READS
+        # The codec's shared empties until `decode_into` finds a send or a poll.
+        self.sends: list[tuple[Any, Any, Any]] = NO_SENDS
+        self.reads: dict[Any, list[Any]] = NO_READS
         self.wm: dict[str, Any] | None = None
         self.idem = False
         self.committed = kind == OK
@@ -84,53 +89,6 @@ class QueueOp:
         return f"op {self.index} (process {self.process}, {self.type_name} {self.f})"
 
 
-def _parse_mops(rec: QueueOp, value: Any, line: int, with_reads: bool) -> None:
-    if value is None:
-        return
-    if type(value) is not list:
-        raise HistoryError(f"{rec.f} value must be a list of micro-ops, got {value!r}", line)
-    sends = rec.sends
-    reads = rec.reads
-    for mop in value:
-        if type(mop) is not list or not mop:
-            raise HistoryError(f"micro-op must be a non-empty list, got {mop!r}", line)
-        name = mop[0]
-        if name == "send":
-            if len(mop) != 3:
-                raise HistoryError(f"send micro-op must be [send, key, value], got {mop!r}", line)
-            x = mop[2]
-            if type(x) is list:
-                if len(x) != 2:
-                    raise HistoryError(f"send result must be [offset, value], got {x!r}", line)
-                item = (mop[1], x[0], x[1])
-            else:
-                item = (mop[1], None, x)
-            if sends is _NO_SENDS:
-                rec.sends = sends = [item]
-            else:
-                sends.append(item)
-        elif name == "poll":
-            if not with_reads or len(mop) < 2 or mop[1] is None:
-                continue
-            m = mop[1]
-            if type(m) is not dict:
-                raise HistoryError(
-                    f"poll result must be an object of key -> pairs, got {m!r}", line
-                )
-            if reads is _NO_READS:
-                rec.reads = reads = {}
-            for k, pairs in m.items():
-                if type(pairs) is not list:
-                    raise HistoryError(f"poll result for {k!r} must be a list of pairs", line)
-                have = reads.get(k)
-                if have is None:
-                    reads[k] = pairs
-                else:
-                    reads[k] = have + pairs
-        else:
-            raise HistoryError(f"unknown micro-op {name!r} (expected send or poll)", line)
-
-
 def take_op_fields(rec: QueueOp, op: dict[str, Any]) -> None:
     """The completion's optional fields a data op's record keeps: watermarks, idempotence."""
     rec.wm = op.get("watermarks")
@@ -142,34 +100,8 @@ def take_op_fields(rec: QueueOp, op: dict[str, Any]) -> None:
 def check_pairs(ops: Sequence[dict[str, Any]]) -> None:
     """Strict check of every micro-op (run only to locate an error the fast path hit)."""
     for pos, op in enumerate(ops):
-        value = op.get("value")
-        if op.get("f") not in DATA_FS or type(value) is not list:
-            continue
-        line = pos + 1
-        for mop in value:
-            if type(mop) is list and len(mop) >= 2 and mop[0] == "poll" and type(mop[1]) is dict:
-                for pairs in mop[1].values():
-                    for pair in pairs:
-                        if type(pair) is not list or len(pair) != 2:
-                            raise HistoryError(
-                                f"poll pair must be [offset, value], got {pair!r}", line
-                            )
-                        _check_pair(pair[0], pair[1], line)
-            if type(mop) is list and len(mop) == 3 and mop[0] == "send":
-                x = mop[2]
-                if type(x) is list:
-                    if len(x) != 2:
-                        raise HistoryError(f"send result must be [offset, value], got {x!r}", line)
-                    _check_pair(x[0], x[1], line)
-                else:
-                    _check_pair(None, x, line)
-
-
-def _check_pair(offset: Any, value: Any, line: int) -> None:
-    if offset is not None and type(offset) is not int:
-        raise HistoryError(f"offset must be an integer or null, got {offset!r}", line)
-    if type(value) in (list, dict):
-        raise HistoryError(f"values must be JSON scalars, got {value!r}", line)
+        if op.get("f") in DATA_FS:
+            check_pairs_of(op.get("value"), pos + 1)
 
 
 def parse_ops(ops: Sequence[dict[str, Any]]) -> tuple[list[QueueOp], bool]:
@@ -197,7 +129,7 @@ def parse_ops(ops: Sequence[dict[str, Any]]) -> tuple[list[QueueOp], bool]:
                 rec.inv_index = inv_op.get("index", inv_pos)
             value = op.get("value")
             if value is not None:
-                _parse_mops(rec, value, pos + 1, True)
+                decode_into(rec, value, pos + 1, True)
             take_op_fields(rec, op)
             records.append(rec)
         elif f in ASSIGN_FS:
@@ -225,7 +157,7 @@ def close_pending(
         rec = QueueOp(f, INFO, end, inv_op.get("index", inv_pos), inv_pos, process)
         rec.inv_index = rec.index
         end += 1
-        _parse_mops(rec, inv_op.get("value"), inv_pos + 1, False)
+        decode_into(rec, inv_op.get("value"), inv_pos + 1, False)
         records.append(rec)
     return saw_subscribe
 
@@ -243,16 +175,10 @@ def invoked_sends(ops: Iterable[dict[str, Any]]) -> dict[Any, set[Any]]:
             continue
         f = op["f"]
         if f == "send" or f == "txn":
-            value = op.get("value")
-            if type(value) is list:
-                for mop in value:
-                    if type(mop) is list and len(mop) == 3 and mop[0] == "send":
-                        k, v = mop[1], mop[2]
-                        if type(v) is list and len(v) == 2:
-                            v = v[1]
-                        s = attempted.get(k)
-                        if s is None:
-                            attempted[k] = {v}
-                        else:
-                            s.add(v)
+            for _, k, _, v in sends_in(op.get("value")):
+                s = attempted.get(k)
+                if s is None:
+                    attempted[k] = {v}
+                else:
+                    s.add(v)
     return attempted

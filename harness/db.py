@@ -1,7 +1,7 @@
 """The database under test on its nodes: ZooKeeper and the reference broker, deployed over SSH.
 
 ``KafkaDB(test, inventory, run_dir)`` owns the whole life of the system under test on a set of
-nodes, and reaches them only through ``harness.control`` (SSH), so the embedded netns cluster and
+nodes, and reaches them only through ``harness.remote`` (SSH), so the embedded netns cluster and
 real VMs take the same code path.
 
 Shipping the code (``setup`` step 1)
@@ -82,15 +82,9 @@ from pathlib import Path
 from typing import Any
 
 from isrlab.harness import zookeeper
-from isrlab.harness.control import (
-    ConnectionPool,
-    ControlError,
-    Inventory,
-    Node,
-    Remote,
-    RemoteCommandError,
-    on_nodes,
-)
+from isrlab.harness.inventory import Inventory, Node
+from isrlab.harness.remote import Remote, RemoteCommandError, on_nodes
+from isrlab.harness.ssh import ConnectionPool, ControlError
 from isrlab.harness.testconfig import BROKER_SETTINGS, ConfigError, option, render_broker_value
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent

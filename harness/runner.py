@@ -4,7 +4,7 @@ A test is a `TestConfig` (harness.testconfig: one table of options, validated be
 touched); its test map (`to_test()`) is saved as test.json. `run_test(config)` wires the pieces,
 each of which knows nothing of the others and gets the test map:
 
-    nodes       embedded netns cluster (harness.cluster), or --nodes / --nodes-file (harness.control)
+    nodes       embedded netns cluster (harness.cluster), or --nodes / --nodes-file (harness.inventory)
     db          ZooKeeper ensemble + brokers deployed over SSH (harness.db.KafkaDB)
     nemesis     faults as ops (nemeses.build / nemeses.schedule)
     generator   workload phases: main + nemesis -> heal -> recovery -> final drain (harness.generator)
@@ -146,7 +146,7 @@ def node_inventory(config: TestConfig) -> Iterator[tuple[Any, TestConfig]]:
 
     Yields the inventory and the configuration completed with the embedded cluster's node
     names and work directories."""
-    from isrlab.harness.control import load_inventory
+    from isrlab.harness.inventory import load_inventory
 
     if config.nodes or config.nodes_file:
         try:

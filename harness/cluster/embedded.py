@@ -63,7 +63,9 @@ from typing import Any
 from isrlab.harness.cluster import network, sshd
 from isrlab.harness.cluster import state as st
 from isrlab.harness.cluster.network import ClusterError
-from isrlab.harness.control import ConnectionPool, Inventory, Node, Remote, SshOptions
+from isrlab.harness.inventory import Inventory, Node, SshOptions
+from isrlab.harness.remote import Remote
+from isrlab.harness.ssh import ConnectionPool
 
 DEFAULT_NAME = "default"
 DEFAULT_SUBNET = "10.77.0.0/24"
@@ -144,7 +146,7 @@ def libfaketime_path() -> str | None:
 
 @dataclass(frozen=True)
 class EmbeddedCluster:
-    """A running embedded cluster: its nodes (as control.Node) and how to reach them."""
+    """A running embedded cluster: its nodes (as inventory.Node) and how to reach them."""
 
     name: str
     subnet: str
@@ -175,7 +177,7 @@ class EmbeddedCluster:
 
     @property
     def inventory(self) -> Inventory:
-        """The same shape ``control.load_inventory`` gives for real hosts."""
+        """The same shape ``inventory.load_inventory`` gives for real hosts."""
         return Inventory(list(self.nodes), self.ssh)
 
     @classmethod

@@ -1,1 +1,1 @@
-"""Tests of harness.control and harness.cluster."""
+"""Tests of the harness: inventory, ssh, remote, db, cluster, runner, testconfig."""

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from isrlab.harness import db as dbmod
-from isrlab.harness.control import Inventory, Node, SshOptions
 from isrlab.harness.db import DBError, KafkaDB, build_hash, node_requirements, parse_key
+from isrlab.harness.inventory import Inventory, Node, SshOptions
 
 
 def inventory(n: int = 5) -> Inventory:

@@ -1,4 +1,4 @@
-"""The embedded cluster for real: namespaces, bridge, sshd, and harness.control over SSH.
+"""The embedded cluster for real: namespaces, bridge, sshd, and harness.remote over SSH.
 
 Uses cluster names ``itest*`` on 10.77.20x.0/24 so a user's ``default`` cluster is untouched.
 """
@@ -22,16 +22,9 @@ from isrlab.harness.cluster import embedded, embedded_cluster, network, sshd
 from isrlab.harness.cluster import state as st
 from isrlab.harness.cluster.cli import app
 from isrlab.harness.cluster.embedded import EmbeddedCluster
-from isrlab.harness.control import (
-    ConnectionLost,
-    ConnectionPool,
-    Remote,
-    RemoteTimeout,
-    SshConnectError,
-    SshOptions,
-    exec_on_nodes,
-    on_nodes,
-)
+from isrlab.harness.inventory import SshOptions
+from isrlab.harness.remote import ConnectionLost, Remote, RemoteTimeout, exec_on_nodes, on_nodes
+from isrlab.harness.ssh import ConnectionPool, SshConnectError
 
 from .conftest import leftovers
 
@@ -112,7 +105,9 @@ def test_project_checkout_and_venv_are_usable_on_nodes(
     cluster: EmbeddedCluster, pool: ConnectionPool
 ) -> None:
     r = cluster.remote("n2", pool)
-    res = r.exec(f"{REPO}/.venv/bin/python -c 'import isrlab.harness.control, sys; print(sys.prefix)'")
+    res = r.exec(
+        f"{REPO}/.venv/bin/python -c 'import isrlab.harness.remote, sys; print(sys.prefix)'"
+    )
     assert res.stdout.strip() == str(REPO / ".venv")
     assert r.exec("pwd", cwd=cluster.workdir("n2")).stdout.strip() == "/var/lib/isrlab/itest/n2"
 

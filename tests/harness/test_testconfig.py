@@ -107,8 +107,8 @@ def test_the_typed_config_round_trips_through_test_json() -> None:
 
 def test_broker_settings_and_report_columns_come_from_the_table() -> None:
     assert testconfig.BROKER_SETTINGS["min_insync_replicas"] == "min.insync.replicas"
-    from isrlab.harness.control import Inventory, Node, SshOptions
     from isrlab.harness.db import KafkaDB
+    from isrlab.harness.inventory import Inventory, Node, SshOptions
 
     inv = Inventory([Node("n1", "10.0.0.11")], SshOptions(host_key_policy="warn"))
     test = TestConfig.from_mapping({"unclean_leader_election": True}).to_test()

@@ -1,4 +1,4 @@
-"""harness.control without any SSH server: inventories, command wrapping, errors, retries."""
+"""harness.inventory, .ssh and .remote without any SSH server: inventories, command wrapping, errors, retries."""
 
 from __future__ import annotations
 
@@ -8,20 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from isrlab.harness.control import (
-    Node,
+from isrlab.harness.inventory import Node, SshOptions, load_inventory, load_nodes
+from isrlab.harness.remote import (
     NodesError,
     Remote,
     RemoteCommandError,
     Result,
-    SshConnectError,
-    SshOptions,
-    load_inventory,
-    load_nodes,
     on_nodes,
     try_on_nodes,
     wrap_command,
 )
+from isrlab.harness.ssh import SshConnectError
 
 
 def test_nodes_list_with_defaults_and_overrides() -> None:

@@ -1,22 +1,7 @@
 """Run commands on nodes over SSH: the harness's only way to touch a node.
 
-This module knows SSH (paramiko) and POSIX shells, nothing about Kafka or ZooKeeper. It owns:
-
-Nodes and inventories
-    ``Node(name, host, port=22, user="root", key_file=None, password=None, sudo=False)`` is one
-    host. ``load_nodes(nodes="n1,n2", user=..., key_file=...)`` parses a ``--nodes`` list
-    (entries ``host``, ``host:port`` or ``user@host:port``); ``load_nodes(nodes_file="nodes.yaml")``
-    reads ``nodes: [{name, host, port, user, key, password, sudo}]`` with optional top-level
-    ``defaults: {user, key, port, sudo}``, ``known_hosts:`` and ``host_key_policy:``.
-    ``load_inventory`` returns both the nodes and the ``SshOptions`` a file asks for.
-
-Host-key policy (``SshOptions.host_key_policy``)
-    ``"strict"``: the host key must be in ``known_hosts`` (a file) and match; anything else is an
-    error. The embedded cluster uses this with a per-run known_hosts file it writes itself from
-    the host keys it generated, so there is never a trust-on-first-use step.
-    ``"accept-new"``: unknown hosts are accepted and, if ``known_hosts`` is given, appended to
-    it; a *changed* key is still an error. ``"warn"``: unknown hosts are accepted with a warning
-    logged and nothing is saved. Use strict for real hosts whenever you can.
+This module knows POSIX shells and the SSH layer (``harness.ssh``), nothing about Kafka or
+ZooKeeper; the nodes come from ``harness.inventory``.
 
 Commands
     ``Remote(node).exec(cmd, check=True, timeout=None, env=None, cwd=None, stdin=None)``
@@ -52,13 +37,6 @@ Daemons
     is done by starting daemons with ``env={"LD_PRELOAD": <libfaketime.so.1>,
     "FAKETIME_TIMESTAMP_FILE": ..., "FAKETIME_NO_CACHE": "1"}``; nothing here is specific to it.
 
-Connections and retries
-    One paramiko transport per (node, options) is pooled and shared by threads (SSH multiplexes
-    channels); ``close_all()`` closes the default pool. Connecting retries with exponential backoff
-    on transient errors (refused, reset, timeouts, banner errors); opening a session on a dead
-    pooled transport reconnects once. A command that has started is never retried, since it may
-    not be idempotent. Authentication and host-key failures are not retried.
-
 Many nodes
     ``on_nodes(nodes, fn, parallel=True)`` calls ``fn(Remote)`` for each node in a thread pool and
     returns ``{node name: value}``; if any node failed it raises ``NodesError`` carrying every
@@ -69,82 +47,31 @@ Many nodes
 
 from __future__ import annotations
 
-import contextlib
 import io
-import logging
 import os
 import posixpath
 import select
 import shlex
-import socket
 import tarfile
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 import paramiko
-import yaml
 
-log = logging.getLogger(__name__)
+from isrlab.harness.inventory import Node, SshOptions
+from isrlab.harness.ssh import DEFAULT_POOL, ConnectionPool, ControlError, SshConnectError
 
 T = TypeVar("T")
-
-HostKeyPolicy = Literal["strict", "accept-new", "warn"]
-HOST_KEY_POLICIES: tuple[str, ...] = ("strict", "accept-new", "warn")
 
 _STDERR_TAIL_CHARS = 2000
 # how long to wait for EOF after a command's exit status when no more output arrives
 _EOF_GRACE = 1.0
-
-
-# --------------------------------------------------------------------------------------------
-# Data
-
-
-@dataclass(frozen=True)
-class Node:
-    """One SSH-reachable host. ``name`` is how the harness refers to it (n1..n5)."""
-
-    name: str
-    host: str
-    port: int = 22
-    user: str = "root"
-    key_file: str | None = None
-    password: str | None = field(default=None, repr=False)
-    sudo: bool = False
-
-
-@dataclass(frozen=True)
-class SshOptions:
-    """How to connect: host-key policy, timeouts and the retry schedule for transient errors."""
-
-    host_key_policy: HostKeyPolicy = "strict"
-    known_hosts: str | None = None
-    connect_timeout: float = 10.0
-    connect_retries: int = 5
-    backoff_initial: float = 0.2
-    backoff_max: float = 2.0
-    keepalive: int = 15
-
-    def __post_init__(self) -> None:
-        if self.host_key_policy not in HOST_KEY_POLICIES:
-            raise ValueError(
-                f"host_key_policy must be one of {', '.join(HOST_KEY_POLICIES)}, "
-                f"not {self.host_key_policy!r}"
-            )
-
-
-@dataclass(frozen=True)
-class Inventory:
-    """Nodes plus the SSH options that go with them (from a nodes file or the command line)."""
-
-    nodes: list[Node]
-    ssh: SshOptions
 
 
 @dataclass(frozen=True)
@@ -167,25 +94,6 @@ class Result:
         if self.exit_status != 0:
             raise RemoteCommandError(self.node, self.cmd, self.exit_status, self.stderr)
         return self
-
-
-# --------------------------------------------------------------------------------------------
-# Errors
-
-
-class ControlError(Exception):
-    """Base class of everything this module raises on purpose."""
-
-
-class SshConnectError(ControlError):
-    """Could not open an SSH connection (after retries, or a non-retryable failure)."""
-
-    def __init__(self, node: Node, reason: str) -> None:
-        self.node = node
-        self.reason = reason
-        super().__init__(
-            f"{node.name}: cannot connect to {node.user}@{node.host}:{node.port}: {reason}"
-        )
 
 
 class RemoteCommandError(ControlError):
@@ -240,310 +148,6 @@ class NodesError(ControlError):
 
 
 # --------------------------------------------------------------------------------------------
-# Inventories
-
-
-def _parse_node_spec(spec: str, user: str, port: int) -> tuple[str, str, int]:
-    """``host``, ``host:port``, ``user@host`` or ``user@host:port`` -> (user, host, port)."""
-    if "@" in spec:
-        user, spec = spec.split("@", 1)
-    if spec.count(":") == 1:  # an IPv6 literal has several colons and no port here
-        host, port_s = spec.split(":")
-        try:
-            port = int(port_s)
-        except ValueError:
-            raise ValueError(f"bad port in node spec {spec!r}") from None
-    else:
-        host = spec
-    if not host:
-        raise ValueError(f"empty host in node spec {spec!r}")
-    return user, host, port
-
-
-def load_inventory(
-    nodes: str | Sequence[str] | None = None,
-    nodes_file: str | os.PathLike[str] | None = None,
-    *,
-    user: str = "root",
-    key_file: str | None = None,
-    port: int = 22,
-    sudo: bool = False,
-    ssh: SshOptions | None = None,
-) -> Inventory:
-    """Nodes from a comma-separated list (or sequence) or from a YAML nodes file.
-
-    Exactly one of ``nodes`` / ``nodes_file`` must be given. The keyword arguments are defaults
-    that entries (and a file's ``defaults:``) override. Relative key paths in a file are taken
-    relative to the file.
-    """
-    if (nodes is None) == (nodes_file is None):
-        raise ValueError("give either nodes (e.g. 'n1,n2,n3') or nodes_file (a nodes.yaml)")
-    base_ssh = ssh or SshOptions(host_key_policy="accept-new")
-    if nodes is not None:
-        specs = [s.strip() for s in (nodes.split(",") if isinstance(nodes, str) else nodes)]
-        out = []
-        for spec in filter(None, specs):
-            u, host, p = _parse_node_spec(spec, user, port)
-            out.append(Node(name=host, host=host, port=p, user=u, key_file=key_file, sudo=sudo))
-        if not out:
-            raise ValueError("the nodes list is empty")
-        _check_unique(out)
-        return Inventory(out, base_ssh)
-
-    path = Path(nodes_file)  # type: ignore[arg-type]
-    try:
-        data = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise ValueError(f"nodes file {path} does not exist") from None
-    except yaml.YAMLError as e:
-        raise ValueError(f"nodes file {path} is not valid YAML: {e}") from None
-    if not isinstance(data, dict) or not isinstance(data.get("nodes"), list):
-        raise ValueError(f"nodes file {path} must be a mapping with a 'nodes:' list")
-    defaults = data.get("defaults") or {}
-    if not isinstance(defaults, dict):
-        raise ValueError(f"nodes file {path}: 'defaults' must be a mapping")
-
-    def key_path(k: str | None) -> str | None:
-        if k is None:
-            return None
-        kp = Path(os.path.expanduser(k))
-        return str(kp if kp.is_absolute() else (path.parent / kp))
-
-    d_user = str(defaults.get("user", user))
-    d_key = key_path(defaults.get("key", key_file))
-    d_port = int(defaults.get("port", port))
-    d_sudo = bool(defaults.get("sudo", sudo))
-    out = []
-    for i, entry in enumerate(data["nodes"]):
-        if isinstance(entry, str):
-            entry = {"host": entry}
-        if not isinstance(entry, dict) or "host" not in entry:
-            raise ValueError(f"nodes file {path}: entry {i} needs at least a 'host'")
-        host = str(entry["host"])
-        out.append(
-            Node(
-                name=str(entry.get("name", host)),
-                host=host,
-                port=int(entry.get("port", d_port)),
-                user=str(entry.get("user", d_user)),
-                key_file=key_path(entry["key"]) if "key" in entry else d_key,
-                password=entry.get("password"),
-                sudo=bool(entry.get("sudo", d_sudo)),
-            )
-        )
-    if not out:
-        raise ValueError(f"nodes file {path} lists no nodes")
-    _check_unique(out)
-    policy = data.get("host_key_policy", base_ssh.host_key_policy)
-    known = data.get("known_hosts", base_ssh.known_hosts)
-    try:
-        ssh_opts = replace(
-            base_ssh,
-            host_key_policy=policy,
-            known_hosts=key_path(known) if known else None,
-        )
-    except ValueError as e:
-        raise ValueError(f"nodes file {path}: {e}") from None
-    return Inventory(out, ssh_opts)
-
-
-def load_nodes(
-    nodes: str | Sequence[str] | None = None,
-    nodes_file: str | os.PathLike[str] | None = None,
-    **defaults: Any,
-) -> list[Node]:
-    """Just the nodes of ``load_inventory``."""
-    return load_inventory(nodes, nodes_file, **defaults).nodes
-
-
-def _check_unique(nodes: Sequence[Node]) -> None:
-    names = [n.name for n in nodes]
-    dupes = sorted({n for n in names if names.count(n) > 1})
-    if dupes:
-        raise ValueError(f"duplicate node names: {', '.join(dupes)}")
-
-
-# --------------------------------------------------------------------------------------------
-# Connections
-
-
-class _WarnAndAccept(paramiko.MissingHostKeyPolicy):
-    def missing_host_key(
-        self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey
-    ) -> None:
-        log.warning(
-            "accepting unknown SSH host key %s %s for %s (host_key_policy=warn)",
-            key.get_name(),
-            key.fingerprint,
-            hostname,
-        )
-
-
-def _is_transient(exc: BaseException) -> bool:
-    if isinstance(exc, paramiko.AuthenticationException | paramiko.BadHostKeyException):
-        return False
-    if isinstance(
-        exc,
-        paramiko.ssh_exception.NoValidConnectionsError
-        | ConnectionError
-        | socket.timeout
-        | TimeoutError
-        | EOFError,
-    ):
-        return True
-    if isinstance(exc, paramiko.SSHException):
-        # banner timeouts, "Error reading SSH protocol banner", resets mid-handshake
-        return True
-    return isinstance(exc, OSError)
-
-
-class ConnectionPool:
-    """One live ``paramiko.SSHClient`` per (node, options), shared by threads."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._node_locks: dict[tuple[Node, SshOptions], threading.Lock] = {}
-        self._clients: dict[tuple[Node, SshOptions], paramiko.SSHClient] = {}
-
-    def client(
-        self, node: Node, ssh: SshOptions, *, stale: paramiko.SSHClient | None = None
-    ) -> paramiko.SSHClient:
-        """The pooled client, connecting if there is none or it is dead or is ``stale``.
-
-        Threads that saw the same connection fail all pass it as ``stale``: the first one
-        reconnects, the others get its new client instead of closing it again.
-        """
-        key = (node, ssh)
-        with self._lock:
-            node_lock = self._node_locks.setdefault(key, threading.Lock())
-        with node_lock:
-            c = self._clients.get(key)
-            if c is not None and c is not stale:
-                t = c.get_transport()
-                if t is not None and t.is_active():
-                    return c
-            if c is not None:
-                c.close()
-                self._clients.pop(key, None)
-            c = _connect(node, ssh)
-            self._clients[key] = c
-            return c
-
-    def close(self, node: Node | None = None) -> None:
-        """Close the connections of ``node`` (all options), or of every node."""
-        with self._lock:
-            keys = [k for k in self._clients if node is None or k[0] == node]
-            clients = [self._clients.pop(k) for k in keys]
-        for c in clients:
-            c.close()
-
-
-_KNOWN_HOSTS_LOCK = threading.Lock()
-
-
-def _remember_host_key(path: str, node: Node, key: paramiko.PKey) -> None:
-    """Append ``node``'s key to known_hosts unless already there.
-
-    Appending under a lock (not ``SSHClient.save_host_keys``, which rewrites the file from one
-    client's view) keeps the keys of nodes that connected at the same time in other threads.
-    """
-    host = node.host if node.port == 22 else f"[{node.host}]:{node.port}"
-    with _KNOWN_HOSTS_LOCK:
-        known = paramiko.HostKeys()
-        if os.path.exists(path):
-            known.load(path)
-        if known.lookup(host) is not None:
-            return
-        with open(path, "a") as f:
-            f.write(f"{host} {key.get_name()} {key.get_base64()}\n")
-
-
-def _connect(node: Node, ssh: SshOptions) -> paramiko.SSHClient:
-    delay = ssh.backoff_initial
-    last: BaseException | None = None
-    for attempt in range(ssh.connect_retries + 1):
-        client = paramiko.SSHClient()
-        if ssh.known_hosts and os.path.exists(ssh.known_hosts):
-            client.load_host_keys(ssh.known_hosts)
-        if ssh.host_key_policy == "strict":
-            if not ssh.known_hosts:
-                raise SshConnectError(node, "host_key_policy=strict needs a known_hosts file")
-            client.set_missing_host_key_policy(paramiko.RejectPolicy())
-        elif ssh.host_key_policy == "accept-new":
-            # AutoAddPolicy accepts; _remember_host_key below appends the key to known_hosts
-            client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
-        else:
-            client.set_missing_host_key_policy(_WarnAndAccept())
-        try:
-            client.connect(
-                node.host,
-                port=node.port,
-                username=node.user,
-                key_filename=node.key_file,
-                password=node.password,
-                timeout=ssh.connect_timeout,
-                banner_timeout=ssh.connect_timeout,
-                auth_timeout=ssh.connect_timeout,
-                allow_agent=node.key_file is None and node.password is None,
-                look_for_keys=node.key_file is None and node.password is None,
-            )
-        except paramiko.BadHostKeyException as e:
-            client.close()
-            raise SshConnectError(
-                node,
-                f"host key mismatch ({e.key.get_name()} {e.key.fingerprint}, expected "
-                f"{e.expected_key.fingerprint}); if the host was rebuilt, remove its line from "
-                f"{ssh.known_hosts}",
-            ) from None
-        except paramiko.AuthenticationException as e:
-            client.close()
-            how = f"key {node.key_file}" if node.key_file else "agent/default keys/password"
-            raise SshConnectError(node, f"authentication failed with {how}: {e}") from None
-        except paramiko.SSHException as e:
-            client.close()
-            if "not found in known_hosts" in str(e):
-                raise SshConnectError(
-                    node,
-                    f"unknown host key and host_key_policy=strict; add the host to "
-                    f"{ssh.known_hosts} (ssh-keyscan) or use host_key_policy=accept-new",
-                ) from None
-            last = e
-        except Exception as e:
-            client.close()
-            if not _is_transient(e):
-                raise SshConnectError(node, f"{type(e).__name__}: {e}") from e
-            last = e
-        else:
-            transport = client.get_transport()
-            if transport is not None:
-                if ssh.keepalive:
-                    transport.set_keepalive(ssh.keepalive)
-                # without it Nagle holds each channel-open behind the ACK of the previous
-                # channel-close: a 40 ms delayed-ACK stall on every command
-                with contextlib.suppress(OSError, AttributeError):
-                    transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # type: ignore[union-attr]
-            if ssh.host_key_policy == "accept-new" and ssh.known_hosts and transport is not None:
-                with contextlib.suppress(OSError):
-                    _remember_host_key(ssh.known_hosts, node, transport.get_remote_server_key())
-            return client
-        if attempt < ssh.connect_retries:
-            log.debug("%s: transient SSH error (%s), retrying in %.2fs", node.name, last, delay)
-            time.sleep(delay)
-            delay = min(delay * 2, ssh.backoff_max)
-    raise SshConnectError(
-        node, f"{type(last).__name__}: {last} (after {ssh.connect_retries + 1} attempts)"
-    )
-
-
-_DEFAULT_POOL = ConnectionPool()
-
-
-def close_all() -> None:
-    """Close every pooled connection of the default pool."""
-    _DEFAULT_POOL.close()
-
-
-# --------------------------------------------------------------------------------------------
 # Commands
 
 
@@ -586,7 +190,7 @@ class Remote:
     ) -> None:
         self.node = node
         self.ssh = ssh or SshOptions()
-        self.pool = pool or _DEFAULT_POOL
+        self.pool = pool or DEFAULT_POOL
 
     def __repr__(self) -> str:
         return f"Remote({self.node.name}@{self.node.host}:{self.node.port})"

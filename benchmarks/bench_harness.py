@@ -52,13 +52,13 @@ def main() -> None:
 
     from confluent_kafka import Producer
 
-    from isrlab.harness.client import QueueClient
     from isrlab.harness.cluster import embedded
     from isrlab.harness.db import KafkaDB
-    from isrlab.harness.generator import QueueWorkload, queue_test
     from isrlab.harness.history import HistoryWriter
     from isrlab.harness.interpreter import Interpreter
     from isrlab.harness.runner import make_test
+    from isrlab.harness.workloads.queue.client import QueueClient
+    from isrlab.harness.workloads.queue.generator import QueueWorkload, queue_test
 
     with tempfile.TemporaryDirectory() as d:
         run_dir = Path(d)

@@ -710,7 +710,7 @@ echo {wh.deps_key} > {deps_marker}
     def _admin_for(self, nodes: Iterable[str] | None = None) -> Any:
         from confluent_kafka.admin import AdminClient
 
-        from isrlab.harness.client import LIBRDKAFKA_LOG
+        from isrlab.harness.workloads.queue.client import LIBRDKAFKA_LOG
 
         # librdkafka's own lines (refused connections while brokers restart) go to logging at
         # DEBUG, not straight to stderr between the progress lines.

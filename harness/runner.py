@@ -7,8 +7,10 @@ each of which knows nothing of the others and gets the test map:
     nodes       embedded netns cluster (harness.cluster), or --nodes / --nodes-file (harness.inventory)
     db          ZooKeeper ensemble + brokers deployed over SSH (harness.db.KafkaDB)
     nemesis     faults as ops (nemeses.build / nemeses.schedule)
-    generator   workload phases: main + nemesis -> heal -> recovery -> final drain (harness.generator)
-    clients     confluent-kafka queue clients, one per logical process (harness.client)
+    generator   workload phases: main + nemesis -> heal -> recovery -> final drain
+                (harness.generator combinators, harness.workloads.queue.generator)
+    clients     confluent-kafka queue clients, one per logical process
+                (harness.workloads.queue.client)
     interpreter worker threads recording history.jsonl as it happens (harness.interpreter)
     checker     checkers.api.check on the history -> results.json (+ offset diagrams, summary.txt)
     report      report.html (harness.report)
@@ -41,8 +43,9 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from isrlab.harness.generator import Context, Pending, QueueWorkload, queue_test
+from isrlab.harness.generator import Context, Pending
 from isrlab.harness.testconfig import ConfigError, TestConfig, with_cli_options
+from isrlab.harness.workloads.queue.generator import QueueWorkload, queue_test
 
 console = Console(stderr=True)
 
@@ -213,11 +216,11 @@ def run_test(config: TestConfig, progress: bool = True) -> tuple[Path, dict[str,
     from isrlab.checkers.api import check, policy_from_test
     from isrlab.checkers.history import load_history
     from isrlab.checkers.render import render_artifacts
-    from isrlab.harness.client import QueueClient
     from isrlab.harness.db import KafkaDB
     from isrlab.harness.history import HistoryWriter
     from isrlab.harness.interpreter import Interpreter
     from isrlab.harness.report import render_report
+    from isrlab.harness.workloads.queue.client import QueueClient
 
     run_dir = new_run_dir(Path(config.store), config.name)
     config = config.replace(run_dir=str(run_dir))

@@ -10,7 +10,13 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError
 
-from isrlab.harness.client import ClientError, QueueClient, classify, error_name, parse_key
+from isrlab.harness.workloads.queue.client import (
+    ClientError,
+    QueueClient,
+    classify,
+    error_name,
+    parse_key,
+)
 from tests.broker.conftest import BrokerProcess
 
 Keys = Callable[[int], list[str]]

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from isrlab.harness.client import QueueClient
+from isrlab.harness.workloads.queue.client import QueueClient
 
 
 class FakeMessage:

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from isrlab.harness import generator as g
-from isrlab.harness.generator import NS, Context, Pending, QueueWorkload
+from isrlab.harness.generator import NS, Context, Pending
+from isrlab.harness.workloads.queue.generator import QueueWorkload, queue_test
 
 Op = dict[str, Any]
 Reply = Callable[[Op, int | str], Op]
@@ -180,7 +181,7 @@ def _workload_ops(seed: int, **extra: Any) -> list[tuple[int, int | str, Op]]:
     test = {"keys": KEYS, "concurrency": 3, "time_limit": 0.05, "final_time_limit": 5}
     test.update(extra)
     w = QueueWorkload(test)
-    return drive(g.queue_test(w, test), [0, 1, 2], seed=seed, reply=_queue_reply({}))
+    return drive(queue_test(w, test), [0, 1, 2], seed=seed, reply=_queue_reply({}))
 
 
 def test_queue_workload_is_deterministic_with_a_seed() -> None:
@@ -220,7 +221,7 @@ def test_final_drain_polls_until_every_offset_is_read() -> None:
     state: dict[str, list[int]] = {}
     test = {"keys": KEYS, "concurrency": 2, "time_limit": 0.02, "final_time_limit": 5}
     w = QueueWorkload(test)
-    ops = drive(g.queue_test(w, test), [0, 1], seed=5, reply=_queue_reply(state))
+    ops = drive(queue_test(w, test), [0, 1], seed=5, reply=_queue_reply(state))
     assert w.max_offsets == {k: len(v) - 1 for k, v in state.items()}
     final_start = min(i for i, (t, _, _) in enumerate(ops) if t >= 0.02 * NS)
     tail = [(th, op) for _, th, op in ops[final_start:]]
@@ -243,7 +244,7 @@ def test_final_drain_gives_up_at_the_final_time_limit() -> None:
 
     test = {"keys": KEYS, "concurrency": 1, "time_limit": 0.01, "final_time_limit": 0.05}
     w = QueueWorkload(test)
-    ops = drive(g.queue_test(w, test), [0], reply=never_reads)
+    ops = drive(queue_test(w, test), [0], reply=never_reads)
     assert ops[-1][0] < 0.01 * NS + 0.05 * NS + NS // 100
 
 
@@ -308,6 +309,6 @@ def test_stuck_final_drain_starts_over_with_a_fresh_client() -> None:
         "final_time_limit": 0.25,
         "final_restart_s": 0.1,
     }
-    ops = drive(g.queue_test(QueueWorkload(test), test), [0], reply=never_reads)
+    ops = drive(queue_test(QueueWorkload(test), test), [0], reply=never_reads)
     final = [op["f"] for t, _, op in ops if t >= 0.01 * NS]
     assert final.count("crash") == 3 and final.count("assign") == 3

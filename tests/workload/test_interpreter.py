@@ -15,10 +15,10 @@ import pytest
 from isrlab.checkers.history import load_history
 from isrlab.checkers.queue import check_queue
 from isrlab.harness import generator as g
-from isrlab.harness.client import QueueClient
-from isrlab.harness.generator import QueueWorkload
 from isrlab.harness.history import HistoryWriter
 from isrlab.harness.interpreter import Interpreter
+from isrlab.harness.workloads.queue.client import QueueClient
+from isrlab.harness.workloads.queue.generator import QueueWorkload, queue_test
 from tests.broker.conftest import BrokerProcess
 from tests.workload.shapes import check_op
 
@@ -181,7 +181,7 @@ def run_queue(
     w = QueueWorkload(conf)
     h = HistoryWriter(path)
     it = Interpreter(
-        g.queue_test(w, conf, nemesis_gen),
+        queue_test(w, conf, nemesis_gen),
         h,
         lambda p, t: QueueClient(conf, bootstrap, p, node="n1"),
         conf["concurrency"],

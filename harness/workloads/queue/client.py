@@ -4,7 +4,8 @@
 consumer (librdkafka, which releases the GIL, so one thread per process scales).
 `open()` creates them, `invoke(op) -> completed op` performs one operation of
 shared/spec/history-format.md (send, poll, txn, assign, subscribe, crash) and returns
-its completion in exactly the spec's shapes, `close()` tears them down without waiting.
+its completion in exactly the spec's shapes (written with `checkers.queue.codec`, the
+codec the checker reads them with), `close()` tears them down without waiting.
 
 Keys are "topic/partition" strings; values are ints sent as their decimal ASCII bytes.
 A record whose bytes are not an int is reported as the string it holds, so the checker
@@ -65,6 +66,8 @@ from confluent_kafka import (
     TopicPartition,
 )
 from confluent_kafka.admin import AdminClient, OffsetSpec
+
+from isrlab.checkers.queue import codec
 
 __all__ = [
     "DEFINITE_ERRORS",
@@ -365,7 +368,7 @@ class QueueClient:
             return self._assign(base, op.get("_seek") == "beginning")
         if f == "subscribe":
             return self._subscribe(base)
-        if f in ("send", "poll", "txn"):
+        if f in codec.DATA_FS:
             return self._transact(base, float(op.get("_poll_ms", self.poll_s * 1000)) / 1000)
         return {**base, "type": "fail", "error": f"unknown-f:{f}"}
 
@@ -473,7 +476,7 @@ class QueueClient:
         # None until a send run or an error decides: "ok" | "fail" | "info"
         verdict: str | None = None
         errors: list[Any] = []
-        has_send = any(m and m[0] == "send" for m in mops)
+        has_send = any(m and m[0] == codec.SEND for m in mops)
         deadline = time.monotonic() + self.op_timeout
         in_txn = committing = False
         try:
@@ -482,9 +485,9 @@ class QueueClient:
                 in_txn = True
             i = 0
             while i < len(mops):
-                if mops[i][0] == "send":
+                if mops[i][0] == codec.SEND:
                     j = i
-                    while j < len(mops) and mops[j][0] == "send":
+                    while j < len(mops) and mops[j][0] == codec.SEND:
                         j += 1
                     # Consecutive sends go out together and are awaited together.
                     v, errs = self._send_run(mops, out, i, j, deadline)
@@ -493,8 +496,8 @@ class QueueClient:
                     i = j
                     if verdict != "ok" and self.txn:
                         break
-                elif mops[i][0] == "poll":
-                    out[i] = ["poll", self._poll(poll_s, first_read)]
+                elif mops[i][0] == codec.POLL:
+                    out[i] = codec.poll_result(self._poll(poll_s, first_read))
                     i += 1
                 else:
                     raise ValueError(f"unknown micro-op {mops[i]!r}")
@@ -534,9 +537,9 @@ class QueueClient:
         if errors:
             result["error"] = errors[0] if len(errors) == 1 else errors
         if verdict == "ok" and self.watermark_p > 0 and self._rng.random() < self.watermark_p:
-            touched = {m[1] for m in mops if m[0] == "send"}
+            touched = {m[1] for m in mops if m[0] == codec.SEND}
             for m in out:
-                if m[0] == "poll" and len(m) > 1:
+                if m[0] == codec.POLL and len(m) > 1:
                     touched.update(m[1])
             result.update(self._watermarks(sorted(touched), deadline))
         if has_send:
@@ -560,13 +563,13 @@ class QueueClient:
             except BufferError:
                 errors.append("queue-full")
                 refused += 1
-                out[n] = ["send", k, v]
+                out[n] = codec.send(k, v)
                 continue
             except KafkaException as e:
                 # produce() refused the record: it never left this process.
                 errors.append(error_name(e.args[0]))
                 refused += 1
-                out[n] = ["send", k, v]
+                out[n] = codec.send(k, v)
                 if e.args[0].fatal():
                     self.broken = True
                 continue
@@ -581,13 +584,13 @@ class QueueClient:
             _, k, v = mops[p.i]
             if not p.done:
                 unknown += 1
-                out[p.i] = ["send", k, v]
+                out[p.i] = codec.send(k, v)
                 errors.append("timeout")
             elif p.err is None:
                 acked += 1
-                out[p.i] = ["send", k, [p.offset, v]]
+                out[p.i] = codec.send_result(k, v, p.offset)
             else:
-                out[p.i] = ["send", k, v]
+                out[p.i] = codec.send(k, v)
                 errors.append(error_name(p.err))
                 if p.err.code() in _BREAKING_ERRORS or p.err.fatal():
                     self.broken = True

@@ -5,20 +5,15 @@ nodes, and reaches them only through ``harness.remote`` (SSH), so the embedded n
 real VMs take the same code path.
 
 Shipping the code (``setup`` step 1)
-    The control host builds a *wheelhouse* once: the isrlab wheel (built from a scratch copy of the
-    checkout, so the checkout gets no build/ or egg-info) plus wheels of what the broker imports
-    at run time (``NODE_REQUIREMENTS``, version pins taken from pyproject.toml) and pip itself.
-    It is cached under ``$ISRLAB_CACHE`` (default ``~/.cache/isrlab``; the newest
-    ``KEEP_WHEELHOUSES`` are kept) in a directory named by the Python tag and the *build hash*:
-    a SHA-256 over pyproject.toml and every source file of the packages; the dependency wheels
-    are cached apart, keyed by the requirement pins. On each node, in parallel: if
-    ``<workdir>/venv/.isrlab-build`` holds the same hash nothing is done ("up to date"); if only
-    the build hash differs (``.isrlab-deps`` matches) just the isrlab wheel is uploaded and
-    reinstalled ("updated"); otherwise the wheelhouse is uploaded, a venv is created with the
-    node's ``python3.X`` (same X as the control host's: the binary wheels are built for it)
-    without pip, and filled by running pip from its wheel with ``--no-index --find-links``
-    ("installed"). ZooKeeper and a JRE come from apt (``apt-get install -y zookeeper
-    default-jre-headless``) when ``/usr/share/java/zookeeper.jar`` or ``java`` are missing.
+    ``harness.wheelhouse`` builds (or finds cached) the wheels for the current sources. On each
+    node, in parallel: if ``<workdir>/venv/.isrlab-build`` holds the same build hash nothing is
+    done ("up to date"); if only the build hash differs (``.isrlab-deps`` matches) just the
+    isrlab wheel is uploaded and reinstalled ("updated"); otherwise the wheelhouse is uploaded, a
+    venv is created with the node's ``python3.X`` (same X as the control host's: the binary
+    wheels are built for it) without pip, and filled by running pip from its wheel with
+    ``--no-index --find-links`` ("installed"). ZooKeeper and a JRE come from apt (``apt-get
+    install -y zookeeper default-jre-headless``) when ``/usr/share/java/zookeeper.jar`` or
+    ``java`` are missing.
 
 Node layout (``<workdir>`` per node: ``workdirs[node]``, default ``/var/lib/isrlab/node-<host>``)::
 
@@ -64,20 +59,11 @@ process and wipes data and logs (the venv stays, so the next run skips the insta
 
 from __future__ import annotations
 
-import hashlib
-import os
-import re
 import shlex
-import shutil
-import subprocess
-import sys
-import tempfile
 import time
-import tomllib
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -86,15 +72,15 @@ from isrlab.harness.inventory import Inventory, Node
 from isrlab.harness.remote import Remote, RemoteCommandError, on_nodes
 from isrlab.harness.ssh import ConnectionPool, ControlError
 from isrlab.harness.testconfig import BROKER_SETTINGS, ConfigError, option, render_broker_value
+from isrlab.harness.wheelhouse import (
+    PROJECT_ROOT,
+    Wheelhouse,
+    build_wheelhouse,
+    node_requirements,
+)
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("broker", "harness", "nemeses", "checkers", "pipeline")
-# what `python -m isrlab.broker start` imports on a node; pins come from pyproject.toml
-NODE_REQUIREMENTS = ("kafka-python", "crc32c", "kazoo", "typer", "rich", "orjson")
-SOURCE_SUFFIXES = (".py", ".html", ".j2", ".css", ".js")
 CLOCK_SHIM = PROJECT_ROOT / "nemeses" / "clockshim.py"
 
-KEEP_WHEELHOUSES = 3
 CREATE_ATTEMPT_S = 10.0  # one CreateTopics attempt before asking again with a fresh client
 ZK_PORT = 2181
 BROKER_PORT = 9092
@@ -110,149 +96,6 @@ class DBError(ControlError):
 
 def _print_progress(msg: str) -> None:
     print(f"[db] {msg}", flush=True)
-
-
-# --------------------------------------------------------------------------------------------
-# The wheelhouse
-
-
-@dataclass(frozen=True)
-class Wheelhouse:
-    """Wheels to install on nodes: ``path`` holds them, ``build_hash`` names their content."""
-
-    path: Path
-    build_hash: str
-    python: str  # "3.11": the nodes' interpreter must match (binary wheels)
-    deps_key: str = ""  # names the dependency wheels: nodes with them only swap the isrlab wheel
-
-    @property
-    def files(self) -> list[Path]:
-        return sorted(p for p in self.path.iterdir() if p.suffix == ".whl")
-
-    @property
-    def project_wheel(self) -> Path:
-        for p in self.files:
-            if p.name.startswith("isrlab-"):
-                return p
-        raise DBError(f"wheelhouse {self.path} has no isrlab wheel; delete it and retry")
-
-    @property
-    def pip_wheel(self) -> Path:
-        for p in self.files:
-            if p.name.startswith("pip-"):
-                return p
-        raise DBError(f"wheelhouse {self.path} has no pip wheel; delete it and retry")
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("ISRLAB_CACHE") or Path.home() / ".cache" / "isrlab")
-
-
-def _source_files(root: Path) -> list[Path]:
-    out = [root / "pyproject.toml", *[p for p in [root / "setup.py"] if p.exists()]]
-    for pkg in PACKAGES:
-        base = root / pkg
-        if base.is_dir():
-            out += [
-                p
-                for p in base.rglob("*")
-                if p.is_file() and p.suffix in SOURCE_SUFFIXES and "__pycache__" not in p.parts
-            ]
-    return sorted(out)
-
-
-def build_hash(root: Path = PROJECT_ROOT) -> str:
-    """SHA-256 over pyproject.toml and the packages' source files (names and contents)."""
-    h = hashlib.sha256()
-    for p in _source_files(root):
-        h.update(str(p.relative_to(root)).encode() + b"\0")
-        h.update(p.read_bytes() + b"\0")
-    return h.hexdigest()
-
-
-def node_requirements(root: Path = PROJECT_ROOT) -> list[str]:
-    """The pyproject.toml dependency specs of ``NODE_REQUIREMENTS`` (e.g. ``kazoo>=2.9``)."""
-    deps = tomllib.loads((root / "pyproject.toml").read_text())["project"]["dependencies"]
-    wanted = {n.lower() for n in NODE_REQUIREMENTS}
-    out = [d for d in deps if re.split(r"[<>=!~\[; ]", d, maxsplit=1)[0].lower() in wanted]
-    missing = wanted - {re.split(r"[<>=!~\[; ]", d, maxsplit=1)[0].lower() for d in out}
-    if missing:
-        raise DBError(f"pyproject.toml does not list {', '.join(sorted(missing))}")
-    return out
-
-
-def _run(cmd: Sequence[str], what: str, cwd: Path | None = None) -> None:
-    res = subprocess.run(list(cmd), capture_output=True, text=True, cwd=cwd)
-    if res.returncode != 0:
-        tail = "\n    ".join((res.stderr or res.stdout).strip().splitlines()[-15:])
-        raise DBError(f"{what} failed (exit {res.returncode}): {shlex.join(cmd)}\n    {tail}")
-
-
-def build_wheelhouse(
-    root: Path = PROJECT_ROOT, cache: Path | None = None, progress: Progress = _print_progress
-) -> Wheelhouse:
-    """The cached wheelhouse for the current sources, built now if missing (see module doc)."""
-    digest = build_hash(root)
-    py = f"{sys.version_info.major}.{sys.version_info.minor}"
-    base = cache or cache_dir()
-    target = base / f"wheelhouse-py{py}-{digest[:16]}"
-    reqs = node_requirements(root)
-    dep_key = hashlib.sha256("\n".join([py, *reqs]).encode()).hexdigest()[:16]
-    if (target / ".complete").exists():
-        progress(f"wheelhouse cached ({target.name})")
-        return Wheelhouse(target, digest, py, dep_key)
-    started = time.monotonic()
-    base.mkdir(parents=True, exist_ok=True)
-    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-    # dependency wheels change only with pyproject.toml: share them between builds
-    deps = base / f"deps-py{py}-{dep_key}"
-    if not (deps / ".complete").exists():
-        tmp_deps = Path(tempfile.mkdtemp(prefix="deps-", dir=base))
-        _run(
-            [*pip, "download", "--only-binary=:all:", "-d", str(tmp_deps), "pip", *reqs],
-            "downloading the broker's dependency wheels",
-        )
-        (tmp_deps / ".complete").touch()
-        shutil.rmtree(deps, ignore_errors=True)
-        tmp_deps.rename(deps)
-    tmp = Path(tempfile.mkdtemp(prefix="wheelhouse-", dir=base))
-    try:
-        # build from a scratch copy: setuptools writes build/ and *.egg-info next to the sources
-        src = tmp / "src"
-        src.mkdir()
-        for p in _source_files(root):
-            dest = src / p.relative_to(root)
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(p, dest)
-        if (root / "README.md").exists():
-            shutil.copy2(root / "README.md", src / "README.md")
-        _run([*pip, "wheel", "--no-deps", "-w", str(tmp), str(src)], "building the isrlab wheel")
-        shutil.rmtree(src)
-        for whl in deps.glob("*.whl"):
-            shutil.copy2(whl, tmp / whl.name)
-        (tmp / ".complete").write_text(digest + "\n")
-        if (target / ".complete").exists():  # another process built the same one meanwhile
-            shutil.rmtree(tmp)
-        else:
-            shutil.rmtree(target, ignore_errors=True)
-            tmp.rename(target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    _prune(base, "wheelhouse-", keep=KEEP_WHEELHOUSES)
-    progress(f"wheelhouse built in {time.monotonic() - started:.1f}s ({target.name})")
-    return Wheelhouse(target, digest, py, dep_key)
-
-
-def _prune(base: Path, prefix: str, keep: int) -> None:
-    """Delete all but the ``keep`` newest complete ``prefix*`` directories of the cache."""
-    done = sorted(
-        (p for p in base.glob(prefix + "*") if (p / ".complete").exists()),
-        key=lambda p: p.stat().st_mtime,
-        reverse=True,
-    )
-    for old in done[keep:]:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------------------------
@@ -875,8 +718,5 @@ __all__ = [
     "BROKER_PORT",
     "DBError",
     "KafkaDB",
-    "Wheelhouse",
-    "build_hash",
-    "build_wheelhouse",
     "parse_key",
 ]

@@ -8,8 +8,10 @@ from pathlib import Path
 import pytest
 
 from isrlab.harness import db as dbmod
-from isrlab.harness.db import DBError, KafkaDB, build_hash, node_requirements, parse_key
+from isrlab.harness import wheelhouse
+from isrlab.harness.db import DBError, KafkaDB, parse_key
 from isrlab.harness.inventory import Inventory, Node, SshOptions
+from isrlab.harness.wheelhouse import build_hash, node_requirements
 
 
 def inventory(n: int = 5) -> Inventory:
@@ -38,7 +40,7 @@ def test_build_hash_follows_sources_and_pyproject(tmp_path: Path) -> None:
 def test_node_requirements_come_from_pyproject() -> None:
     reqs = node_requirements()
     names = {r.split(">")[0].split("=")[0].lower() for r in reqs}
-    assert names == {n.lower() for n in dbmod.NODE_REQUIREMENTS}
+    assert names == {n.lower() for n in wheelhouse.NODE_REQUIREMENTS}
     assert not any("matplotlib" in r or "confluent" in r for r in reqs)
 
 

@@ -18,7 +18,8 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from isrlab import nemeses
 from isrlab.harness.cluster import EmbeddedCluster, embedded_cluster
-from isrlab.harness.db import KafkaDB, build_wheelhouse
+from isrlab.harness.db import KafkaDB
+from isrlab.harness.wheelhouse import build_wheelhouse
 from isrlab.nemeses.partition import CHAIN
 
 pytestmark = [pytest.mark.root, pytest.mark.integration, pytest.mark.timeout(600)]

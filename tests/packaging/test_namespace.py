@@ -61,7 +61,7 @@ def test_installed_interpreter_finds_isrlab_outside_the_repository(tmp_path: Pat
 
 @pytest.mark.integration
 def test_the_node_wheel_holds_every_package_under_isrlab(tmp_path: Path) -> None:
-    from isrlab.harness.db import PACKAGES, _source_files
+    from isrlab.harness.wheelhouse import PACKAGES, _source_files
 
     src = tmp_path / "src"
     for p in _source_files(ROOT):
@@ -69,8 +69,10 @@ def test_the_node_wheel_holds_every_package_under_isrlab(tmp_path: Path) -> None
         dest.parent.mkdir(parents=True, exist_ok=True)
         dest.write_bytes(p.read_bytes())
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation"]
-        + ["-w", str(tmp_path), str(src)],
+        [
+            *(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation"),
+            *("-w", str(tmp_path), str(src)),
+        ],
         check=True,
         capture_output=True,
     )

@@ -2,12 +2,19 @@
 core (`broker.replication.Partition`), with the IO those need (Kafka's `Partition` + `UnifiedLog`
 glue).
 
-Every decision (HW, ISR, acks=all completion, follower truncation) is the core's. This shell
-- adapts `broker.log.log.Log` to the core's `ReplicaLog` protocol (`LogAdapter`),
-- checks producer sequences before a leader append and keeps producer state in step with the log
-  (rebuilt after truncation),
+Every replication decision is the core's, taken in the very methods the hypothesis state machines
+drive: produce admission and completion (leader?, |ISR| against min.insync.replicas, acks) in
+`on_produce`, leader epoch checks (FENCED_LEADER_EPOCH / UNKNOWN_LEADER_EPOCH), fetch bounds
+(follower: LEO, consumer: HW or LSO) and offset range in `on_fetch`, HW, ISR shrink/expand, leader
+or follower in `become_leader_or_follower`, follower truncation. This shell compares no offsets,
+epochs or ISR sizes itself; it
+- adapts `broker.log.log.Log` to the core's `ReplicaLog` protocol (`LogAdapter`), whose leader
+  append validates the batch and checks producer sequences (a refusal is raised through the core
+  and mapped to the produce's error here; a duplicate answers with its original offsets) and keeps
+  producer state in step with the log (rebuilt after truncation),
 - turns the core's actions into IO through a `PartitionIO` (the ReplicaManager): resolving produce
-  futures, sending follower requests, writing the state znode,
+  futures, sending follower requests, writing the state znode, reading the range a FetchResponse
+  names from the log,
 - wakes long-polling fetches whenever the high watermark or the log end moves.
 
 A standalone broker uses the very same path: it becomes leader of every partition with ISR = {self}.
@@ -36,6 +43,7 @@ from isrlab.broker.log.producer_state import (
     ProducerStateManager,
 )
 from isrlab.broker.log.record_batch import iter_batches, validate
+from isrlab.broker.rate_limited_log import RateLimitedLog
 from isrlab.broker.replication import (
     Action,
     FetchResponse,
@@ -47,9 +55,12 @@ from isrlab.broker.replication import (
     SendOffsetsForLeaderEpoch,
     TopicPartition,
     WriteStateZnode,
+    follower_error,
 )
 
 log = logging.getLogger(__name__)
+# a full disk fails every append: one line per partition and 10 s, with the count dropped
+_storage_errors = RateLimitedLog(log)
 
 
 def now_ms() -> int:
@@ -104,7 +115,22 @@ class LogAdapter:
         self.owner.reload_producer_state()
 
     def append_as_leader(self, records: Any, leader_epoch: int) -> tuple[int, int]:
+        """Validate one produced batch, check its producer sequence and append it; raises
+        InvalidRecordError / ProducerStateError / a storage error when refused, returns the
+        original offsets of a duplicate without appending."""
+        headers = validate(records)
+        if len(headers) != 1:
+            raise InvalidRecordError(
+                "a produce request must carry exactly one record batch per partition, "
+                f"not {len(headers)}"
+            )
+        producer_state = self.owner.producer_state
+        try:
+            producer_state.check(headers[0])
+        except DuplicateBatch as dup:
+            return dup.first_offset, dup.last_offset
         info = self.log.append_as_leader(records, leader_epoch)
+        producer_state.update(replace(headers[0], base_offset=info.first_offset))
         return info.first_offset, info.last_offset
 
     def append_as_follower(self, records: Any) -> None:
@@ -199,7 +225,7 @@ class HostedPartition:
 
     @property
     def last_stable_offset(self) -> int:
-        return self.core.high_watermark  # no transactions yet: nothing open below HW
+        return self.core.last_stable_offset
 
     def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
         return self.adapter.end_offset_for_epoch(epoch)
@@ -207,28 +233,29 @@ class HostedPartition:
     def become(self, state: LeaderAndIsr, replicas: list[int]) -> None:
         """Apply a partition state from the controller (via ZooKeeper) or standalone start-up."""
         self.replicas = list(replicas)
-        now = now_ms()
-        if state.leader == self.broker_id:
-            if not self.core.is_leader or state.leader_epoch != self.core.leader_epoch:
+        core = self.core
+        before = (core.role, core.leader_id, core.leader_epoch)
+        leo = self.log.log_end_offset
+        actions = core.become_leader_or_follower(state, replicas, now_ms())
+        if (core.role, core.leader_id, core.leader_epoch) != before:  # not a stale state
+            if core.is_leader:
                 log.info(
                     "%s: becoming leader at epoch %d, ISR %s, LEO %d, HW %d",
                     self.name,
-                    state.leader_epoch,
-                    list(state.isr),
-                    self.log.log_end_offset,
-                    self.core.high_watermark,
+                    core.leader_epoch,
+                    list(core.isr),
+                    leo,
+                    core.high_watermark,
                 )
-            self.dispatch(self.core.become_leader(state, replicas, now))
-        else:
-            if self.core.leader_id != state.leader or self.core.leader_epoch != state.leader_epoch:
+            else:
                 log.info(
                     "%s: following %d at epoch %d (LEO %d)",
                     self.name,
-                    state.leader,
-                    state.leader_epoch,
-                    self.log.log_end_offset,
+                    core.leader_id,
+                    core.leader_epoch,
+                    leo,
                 )
-            self.dispatch(self.core.become_follower(state, replicas, now))
+        self.dispatch(actions)
 
     def reload_producer_state(self) -> None:
         """Newest snapshot, then replay the log past it (after open or truncation)."""
@@ -256,6 +283,7 @@ class HostedPartition:
                             a.base_offset,
                             a.last_offset,
                             self.log.log_start_offset,
+                            message=a.message,
                         )
                     )
             elif isinstance(a, SendFetch):
@@ -280,51 +308,39 @@ class HostedPartition:
     def append(
         self, records: memoryview, acks: int, timeout_ms: int
     ) -> AppendResult | asyncio.Future[AppendResult]:
-        core = self.core
-        if not core.is_leader:
-            return AppendResult(ErrorCode.NOT_LEADER_OR_FOLLOWER)
-        if acks == -1 and len(core.isr) < core.config.min_insync_replicas:
-            return AppendResult(
-                ErrorCode.NOT_ENOUGH_REPLICAS,
-                message=f"ISR {list(core.isr)} is smaller than min.insync.replicas="
-                f"{core.config.min_insync_replicas}",
-            )
+        """Produce to this partition: the core admits, appends (through `LogAdapter`) and
+        answers; the result is ready now or, for acks=all, when the core completes it."""
+        request_id = next(self._ids)
+        fut: asyncio.Future[AppendResult] = asyncio.get_running_loop().create_future()
+        self._produce_futures[request_id] = fut
+        leo = self.log.log_end_offset
         try:
-            headers = validate(records)
-            if len(headers) != 1:
-                raise InvalidRecordError(
-                    "a produce request must carry exactly one record batch per partition, "
-                    f"not {len(headers)}"
-                )
-            self.producer_state.check(headers[0])
-            first, last = self.adapter.append_as_leader(records, core.leader_epoch)
-            self.producer_state.update(replace(headers[0], base_offset=first))
-        except DuplicateBatch as dup:
-            first, last = dup.first_offset, dup.last_offset
-        except ProducerStateError as e:
+            actions = self.core.on_produce(request_id, records, acks, timeout_ms, now_ms())
+        except (ProducerStateError, LogError, OSError) as e:
+            del self._produce_futures[request_id]
+            return self._refused(e)
+        if self.log.log_end_offset != leo:
+            self.io.data_changed(self)
+        self.dispatch(actions)
+        if fut.done():
+            return fut.result()
+        if acks == 0:  # the core never answers a successful acks=0 produce
+            del self._produce_futures[request_id]
+            return AppendResult(log_start_offset=self.log.log_start_offset)
+        return fut
+
+    def _refused(self, e: ProducerStateError | LogError | OSError) -> AppendResult:
+        """The produce's error for an exception the log raised while appending."""
+        if isinstance(e, ProducerStateError):
             return AppendResult(ErrorCode(e.code), message=str(e))
-        except InvalidRecordError as e:
+        if isinstance(e, InvalidRecordError):
             return AppendResult(
                 ErrorCode.INVALID_RECORD, message=str(e), record_errors=[(0, str(e))]
             )
-        except (KafkaStorageError, OSError) as e:
-            log.error("append to %s failed: %s", self.name, e)
+        if isinstance(e, (KafkaStorageError, OSError)):
+            _storage_errors.error(self.name, "append to %s failed: %s", self.name, e)
             return AppendResult(ErrorCode.KAFKA_STORAGE_ERROR, message=str(e))
-        except LogError as e:  # each storage error carries its Kafka error code
-            return AppendResult(ErrorCode(e.code), message=str(e))
-        request_id = next(self._ids)
-        fut: asyncio.Future[AppendResult] | None = None
-        if acks == -1:
-            fut = asyncio.get_running_loop().create_future()
-            self._produce_futures[request_id] = fut
-        actions = core.produce_appended(request_id, last, acks, timeout_ms, now_ms(), first)
-        self.io.data_changed(self)
-        self.dispatch(actions)
-        if fut is not None:
-            return fut
-        return AppendResult(
-            base_offset=first, last_offset=last, log_start_offset=self.log.log_start_offset
-        )
+        return AppendResult(ErrorCode(e.code), message=str(e))  # a LogError carries its code
 
     # ----- fetch ----------------------------------------------------------------------------
 
@@ -338,12 +354,9 @@ class HostedPartition:
         read_committed: bool,
         min_one_message: bool,
     ) -> ReadResult:
-        if replica_id >= 0:
-            actions = self.core.on_follower_fetch(
-                replica_id, fetch_offset, current_leader_epoch, now_ms(), 0, 0
-            )
-        else:
-            actions = [self.core.on_consumer_fetch(fetch_offset, current_leader_epoch)]
+        actions = self.core.on_fetch(
+            replica_id, fetch_offset, current_leader_epoch, now_ms(), read_committed=read_committed
+        )
         resp = next((a for a in actions if isinstance(a, FetchResponse)), None)
         self.dispatch([a for a in actions if not isinstance(a, FetchResponse)])
         if resp is None:  # pragma: no cover - the core always answers a non-parked fetch
@@ -351,20 +364,19 @@ class HostedPartition:
         res = ReadResult(
             error=ErrorCode(int(resp.error)),
             high_watermark=resp.high_watermark,
-            last_stable_offset=resp.high_watermark,
+            last_stable_offset=resp.last_stable_offset,
             log_start_offset=resp.log_start_offset,
         )
         if res.error != ErrorCode.NONE:
             return res
-        if replica_id < 0 and read_committed:
-            max_offset = self.last_stable_offset
-        else:
-            max_offset = resp.records_end
         try:
             res.data = self.log.read(
-                fetch_offset, max_bytes, max_offset=max_offset, min_one_message=min_one_message
+                fetch_offset,
+                max_bytes,
+                max_offset=resp.records_end,
+                min_one_message=min_one_message,
             )
-        except OffsetOutOfRangeError:
+        except OffsetOutOfRangeError:  # retention moved the log start since the core answered
             res.error = ErrorCode.OFFSET_OUT_OF_RANGE
         return res
 
@@ -373,36 +385,22 @@ class HostedPartition:
     def on_fetch_response(
         self, request_id: int, error: int, records: bytes, hw: int, log_start: int, leo: int
     ) -> None:
-        from isrlab.broker.replication import ErrorCode as ReplError
-
-        try:
-            err = ReplError(error)
-        except ValueError:
-            err = ReplError.REPLICA_NOT_AVAILABLE  # treat any other error as retriable
         try:
             actions = self.core.on_fetch_response(
-                request_id, err, records, hw, log_start, leo, now_ms()
+                request_id, follower_error(error), records, hw, log_start, leo, now_ms()
             )
-        except LogError as e:
+        except (LogError, OSError) as e:  # the core fetches again after the back-off
             log.error("%s: follower append failed: %s", self.name, e)
-            actions = self.core.on_fetch_response(
-                request_id, ReplError.REPLICA_NOT_AVAILABLE, b"", hw, log_start, leo, now_ms()
-            )
+            actions = []
         self.io.data_changed(self)
         self.dispatch(actions)
 
     def on_offsets_for_leader_epoch_response(
         self, request_id: int, error: int, leader_epoch: int, end_offset: int
     ) -> None:
-        from isrlab.broker.replication import ErrorCode as ReplError
-
-        try:
-            err = ReplError(error)
-        except ValueError:
-            err = ReplError.REPLICA_NOT_AVAILABLE
         self.dispatch(
             self.core.on_offsets_for_leader_epoch_response(
-                request_id, err, leader_epoch, end_offset, now_ms()
+                request_id, follower_error(error), leader_epoch, end_offset, now_ms()
             )
         )
 

@@ -2,10 +2,12 @@
 
 Consumers (replica_id -1) read below the high watermark (read_uncommitted) or the last stable offset
 (read_committed); followers (replica_id >= 0) read up to the log end offset, and their fetch offset
-is their acknowledgement (handed to the replication core). `max_wait_ms`/`min_bytes` make the
-request wait until enough data is fetchable or the time is up; `max_bytes` bounds the whole response
-and `partition_max_bytes` each partition, except that the first batch of the first non-empty
-partition is returned even when it is larger (so a consumer can always make progress), as in Kafka.
+is their acknowledgement. Those bounds, the offset range and the leader epoch check are the
+replication core's answer (`Partition.on_fetch`); this handler serves what it names.
+`max_wait_ms`/`min_bytes` make the request wait until enough data is fetchable or the time is up;
+`max_bytes` bounds the whole response and `partition_max_bytes` each partition, except that the
+first batch of the first non-empty partition is returned even when it is larger (so a consumer can
+always make progress), as in Kafka.
 
 Large record data is sent with sendfile: see `broker.network.codec`.
 """

@@ -13,13 +13,14 @@ from isrlab.broker.replication.actions import (
     CONSUMER_REPLICA_ID,
     Action,
     FetchResponse,
+    ListOffsetsResponse,
     OffsetsForLeaderEpochResponse,
     ProduceResponse,
     SendFetch,
     SendOffsetsForLeaderEpoch,
 )
 from isrlab.broker.replication.config import ReplicationConfig, TruncationMode
-from isrlab.broker.replication.errors import ErrorCode
+from isrlab.broker.replication.errors import ErrorCode, follower_error
 from isrlab.broker.replication.partition import ACKS_ALL, FollowerPhase, Partition, Role
 from isrlab.broker.replication.replica import Replica
 from isrlab.broker.replication.replica_log import MemoryLog, ReplicaLog
@@ -40,6 +41,7 @@ __all__ = [
     "FetchResponse",
     "FollowerPhase",
     "LeaderAndIsr",
+    "ListOffsetsResponse",
     "MemoryLog",
     "OffsetsForLeaderEpochResponse",
     "Partition",
@@ -53,5 +55,6 @@ __all__ = [
     "TopicPartition",
     "TruncationMode",
     "WriteStateZnode",
+    "follower_error",
     "partition_state_path",
 ]

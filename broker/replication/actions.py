@@ -34,17 +34,19 @@ class FetchResponse:
     log_start_offset: int
     log_end_offset: int
     leader_epoch: int
+    last_stable_offset: int
 
 
 @dataclass(frozen=True)
 class ProduceResponse:
-    """Answer a Produce (never emitted for acks=0 successes)."""
+    """Answer a Produce (never emitted for acks=0 successes); ``message`` explains an error."""
 
     tp: TopicPartition
     request_id: int
     error: ErrorCode
     base_offset: int = -1
     last_offset: int = -1
+    message: str | None = None
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,18 @@ class OffsetsForLeaderEpochResponse:
     error: ErrorCode
     leader_epoch: int
     end_offset: int
+
+
+@dataclass(frozen=True)
+class ListOffsetsResponse:
+    """Leader side reply to ListOffsets (returned directly): the offsets the requester may be
+    told about, ``[earliest, latest)`` (-1 on error)."""
+
+    tp: TopicPartition
+    error: ErrorCode
+    earliest: int
+    latest: int
+    leader_epoch: int
 
 
 Action = FetchResponse | ProduceResponse | SendFetch | SendOffsetsForLeaderEpoch | WriteStateZnode

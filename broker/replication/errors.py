@@ -35,3 +35,12 @@ RETRIABLE_FOLLOWER_ERRORS = frozenset(
         ErrorCode.REQUEST_TIMED_OUT,
     }
 )
+
+
+def follower_error(code: int) -> ErrorCode:
+    """A leader's error code as a follower's core acts on it: codes it has no rule for are
+    treated like REPLICA_NOT_AVAILABLE (fetch again after replica.fetch.backoff.ms)."""
+    try:
+        return ErrorCode(code)
+    except ValueError:
+        return ErrorCode.REPLICA_NOT_AVAILABLE

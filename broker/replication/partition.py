@@ -45,6 +45,7 @@ from isrlab.broker.replication.actions import (
     CONSUMER_REPLICA_ID,
     Action,
     FetchResponse,
+    ListOffsetsResponse,
     OffsetsForLeaderEpochResponse,
     ProduceResponse,
     SendFetch,
@@ -144,6 +145,12 @@ class Partition:
         return self._hw
 
     @property
+    def last_stable_offset(self) -> int:
+        """LSO = min(first offset of the oldest open transaction, HW); without transactions
+        nothing below the HW is open, so it is the HW."""
+        return self._hw
+
+    @property
     def log_end_offset(self) -> int:
         return self.log.log_end_offset
 
@@ -173,6 +180,15 @@ class Partition:
         return sorted(self._delayed_produces)
 
     # ------------------------------------------------------------------ state changes
+    def become_leader_or_follower(
+        self, state: LeaderAndIsr, assigned_replicas: Sequence[int], now: int
+    ) -> list[Action]:
+        """A partition state from the controller (LeaderAndIsr, or the state znode a broker
+        watches): lead when it names this broker, follow otherwise. Stale states are ignored."""
+        if state.leader == self.broker_id:
+            return self.become_leader(state, assigned_replicas, now)
+        return self.become_follower(state, assigned_replicas, now)
+
     def become_leader(
         self, state: LeaderAndIsr, assigned_replicas: Sequence[int], now: int
     ) -> list[Action]:
@@ -287,7 +303,36 @@ class Partition:
             log_start_offset=self.log.log_start_offset,
             log_end_offset=self.log.log_end_offset,
             leader_epoch=self.leader_epoch,
+            last_stable_offset=self.last_stable_offset,
         )
+
+    def _readable_end(self, replica_id: int, read_committed: bool) -> int:
+        """Where what ``replica_id`` may read ends (exclusive): followers read up to the LEO,
+        consumers below the HW (read_uncommitted) or the LSO (read_committed)."""
+        if replica_id >= 0:
+            return self.log.log_end_offset
+        return self.last_stable_offset if read_committed else self._hw
+
+    def on_fetch(
+        self,
+        replica_id: int,
+        fetch_offset: int,
+        current_leader_epoch: int,
+        now: int,
+        request_id: int = 0,
+        max_wait_ms: int = 0,
+        read_committed: bool = False,
+    ) -> list[Action]:
+        """A Fetch, from a follower (``replica_id`` >= 0) or a consumer (``replica_id`` < 0,
+        which ``read_committed`` bounds by the LSO); the answer is a FetchResponse naming the
+        range to serve (a follower's may be parked, see ``on_follower_fetch``)."""
+        if replica_id >= 0:
+            return self.on_follower_fetch(
+                replica_id, fetch_offset, current_leader_epoch, now, request_id, max_wait_ms
+            )
+        return [
+            self.on_consumer_fetch(fetch_offset, current_leader_epoch, request_id, read_committed)
+        ]
 
     def on_follower_fetch(
         self,
@@ -323,17 +368,42 @@ class Partition:
         return actions
 
     def on_consumer_fetch(
-        self, fetch_offset: int, current_leader_epoch: int = NO_EPOCH_CHECK, request_id: int = 0
+        self,
+        fetch_offset: int,
+        current_leader_epoch: int = NO_EPOCH_CHECK,
+        request_id: int = 0,
+        read_committed: bool = False,
     ) -> FetchResponse:
-        """A consumer Fetch: it may read only below the HW."""
+        """A consumer Fetch: it may read only below the HW (the LSO when ``read_committed``)."""
         error = self._epoch_error(current_leader_epoch)
         if error is None and not (
             self.log.log_start_offset <= fetch_offset <= self.log.log_end_offset
         ):
             error = ErrorCode.OFFSET_OUT_OF_RANGE
-        end = max(fetch_offset, self._hw)
+        end = max(fetch_offset, self._readable_end(CONSUMER_REPLICA_ID, read_committed))
         return self._fetch_response(
             request_id, CONSUMER_REPLICA_ID, error or ErrorCode.NONE, fetch_offset, end
+        )
+
+    def on_list_offsets(
+        self,
+        current_leader_epoch: int = NO_EPOCH_CHECK,
+        replica_id: int = CONSUMER_REPLICA_ID,
+        read_committed: bool = False,
+    ) -> ListOffsetsResponse:
+        """ListOffsets: the earliest offset (log start) and the latest one ``replica_id`` may
+        see (LEO for a follower, else HW or, ``read_committed``, LSO); leader only, with the
+        same leader epoch check as Fetch. A timestamp lookup must find an offset below
+        ``latest`` to count."""
+        error = self._epoch_error(current_leader_epoch)
+        if error is not None:
+            return ListOffsetsResponse(self.tp, error, -1, -1, self.leader_epoch)
+        return ListOffsetsResponse(
+            self.tp,
+            ErrorCode.NONE,
+            self.log.log_start_offset,
+            self._readable_end(replica_id, read_committed),
+            self.leader_epoch,
         )
 
     def on_offsets_for_leader_epoch(
@@ -356,31 +426,38 @@ class Partition:
         timeout_ms: int,
         now: int,
     ) -> list[Action]:
-        """A Produce of ``records``: checks, appends with the leader epoch, applies ``acks``."""
+        """A Produce of ``records``: admission (leader, acks=all against min.insync.replicas),
+        the append with the leader epoch, then ``acks``: a ProduceResponse now (acks=1), none
+        (acks=0), or once HW > the last offset (acks=all, see ``_produce_appended``).
+
+        The broker's shell calls exactly this. Its log validates the records (and the
+        idempotent producer's sequence) inside ``append_as_leader``: a refusal is raised out of
+        this method with nothing changed here, and a duplicate batch returns its original
+        offsets, which then wait for the HW like a fresh append."""
         if acks not in (ACKS_ALL, 0, 1):
             return [ProduceResponse(self.tp, request_id, ErrorCode.INVALID_REQUIRED_ACKS)]
         if self.role is not Role.LEADER:
             return [ProduceResponse(self.tp, request_id, ErrorCode.NOT_LEADER_OR_FOLLOWER)]
         if acks == ACKS_ALL and len(self.isr) < self.config.min_insync_replicas:
-            return [ProduceResponse(self.tp, request_id, ErrorCode.NOT_ENOUGH_REPLICAS)]
+            return [
+                ProduceResponse(
+                    self.tp,
+                    request_id,
+                    ErrorCode.NOT_ENOUGH_REPLICAS,
+                    message=f"ISR {list(self.isr)} is smaller than min.insync.replicas="
+                    f"{self.config.min_insync_replicas}",
+                )
+            ]
         base_offset, last_offset = self.log.append_as_leader(records, self.leader_epoch)
         actions = self._answer_parked_fetches(ErrorCode.NONE, only_with_data=True)
-        actions += self.produce_appended(
-            request_id, last_offset, acks, timeout_ms, now, base_offset=base_offset
+        actions += self._produce_appended(
+            request_id, base_offset, last_offset, acks, timeout_ms, now
         )
         return actions
 
-    def produce_appended(
-        self,
-        request_id: int,
-        last_offset: int,
-        acks: int,
-        timeout_ms: int,
-        now: int,
-        base_offset: int | None = None,
+    def _produce_appended(
+        self, request_id: int, base: int, last_offset: int, acks: int, timeout_ms: int, now: int
     ) -> list[Action]:
-        """Register a produce the shell appended itself; completes when HW > last_offset."""
-        base = last_offset if base_offset is None else base_offset
         actions: list[Action] = []
         if acks == 1:
             actions.append(ProduceResponse(self.tp, request_id, ErrorCode.NONE, base, last_offset))
@@ -681,6 +758,9 @@ class Partition:
         if error is not ErrorCode.NONE:
             return self._on_follower_error(error, now)
         if records:
+            # Should the log refuse the records (the exception goes to the shell), fetch again
+            # after the back-off instead of waiting for an answer that will never come.
+            self._retry_at = now + self.config.replica_fetch_backoff_ms
             self.log.append_as_follower(records)
         leo = self.log.log_end_offset
         self._set_hw(max(self.log.log_start_offset, min(high_watermark, leo)))

@@ -9,6 +9,11 @@ reorder at will; ZooKeeper operations are synchronous. Time only moves with :met
 
 Produce requests go straight from a (never failing) client to a broker, and the client records
 each acks=all success in ``acked`` as value -> offset.
+
+Every event enters a core through the method the broker's shell (``broker/partition.py``) calls
+for it: ``become_leader_or_follower``, ``on_produce``, ``on_fetch``, ``on_offsets_for_leader_epoch``,
+``on_fetch_response``, ``on_isr_update_result``, ``tick``; so what hypothesis explores here is the
+production path.
 """
 
 from __future__ import annotations
@@ -184,15 +189,12 @@ class SimCluster:
         b, p = msg.dst, self.partitions[msg.dst]
         if msg.kind == "leader_and_isr":
             state, replicas = msg.body
-            if state.leader == b:
-                self._run_broker(b, p.become_leader(state, replicas, self.now))
-            else:
-                self._run_broker(b, p.become_follower(state, replicas, self.now))
+            self._run_broker(b, p.become_leader_or_follower(state, replicas, self.now))
         elif msg.kind == "fetch":
             f: SendFetch = msg.body
             self._run_broker(
                 b,
-                p.on_follower_fetch(
+                p.on_fetch(
                     f.replica_id,
                     f.fetch_offset,
                     f.current_leader_epoch,

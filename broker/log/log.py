@@ -27,10 +27,14 @@ Durability (fsync) semantics, as in Kafka:
   segment is fsynced at the roll (Kafka does that asynchronously). Every flush advances the
   recovery point: the offset below which the files are known durable.
 - The leader-epoch checkpoint is rewritten atomically and fsynced on every change.
-- ``close()`` flushes everything and writes ``.kafka_cleanshutdown``. ``open()`` trusts the
-  files when that marker exists (and deletes it); otherwise it rescans every segment from the
-  one holding the recovery point: CRCs are checked, the log is truncated at the first torn or
-  corrupt batch, later segments are deleted, and the indexes are rebuilt.
+- ``close()`` flushes everything and writes ``.kafka_cleanshutdown``. ``open()`` deletes the
+  marker. Without it, every segment from the one holding the recovery point is rescanned
+  ("Recovering unflushed segment"): CRCs are checked, the indexes rebuilt, and a torn or
+  corrupt tail is truncated. With it, and for flushed segments below the recovery point, only
+  each segment's tail past its last index entry and the indexes' last entries are checked;
+  a segment that fails is rescanned the same way. Recovery never truncates records that must
+  be kept (a corrupt batch with valid batches behind it): the log is refused instead
+  (``LogDirFailure``); see ``broker.log.recovery`` and docs/durability.md.
 
 Not thread-safe by design: the broker calls one Log from its single asyncio thread.
 """
@@ -48,7 +52,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from isrlab.broker.log.abstract_index import CorruptIndexError
+from isrlab.broker.log import recovery
 from isrlab.broker.log.errors import (
     InvalidRecordError,
     KafkaStorageError,
@@ -193,6 +197,13 @@ class Log:
         segments: list[LogSegment] = []
         try:
             recovered = False
+            # has_records_after[i]: a segment after the i-th one holds records
+            has_records_after = [False] * len(base_offsets)
+            for i in range(len(base_offsets) - 2, -1, -1):
+                has_records_after[i] = (
+                    has_records_after[i + 1]
+                    or log_path(directory, base_offsets[i + 1]).stat().st_size > 0
+                )
             for position, base_offset in enumerate(base_offsets):
                 indexes_missing = not (
                     offset_index_path(directory, base_offset).exists()
@@ -202,25 +213,27 @@ class Log:
                 segments.append(segment)
                 next_base = base_offsets[position + 1] if position + 1 < len(base_offsets) else None
                 unflushed = next_base is None or next_base > recovery_point
-                needs_recovery = (not clean and unflushed) or indexes_missing
-                if not needs_recovery:
-                    try:
-                        segment.sanity_check()
-                    except CorruptIndexError:
-                        needs_recovery = True  # indexes are derived data: rebuild them
-                if needs_recovery:
-                    recovered = True
-                    truncated = segment.recover()
-                    if truncated > 0 and next_base is not None:
-                        # Everything after a corrupt batch is suspect: drop the later segments.
-                        for later in base_offsets[position + 1 :]:
-                            for path in (
-                                log_path(directory, later),
-                                offset_index_path(directory, later),
-                                time_index_path(directory, later),
-                            ):
-                                path.unlink(missing_ok=True)
-                        break
+                truncated = _load_segment(
+                    segment,
+                    trusted=clean or not unflushed,
+                    indexes_missing=indexes_missing,
+                    next_base=next_base,
+                    later_has_records=has_records_after[position],
+                )
+                if truncated is None:
+                    continue
+                recovered = True
+                if truncated > 0 and next_base is not None and segment.next_offset < next_base:
+                    # Only empty segments follow (recovery refuses otherwise): drop them so the
+                    # log continues right after the last valid batch.
+                    for later in base_offsets[position + 1 :]:
+                        for path in (
+                            log_path(directory, later),
+                            offset_index_path(directory, later),
+                            time_index_path(directory, later),
+                        ):
+                            path.unlink(missing_ok=True)
+                    break
             if clean:
                 # Forget the marker durably before any write: a crash from here on must recover.
                 marker.unlink()
@@ -230,12 +243,12 @@ class Log:
                 segments.append(cls._new_segment(directory, start, config, clock))
             segments[-1].resize_indexes(config.segment_index_bytes)
 
-            cache = _load_or_rebuild_epoch_cache(directory, segments)
             start = (
                 segments[0].base_offset
                 if log_start_offset is None
                 else max(log_start_offset, segments[0].base_offset)
             )
+            cache = _load_or_rebuild_epoch_cache(directory, segments, start)
             log = cls(
                 directory,
                 config,
@@ -730,16 +743,78 @@ class Log:
         )
 
 
+def _load_segment(
+    segment: LogSegment,
+    *,
+    trusted: bool,
+    indexes_missing: bool,
+    next_base: int | None,
+    later_has_records: bool,
+) -> int | None:
+    """Validate one segment at open; recover it if needed. Returns the bytes truncated, or None
+    if the segment was used as it is. Raises LogDirFailure instead of truncating records that
+    must be kept (see ``broker.log.recovery``).
+
+    ``trusted``: the log was shut down cleanly, or the segment is wholly below the recovery
+    point (flushed): only its tail and the last index entries are checked, and it is rescanned
+    only if they do not check out. Otherwise the whole segment is rescanned, as Kafka does
+    after an unclean shutdown.
+    """
+    directory = segment.dir
+
+    def refuse_if_needed(
+        invalid: recovery.InvalidBatch, next_offset: int, index_position: int | None
+    ) -> None:
+        why = recovery.refusal(
+            segment,
+            invalid,
+            next_offset,
+            next_base=next_base,
+            later_has_records=later_has_records,
+            index_position=index_position,
+        )
+        if why is not None:
+            raise recovery.refuse(segment, invalid, why)
+
+    if not trusted:
+        logger.info("Recovering unflushed segment %d in %s", segment.base_offset, directory)
+        return segment.recover(
+            lambda position, reason, next_offset: refuse_if_needed(
+                recovery.InvalidBatch(position, reason), next_offset, None
+            )
+        )
+    index_problem: str | None = "the offset index or time index file is missing"
+    invalid: recovery.InvalidBatch | None = None
+    if not indexes_missing:
+        index_problem, invalid = recovery.check_tail(segment)
+    if index_problem is None and invalid is None:
+        return None
+    whole = recovery.scan(segment)
+    if whole.invalid is not None:
+        index_position = None if index_problem else segment.offset_index.last_entry[1]
+        refuse_if_needed(whole.invalid, whole.next_offset, index_position)
+    damage = whole.invalid or invalid
+    if index_problem is None and damage is not None:
+        index_problem = f"invalid data at byte offset {damage.position} of the log file"
+    logger.warning("Rebuilding index files for segment %s: %s", segment.log_file, index_problem)
+    return segment.recover()
+
+
 def _load_or_rebuild_epoch_cache(
-    directory: Path, segments: list[LogSegment]
+    directory: Path, segments: list[LogSegment], log_start_offset: int
 ) -> LeaderEpochFileCache:
-    """The leader-epoch-checkpoint, or, if it is unreadable, the cache rebuilt from the batches.
+    """The leader-epoch-checkpoint, or, if it is unreadable or contradicts the batches (see
+    ``recovery.epoch_cache_problem``), the cache rebuilt from the batches.
 
     Every batch carries its partitionLeaderEpoch, so the cache is derived data like the indexes.
     """
     path = directory / LEADER_EPOCH_CHECKPOINT
     try:
-        return LeaderEpochFileCache(path)
+        loaded = LeaderEpochFileCache(path)
+        problem = recovery.epoch_cache_problem(loaded.epoch_entries(), segments, log_start_offset)
+        if problem is None:
+            return loaded
+        logger.warning("%s does not match the record batches: %s; rebuilding it", path, problem)
     except KafkaStorageError as exc:
         logger.warning("%s; rebuilding it from the record batches", exc)
     path.unlink(missing_ok=True)

@@ -21,6 +21,7 @@ there; snapshots past a truncation point are deleted.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections import deque
 from collections.abc import Iterable
@@ -35,6 +36,8 @@ from isrlab.broker.log.record_batch import BatchHeader
 RETAINED_BATCHES = 5
 INT32_MAX = (1 << 31) - 1
 SNAPSHOT_SUFFIX = ".snapshot"
+
+log = logging.getLogger(__name__)
 
 INVALID_PRODUCER_EPOCH = 47
 OUT_OF_ORDER_SEQUENCE_NUMBER = 45
@@ -221,10 +224,15 @@ class ProducerStateManager:
                 }
                 self.map_end_offset = offset
                 return offset
-            except (ValueError, KeyError, TypeError):
-                path.unlink(
-                    missing_ok=True
-                )  # a torn or corrupt snapshot: fall back to an older one
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                # a torn or corrupt snapshot: fall back to an older one, or replay the log
+                log.warning(
+                    "Deleting corrupt producer state snapshot %s (%s); rebuilding the state "
+                    "from an older snapshot or the log",
+                    path,
+                    exc,
+                )
+                path.unlink(missing_ok=True)
         return log_start
 
     def truncate_snapshots_after(self, offset: int) -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import io
+import logging
 import mmap
 import os
 from collections import OrderedDict
@@ -62,9 +63,11 @@ CLEANED_SUFFIX = ".cleaned"
 SWAP_SUFFIX = ".swap"
 RECENT_BATCHES = 256  # batch headers the active end of a segment keeps in memory
 _INT32_MAX = 0x7FFFFFFF
-#: Descriptors of a segment with open files: ``.log``, ``.index``, ``.timeindex``, and the
-#: duplicate descriptor Python's ``mmap`` keeps for each of the two index mappings.
-FDS_PER_SEGMENT = 5
+
+logger = logging.getLogger(__name__)
+#: Descriptors of a segment with open files: the ``.log`` file and the descriptor Python's
+#: ``mmap`` keeps for each of the two index mappings (index files are not kept open).
+FDS_PER_SEGMENT = 3
 #: Segments other than the active ones that may keep their files open at once (per process).
 SEGMENT_HANDLE_POOL_SIZE = 16
 
@@ -341,6 +344,11 @@ class LogSegment:
         last: BatchHeader | None = None
         for header in self._iter_headers(position):
             last = header
+        if last is None and position > 0:
+            # The indexed batch is not whole (a torn tail the log has not recovered yet): the
+            # end is after the last whole batch before it, never back at the base offset.
+            for header in self._iter_headers(0, position):
+                last = header
         return last.next_offset if last is not None else self.base_offset
 
     # -- scanning ----------------------------------------------------------------------------
@@ -531,10 +539,12 @@ class LogSegment:
                 f"index {self.offset_index.path} points past the end of {self._path} ({self._size} bytes)"
             )
 
-    def recover(self) -> int:
+    def recover(self, on_invalid: Callable[[int, str, int], None] | None = None) -> int:
         """Re-read every batch, check structure and CRC, rebuild both indexes; truncate at the first bad batch.
 
-        Returns how many bytes were cut off the end of the ``.log`` file.
+        Before truncating, ``on_invalid(position, reason, next_offset)`` may raise to keep the
+        file as it is (``broker.log.recovery`` decides what may be cut off). Returns how many
+        bytes were cut off the end of the ``.log`` file.
         """
         self._forget_recent()
         self.offset_index.reset()
@@ -546,23 +556,40 @@ class LogSegment:
         self._first_append_ms = None
         valid = 0
         next_offset = self.base_offset
+        reason = ""
         if self._size > 0:
             with mmap.mmap(self._file.fileno(), self._size, access=mmap.ACCESS_READ) as mapped:
                 while valid < self._size:
                     try:
                         header = check_header(mapped, valid, self._size)
                         check_crc(mapped, header)
-                    except (CorruptRecordError, InvalidRecordError):
+                    except (CorruptRecordError, InvalidRecordError) as exc:
+                        reason = str(exc)
                         break
                     if header.base_offset < next_offset or not self.can_convert_to_relative_offset(
                         header.last_offset
                     ):
-                        break  # offsets must grow and fit the segment: anything else is garbage
+                        # offsets must grow and fit the segment: anything else is garbage
+                        reason = (
+                            f"batch at position {valid} has offsets {header.base_offset}.."
+                            f"{header.last_offset}, not after {next_offset - 1} within segment "
+                            f"{self.base_offset}"
+                        )
+                        break
                     self._index_batch(header, header.position)
                     next_offset = header.next_offset
                     valid = header.end_position
         truncated = self._size - valid
         if truncated > 0:
+            if on_invalid is not None:
+                on_invalid(valid, reason, next_offset)
+            logger.warning(
+                "Found invalid messages in log segment %s at byte offset %d: %s; truncating %d bytes",
+                self._path,
+                valid,
+                reason,
+                truncated,
+            )
             os.ftruncate(self._file.fileno(), valid)
             self._size = valid
         self._next_offset = next_offset

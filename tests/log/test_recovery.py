@@ -6,6 +6,7 @@ import pytest
 
 from isrlab.broker.log.log import CLEAN_SHUTDOWN_FILE, Log, LogConfig
 from isrlab.broker.log.record_batch import HEADER_SIZE
+from isrlab.broker.log.recovery import LogDirFailure
 from tests.log.batches import decode_values, make_batch
 
 Opener = Callable[..., Log]
@@ -52,7 +53,9 @@ def test_torn_header_is_truncated(open_log: Opener) -> None:
     assert (again.dir / "00000000000000000000.log").stat().st_size == 2 * BATCH
 
 
-def test_corrupt_middle_batch_truncates_there_and_drops_later_segments(open_log: Opener) -> None:
+def test_corrupt_middle_batch_refuses_the_log_instead_of_dropping_later_records(
+    open_log: Opener,
+) -> None:
     log = open_log(CONFIG)
     fill(log, 10)  # segments 0, 12, 24
     crash(log)
@@ -60,12 +63,33 @@ def test_corrupt_middle_batch_truncates_there_and_drops_later_segments(open_log:
     data = bytearray(middle.read_bytes())
     data[BATCH + BATCH // 2] ^= 0xFF  # inside the second batch of segment 12 (offsets 15..17)
     middle.write_bytes(bytes(data))
+    before = {p.name: p.read_bytes() for p in log.dir.glob("*.log")}
+    # Kafka would truncate at offset 15 and delete segment 24: 12 intact records lost.
+    with pytest.raises(
+        LogDirFailure, match=r"00000000000000000012.log at byte offset \d+ .*valid batch follows"
+    ):
+        open_log(CONFIG)
+    assert {p.name: p.read_bytes() for p in log.dir.glob("*.log")} == before
+
+
+def test_torn_last_batch_of_a_segment_with_later_records_refuses(open_log: Opener) -> None:
+    log = open_log(CONFIG)
+    fill(log, 6)  # segments 0 (offsets 0..11) and 12
+    crash(log)
+    os.truncate(log.dir / "00000000000000000000.log", 4 * BATCH - 5)
+    with pytest.raises(LogDirFailure, match=r"offsets 9\.\.11 would go missing"):
+        open_log(CONFIG)
+
+
+def test_garbage_after_the_records_of_a_rolled_segment_is_cut_off(open_log: Opener) -> None:
+    log = open_log(CONFIG)
+    fill(log, 6)
+    log.close()
+    with open(log.dir / "00000000000000000000.log", "ab") as out:
+        out.write(b"\x5a" * 37)
     again = open_log(CONFIG)
-    assert again.log_end_offset == 15
-    assert [s.base_offset for s in again.segments] == [0, 12]
-    assert not (again.dir / "00000000000000000024.log").exists()
-    assert not (again.dir / "00000000000000000024.index").exists()
-    assert offsets(again) == list(range(15))
+    assert (again.dir / "00000000000000000000.log").stat().st_size == 4 * BATCH
+    assert offsets(again) == list(range(18))
 
 
 def test_recovery_point_limits_the_scan(open_log: Opener) -> None:
@@ -79,11 +103,11 @@ def test_recovery_point_limits_the_scan(open_log: Opener) -> None:
     again = open_log(CONFIG, recovery_point=24)
     assert again.log_end_offset == 30
     crash(again)
-    rescanned = open_log(CONFIG, recovery_point=0)
-    assert rescanned.log_end_offset == 0  # now the scan finds it and drops everything after
+    with pytest.raises(LogDirFailure, match=r"00000000000000000000\.log at byte offset 0 "):
+        open_log(CONFIG, recovery_point=0)  # now the scan finds it, with records behind it
 
 
-def test_clean_shutdown_marker_skips_the_scan(open_log: Opener) -> None:
+def test_clean_shutdown_marker_skips_the_scan_below_the_tail(open_log: Opener) -> None:
     log = open_log(CONFIG)
     fill(log, 3)
     log.close()
@@ -93,10 +117,10 @@ def test_clean_shutdown_marker_skips_the_scan(open_log: Opener) -> None:
     path.write_bytes(bytes(data))
     trusted = open_log(CONFIG)
     assert not (trusted.dir / CLEAN_SHUTDOWN_FILE).exists()
-    assert trusted.log_end_offset == 9  # trusted: no CRC scan
+    assert trusted.log_end_offset == 9  # below the last index entry: trusted, no CRC scan
     crash(trusted)
-    scanned = open_log(CONFIG)
-    assert scanned.log_end_offset == 3
+    with pytest.raises(LogDirFailure, match="valid batch follows it"):
+        open_log(CONFIG)
 
 
 def test_missing_index_is_rebuilt(open_log: Opener) -> None:
@@ -212,3 +236,15 @@ def test_failed_open_releases_its_files(open_log: Opener, monkeypatch: pytest.Mo
     with pytest.raises(OSError, match="disk gone"):
         Log.open(log.dir, CONFIG)
     assert closed == [0, 12]
+
+
+def test_damaged_batch_length_with_a_batch_behind_it_refuses(open_log: Opener) -> None:
+    log = open_log(CONFIG)
+    fill(log, 2)  # no index entry yet: the whole segment is its tail
+    log.close()
+    path = log.dir / "00000000000000000000.log"
+    data = bytearray(path.read_bytes())
+    data[8] ^= 0x40  # batchLength of the first batch: the next one can no longer be walked to
+    path.write_bytes(bytes(data))
+    with pytest.raises(LogDirFailure, match=f"valid batch follows it at byte offset {BATCH}"):
+        open_log(CONFIG)

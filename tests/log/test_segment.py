@@ -1,3 +1,4 @@
+import os
 from pathlib import Path
 
 from isrlab.broker.log.record_batch import BatchHeader, iter_batches, stamp
@@ -162,3 +163,22 @@ def _scan_from(segment: LogSegment, offset: int, position: int) -> BatchHeader |
     return next(
         (h for h in segment.batches() if h.position >= position and h.last_offset >= offset), None
     )
+
+
+def test_next_offset_of_a_torn_indexed_batch_comes_from_the_last_whole_batch(
+    tmp_path: Path,
+) -> None:
+    """Issue 12 point 1: the index's last entry points at a batch cut mid-way; the end of the
+    segment is after the whole batch before it, not back at the base offset."""
+    segment = filled_segment(tmp_path)
+    _, position = segment.offset_index.last_entry
+    assert position > 0
+    last = next(h for h in segment.batches() if h.position == position)
+    segment.close()
+    os.truncate(segment.log_file, last.position + last.size // 2)
+    reopened = LogSegment(
+        tmp_path, 100, index_interval_bytes=200, max_index_size=4096, clock=FakeClock()
+    )
+    assert reopened.offset_index.last_entry[1] == position  # the entry survives the cut
+    assert reopened.next_offset == last.base_offset
+    reopened.close_handlers()

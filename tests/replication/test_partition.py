@@ -24,6 +24,7 @@ from isrlab.broker.replication import (
     TopicPartition,
     TruncationMode,
     WriteStateZnode,
+    follower_error,
 )
 
 TP = TopicPartition("t", 0)
@@ -435,3 +436,89 @@ def test_wrong_role_calls_are_rejected() -> None:
         p.become_follower(LeaderAndIsr(0, 1, (0,), 1), (0, 1, 2), now=0)
     with pytest.raises(ValueError, match="become_follower"):
         p.become_leader(LeaderAndIsr(1, 1, (1,), 1), (0, 1, 2), now=0)
+
+
+# ---------------------------------------------------------------- one entry point per request
+def test_become_leader_or_follower_follows_the_state() -> None:
+    p = Partition(TP, 0, MemoryLog())
+    p.become_leader_or_follower(LeaderAndIsr(0, 0, (0, 1), 1), (0, 1), now=0)
+    assert p.is_leader
+    ask = one(
+        p.become_leader_or_follower(LeaderAndIsr(1, 1, (1,), 1), (0, 1), now=1),
+        SendOffsetsForLeaderEpoch,
+    )
+    assert p.role is Role.FOLLOWER and ask.leader_id == 1
+    assert p.become_leader_or_follower(LeaderAndIsr(0, 0, (0,), 1), (0, 1), now=2) == []  # stale
+    assert p.role is Role.FOLLOWER
+
+
+def test_not_enough_replicas_says_why() -> None:
+    (resp,) = of(produce(leader(isr=(0, 1), min_isr=3), acks=ACKS_ALL), ProduceResponse)
+    assert resp.error is ErrorCode.NOT_ENOUGH_REPLICAS
+    assert resp.message == "ISR [0, 1] is smaller than min.insync.replicas=3"
+
+
+def test_a_refused_append_changes_nothing() -> None:
+    p = leader(isr=(0, 1))
+    with pytest.raises(ValueError):  # MemoryLog refuses an empty append, as Log refuses bad data
+        p.on_produce(1, [], ACKS_ALL, 30_000, now=0)
+    assert p.delayed_produce_ids == [] and p.log_end_offset == 0
+
+
+def test_fetch_bounds_follower_leo_consumer_hw_or_lso() -> None:
+    p = leader(isr=(0, 1))
+    produce(p, 3)
+    p.on_fetch(1, 1, 0, now=0)  # follower 1 has offset 0: HW 1
+    (follower_resp,) = of(p.on_fetch(2, 0, 0, now=0), FetchResponse)
+    (uncommitted,) = of(p.on_fetch(-1, 0, 0, now=0), FetchResponse)
+    (committed,) = of(p.on_fetch(-1, 0, 0, now=0, read_committed=True), FetchResponse)
+    assert follower_resp.records_end == 3
+    assert uncommitted.records_end == 1 and committed.records_end == p.last_stable_offset == 1
+    assert committed.last_stable_offset == 1 and committed.high_watermark == 1
+
+
+def test_list_offsets_bounds_and_epoch_checks() -> None:
+    p = leader(isr=(0, 1), epoch=3)
+    produce(p, 3)
+    p.on_fetch(1, 2, 3, now=0)
+    consumer = p.on_list_offsets(3)
+    assert (consumer.error, consumer.earliest, consumer.latest) == (ErrorCode.NONE, 0, 2)
+    assert p.on_list_offsets(-1, replica_id=1).latest == 3  # a follower may see up to the LEO
+    assert p.on_list_offsets(-1, read_committed=True).latest == p.last_stable_offset
+    assert p.on_list_offsets(2).error is ErrorCode.FENCED_LEADER_EPOCH
+    assert p.on_list_offsets(4).error is ErrorCode.UNKNOWN_LEADER_EPOCH
+    follower_ = Partition(TP, 0, MemoryLog())
+    follower_.become_follower(LeaderAndIsr(1, 3, (1,), 1), (0, 1), now=0)
+    # as Kafka's Partition.getLocalLog: the epoch is checked before leadership
+    assert follower_.on_list_offsets(2).error is ErrorCode.FENCED_LEADER_EPOCH
+    assert follower_.on_list_offsets(3).error is ErrorCode.NOT_LEADER_OR_FOLLOWER
+
+
+class RefusingLog(MemoryLog):
+    """A MemoryLog whose next follower append fails, as a full disk fails a real one."""
+
+    refuse_next = True
+
+    def append_as_follower(self, records: Sequence[object]) -> None:
+        if self.refuse_next:
+            self.refuse_next = False
+            raise OSError(28, "No space left on device")
+        super().append_as_follower(records)  # type: ignore[arg-type]
+
+
+def test_follower_fetches_again_after_a_refused_append() -> None:
+    log = RefusingLog()
+    p = Partition(TP, 1, log, ReplicationConfig(replica_fetch_backoff_ms=200))
+    fetch = one(p.become_follower(LeaderAndIsr(0, 0, (0, 1), 1), (0, 1), now=0), SendFetch)
+    with pytest.raises(OSError):
+        p.on_fetch_response(fetch.request_id, ErrorCode.NONE, [("a", 0)], 1, 0, 1, now=10)
+    assert p.tick(209) == []
+    retry = one(p.tick(210), SendFetch)  # not stalled until the next leader change
+    assert retry.fetch_offset == 0
+    one(p.on_fetch_response(retry.request_id, ErrorCode.NONE, [("a", 0)], 1, 0, 1, 211), SendFetch)
+    assert log.log_end_offset == 1
+
+
+def test_unknown_leader_error_codes_are_retried() -> None:
+    assert follower_error(56) is ErrorCode.REPLICA_NOT_AVAILABLE  # KAFKA_STORAGE_ERROR
+    assert follower_error(74) is ErrorCode.FENCED_LEADER_EPOCH

@@ -1,6 +1,6 @@
 """Queue checker throughput: `isrlab check FILE --workload queue` next to loading the file.
 
-Generates a history of a correct replicated log (checkers.queue.simulate: 20 processes,
+Generates a history of a correct replicated log (pipeline.fixtures.simulate: 20 processes,
 10 keys, sends, polls and transactions with some info/fail/crash), writes it as
 history.jsonl, then times, in the same run and each in a fresh Python process (as the
 CLI runs):
@@ -145,7 +145,7 @@ def main() -> None:
         return
 
     from isrlab.checkers.history import write_history
-    from isrlab.checkers.queue.simulate import simulate
+    from isrlab.pipeline.fixtures.simulate import simulate
 
     gen_s = 0.0
     with tempfile.TemporaryDirectory() as tmp:

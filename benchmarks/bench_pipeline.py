@@ -1,7 +1,7 @@
 """Spark pipeline throughput: `isrlab analyze` on local[1] and local[2] vs the in-process loop.
 
 Builds (or reuses) a synthetic store of RUNS runs x OPS history lines each
-(pipeline.synthetic: the default grid's configurations, cycled), then times in the same
+(pipeline.fixtures.synthetic: the default grid's configurations, cycled), then times in the same
 run:
 
 - baseline: one Python process looping `pipeline.check.check_run` (load_history +
@@ -37,8 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import orjson
 
 from isrlab.pipeline.check import check_run
+from isrlab.pipeline.fixtures.synthetic import default_grid, write_run
 from isrlab.pipeline.store import discover_runs
-from isrlab.pipeline.synthetic import default_grid, write_run
 
 
 def _write(args: tuple[Path, dict[str, Any], int]) -> Path:

@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 from isrlab.checkers import api
 from isrlab.checkers.cli import check_command
 from isrlab.checkers.history import write_history
-from isrlab.checkers.queue.simulate import simulate
 from isrlab.checkers.render import render_artifacts
+from isrlab.pipeline.fixtures.simulate import simulate
 from tests.checkers.hist import H
 
 app = typer.Typer()

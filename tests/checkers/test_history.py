@@ -16,7 +16,7 @@ from isrlab.checkers.history import (
     validate,
     write_history,
 )
-from isrlab.checkers.queue.simulate import simulate
+from isrlab.pipeline.fixtures.simulate import simulate
 
 
 def op(i: int, process: Any, typ: str, f: str = "send", **kw: Any) -> dict[str, Any]:

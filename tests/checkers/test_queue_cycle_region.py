@@ -26,8 +26,8 @@ from isrlab.checkers.queue.cycles import (
     cyclic_ops,
 )
 from isrlab.checkers.queue.ops import OK
-from isrlab.checkers.queue.simulate import simulate
 from isrlab.checkers.txn_graph import realtime_chain
+from isrlab.pipeline.fixtures.simulate import simulate
 from tests.checkers.hist import H
 
 

@@ -25,7 +25,7 @@ from isrlab.checkers.cli import check_command
 from isrlab.checkers.history import HistoryError, load_history, write_history
 from isrlab.checkers.queue import check_queue
 from isrlab.checkers.queue.load import QueueHistory, load_queue
-from isrlab.checkers.queue.simulate import eos_keys, simulate
+from isrlab.pipeline.fixtures.simulate import eos_keys, simulate
 
 Ops = list[dict[str, Any]]
 

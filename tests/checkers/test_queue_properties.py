@@ -1,6 +1,6 @@
 """Property tests: histories of a correct log are valid; injected faults are named correctly.
 
-Histories come from `checkers.queue.simulate` (concurrency, info timeouts, failed ops,
+Histories come from `pipeline.fixtures.simulate` (concurrency, info timeouts, failed ops,
 crashes, reassignments, transactions with markers and aborted offsets), driven by
 hypothesis-chosen seeds and shapes. Each mutation models one kind of broker bug and must
 be reported under its anomaly name.
@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from isrlab.checkers.history import validate
 from isrlab.checkers.queue import check_queue, keys_of, merge_results, project_key
-from isrlab.checkers.queue.simulate import eos_keys, simulate
+from isrlab.pipeline.fixtures.simulate import eos_keys, simulate
 
 shapes = st.fixed_dictionaries(
     {

@@ -25,7 +25,7 @@ from isrlab.checkers.history import validate, write_history
 from isrlab.checkers.queue import check_queue, screen
 from isrlab.checkers.queue._screen import GiveUp, Screen
 from isrlab.checkers.queue.load import QueueFile
-from isrlab.checkers.queue.simulate import simulate
+from isrlab.pipeline.fixtures.simulate import simulate
 from tests.checkers.hist import H
 from tests.checkers.test_queue_index import mutated
 from tests.checkers.test_queue_load import Ops, _history

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from isrlab.pipeline.synthetic import make_test, write_store
+from isrlab.pipeline.fixtures.synthetic import make_test, write_store
 
 SMALL_OPS = 1500
 

@@ -10,7 +10,7 @@ import pytest
 from isrlab.checkers.api import check, policy_from_test
 from isrlab.checkers.history import load_history, validate
 from isrlab.pipeline.check import acked_writes
-from isrlab.pipeline.synthetic import default_grid, make_test, simulate_run, write_run
+from isrlab.pipeline.fixtures.synthetic import default_grid, make_test, simulate_run, write_run
 
 
 def _check(test: dict[str, object], n: int = 3000) -> dict[str, object]:

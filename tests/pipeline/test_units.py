@@ -10,11 +10,11 @@ import pytest
 
 from isrlab.pipeline.aggregate import rate_interval, summarize
 from isrlab.pipeline.check import check_run
+from isrlab.pipeline.fixtures.synthetic import make_test, write_run
 from isrlab.pipeline.ingest import records_of
 from isrlab.pipeline.report import switch_tables
 from isrlab.pipeline.spark import SparkUnavailable, check_java
 from isrlab.pipeline.store import StoreError, config_name, config_of, discover_runs
-from isrlab.pipeline.synthetic import make_test, write_run
 from tests.checkers.hist import H
 
 

@@ -36,9 +36,10 @@ def _register_optional() -> None:
     from isrlab.harness import serve
 
     app.command("serve", help=serve.serve_command.__doc__)(serve.serve_command)
+    from isrlab.harness import matrix
     from isrlab.pipeline import cli as pipeline_cli
 
-    app.command("matrix", help=pipeline_cli.matrix_command.__doc__)(pipeline_cli.matrix_command)
+    app.command("matrix", help=matrix.matrix_command.__doc__)(matrix.matrix_command)
     app.command("analyze", help=pipeline_cli.analyze_command.__doc__)(pipeline_cli.analyze_command)
 
 

@@ -1,4 +1,5 @@
-"""`isrlab matrix`: run a grid of `isrlab test` runs into a store, resumably.
+"""`isrlab matrix`: run a grid of `isrlab test` runs into a store, resumably (the pipeline then
+analyses the store: `isrlab analyze`).
 
 The grid is acks x nemesis x switch variants x repeats (`grid`). A nemesis is one fault
 kind, ``combined`` (all four on their own schedules) or a composition such as
@@ -10,11 +11,14 @@ test configuration (the harness's test.json keys, notes/harness-api.md) named by
 cell's runs live in ``STORE/<name>/<timestamp>/``.
 
 `run_matrix(tests, store)` runs the cells one after the other with the harness's
-``harness.runner.run_test(test) -> run_dir`` (imported lazily; tests inject a fake as
+``harness.runner.run_test(config) -> run_dir`` (imported lazily; tests inject a fake as
 `run_test`). A cell is finished when one of its run directories has a results.json;
 finished cells are skipped, so a nightly job that was cut off resumes where it stopped.
 Each run prints one line of progress (position, cell, verdict, seconds, run dir); a
 failing run is reported and the matrix goes on; the end prints a summary table.
+
+`matrix_command` is ``isrlab matrix``: exit 0 when every run completed (whatever its verdict),
+1 when some run failed, 2 on bad options.
 """
 
 from __future__ import annotations
@@ -24,9 +28,10 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import orjson
+import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -43,6 +48,7 @@ __all__ = [
     "base_test",
     "finished_run",
     "grid",
+    "matrix_command",
     "nemesis_kinds",
     "parse_settings",
     "parse_switches",
@@ -320,3 +326,89 @@ def _print_summary(summary: MatrixSummary, console: Console) -> None:
     errors = [c for c in summary.cells if c.status == "error"]
     for c in errors:
         console.print(f"[red]failed:[/] {c.name}: {escape(c.detail)}", highlight=False)
+
+
+def _split(text: str) -> list[str]:
+    return [s.strip() for s in text.split(",") if s.strip()]
+
+
+def matrix_command(
+    store: Annotated[Path, typer.Option(help="store directory the runs go into")] = Path("store"),
+    acks: Annotated[str, typer.Option(help="acks settings, comma-separated")] = "0,1,all",
+    nemesis: Annotated[
+        str,
+        typer.Option(
+            help="faults, comma-separated: partition, kill, pause, clock, combined (all four), "
+            "none, or kinds joined by + (partition+kill)"
+        ),
+    ] = "partition,kill,pause,clock,combined",
+    switch: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--switch",
+            help="a switch variant, e.g. 'unclean_leader_election=true' or "
+            "'idempotence=true,txn=true'; repeat for several (the baseline always runs)",
+        ),
+    ] = None,
+    historic: Annotated[
+        bool,
+        typer.Option(
+            help="add the historic data-loss variants: unclean election, high-watermark "
+            "truncation, min.insync.replicas=1"
+        ),
+    ] = False,
+    settings: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            help="a base-test setting for every cell, NAME=VALUE: "
+            f"{', '.join(SETTING_NAMES)}; repeat for several",
+        ),
+    ] = None,
+    repeats: Annotated[int, typer.Option(min=1, help="runs per cell")] = 1,
+    time_limit: Annotated[float, typer.Option(help="seconds of workload per run")] = 60.0,
+    nodes: Annotated[
+        str | None, typer.Option(help="node names (default: the harness's embedded cluster)")
+    ] = None,
+    dry_run: Annotated[bool, typer.Option(help="list the cells and exit")] = False,
+) -> None:
+    """Run acks x fault x switches x repeats into STORE; finished cells are skipped."""
+    err = Console(stderr=True)
+    try:
+        acks_list = [str(option("acks").check(a)) for a in _split(acks)]
+        if not acks_list:
+            raise ValueError("--acks is empty; give some of 0, 1, all")
+        nemeses = _split(nemesis)
+        if not nemeses:
+            raise ValueError("--nemesis is empty; use partition, kill, pause, clock, combined")
+        for n in nemeses:
+            nemesis_kinds(n)
+        overrides: dict[str, object] = parse_settings(settings or ())
+        variants: list[dict[str, object]] = [{}]
+        variants += [parse_switches(s) for s in switch or ()]
+        if historic:
+            variants += [dict(v) for v in HISTORIC_SWITCHES if v not in variants]
+    except ValueError as e:
+        err.print(f"[red]error:[/] {escape(str(e))}")
+        raise typer.Exit(2) from None
+    if nodes:
+        overrides["nodes"] = _split(nodes)
+    tests = grid(
+        base_test(time_limit, **overrides),
+        acks=acks_list,
+        nemeses=nemeses,
+        variants=variants,
+        repeats=repeats,
+    )
+    console = Console()
+    if dry_run:
+        for t in tests:
+            console.print(t["name"], highlight=False)
+        console.print(f"{len(tests)} cells")
+        return
+    try:
+        summary = run_matrix(tests, store, console=console)
+    except RuntimeError as e:
+        err.print(f"[red]error:[/] {escape(str(e))}")
+        raise typer.Exit(2) from None
+    raise typer.Exit(0 if summary.ok else 1)

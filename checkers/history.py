@@ -36,6 +36,7 @@ __all__ = [
     "gc_paused",
     "iter_history",
     "load_history",
+    "nothing_checked",
     "validate",
     "write_history",
 ]
@@ -61,6 +62,17 @@ class HistoryError(ValueError):
         if self.line is None:
             return self.message
         return f"line {self.line}: {self.message}"
+
+
+def nothing_checked(results: dict[str, Any], reason: str) -> dict[str, Any]:
+    """Mark `results` as checking nothing: ``valid`` becomes ``"unknown"`` (exit 2) and
+    ``stats["nothing-checked"]`` says why. An empty or mis-read history must never pass as
+    valid (Jepsen fails it too: ``empty-transaction-graph``). Anomalies found still count:
+    an invalid verdict stays invalid."""
+    if results.get("valid") is True:
+        results["valid"] = "unknown"
+    results.setdefault("stats", {})["nothing-checked"] = reason
+    return results
 
 
 @contextmanager

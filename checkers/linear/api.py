@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from isrlab.checkers.history import nothing_checked
 from isrlab.checkers.linear.checker import LinearizabilityResult, PartitionResult, check
 from isrlab.checkers.linear.html import write_html
 from isrlab.checkers.linear.model import Model
@@ -99,6 +100,8 @@ def check_workload(
         )
     result = check(model, ops, timeout_s)
     results = results_dict(result, ops)
+    if not any(op.get("type") == "ok" and op.get("process") != "nemesis" for op in ops):
+        nothing_checked(results, "no ok operation in the history")
     if out_dir is not None:
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)

@@ -600,7 +600,7 @@ cdef class Screen:
         cdef VInfo* vi
         cdef int64_t ri, si, gi, pi, nrec, k, n_keys, o, v, i, j, prev_i, first_i, delta, bound
         cdef int64_t max_offset = -1
-        cdef int64_t n_ok = 0, n_info = 0, n_fail = 0, n_nodes = 0, n_orders = 0
+        cdef int64_t n_ok = 0, n_ok_data = 0, n_info = 0, n_fail = 0, n_nodes = 0, n_orders = 0
         cdef int32_t p, w, prev_w
         cdef cbool committed, any_ok, all_read
         cdef vector[int64_t] held  # a key's values
@@ -615,6 +615,8 @@ cdef class Screen:
             r = &self.recs[ri]
             if r.kind == OK:
                 n_ok += 1
+                if r.f == F_SEND or r.f == F_POLL or r.f == F_TXN:
+                    n_ok_data += 1
             elif r.kind == INFO:
                 n_info += 1
             else:
@@ -724,6 +726,8 @@ cdef class Screen:
                     prev_w = w
         if not self.spans.empty() and self.region_has_cycle(ww_deps):
             return "dependency cycle"
+        if n_ok_data == 0 and not prefix:
+            return "nothing checked"  # the checker says so, with its reason
         return {
             "sends": self.n_sends,
             "reads": self.n_reads,

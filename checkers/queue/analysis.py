@@ -25,11 +25,20 @@ from collections.abc import Iterable, Mapping, Sequence
 from operator import attrgetter, itemgetter
 from typing import Any
 
-from isrlab.checkers.history import HistoryError, gc_paused
+from isrlab.checkers.history import HistoryError, gc_paused, nothing_checked
 from isrlab.checkers.queue.cases import CaseBuilders, fmt
 from isrlab.checkers.queue.cycles import cycle_anomalies
 from isrlab.checkers.queue.load import QueueFile, QueueHistory
-from isrlab.checkers.queue.ops import FAIL, INFO, OK, QueueOp, check_pairs, invoked_sends, parse_ops
+from isrlab.checkers.queue.ops import (
+    DATA_FS,
+    FAIL,
+    INFO,
+    OK,
+    QueueOp,
+    check_pairs,
+    invoked_sends,
+    parse_ops,
+)
 from isrlab.checkers.queue.policy import allowed_types
 from isrlab.checkers.queue.results import Anomalies, results_dict
 from isrlab.checkers.queue.screen import screen_file, screen_ops
@@ -679,4 +688,8 @@ def _results(
     allowed = allowed_types(subscribe=sub, allow=allow, disallow=disallow)
     stats = dict(analysis.stats)
     stats["subscribe_mode"] = sub
-    return results_dict(analysis.anomalies, allowed, stats)
+    results = results_dict(analysis.anomalies, allowed, stats)
+    if not any(r.kind == OK and r.f in DATA_FS for r in analysis.records):
+        nothing_checked(results, "no ok send, poll or txn in the history")
+    return results
+

@@ -692,4 +692,3 @@ def _results(
     if not any(r.kind == OK and r.f in DATA_FS for r in analysis.records):
         nothing_checked(results, "no ok send, poll or txn in the history")
     return results
-

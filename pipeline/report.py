@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
+from isrlab.harness.testconfig import option
 from isrlab.pipeline.aggregate import rate_interval
 from isrlab.pipeline.store import ABSENT, SWITCHES
 
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ACKS_ORDER", "NEMESIS_ORDER", "switch_tables", "write_report"]
 
-ACKS_ORDER = ("0", "1", "all")
+ACKS_ORDER = option("acks").choices
 NEMESIS_ORDER = ("none", "partition", "kill", "pause", "clock", "combined")
 
 

@@ -172,3 +172,40 @@ def test_flipped_byte_in_the_last_batch_is_never_served(broker_factory) -> None:
     assert end_offset(broker.port, TOPIC) == 900
     records = consumed(broker.port)
     assert records == [(i, value(i)) for i in range(900)]
+
+
+def test_recovery_after_kill_is_logged(broker_factory) -> None:
+    """Point 8: an unclean stop's recovery says which segment it rescanned and what it cut."""
+    broker = broker_factory(OVERRIDES)
+    fill(broker)
+    broker.kill9()
+    path = segment_file(broker)
+    with open(path, "ab") as out:
+        out.write(build_batch([b"torn"])[:40])  # a write the crash cut short
+
+    log = restart(broker)
+    assert (
+        f"INFO [broker 0] isrlab.broker.log.log: Recovering unflushed segment 0 in {path.parent}"
+        in log
+    )
+    assert (
+        f"WARNING [broker 0] isrlab.broker.log.segment: Found invalid messages in log segment "
+        f"{path} at byte offset " in log
+    )
+    assert "truncating 40 bytes" in log
+    assert produce_acked(broker.port, [b"next"]) == 1000
+
+
+def test_damaged_index_after_a_clean_stop_is_rebuilt_and_logged(broker_factory) -> None:
+    broker = broker_factory(OVERRIDES)
+    fill(broker)
+    stop_cleanly(broker)
+    index = segment_file(broker).with_suffix(".index")
+    entries = index.read_bytes()
+    index.write_bytes(entries + b"\x00" * 4096)
+
+    log = restart(broker)
+    assert f"Rebuilding index files for segment {segment_file(broker)}: " in log
+    assert [o for o, _ in consumed(broker.port)] == list(range(1000))
+    stop_cleanly(broker)
+    assert index.read_bytes() == entries

@@ -1,8 +1,8 @@
 """How many partition replicas one broker may host: `max.broker.partitions` (KIP-578's name).
 
-Every hosted partition keeps its active segment open for appends: the `.log` file and the two index
-files, each index also memory-mapped (Python's `mmap` holds a duplicate of the descriptor), so
-`FDS_PER_PARTITION` descriptors whatever the partition's size. Older segments are opened only when
+Every hosted partition keeps its active segment open for appends: the `.log` file and the two
+memory-mapped indexes (Python's `mmap` holds a descriptor of its own), so `FDS_PER_PARTITION`
+descriptors whatever the partition's size. Older segments are opened only when
 read, and at most `segment.SEGMENT_HANDLE_POOL_SIZE` of them at once, broker-wide. A broker that
 hosts more partitions than its open-file limit (RLIMIT_NOFILE, `ulimit -n`) allows stops accepting
 connections, cannot answer requests or shut down, and cannot start again; so topics are refused
@@ -25,8 +25,7 @@ from collections.abc import Iterable, Mapping
 from isrlab.broker.errors import ErrorCode, KafkaError
 from isrlab.broker.log.segment import FDS_PER_SEGMENT, SEGMENT_HANDLE_POOL_SIZE
 
-#: Descriptors held by one hosted partition: its active segment (`.log`, `.index`, `.timeindex`,
-#: the two index mappings).
+#: Descriptors held by one hosted partition: its active segment (`.log` and the two index mappings).
 FDS_PER_PARTITION = FDS_PER_SEGMENT
 
 

@@ -7,6 +7,9 @@ log closes, the file is trimmed to exactly its entries, so a reopened index know
 count from its length. After a crash an active index still has its preallocated zero tail;
 the sanity checks then fail and the index is rebuilt from the log, because indexes are derived
 data and never the source of truth.
+
+Descriptors: the file is opened only to size, map, fsync or trim it and closed again; a mapped
+index holds just the descriptor Python's ``mmap`` keeps (one per index, none for an empty one).
 """
 
 from __future__ import annotations
@@ -33,26 +36,30 @@ class AbstractIndex:
     ) -> None:
         self.path = path
         self.base_offset = base_offset
-        newly_created = not path.exists()
-        self._file = open(path, "r+b" if not newly_created else "w+b")  # noqa: SIM115
-        length = os.fstat(self._file.fileno()).st_size
-        if newly_created and writable:
-            length = self._round_down(max_index_size)
-            os.ftruncate(self._file.fileno(), length)
-            self._entries = 0
-        else:
-            self._entries = length // self.ENTRY_SIZE
-        self._length = length
+        self._closed = False
         self._mmap: mmap.mmap | None = None
-        self._map()
+        newly_created = not path.exists()
+        fd = os.open(path, os.O_RDWR | os.O_CREAT)
+        try:
+            length = os.fstat(fd).st_size
+            if newly_created and writable:
+                length = self._round_down(max_index_size)
+                os.ftruncate(fd, length)
+                self._entries = 0
+            else:
+                self._entries = length // self.ENTRY_SIZE
+            self._length = length
+            self._map(fd)
+        finally:
+            os.close(fd)
 
     # -- sizing ------------------------------------------------------------------------------
 
     def _round_down(self, size: int) -> int:
         return max(0, size) // self.ENTRY_SIZE * self.ENTRY_SIZE
 
-    def _map(self) -> None:
-        self._mmap = mmap.mmap(self._file.fileno(), self._length) if self._length > 0 else None
+    def _map(self, fd: int) -> None:
+        self._mmap = mmap.mmap(fd, self._length) if self._length > 0 else None
 
     def _unmap(self) -> None:
         if self._mmap is not None:
@@ -91,10 +98,14 @@ class AbstractIndex:
         if rounded == self._length:
             return False
         self._unmap()
-        os.ftruncate(self._file.fileno(), rounded)
-        self._length = rounded
-        self._entries = min(self._entries, self.max_entries)
-        self._map()
+        fd = os.open(self.path, os.O_RDWR)
+        try:
+            os.ftruncate(fd, rounded)
+            self._length = rounded
+            self._entries = min(self._entries, self.max_entries)
+            self._map(fd)
+        finally:
+            os.close(fd)
         return True
 
     def trim_to_valid_size(self) -> None:
@@ -143,22 +154,26 @@ class AbstractIndex:
     def flush(self) -> None:
         if self._mmap is not None:
             self._mmap.flush()
-        os.fsync(self._file.fileno())
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     def close(self) -> None:
-        """Trim to the valid entries and release the mapping and the file."""
-        if self._file.closed:
+        """Trim to the valid entries and release the mapping."""
+        if self._closed:
             return
         self.trim_to_valid_size()
         self._unmap()
-        self._file.close()
+        self._closed = True
 
     def close_handler(self) -> None:
-        """Release the mapping and file without trimming (the file is about to be deleted)."""
-        if self._file.closed:
+        """Release the mapping without trimming (the file is about to be deleted)."""
+        if self._closed:
             return
         self._mmap_close_quietly()
-        self._file.close()
+        self._closed = True
 
     def _mmap_close_quietly(self) -> None:
         if self._mmap is not None:

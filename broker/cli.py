@@ -34,7 +34,8 @@ def start(
         list[str] | None, typer.Option("--override", "-o", help="key=value, wins over the file")
     ] = None,
 ) -> None:
-    """Start a broker and serve until SIGTERM/SIGINT (then shut down cleanly)."""
+    """Start a broker and serve until SIGTERM/SIGINT (then shut down cleanly; exit status 1 if
+    the shutdown could not write everything, which the next start recovers)."""
     try:
         cfg = BrokerConfig.load(config, override or [])
     except ConfigError as e:
@@ -45,14 +46,19 @@ def start(
         format=f"%(asctime)s %(levelname)s [broker {cfg.broker_id}] %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    from isrlab.broker.log.errors import KafkaStorageError
     from isrlab.broker.main import run
 
     try:
-        asyncio.run(run(cfg))
-    except OSError as e:
+        clean = asyncio.run(run(cfg))
+    except (OSError, KafkaStorageError) as e:
         _fail(f"cannot start: {e}")
+        return
     except RuntimeError as e:
         _fail(str(e))
+        return
+    if not clean:
+        raise typer.Exit(1)
 
 
 @app.command("dump-log")

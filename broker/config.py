@@ -95,7 +95,7 @@ CONFIG_DEFS: dict[str, ConfigDef] = {
             "Most partition replicas this broker hosts (KIP-578); CreateTopics and auto-creation "
             "past it fail with POLICY_VIOLATION and create nothing. Never above what the open-file "
             "limit allows: (ulimit -n minus a quarter for connections, minus 16 pooled older "
-            "segments x 3) / 3 descriptors per partition, e.g. 240 at ulimit -n 1024, 4984 at "
+            "segments x 5) / 5 descriptors per partition, e.g. 137 at ulimit -n 1024, 2984 at "
             "20000; unset means that.",
             _at_least(1),
         ),
@@ -201,6 +201,16 @@ CONFIG_DEFS: dict[str, ConfigDef] = {
             _at_least(1),
         ),
         ConfigDef(
+            "queued.max.request.bytes",
+            "long",
+            None,
+            "Bytes of request frames being read or handled at once, over all connections; a "
+            "frame that does not fit waits, unread, until earlier ones are handled (its "
+            "connection is not read meanwhile). Unset: socket.request.max.bytes (Kafka's default "
+            "-1, no bound, is accepted). Must be >= socket.request.max.bytes.",
+            _at_least(-1),
+        ),
+        ConfigDef(
             "zero.copy.threshold.bytes",
             "int",
             65536,
@@ -259,6 +269,15 @@ CONFIG_DEFS: dict[str, ConfigDef] = {
             "bool",
             True,
             "Move leadership away before a clean shutdown.",
+        ),
+        ConfigDef(
+            "shutdown.timeout.ms",
+            "long",
+            30000,
+            "A stop (SIGTERM/SIGINT) that has not finished after this long (a hung disk) is "
+            "logged and the process exits with status 1; the next start recovers the logs. "
+            "isrlab's own key: a Kafka broker's shutdown has no bound.",
+            _at_least(1),
         ),
         ConfigDef(
             "transactional.id.expiration.ms",
@@ -354,6 +373,7 @@ class BrokerConfig(Mapping[str, Any]):
         self._values: dict[str, Any] = {name: d.default for name, d in CONFIG_DEFS.items()}
         self._explicit: set[str] = set()
         self.update_raw(values or {}, source)
+        self.check()
 
     def update_raw(self, raw: Mapping[str, str], source: str) -> None:
         for key, value in raw.items():
@@ -384,7 +404,26 @@ class BrokerConfig(Mapping[str, Any]):
             k, v = item.split("=", 1)
             parsed[k.strip()] = v
         cfg.update_raw(parsed, "--override")
+        cfg.check()
         return cfg
+
+    def check(self) -> None:
+        """Rules that span keys (each key's own rules are checked as it is parsed)."""
+        queued, frame = self["queued.max.request.bytes"], self["socket.request.max.bytes"]
+        if queued is not None and 0 < queued < frame:
+            raise ConfigError(
+                f"queued.max.request.bytes={queued} is smaller than socket.request.max.bytes="
+                f"{frame}: a request of that size could never be read; raise it or leave it "
+                "unset"
+            )
+
+    @property
+    def queued_max_request_bytes(self) -> int | None:
+        """The request-memory budget in bytes; None means no bound (Kafka's -1)."""
+        queued = self["queued.max.request.bytes"]
+        if queued is None:
+            return int(self["socket.request.max.bytes"])
+        return int(queued) if queued > 0 else None
 
     def __getitem__(self, key: str) -> Any:
         return self._values[key]

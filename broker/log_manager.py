@@ -5,6 +5,12 @@ cleanly, from the recovery point in `recovery-point-offset-checkpoint`), creates
 partition logs, runs the retention and flush schedulers, and writes the log-dir checkpoints
 (`recovery-point-offset-checkpoint`, `log-start-offset-checkpoint`). The high watermark checkpoint
 (`replication-offset-checkpoint`) belongs to the ReplicaManager.
+
+Storage failures: a partition log that cannot be opened (recovery cannot write on a full disk)
+stops the start with one KafkaStorageError naming it. A checkpoint that cannot be written at
+start, after retention or at close is logged and the broker goes on: the periodic writers retry,
+and an older checkpoint only means a longer recovery. `close` closes every log it can and
+reports what it could not, so a shutdown never stops half-way.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from typing import Any
 
 from isrlab.broker.config import BrokerConfig
 from isrlab.broker.log.checkpoint import OffsetCheckpointFile
+from isrlab.broker.log.errors import KafkaStorageError
 from isrlab.broker.log.log import Log, LogConfig
 
 log = logging.getLogger(__name__)
@@ -79,12 +86,18 @@ class LogManager:
                 shutil.rmtree(child, ignore_errors=True)
                 continue
             t0 = time.monotonic()
-            self.logs[tp] = Log.open(
-                child,
-                log_config_from(topic_configs[tp[0]]),
-                recovery_point=recovery.get(tp, 0),
-                log_start_offset=starts.get(tp),
-            )
+            try:
+                self.logs[tp] = Log.open(
+                    child,
+                    log_config_from(topic_configs[tp[0]]),
+                    recovery_point=recovery.get(tp, 0),
+                    log_start_offset=starts.get(tp),
+                )
+            except (KafkaStorageError, OSError) as e:
+                raise KafkaStorageError(
+                    f"cannot load partition log {child}: {e}; nothing was changed, fix the log "
+                    "dir (free space on a full disk) and start again"
+                ) from e
             lg = self.logs[tp]
             log.info(
                 "loaded %s-%d: log start %d, end %d (%.1f ms)",
@@ -129,6 +142,21 @@ class LogManager:
         self._recovery_cp.write(self._recovery_points())
         self._log_start_cp.write(self._log_start_offsets())
 
+    def try_checkpoint(self) -> int:
+        """Write both checkpoints; one that cannot be written is logged, not raised (an older
+        checkpoint is still correct: the next start recovers more). Returns the failures."""
+        failures = 0
+        for cp, offsets in (
+            (self._recovery_cp, self._recovery_points()),
+            (self._log_start_cp, self._log_start_offsets()),
+        ):
+            try:
+                cp.write(offsets)
+            except (KafkaStorageError, OSError) as e:
+                failures += 1
+                log.error("could not write %s: %s", cp.path, e)
+        return failures
+
     def start_schedulers(self) -> None:
         self._tasks.append(asyncio.create_task(self._retention_loop()))
         self._tasks.append(asyncio.create_task(self._flush_loop()))
@@ -168,7 +196,7 @@ class LogManager:
                 log.info("retention deleted %d segment(s) of %s-%d", n, *tp)
                 deleted += n
         if deleted:
-            self.checkpoint()
+            self.try_checkpoint()
         return deleted
 
     async def _flush_loop(self) -> None:
@@ -185,11 +213,23 @@ class LogManager:
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         self._tasks.clear()
 
-    def close(self) -> None:
-        for lg in self.logs.values():
-            lg.close()
-        self.checkpoint()
+    def close(self) -> int:
+        """Close every log (flush, trim the indexes, clean-shutdown marker), then write the
+        checkpoints. A log or checkpoint that cannot be written is logged and the others are
+        still closed; that log keeps no clean-shutdown marker, so the next start recovers it
+        from its recovery point. Returns how many could not be written."""
+        failures = 0
+        for tp, lg in self.logs.items():
+            try:
+                lg.close()
+            except (KafkaStorageError, OSError) as e:
+                failures += 1
+                log.error("could not close %s-%d cleanly: %s; the next start recovers it", *tp, e)
+            except Exception:
+                failures += 1
+                log.exception("could not close %s-%d cleanly; the next start recovers it", *tp)
+        return failures + self.try_checkpoint()

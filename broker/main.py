@@ -8,7 +8,8 @@ from isrlab.broker.config import BrokerConfig
 from isrlab.broker.server import KafkaServer
 
 
-async def run(config: BrokerConfig) -> None:
+async def run(config: BrokerConfig) -> bool:
+    """Serve until stopped; True if the stop wrote everything (the exit status says so)."""
     # The broker's long-lived objects (logs, indexes, codec classes) would be re-scanned by
     # every full collection; collecting young objects less often and freezing what start-up
     # built keeps GC pauses out of produce latencies.
@@ -21,4 +22,4 @@ async def run(config: BrokerConfig) -> None:
     else:
         server = KafkaServer(config)
     gc.freeze()
-    await server.run_forever()
+    return await server.run_forever()

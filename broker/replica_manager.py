@@ -134,6 +134,7 @@ class ReplicaManager:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loops: list[asyncio.Task[None]] = []
         self.stopping = False
+        self.stop_failures = 0  # what `stop` could not write (logged)
 
     # ----- hosting --------------------------------------------------------------------------
 
@@ -354,11 +355,13 @@ class ReplicaManager:
     def _high_watermarks(self) -> dict[TopicPartition, int]:
         return {tp: hp.high_watermark for tp, hp in self.partitions.items()}
 
-    def checkpoint_high_watermarks(self) -> None:
+    def checkpoint_high_watermarks(self) -> bool:
         try:
             self._hw_cp.write(self._high_watermarks())
         except KafkaStorageError as e:
-            log.error("cannot write %s: %s", self._hw_cp.path, e)
+            log.error("could not write %s: %s", self._hw_cp.path, e)
+            return False
+        return True
 
     async def stop(self) -> None:
         self.stopping = True
@@ -371,6 +374,12 @@ class ReplicaManager:
             conn.close()
         for hp in self.partitions.values():
             hp.fail_pending(ErrorCode.NOT_LEADER_OR_FOLLOWER)
-            hp.producer_state.take_snapshot()
-        self.checkpoint_high_watermarks()
+            try:
+                hp.producer_state.take_snapshot()
+            except (KafkaStorageError, OSError) as e:
+                # the next start rebuilds producer state from the log
+                self.stop_failures += 1
+                log.error("%s: could not write the producer snapshot: %s", hp.name, e)
+        if not self.checkpoint_high_watermarks():
+            self.stop_failures += 1
         self.notifier.notify()

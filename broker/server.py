@@ -6,17 +6,28 @@ live in a JSON file in the log dir. Cluster mode (with ZooKeeper) is layered on 
 
 Shutdown: SIGTERM/SIGINT stop accepting requests, close every log (flush, trim indexes, write the
 clean-shutdown marker) and write the checkpoints, so the next start skips recovery. A kill -9 skips
-all that; the next start recovers from the recovery point.
+all that; the next start recovers from the recovery point. A step of the stop that fails (a full
+disk) is logged and the next step still runs; a stop that does not finish within
+`shutdown.timeout.ms` (a hung disk) is logged and the process exits anyway. Either way the exit
+status is 1 and the logs not closed are recovered at the next start; every acknowledged record
+is already in its segment file.
+
+Start-up on a disk that is full: the logs are opened (a log that cannot be recovered stops the
+start with one line naming it), checkpoints that cannot be written are logged and retried, and
+the broker serves reads while appends fail with KAFKA_STORAGE_ERROR until there is room again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import os
 import shutil
 import signal
+import threading
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -79,12 +90,40 @@ class ProducerIdBlocks:
         if self._next >= self._end:
             start = int(self.path.read_text()) if self.path.exists() else 0
             tmp = self.path.with_suffix(".tmp")
-            tmp.write_text(str(start + self.BLOCK))
-            os.replace(tmp, self.path)
+            try:
+                tmp.write_text(str(start + self.BLOCK))
+                os.replace(tmp, self.path)
+            except OSError:
+                tmp.unlink(missing_ok=True)
+                raise
             self._next, self._end = start, start + self.BLOCK
         pid = self._next
         self._next += 1
         return pid
+
+
+EXIT_UNCLEAN = 1
+
+
+def _exit_after(timeout_ms: int) -> None:
+    """Exit the process if it is still alive `timeout_ms` from now: a stop blocked in a system
+    call (fsync on a hung disk) or a worker thread the interpreter would wait for cannot keep a
+    stopped broker running. A thread, because the event loop itself may be the one blocked."""
+
+    def expire() -> None:
+        log.critical(
+            "shutdown did not finish within shutdown.timeout.ms=%d; exiting now. Logs that were "
+            "not closed are recovered at the next start (acknowledged records are in their "
+            "segment files)",
+            timeout_ms,
+        )
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        os._exit(EXIT_UNCLEAN)
+
+    timer = threading.Timer(timeout_ms / 1000, expire)
+    timer.daemon = True
+    timer.start()
 
 
 class KafkaServer:
@@ -92,6 +131,8 @@ class KafkaServer:
         self.config = config
         self.broker_id = config.broker_id
         self.stopping = False
+        self.stop_failures = 0  # steps of the stop that could not be done (each one logged)
+        self._shutdown: asyncio.Task[None] | None = None
         self.log_manager = LogManager(config)
         self.replica_manager = ReplicaManager(
             self.broker_id,
@@ -112,7 +153,11 @@ class KafkaServer:
         self.producer_ids = ProducerIdBlocks(config.log_dir / "producer-id-block")
         host, port = config.listener()
         self.socket_server = SocketServer(
-            host, port, self.handle, config["socket.request.max.bytes"]
+            host,
+            port,
+            self.handle,
+            config["socket.request.max.bytes"],
+            config.queued_max_request_bytes,
         )
         self._handlers = {
             0: handle_produce,
@@ -175,7 +220,12 @@ class KafkaServer:
         for name, info in self._topics.items():
             for p in info.assignment:
                 self._host_partition((name, p))
-        self.log_manager.checkpoint()
+        if self.log_manager.try_checkpoint():
+            log.error(
+                "log dir %s cannot be written: serving reads; appends fail with "
+                "KAFKA_STORAGE_ERROR until it can, checkpoints are retried",
+                self.config.log_dir,
+            )
         self.log_manager.start_schedulers()
         self.replica_manager.start()
         await self.socket_server.start()
@@ -186,23 +236,70 @@ class KafkaServer:
         return self.socket_server.bound_port
 
     async def stop(self) -> None:
+        """Stop serving, close the logs, write the checkpoints. A step that fails is logged and
+        counted in `stop_failures`, and the next step still runs: a stop always ends."""
         if self.stopping:
             return
         self.stopping = True
-        self.replica_manager.notifier.notify()
-        await self.socket_server.stop()
-        await self.replica_manager.stop()
-        await self.log_manager.stop_schedulers()
-        self.log_manager.close()
-        self._stopped.set()
-        log.info("broker %d stopped cleanly", self.broker_id)
+        try:
+            self.replica_manager.notifier.notify()
+            await self._stop_step("stop the socket server", self.socket_server.stop)
+            await self._stop_step("stop replication", self.replica_manager.stop)
+            self.stop_failures += self.replica_manager.stop_failures
+            await self._stop_step("stop the log schedulers", self.log_manager.stop_schedulers)
+            await self._stop_step("close the logs", self._close_logs)
+        finally:
+            self._stopped.set()
+        if self.stop_failures:
+            log.error(
+                "broker %d stopped, but %d thing(s) could not be written (see above); the next "
+                "start recovers those logs from their recovery points",
+                self.broker_id,
+                self.stop_failures,
+            )
+        else:
+            log.info("broker %d stopped cleanly", self.broker_id)
 
-    async def run_forever(self) -> None:
+    def _close_logs(self) -> None:
+        self.stop_failures += self.log_manager.close()
+
+    async def _stop_step(self, what: str, step: Callable[[], Any]) -> None:
+        try:
+            result = step()
+            if inspect.isawaitable(result):
+                await result
+        except (KafkaStorageError, OSError) as e:
+            self.stop_failures += 1
+            log.error("shutdown: could not %s: %s", what, e)
+        except Exception:
+            self.stop_failures += 1
+            log.exception("shutdown: could not %s", what)
+
+    async def run_forever(self) -> bool:
+        """Serve until SIGTERM/SIGINT, then stop; True if the stop wrote everything."""
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, lambda: asyncio.ensure_future(self.stop()))
+            loop.add_signal_handler(sig, self._on_stop_signal, sig)
         await self.start()
         await self._stopped.wait()
+        return self.stop_failures == 0
+
+    def _on_stop_signal(self, sig: signal.Signals) -> None:
+        if self._shutdown is not None:
+            return
+        timeout_ms = int(self.config["shutdown.timeout.ms"])
+        log.info("%s: shutting down (at most shutdown.timeout.ms=%d)", sig.name, timeout_ms)
+        _exit_after(timeout_ms)
+        self._shutdown = asyncio.ensure_future(self._stop_on_signal())
+
+    async def _stop_on_signal(self) -> None:
+        try:
+            await self.stop()
+        except Exception:  # a subclass's own steps (cluster mode): logged, the stop still ends
+            self.stop_failures += 1
+            log.exception("shutdown failed")
+        finally:
+            self._stopped.set()
 
     # ----- request dispatch ------------------------------------------------------------------
 

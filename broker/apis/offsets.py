@@ -4,6 +4,11 @@ ListOffsets: timestamp -2 = earliest (log start offset), -1 = latest (high water
 stable offset under read_committed), otherwise the
 first offset whose timestamp is >= the given one, found through the time index. Consumers never see
 an offset at or past what they may read.
+Any other negative timestamp is one of Kafka's newer special values (-3 max timestamp from v7,
+-4 earliest local from v8, -5 latest tiered from v9) or none at all; this broker speaks up to v6,
+so that partition gets UNSUPPORTED_VERSION, as Kafka answers a timestamp its version does not
+allow (ReplicaManager.isListOffsetsTimestampUnsupported). A storage error reading the time index
+is that partition's KAFKA_STORAGE_ERROR.
 
 OffsetForLeaderEpoch: the end offset of a leader epoch from the leader-epoch-checkpoint cache, used
 by followers to truncate (KIP-101/279) and by clients to detect log truncation (KIP-320).
@@ -16,6 +21,7 @@ from typing import TYPE_CHECKING
 from kafka.protocol.consumer import ListOffsetsResponse, OffsetForLeaderEpochResponse
 
 from isrlab.broker.errors import ErrorCode, KafkaError
+from isrlab.broker.log.errors import LogError
 from isrlab.broker.network.codec import FileRegion, Request, encode_response
 
 if TYPE_CHECKING:
@@ -23,6 +29,7 @@ if TYPE_CHECKING:
 
 EARLIEST = -2
 LATEST = -1
+SPECIAL_TIMESTAMPS = (EARLIEST, LATEST)
 
 
 async def handle_list_offsets(server: KafkaServer, request: Request) -> list[bytes | FileRegion]:
@@ -38,6 +45,8 @@ async def handle_list_offsets(server: KafkaServer, request: Request) -> list[byt
         for p in topic.partitions:
             tp = (topic.name, p.partition_index)
             try:
+                if p.timestamp < 0 and p.timestamp not in SPECIAL_TIMESTAMPS:
+                    raise KafkaError(ErrorCode.UNSUPPORTED_VERSION)
                 hp = server.leader_partition(tp, getattr(p, "current_leader_epoch", -1))
                 hw = hp.high_watermark
                 bound = hp.last_stable_offset if read_committed else hw
@@ -61,7 +70,7 @@ async def handle_list_offsets(server: KafkaServer, request: Request) -> list[byt
                         leader_epoch=hp.leader_epoch,
                     )
                 )
-            except KafkaError as e:
+            except (KafkaError, LogError) as e:
                 parts.append(
                     P(
                         partition_index=p.partition_index,

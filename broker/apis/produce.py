@@ -4,7 +4,8 @@ Each partition's records must be exactly one v2 batch (as Kafka requires from v3
 stored as received except baseOffset and partitionLeaderEpoch. Every failure is per partition and
 leaves that partition's log untouched. acks=0 gets no response at all (the client does not read one);
 acks=1 is answered after the leader's append; acks=all (-1) after the high watermark passes the batch,
-bounded by the request's timeout (see the replication core).
+bounded by the request's timeout (see the replication core). A rejected batch is logged at most once
+per partition, error and 10 s (a full disk rejects every one), with the count of those not logged.
 """
 
 from __future__ import annotations
@@ -18,11 +19,13 @@ from kafka.protocol.producer import ProduceResponse
 from isrlab.broker.errors import ErrorCode
 from isrlab.broker.network.codec import FileRegion, Request, encode_response
 from isrlab.broker.partition import AppendResult
+from isrlab.broker.rate_limited_log import RateLimitedLog
 
 if TYPE_CHECKING:
     from isrlab.broker.server import KafkaServer
 
 log = logging.getLogger(__name__)
+_rejections = RateLimitedLog(log)
 
 
 async def handle_produce(server: KafkaServer, request: Request) -> list[bytes | FileRegion] | None:
@@ -57,7 +60,8 @@ async def handle_produce(server: KafkaServer, request: Request) -> list[bytes | 
         index = results[t_i][1][p_i][0]
         results[t_i][1][p_i] = (index, res)
         if res.error != ErrorCode.NONE:
-            log.info(
+            _rejections.info(
+                (results[t_i][0], index, res.error),
                 "produce to %s-%d rejected: %s %s",
                 results[t_i][0],
                 index,

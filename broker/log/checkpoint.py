@@ -13,7 +13,8 @@ Format (Kafka's CheckpointFile, version 0)::
 the per-partition ``leader-epoch-checkpoint``.
 
 A write goes to ``<name>.tmp``, is fsynced, renamed over the old file and the directory is
-fsynced, so a crash leaves either the old or the new checkpoint, never a torn one. A file that
+fsynced, so a crash leaves either the old or the new checkpoint, never a torn one; a write that
+fails (a full disk) removes its ``.tmp`` and leaves the old file as it was. A file that
 does not parse raises KafkaStorageError naming the file and the bad line. Writes of one file are
 serialised by a lock, so a periodic write running in a worker thread (the fsyncs must not stall
 the broker's event loop) cannot interleave with a write made on the loop (shutdown, retention).
@@ -22,6 +23,7 @@ the broker's event loop) cannot interleave with a write made on the loop (shutdo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import threading
@@ -93,6 +95,10 @@ class CheckpointFile(Generic[T]):
             finally:
                 os.close(dir_fd)
         except OSError as exc:
+            # Never leave a .tmp behind (on a full disk it would hold the last free blocks); the
+            # old checkpoint, if any, is still whole.
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
             raise KafkaStorageError(f"cannot write checkpoint {self.path}: {exc}") from exc
 
     def read(self) -> list[T]:

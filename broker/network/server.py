@@ -7,11 +7,21 @@ handled concurrently, so acks=all produces waiting for the same replication roun
 logged and the connection is closed; other connections are unaffected and nothing reaches the log.
 An unsupported ApiVersions version is answered with UNSUPPORTED_VERSION and the version table (so a
 newer client can downgrade), as Kafka does.
+
+Memory for requests is bounded over all connections by `queued.max.request.bytes`
+(`RequestMemoryPool`): a frame's declared size is reserved before its bytes are read, the bytes
+are then read as they arrive (never allocated up front from the declared size), and the
+reservation is given back once the request's handler has taken it (run up to its first wait, its
+append done), as Kafka releases a request's buffer when the API layer returns. A frame that does
+not fit waits, and its connection is not read meanwhile: asyncio stops reading the socket once
+`STREAM_BUFFER_LIMIT` bytes are buffered, so TCP pushes back on the client. Partial frames thus
+cost at most the budget plus that small buffer per connection.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import struct
@@ -36,6 +46,8 @@ _SIZE = struct.Struct(">i")
 UNSUPPORTED_VERSION = 35
 # Requests read ahead on one connection while earlier ones are still being handled.
 MAX_INFLIGHT_PER_CONNECTION = 64
+# asyncio's per-connection read buffer: reading pauses at twice this much unread data.
+STREAM_BUFFER_LIMIT = 256 << 10
 
 # A handler returns the parts of an encoded response, or None when no response is due (acks=0).
 Handler = Callable[[Request, "Connection"], Coroutine[Any, Any, list[bytes | FileRegion] | None]]
@@ -74,6 +86,54 @@ class Connection:
         await self.writer.drain()
 
 
+class RequestMemoryPool:
+    """Kafka's `queued.max.request.bytes`: bytes of request frames in flight over all
+    connections. `reserve` waits until the bytes fit (None: no bound, Kafka's -1)."""
+
+    def __init__(self, capacity: int | None):
+        self.capacity = capacity
+        self.available = capacity if capacity is not None else 0
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    async def reserve(self, size: int) -> None:
+        if self.capacity is None:
+            return
+        while self.available < size:
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            finally:
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(waiter)
+        self.available -= size
+
+    def release(self, size: int) -> None:
+        if self.capacity is None:
+            return
+        self.available += size
+        # every waiter looks again: a smaller frame may fit where a larger one does not
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+
+
+async def read_frame(reader: asyncio.StreamReader, size: int) -> bytes | bytearray:
+    """`size` bytes, read as they arrive: memory follows what the peer actually sent, not what
+    it declared. IncompleteReadError if the connection ends first."""
+    chunk = await reader.read(size)
+    if len(chunk) == size:
+        return chunk
+    frame = bytearray(chunk)
+    while len(frame) < size:
+        chunk = await reader.read(size - len(frame))
+        if not chunk:
+            raise asyncio.IncompleteReadError(bytes(frame), size)
+        frame += chunk
+    return frame
+
+
 class SocketServer:
     def __init__(
         self,
@@ -81,18 +141,20 @@ class SocketServer:
         port: int,
         handler: Handler,
         max_request_bytes: int,
+        queued_max_request_bytes: int | None = None,
     ):
         self.host = host
         self.port = port
         self.handler = handler
         self.max_request_bytes = max_request_bytes
+        self.memory = RequestMemoryPool(queued_max_request_bytes)
         self._server: asyncio.AbstractServer | None = None
         self._connections: set[asyncio.Task[Any]] = set()
         self.bound_port: int | None = None
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(
-            self._serve, self.host, self.port, reuse_address=True, limit=1 << 20
+            self._serve, self.host, self.port, reuse_address=True, limit=STREAM_BUFFER_LIMIT
         )
         sock = self._server.sockets[0]
         self.bound_port = sock.getsockname()[1]
@@ -193,27 +255,43 @@ class SocketServer:
                     self.max_request_bytes,
                 )
                 return
+            await self.memory.reserve(size)
             try:
-                frame = await reader.readexactly(size)
-            except asyncio.IncompleteReadError:
-                log.warning(
-                    "connection %s: truncated frame (wanted %d bytes); closing", conn.peer, size
-                )
-                return
-            try:
-                request = decode_request(frame)
-            except UnsupportedVersion as e:
-                if e.api_key == 18:
-                    await pending.put(_done(_api_versions_unsupported(e.correlation_id)))
-                    continue
-                log.warning("connection %s: %s; closing", conn.peer, e)
-                return
-            except FrameError as e:
-                log.warning("connection %s: %s; closing", conn.peer, e)
-                return
-            await pending.put(asyncio.create_task(self.handler(request, conn)))
-            # Let the new handler run up to its first await (its append) before reading on.
-            await asyncio.sleep(0)
+                if not await self._read_one(conn, size, pending):
+                    return
+            finally:
+                self.memory.release(size)
+
+    async def _read_one(
+        self,
+        conn: Connection,
+        size: int,
+        pending: asyncio.Queue[asyncio.Task[list[bytes | FileRegion] | None] | None],
+    ) -> bool:
+        """Read, decode and start one request of `size` bytes; False: close the connection."""
+        try:
+            frame = await read_frame(conn.reader, size)
+        except asyncio.IncompleteReadError:
+            log.warning(
+                "connection %s: truncated frame (wanted %d bytes); closing", conn.peer, size
+            )
+            return False
+        try:
+            request = decode_request(memoryview(frame))
+        except UnsupportedVersion as e:
+            if e.api_key == 18:
+                await pending.put(_done(_api_versions_unsupported(e.correlation_id)))
+                return True
+            log.warning("connection %s: %s; closing", conn.peer, e)
+            return False
+        except FrameError as e:
+            log.warning("connection %s: %s; closing", conn.peer, e)
+            return False
+        del frame
+        await pending.put(asyncio.create_task(self.handler(request, conn)))
+        # Let the new handler run up to its first await (its append) before reading on.
+        await asyncio.sleep(0)
+        return True
 
 
 def _done(parts: list[bytes | FileRegion]) -> asyncio.Task[list[bytes | FileRegion] | None]:

@@ -95,7 +95,7 @@ CONFIG_DEFS: dict[str, ConfigDef] = {
             "Most partition replicas this broker hosts (KIP-578); CreateTopics and auto-creation "
             "past it fail with POLICY_VIOLATION and create nothing. Never above what the open-file "
             "limit allows: (ulimit -n minus a quarter for connections, minus 16 pooled older "
-            "segments x 5) / 5 descriptors per partition, e.g. 137 at ulimit -n 1024, 2984 at "
+            "segments x 3) / 3 descriptors per partition, e.g. 240 at ulimit -n 1024, 4984 at "
             "20000; unset means that.",
             _at_least(1),
         ),

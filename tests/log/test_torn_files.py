@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import random
 import re
+import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -82,12 +83,9 @@ def build(root: Path, *, clean: bool) -> Built:
     log = manager.get_or_create(TP, topic_configs(cfg)[TP[0]])
     state = ProducerStateManager(log.dir)
     for i in range(BATCHES):
-        data = bytearray(make_batch(BATCH_RECORDS, producer_id=7, tag=i, timestamp=1_000 + 10 * i))
-        # sequences 0, 3, 6, ... so the producer state is a real idempotent producer's
-        data[53:57] = (i * BATCH_RECORDS).to_bytes(4, "big")
-        _fix_crc(data)
-        info = log.append_as_leader(bytes(data), leader_epoch=1 if i < 5 else 4)
-        header = next(iter_batches(bytes(data)))
+        data = idempotent_batch(i)
+        info = log.append_as_leader(data, leader_epoch=1 if i < 5 else 4)
+        header = next(iter_batches(data))
         state.update(replace(header, base_offset=info.first_offset))
     assert state.take_snapshot() is not None
     first = log.segments[0]
@@ -108,8 +106,12 @@ def build(root: Path, *, clean: bool) -> Built:
     return built
 
 
-def _fix_crc(data: bytearray) -> None:
+def idempotent_batch(i: int) -> bytes:
+    """The i-th batch of producer 7: sequences 0, 3, 6, ... as a real idempotent producer's."""
+    data = bytearray(make_batch(BATCH_RECORDS, producer_id=7, tag=i, timestamp=1_000 + 10 * i))
+    data[53:57] = (i * BATCH_RECORDS).to_bytes(4, "big")
     data[17:21] = crc32c.crc32c(bytes(data[21:])).to_bytes(4, "big")
+    return bytes(data)
 
 
 def target(root: Path, kind: str) -> Path:
@@ -187,14 +189,30 @@ def expected_log(kind: str, how: str, clean: bool) -> str | None:
     return r"unreadable .*" + kind
 
 
+@pytest.fixture(scope="module")
+def templates(tmp_path_factory: pytest.TempPathFactory) -> dict[bool, tuple[Path, Built]]:
+    """One log dir per kind of stop, built once; each cell damages a copy."""
+    out = {}
+    for clean in (True, False):
+        root = tmp_path_factory.mktemp("template") / "logs"
+        out[clean] = (root, build(root, clean=clean))
+    return out
+
+
 @pytest.mark.parametrize("clean", [True, False], ids=["clean", "unclean"])
 @pytest.mark.parametrize("how", DAMAGES)
 @pytest.mark.parametrize("kind", KINDS)
 def test_torn_file_matrix(
-    tmp_path: Path, kind: str, how: str, clean: bool, caplog: pytest.LogCaptureFixture
+    tmp_path: Path,
+    templates: dict[bool, tuple[Path, Built]],
+    kind: str,
+    how: str,
+    clean: bool,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    template, built = templates[clean]
     root = tmp_path / "logs"
-    built = build(root, clean=clean)
+    shutil.copytree(template, root)
     damage(target(root, kind), kind, how)
     caplog.set_level(logging.INFO)
 

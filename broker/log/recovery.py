@@ -165,7 +165,9 @@ def check_tail(segment: LogSegment) -> tuple[str | None, InvalidBatch | None]:
             return f"offset index entry {index_position} is not at a batch boundary", None
         return None, whole.invalid
     index_problem = None
-    if segment.offset_index.entries > 0 and tail.headers:
+    if segment.offset_index.entries > 0 and not tail.headers and tail.invalid is None:
+        index_problem = f"last offset index entry ({index_offset}, {index_position}) points at the end of the log"
+    elif segment.offset_index.entries > 0 and tail.headers:
         first = tail.headers[0]
         if first.last_offset != index_offset:
             index_problem = (

@@ -248,3 +248,18 @@ def test_damaged_batch_length_with_a_batch_behind_it_refuses(open_log: Opener) -
     path.write_bytes(bytes(data))
     with pytest.raises(LogDirFailure, match=f"valid batch follows it at byte offset {BATCH}"):
         open_log(CONFIG)
+
+
+def test_index_entry_at_the_end_of_the_log_is_rebuilt(
+    open_log: Opener, caplog: pytest.LogCaptureFixture
+) -> None:
+    log = open_log(CONFIG)
+    fill(log, 3)  # one index entry, at the third batch
+    log.close()
+    index = log.dir / "00000000000000000000.index"
+    entries = index.read_bytes()
+    assert len(entries) == 8
+    index.write_bytes(entries[:4] + (3 * BATCH).to_bytes(4, "big"))  # position = end of file
+    again = open_log(CONFIG)
+    assert again.segments[0].offset_index.entries_list() == [(8, 2 * BATCH)]
+    assert "points at the end of the log" in caplog.text

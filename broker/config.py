@@ -204,10 +204,11 @@ CONFIG_DEFS: dict[str, ConfigDef] = {
             "queued.max.request.bytes",
             "long",
             None,
-            "Bytes of request frames being read or handled at once, over all connections; a "
-            "frame that does not fit waits, unread, until earlier ones are handled (its "
-            "connection is not read meanwhile). Unset: socket.request.max.bytes (Kafka's default "
-            "-1, no bound, is accepted). Must be >= socket.request.max.bytes.",
+            "Bytes of request frames held at once over all connections, each from its size "
+            "prefix until its handler has taken it (Kafka's request memory pool); a frame that "
+            "does not fit waits and its connection is not read meanwhile. Unset: "
+            "socket.request.max.bytes; -1 (Kafka's default): no bound. Otherwise at least "
+            "socket.request.max.bytes.",
             _at_least(-1),
         ),
         ConfigDef(

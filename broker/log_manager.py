@@ -93,10 +93,10 @@ class LogManager:
                     recovery_point=recovery.get(tp, 0),
                     log_start_offset=starts.get(tp),
                 )
-            except (KafkaStorageError, OSError) as e:
+            except OSError as e:  # a KafkaStorageError names its file and what to do already
                 raise KafkaStorageError(
-                    f"cannot load partition log {child}: {e}; nothing was changed, fix the log "
-                    "dir (free space on a full disk) and start again"
+                    f"cannot load partition log {child}: {e}; fix the log dir (free space on a "
+                    "full disk) and start again"
                 ) from e
             lg = self.logs[tp]
             log.info(

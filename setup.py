@@ -12,11 +12,24 @@ this before the tests). Without it the checker runs, slower, in Python alone.
 
 from pathlib import Path
 
-from setuptools import Extension, find_packages, setup
+from setuptools import Extension, setup
 
 ROOT = Path(__file__).resolve().parent
 FOLDERS = ("broker", "harness", "nemeses", "checkers", "pipeline")
 SCREEN = "checkers/queue/_screen.pyx"
+
+
+def _packages(folder: str) -> list[str]:
+    """``isrlab.<folder>`` and every directory below it that holds Python modules, with or
+    without an ``__init__.py`` (broker/network has none: find_packages would leave it out of
+    the wheel, and the nodes' brokers could not import it)."""
+    base = ROOT / folder
+    subs = {
+        p.parent.relative_to(base).parts
+        for p in base.rglob("*.py")
+        if "__pycache__" not in p.parts and p.parent != base
+    }
+    return [f"isrlab.{folder}", *sorted(".".join((f"isrlab.{folder}", *s)) for s in subs)]
 
 
 def _extensions() -> list[Extension]:
@@ -41,11 +54,6 @@ def _extensions() -> list[Extension]:
 
 setup(
     package_dir={f"isrlab.{f}": f for f in FOLDERS if (ROOT / f).is_dir()},
-    packages=[
-        f"isrlab.{f}{'.' + sub if sub else ''}"
-        for f in FOLDERS
-        if (ROOT / f).is_dir()
-        for sub in ["", *find_packages(str(ROOT / f))]
-    ],
+    packages=[pkg for f in FOLDERS if (ROOT / f).is_dir() for pkg in _packages(f)],
     ext_modules=_extensions(),
 )

@@ -241,15 +241,17 @@ class ClusterKafkaServer(KafkaServer):
 
     def _state_changed(self, tp: tuple[str, int], state: LeaderAndIsr) -> None:
         old = self._states.get(tp)
-        if old is not None and (old.leader_epoch, old.zk_version) > (
+        # The metadata cache keeps the newest state (watch callbacks may arrive out of order)...
+        if old is None or (old.leader_epoch, old.zk_version) <= (
             state.leader_epoch,
             state.zk_version,
         ):
-            return
-        self._states[tp] = state
+            self._states[tp] = state
         info = self._topics.get(tp[0])
         if info is None:
             return
+        # ...but whether a state is news to the local replica is the replication core's call
+        # (Partition.become_leader_or_follower ignores stale epochs and znode versions).
         self.replica_manager.become(tp, state, info.assignment.get(tp[1], []))
         self.replica_manager.notifier.notify(tp)
 

@@ -491,19 +491,6 @@ class KafkaServer:
     ) -> AppendResult | asyncio.Future[AppendResult]:
         return self.replica_manager.append(tp, records, acks, timeout_ms)
 
-    def leader_partition(
-        self, tp: TopicPartition, current_leader_epoch: int = -1
-    ) -> HostedPartition:
-        hp = self.replica_manager.get(tp)
-        if not hp.is_leader:
-            raise KafkaError(ErrorCode.NOT_LEADER_OR_FOLLOWER)
-        if current_leader_epoch is not None and current_leader_epoch >= 0:
-            if current_leader_epoch < hp.leader_epoch:
-                raise KafkaError(ErrorCode.FENCED_LEADER_EPOCH)
-            if current_leader_epoch > hp.leader_epoch:
-                raise KafkaError(ErrorCode.UNKNOWN_LEADER_EPOCH)
-        return hp
-
     def read_partition(
         self,
         tp: TopicPartition,

@@ -1,9 +1,10 @@
 """ListOffsets and OffsetForLeaderEpoch.
 
 ListOffsets: timestamp -2 = earliest (log start offset), -1 = latest (high watermark, or the last
-stable offset under read_committed), otherwise the
+stable offset under read_committed; a follower's replica id: the log end offset), otherwise the
 first offset whose timestamp is >= the given one, found through the time index. Consumers never see
-an offset at or past what they may read.
+an offset at or past what they may read. The leader epoch check and both bounds are the
+replication core's answer (`Partition.on_list_offsets`); this handler looks up timestamps.
 Any other negative timestamp is one of Kafka's newer special values (-3 max timestamp from v7,
 -4 earliest local from v8, -5 latest tiered from v9) or none at all; this broker speaks up to v6,
 so that partition gets UNSUPPORTED_VERSION, as Kafka answers a timestamp its version does not
@@ -47,19 +48,21 @@ async def handle_list_offsets(server: KafkaServer, request: Request) -> list[byt
             try:
                 if p.timestamp < 0 and p.timestamp not in SPECIAL_TIMESTAMPS:
                     raise KafkaError(ErrorCode.UNSUPPORTED_VERSION)
-                hp = server.leader_partition(tp, getattr(p, "current_leader_epoch", -1))
-                hw = hp.high_watermark
-                bound = hp.last_stable_offset if read_committed else hw
-                if req.replica_id >= 0:
-                    bound = hp.log.log_end_offset
+                hp = server.replica_manager.get(tp)
+                epoch = getattr(p, "current_leader_epoch", None)
+                bounds = hp.core.on_list_offsets(
+                    -1 if epoch is None else epoch, req.replica_id, read_committed
+                )
+                if bounds.error:
+                    raise KafkaError(ErrorCode(int(bounds.error)))
                 ts, off = -1, -1
                 if p.timestamp == EARLIEST:
-                    off = hp.log.log_start_offset
+                    off = bounds.earliest
                 elif p.timestamp == LATEST:
-                    off = bound
+                    off = bounds.latest
                 else:
                     found = hp.log.offset_for_timestamp(p.timestamp)
-                    if found is not None and found[0] < bound:
+                    if found is not None and found[0] < bounds.latest:
                         off, ts = found
                 parts.append(
                     P(
@@ -67,7 +70,7 @@ async def handle_list_offsets(server: KafkaServer, request: Request) -> list[byt
                         error_code=0,
                         timestamp=ts,
                         offset=off,
-                        leader_epoch=hp.leader_epoch,
+                        leader_epoch=bounds.leader_epoch,
                     )
                 )
             except (KafkaError, LogError) as e:

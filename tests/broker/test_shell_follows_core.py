@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 from kafka.protocol.api_header import ResponseClassRegistry
@@ -53,9 +54,9 @@ REPLICAS = (0, 1, 2)
 PRODUCE_TIMEOUT_MS = 600_000  # nothing may time out: neither side is ticked
 
 # A current leader epoch relative to the partition's: -1 skips the check.
-EPOCHS = st.sampled_from(["none", "current", "older", "newer"])
+EPOCHS = st.sampled_from(["current", "current", "none", "older", "newer"])
 # A fetch offset: the log end, the high watermark, or a number (past the end included).
-OFFSETS = st.one_of(st.sampled_from(["leo", "hw"]), st.integers(min_value=-1, max_value=8))
+OFFSETS = st.one_of(st.sampled_from(["leo", "leo", "hw"]), st.integers(min_value=-1, max_value=8))
 
 
 def _served_offsets(records: bytes | None) -> list[int]:
@@ -80,6 +81,7 @@ class ShellFollowsCore(RuleBasedStateMachine):
         # request id -> (the shell's handler task, acks); the twin's answers by request id
         self.produces: dict[int, tuple[asyncio.Task[Any], int]] = {}
         self.twin_answers: dict[int, ProduceResponse] = {}
+        self.waiting: set[int] = set()  # acks=all produces not answered at once
 
     # ------------------------------------------------------------------ plumbing
     def _run(self, coro: Any) -> Any:
@@ -136,8 +138,12 @@ class ShellFollowsCore(RuleBasedStateMachine):
         return choice
 
     # ------------------------------------------------------------------ rules
-    @initialize(min_isr=st.integers(min_value=1, max_value=3))
-    def start(self, min_isr: int) -> None:
+    @initialize(
+        min_isr=st.integers(min_value=1, max_value=3),
+        others=st.frozensets(st.sampled_from(REPLICAS)),
+    )
+    def start(self, min_isr: int, others: frozenset[int]) -> None:
+        """A standalone broker with the partition; then it leads replicas 0, 1, 2 (epoch 1)."""
         log_dir = Path(self.tmp.name) / "logs"
         config = BrokerConfig(
             {
@@ -159,20 +165,31 @@ class ShellFollowsCore(RuleBasedStateMachine):
                 LeaderAndIsr(0, hp.leader_epoch, (0,), 0, 0), [0], self._tick()
             )
         )
+        self.partition_state(0, 1, others)
 
     @rule(
-        leader=st.sampled_from(REPLICAS[:2]),
-        bump=st.integers(min_value=0, max_value=2),
+        leader=st.sampled_from([0, 0, 0, 1]),
+        bump=st.integers(min_value=-1, max_value=2),
         others=st.frozensets(st.sampled_from(REPLICAS)),
     )
     def partition_state(self, leader: int, bump: int, others: frozenset[int]) -> None:
-        """A state from the controller: this broker leads (0) or follows (1), epoch kept or
-        raised (stale ones come from the older-epoch fetches), any ISR holding the leader."""
+        """A state from the controller: this broker leads (0) or follows (1), at an older
+        (stale), the same or a newer leader epoch, with any ISR holding the leader. A state of
+        the same epoch is first written to the znode (both stores), so it comes with a newer
+        version, as an ISR change someone else wrote does."""
         assert self.server is not None and self.twin is not None
+        shell_store = self.server.replica_manager.state_store
+        assert isinstance(shell_store, LocalStateStore)
         version = self.twin_store.versions.get(TP, 0)
-        assert self.server.replica_manager.state_store.versions.get(TP, 0) == version  # type: ignore[attr-defined]
+        assert shell_store.versions.get(TP, 0) == version
         isr = tuple(sorted(others | {leader}))
         state = LeaderAndIsr(leader, self.twin.leader_epoch + bump, isr, 1, zk_version=version)
+        if bump == 0:
+            write = WriteStateZnode(TP, state, expected_version=version)
+            for store in (shell_store, self.twin_store):
+                ok, new_version = self._run(store.write_state(write))
+                assert ok
+            state = replace(state, zk_version=new_version)
         server = self.server
 
         async def become() -> None:  # the shell spawns follower requests on the running loop
@@ -208,9 +225,12 @@ class ShellFollowsCore(RuleBasedStateMachine):
         task = self.loop.create_task(self.server.handle(decoded, None))  # type: ignore[arg-type]
         self._run(self._settle())
         self.produces[self.value] = (task, acks)
+        self.waiting.update([self.value] if not task.done() else [])
         self._twin(
             self.twin.on_produce(self.value, [self.value], acks, PRODUCE_TIMEOUT_MS, self._tick())
         )
+        answer = self.twin_answers.get(self.value)
+        event(f"produce acks={acks}: {answer.error.name if answer else 'no answer yet'}")
 
     @rule(
         replica=st.sampled_from([1, 2, -1]),
@@ -263,6 +283,7 @@ class ShellFollowsCore(RuleBasedStateMachine):
             twin.high_watermark,
             twin.log_start_offset,
         )
+        event(f"fetch by {'follower' if replica >= 0 else 'consumer'}: {twin.error.name}")
         assert shell.last_stable_offset == twin.last_stable_offset
         assert _served_offsets(shell.records) == list(range(fetch_offset, twin.records_end))
 
@@ -294,6 +315,7 @@ class ShellFollowsCore(RuleBasedStateMachine):
         )
         shell = self._call(request).topics[0].partitions[0]
         twin = self.twin.on_list_offsets(current_epoch, replica, read_committed)
+        event(f"list offsets: {twin.error.name}")
         assert shell.error_code == int(twin.error)
         if not twin.error:
             assert shell.offset == (twin.earliest if timestamp == -2 else twin.latest)
@@ -342,6 +364,9 @@ class ShellFollowsCore(RuleBasedStateMachine):
                 assert p.error_code == int(twin.error), f"produce {value} acks={acks}"
                 if not twin.error:
                     assert p.base_offset == twin.base_offset
+                if value in self.waiting:
+                    self.waiting.discard(value)
+                    event(f"produce acks=-1 answered after waiting: {twin.error.name}")
 
     @invariant()
     def same_log_end_and_high_watermark(self) -> None:
@@ -363,7 +388,7 @@ class ShellFollowsCore(RuleBasedStateMachine):
 
 
 ShellFollowsCore.TestCase.settings = settings(
-    max_examples=60,
+    max_examples=120,
     stateful_step_count=30,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],

@@ -474,3 +474,40 @@ def with_cli_options(
     command.__doc__ = fn.__doc__
     command.__name__ = fn.__name__
     return command
+
+
+def reference_markdown() -> str:
+    """docs/test-options.md: the table as a reference (a test keeps the file in step)."""
+
+    def show(v: Any) -> str:
+        if v is None:
+            return "(unset)"
+        if isinstance(v, tuple):
+            return ",".join(v)
+        return str(v).lower() if isinstance(v, bool) else str(v)
+
+    lines = [
+        "# Test options",
+        "",
+        "Generated from `harness/testconfig.py` (`reference_markdown()`): the one table of",
+        "`isrlab test` options. A key is the test.json key; the flag sets it on the command line;",
+        "`broker key` is the server.properties key it becomes; `column` its type in the pipeline's",
+        "runs table, where a stored test.json without the key reads as `absent`.",
+        "",
+        "| key | flag | type | default | allowed | broker key | column (absent) | meaning |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for o in OPTIONS:
+        kind = ("list of " if o.kind is list else "") + (
+            "str" if o.kind is list else o.kind.__name__
+        )
+        allowed = ", ".join(o.choices)
+        if o.minimum is not None:
+            allowed = f"{'>' if o.above else '>='} {o.minimum:g}"
+        column = f"{o.column} ({show(o.absent)})" if o.column else ""
+        lines.append(
+            f"| `{o.name}` | {f'`{o.flag}`' if o.flag else ''} | {kind}"
+            f"{' or unset' if o.optional else ''} | `{show(o.default)}` | {allowed} | "
+            f"{f'`{o.broker_key}`' if o.broker_key else ''} | {column} | {o.help} |"
+        )
+    return "\n".join(lines) + "\n"

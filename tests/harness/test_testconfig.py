@@ -186,3 +186,11 @@ def test_good_options_do_reach_the_run(no_cluster: list[str], tmp_path: Path) ->
         _app(), ["test", "--store", str(tmp_path), "--nodes", "n1", "--nemesis", "kill"]
     )
     assert no_cluster == ["run_test"] and res.exit_code != 0
+
+
+def test_the_options_reference_is_the_table() -> None:
+    doc = Path(__file__).resolve().parents[2] / "docs" / "test-options.md"
+    assert doc.read_text() == testconfig.reference_markdown(), (
+        "regenerate: python -c 'from isrlab.harness.testconfig import reference_markdown; "
+        'print(reference_markdown(), end="")\' > docs/test-options.md'
+    )

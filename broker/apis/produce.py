@@ -20,6 +20,7 @@ from isrlab.broker.errors import ErrorCode
 from isrlab.broker.network.codec import FileRegion, Request, encode_response
 from isrlab.broker.partition import AppendResult
 from isrlab.broker.rate_limited_log import RateLimitedLog
+from isrlab.broker.replication import valid_acks
 
 if TYPE_CHECKING:
     from isrlab.broker.server import KafkaServer
@@ -33,7 +34,7 @@ async def handle_produce(server: KafkaServer, request: Request) -> list[bytes | 
     acks = req.acks
     results: list[tuple[str, list[tuple[int, AppendResult]]]] = []
     pending: list[tuple[int, int, asyncio.Future[AppendResult] | AppendResult]] = []
-    if acks not in (0, 1, -1):
+    if not valid_acks(acks):
         for t_i, topic in enumerate(req.topic_data):
             results.append((topic.name, []))
             for p in topic.partition_data:

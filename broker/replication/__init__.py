@@ -21,7 +21,13 @@ from isrlab.broker.replication.actions import (
 )
 from isrlab.broker.replication.config import ReplicationConfig, TruncationMode
 from isrlab.broker.replication.errors import ErrorCode, follower_error
-from isrlab.broker.replication.partition import ACKS_ALL, FollowerPhase, Partition, Role
+from isrlab.broker.replication.partition import (
+    ACKS_ALL,
+    FollowerPhase,
+    Partition,
+    Role,
+    valid_acks,
+)
 from isrlab.broker.replication.replica import Replica
 from isrlab.broker.replication.replica_log import MemoryLog, ReplicaLog
 from isrlab.broker.replication.state import (
@@ -57,4 +63,5 @@ __all__ = [
     "WriteStateZnode",
     "follower_error",
     "partition_state_path",
+    "valid_acks",
 ]

@@ -65,6 +65,12 @@ ACKS_ALL = -1
 NO_EPOCH_CHECK = -1
 
 
+def valid_acks(acks: int) -> bool:
+    """Kafka takes acks 0, 1 and -1 (all); any other value is INVALID_REQUIRED_ACKS (for the
+    whole Produce request, before any partition is looked at)."""
+    return acks in (ACKS_ALL, 0, 1)
+
+
 class Role(StrEnum):
     """What this replica currently is for its partition."""
 
@@ -434,7 +440,7 @@ class Partition:
         idempotent producer's sequence) inside ``append_as_leader``: a refusal is raised out of
         this method with nothing changed here, and a duplicate batch returns its original
         offsets, which then wait for the HW like a fresh append."""
-        if acks not in (ACKS_ALL, 0, 1):
+        if not valid_acks(acks):
             return [ProduceResponse(self.tp, request_id, ErrorCode.INVALID_REQUIRED_ACKS)]
         if self.role is not Role.LEADER:
             return [ProduceResponse(self.tp, request_id, ErrorCode.NOT_LEADER_OR_FOLLOWER)]

@@ -21,8 +21,16 @@ Leader (``become_leader``):
   append, acks=all waits in the delayed-produce purgatory until HW > last offset (success),
   the ISR shrinks below min.insync.replicas (NOT_ENOUGH_REPLICAS_AFTER_APPEND), leadership is
   lost (NOT_LEADER_OR_FOLLOWER) or the request timeout passes (REQUEST_TIMED_OUT).
-- Fetch and OffsetsForLeaderEpoch carry the sender's current leader epoch: older ->
-  FENCED_LEADER_EPOCH, newer -> UNKNOWN_LEADER_EPOCH (-1 skips the check).
+- Fetch, ListOffsets and OffsetsForLeaderEpoch carry the sender's current leader epoch: older
+  -> FENCED_LEADER_EPOCH, newer -> UNKNOWN_LEADER_EPOCH (-1 skips the check), checked before
+  leadership (NOT_LEADER_OR_FOLLOWER), as Kafka does. ``on_fetch`` and ``on_list_offsets`` also
+  decide how far the requester may read: a follower to the LEO, a consumer below the HW (the LSO
+  under read_committed).
+
+The broker's shell (``broker/partition.py``, ``broker/apis/``) calls these very entry points
+(``become_leader_or_follower``, ``on_produce``, ``on_fetch``, ``on_list_offsets``,
+``on_offsets_for_leader_epoch``, ``tick`` and the follower's response handlers) and decides
+nothing itself, so the hypothesis state machines that drive them test the production path.
 
 Follower (``become_follower``): first truncates, then fetches one request at a time,
 appending what it gets and taking HW = min(leader HW, own LEO). Truncation follows

@@ -316,7 +316,10 @@ cdef class Screen:
         return 0
 
     cdef int parse_mops(self, object value, cbool with_reads) except -1:
-        """`checkers.queue.ops._parse_mops`, into the arrays."""
+        """`checkers.queue.codec.decode_into` (the micro-op shapes' one codec), into the arrays.
+
+        The screen keeps its own loop over the same shapes for speed; tests/checkers/
+        test_queue_screen.py holds it to the codec's decoder (via the explaining checker)."""
         if value is None:
             return 0
         cdef object polls = None  # the op's poll results: one dict, or a list of them
@@ -348,7 +351,7 @@ cdef class Screen:
             return 0
         if PyDict_CheckExact(polls):
             return self.add_reads(<dict>polls)
-        # Several polls: their reads concatenated per key, in order (as `_parse_mops`).
+        # Several polls: their reads concatenated per key, in order (as `decode_into`).
         merged = {}
         for m in polls:
             for k, ps in (<dict>m).items():

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from isrlab.checkers.queue import codec
+
 SPEC_FIELDS = {
     "index",
     "time",
@@ -35,6 +37,8 @@ def check_op(op: dict[str, Any]) -> None:
     assert t in ("invoke", "ok", "fail", "info")
     if f in ("send", "poll", "txn"):
         assert isinstance(v, list) and v, op
+        # The codec the checker reads with decodes it to what encodes it back.
+        assert [codec.encode(m) for m in codec.decode_value(v)] == v, op
         for mop in v:
             assert mop[0] in ("send", "poll"), op
             if mop[0] == "send":

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from isrlab.checkers.queue import codec
 from isrlab.harness import generator as g
 from isrlab.harness.generator import NS, Context, Pending
 from isrlab.harness.workloads.queue.generator import QueueWorkload, queue_test
@@ -215,6 +216,21 @@ def test_queue_workload_shapes_and_values() -> None:
     for vs in sent.values():
         assert vs == sorted(vs) and len(set(vs)) == len(vs)
     assert sum(len(v) for v in sent.values()) > 20
+
+
+def test_workload_ops_are_the_codecs_shapes() -> None:
+    # The generator writes what the checker's codec reads: every invoke of every data op
+    # decodes, and encoding the decoded micro-ops gives the same value back.
+    ops = [
+        op for seed in (1, 2) for txn in (False, True) for _, _, op in _workload_ops(seed, txn=txn)
+    ]
+    data = [op for op in ops if op["f"] in codec.DATA_FS]
+    assert {op["f"] for op in data} >= {"send", "poll"}
+    for op in data:
+        mops = codec.decode_value(op["value"])
+        assert [codec.encode(m) for m in mops] == op["value"]
+        assert all(isinstance(m, codec.Send | codec.Poll) for m in mops)
+        assert all(m.reads is None for m in mops if isinstance(m, codec.Poll))
 
 
 def test_final_drain_polls_until_every_offset_is_read() -> None:

@@ -62,8 +62,10 @@ class AbstractIndex:
         self._mmap = mmap.mmap(fd, self._length) if self._length > 0 else None
 
     def _unmap(self) -> None:
+        # No msync: the mapping's pages are the file's page cache, which munmap keeps and
+        # flush()'s fsync writes out. (An msync here cost an fsync per index whenever a
+        # segment's files were released, seconds at start-up on a busy disk.)
         if self._mmap is not None:
-            self._mmap.flush()
             self._mmap.close()
             self._mmap = None
 
@@ -152,8 +154,8 @@ class AbstractIndex:
     # -- lifecycle ---------------------------------------------------------------------------
 
     def flush(self) -> None:
-        if self._mmap is not None:
-            self._mmap.flush()
+        """fsync the file; on Linux that writes the pages dirtied through the mapping too (they
+        are the file's page cache), so no separate msync."""
         fd = os.open(self.path, os.O_RDONLY)
         try:
             os.fsync(fd)

@@ -27,6 +27,7 @@ from isrlab.broker.config import BrokerConfig
 from isrlab.broker.log.checkpoint import OffsetCheckpointFile
 from isrlab.broker.log.errors import KafkaStorageError
 from isrlab.broker.log.log import Log, LogConfig
+from isrlab.broker.log.recovery import LogDirFailure
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +94,9 @@ class LogManager:
                     recovery_point=recovery.get(tp, 0),
                     log_start_offset=starts.get(tp),
                 )
-            except OSError as e:  # a KafkaStorageError names its file and what to do already
+            except LogDirFailure:
+                raise  # names the damaged file and what to do already
+            except (KafkaStorageError, OSError) as e:
                 raise KafkaStorageError(
                     f"cannot load partition log {child}: {e}; fix the log dir (free space on a "
                     "full disk) and start again"

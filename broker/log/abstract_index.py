@@ -10,10 +10,17 @@ data and never the source of truth.
 
 Descriptors: the file is opened only to size, map, fsync or trim it and closed again; a mapped
 index holds just the descriptor Python's ``mmap`` keeps (one per index, none for an empty one).
+
+Full disks: the preallocated file is sparse, and the first store into a page that has no disk
+block yet is a SIGBUS when the disk is full, which kills the process (on a stop, or while
+recovery rebuilds an index at start-up). So before an entry goes into a page not yet written
+through this mapping, the page gets its blocks with ``posix_fallocate``; a full disk is then a
+KafkaStorageError naming the file, raised before anything changed.
 """
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 from pathlib import Path
@@ -38,6 +45,7 @@ class AbstractIndex:
         self.base_offset = base_offset
         self._closed = False
         self._mmap: mmap.mmap | None = None
+        self._reserved = 0  # bytes from the start known to have disk blocks
         newly_created = not path.exists()
         fd = os.open(path, os.O_RDWR | os.O_CREAT)
         try:
@@ -60,6 +68,7 @@ class AbstractIndex:
 
     def _map(self, fd: int) -> None:
         self._mmap = mmap.mmap(fd, self._length) if self._length > 0 else None
+        self._reserved = 0
 
     def _unmap(self) -> None:
         # No msync: the mapping's pages are the file's page cache, which munmap keeps and
@@ -118,7 +127,24 @@ class AbstractIndex:
     def _write_entry(self, slot: int, entry: bytes) -> None:
         assert self._mmap is not None
         position = slot * self.ENTRY_SIZE
+        if position + self.ENTRY_SIZE > self._reserved:
+            self._reserve(position, position + self.ENTRY_SIZE)
         self._mmap[position : position + self.ENTRY_SIZE] = entry
+
+    def _reserve(self, start: int, end: int) -> None:
+        """Disk blocks for the pages holding bytes [start, end) (see the module docstring)."""
+        page = mmap.PAGESIZE
+        start = start // page * page
+        end = min(-(-end // page) * page, self._length)
+        fd = os.open(self.path, os.O_RDWR)
+        try:
+            os.posix_fallocate(fd, start, end - start)
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # no fallocate: as before
+                raise KafkaStorageError(f"cannot write index {self.path}: {exc}") from exc
+        finally:
+            os.close(fd)
+        self._reserved = end
 
     def _key_at(self, slot: int) -> int:
         raise NotImplementedError

@@ -134,7 +134,8 @@ class ClusterKafkaServer(KafkaServer):
     async def stop(self) -> None:
         if self.stopping:
             return
-        await self.controller.stop()
+        # a controller task that died with an error must not keep the logs from being closed
+        await self._stop_step("stop the controller", self.controller.stop)
         await super().stop()
         # Closing the session deletes our ephemeral znodes at once (no session-timeout wait),
         # but must not hang the shutdown when ZooKeeper is unreachable.

@@ -324,6 +324,17 @@ def test_a_frame_waits_for_budget_instead_of_being_read(broker_factory) -> None:
     c.close()
 
 
+def test_queued_max_request_bytes_default_bound_and_validation() -> None:
+    from isrlab.broker.config import BrokerConfig, ConfigError
+
+    assert BrokerConfig().queued_max_request_bytes == 104857600  # socket.request.max.bytes
+    cfg = BrokerConfig({"socket.request.max.bytes": "1000"})
+    assert cfg.queued_max_request_bytes == 1000
+    assert BrokerConfig({"queued.max.request.bytes": "-1"}).queued_max_request_bytes is None
+    with pytest.raises(ConfigError, match=r"smaller than socket\.request\.max\.bytes"):
+        BrokerConfig({"socket.request.max.bytes": "1000", "queued.max.request.bytes": "999"})
+
+
 # ----- point 9: unsupported ListOffsets timestamps --------------------------------------------
 
 

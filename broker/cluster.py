@@ -99,6 +99,7 @@ class ClusterKafkaServer(KafkaServer):
         topics = await asyncio.to_thread(self._read_topics)
         self.topic_store.cache = topics  # type: ignore[attr-defined]
         self._topics = dict(topics)
+        self.check_hosted_partitions()
         self.log_manager.load({n: self.topic_config(n) for n in self._topics})
         for name, info in self._topics.items():
             for p, replicas in info.assignment.items():

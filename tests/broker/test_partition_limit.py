@@ -210,3 +210,25 @@ def test_a_create_that_fails_half_way_leaves_no_topic_behind(broker) -> None:
     (broker.log_dir / "half-3").unlink()
     assert create(broker.port, "half", 5).error_code == 0
     assert len(partition_dirs(broker, "half")) == 5
+
+
+def test_start_refuses_more_partitions_than_the_file_limit_holds(tmp_path: Path) -> None:
+    b = BrokerProcess(tmp_path / "logs", free_port(), nofile=1024)
+    b.start()
+    try:
+        assert create(b.port, "wide", LIMIT + 12).error_code == 0
+        stop_with_sigterm(b)
+        b.nofile = NOFILE  # the same log dir under a smaller ulimit -n
+        with pytest.raises(RuntimeError) as failed:
+            b.start()
+        message = str(failed.value)
+        assert f"holds {LIMIT + 12} partitions" in message
+        assert "raise ulimit -n" in message
+        assert "Traceback" not in message
+        assert b.proc is not None and b.proc.wait(10) == 2
+        b.proc = None
+        b.nofile = 1024
+        b.start()  # with the file limit back, everything is there
+        assert len(partition_dirs(b, "wide")) == LIMIT + 12
+    finally:
+        b.stop()

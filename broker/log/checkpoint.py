@@ -32,8 +32,10 @@ from pathlib import Path
 from typing import Generic, TypeVar
 
 from isrlab.broker.log.errors import KafkaStorageError
+from isrlab.broker.rate_limited_log import RateLimitedLog
 
 _log = logging.getLogger(__name__)
+_failures = RateLimitedLog(_log, interval_s=60)
 
 CHECKPOINT_VERSION = 0
 RECOVERY_POINT_CHECKPOINT = "recovery-point-offset-checkpoint"
@@ -187,10 +189,11 @@ class OffsetCheckpointFile:
     ) -> None:
         """Kafka's periodic checkpoint task, until cancelled: every ``interval_s`` the offsets
         are taken on the event loop and written (fsynced) in a worker thread, so a slow disk
-        does not stall requests. A failed write is logged; the next one tries again."""
+        does not stall requests. A failed write is logged (once a minute while it keeps
+        failing, on a full disk); the next one tries again."""
         while True:
             await asyncio.sleep(interval_s)
             try:
                 await asyncio.to_thread(self.snapshot(offsets()))
             except KafkaStorageError as e:
-                _log.error("cannot write %s: %s", self.path, e)
+                _failures.error(self.path, "%s", e)

@@ -106,3 +106,32 @@ def test_an_older_snapshot_never_overwrites_a_newer_checkpoint(tmp_path: Path) -
     assert cp.read() == {("t", 0): 9}
     cp.snapshot({("t", 0): 12})()
     assert cp.read() == {("t", 0): 12}
+
+
+def test_periodic_writer_logs_a_failing_write_once_a_minute_and_recovers(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import asyncio
+    import logging
+
+    missing = tmp_path / "gone"  # writes fail until the directory exists
+    checkpoint = OffsetCheckpointFile(missing / "recovery-point-offset-checkpoint")
+
+    async def run() -> None:
+        task = asyncio.create_task(checkpoint.write_every(0.005, lambda: {("t", 0): 7}))
+        await asyncio.sleep(0.3)  # dozens of failed writes
+        missing.mkdir()
+        for _ in range(200):
+            await asyncio.sleep(0.01)
+            if checkpoint.path.exists():
+                break
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    with caplog.at_level(logging.ERROR, logger="isrlab.broker.log.checkpoint"):
+        asyncio.run(run())
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "cannot write checkpoint" in lines[0], lines
+    assert checkpoint.read() == {("t", 0): 7}
+    assert not list(missing.glob("*.tmp"))

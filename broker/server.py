@@ -126,6 +126,14 @@ def _exit_after(timeout_ms: int) -> None:
     timer.start()
 
 
+#: Partitions a CreateTopics creates between two turns of the event loop.
+HOST_BATCH = 64
+
+
+class _CreateInterrupted(Exception):
+    """A topic creation stopped half-way (the broker is stopping): undone, never half a topic."""
+
+
 class KafkaServer:
     def __init__(self, config: BrokerConfig, state_store: StateStore | None = None):
         self.config = config
@@ -434,9 +442,20 @@ class KafkaServer:
             return info
         # Logs first, the topic store last: a crash in between leaves directories of an unknown
         # topic, which the next start removes; a failure removes what was made. Never half a topic.
+        # The topic is known (and counted against max.broker.partitions) from here on.
         self._topics[name] = info
         try:
-            for p in assignment:
+            for i, p in enumerate(assignment):
+                if i and i % HOST_BATCH == 0:
+                    # A big topic takes seconds: other requests and a SIGTERM get their turn.
+                    await asyncio.sleep(0)
+                    if self._topics.get(name) is not info:  # deleted meanwhile: nothing left
+                        raise KafkaError(
+                            ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                            f"topic {name!r} was deleted while it was being created",
+                        )
+                    if self.stopping:
+                        raise _CreateInterrupted("the broker is shutting down")
                 self._host_partition((name, p))
             self.topic_store.create(info)
         except (OSError, KafkaStorageError) as e:
@@ -444,6 +463,11 @@ class KafkaServer:
             raise KafkaError(
                 ErrorCode.KAFKA_STORAGE_ERROR,
                 f"could not create topic {name!r} ({e}); nothing was created",
+            ) from None
+        except _CreateInterrupted as e:
+            self._undo_create(info)
+            raise KafkaError(
+                ErrorCode.REQUEST_TIMED_OUT, f"topic {name!r} not created: {e}; retry"
             ) from None
         log.info("created topic %s with %d partition(s)", name, len(assignment))
         return info

@@ -11,11 +11,13 @@ the limit, with many segments per partition, still serves, stops on SIGTERM and 
 from __future__ import annotations
 
 import os
+import select
 import signal
+import time
 from pathlib import Path
 
 import pytest
-from kafka.protocol.admin import CreateTopicsRequest
+from kafka.protocol.admin import CreateTopicsRequest, CreateTopicsResponse
 from kafka.protocol.metadata import ApiVersionsRequest, MetadataRequest
 from kafka.protocol.producer import ProduceRequest
 
@@ -232,3 +234,42 @@ def test_start_refuses_more_partitions_than_the_file_limit_holds(tmp_path: Path)
         assert len(partition_dirs(b, "wide")) == LIMIT + 12
     finally:
         b.stop()
+
+
+def send_create(port: int, name: str, partitions: int) -> RawClient:
+    """Send a CreateTopics without waiting for its answer."""
+    C = CreateTopicsRequest[4]
+    topic = C.CreatableTopic(
+        name=name, num_partitions=partitions, replication_factor=1, assignments=[], configs=[]
+    )
+    c = RawClient(port, timeout=120)
+    c.send_frame(c.encode(C(topics=[topic], timeout_ms=120000, validate_only=False)))
+    return c
+
+
+def answered(c: RawClient) -> bool:
+    readable, _, _ = select.select([c.sock], [], [], 0)
+    return bool(readable)
+
+
+def test_a_big_create_lets_other_requests_through(broker) -> None:
+    big = send_create(broker.port, "big", 2000)
+    while not partition_dirs(broker, "big"):  # the create has started
+        time.sleep(0.01)
+    assert api_versions_ok(broker.port)
+    assert not answered(big), "ApiVersions waited for the whole CreateTopics"
+    resp = CreateTopicsResponse[4].decode(big.recv_frame(), header=True)
+    assert resp.topics[0].error_code == 0, resp
+    assert len(partition_dirs(broker, "big")) == 2000
+    big.close()
+
+
+def test_sigterm_during_a_big_create_stops_and_leaves_no_topic(broker) -> None:
+    big = send_create(broker.port, "big", 2000)
+    while not partition_dirs(broker, "big"):
+        time.sleep(0.01)
+    stop_with_sigterm(broker)
+    big.close()
+    broker.start()
+    assert "big" not in [t.name for t in metadata(broker.port, None).topics]
+    assert partition_dirs(broker, "big") == []

@@ -273,3 +273,24 @@ def test_sigterm_during_a_big_create_stops_and_leaves_no_topic(broker) -> None:
     broker.start()
     assert "big" not in [t.name for t in metadata(broker.port, None).topics]
     assert partition_dirs(broker, "big") == []
+
+
+def test_an_explicit_limit_applies_and_is_never_above_the_file_limit(limited) -> None:
+    b = limited(**{"max.broker.partitions": "4"})
+    assert create(b.port, "three", 3).error_code == 0
+    result = create(b.port, "two", 2)
+    assert result.error_code == ErrorCode.POLICY_VIOLATION, result
+    assert "max.broker.partitions=4" in result.error_message
+    assert create(b.port, "one", 1).error_code == 0
+    stop_with_sigterm(b)
+
+    b.overrides["max.broker.partitions"] = str(LIMIT * 10)  # more than ulimit -n 256 allows
+    b.start()
+    assert "is more than the open-file limit allows" in b.log_text()
+    result = create(b.port, "many", LIMIT - 4 + 1)
+    assert result.error_code == ErrorCode.POLICY_VIOLATION, result
+    assert f"max.broker.partitions={LIMIT}, derived from the open-file limit" in (
+        result.error_message
+    )
+    assert create(b.port, "rest", LIMIT - 4).error_code == 0
+    stop_with_sigterm(b)

@@ -358,7 +358,10 @@ class LogSegment:
     ) -> Iterator[BatchHeader]:
         """Headers of the whole batches stored from ``start_position`` (a batch boundary)."""
         end = self._size if end_position is None else min(end_position, self._size)
-        fd = self._file.fileno()
+        # The generator holds the file object: if the pool releases this segment while a caller
+        # is still iterating, the file stays open (a bare fd could be closed and reused).
+        file = self._file
+        fd = file.fileno()
         position = start_position
         while position + HEADER_SIZE <= end:
             raw = os.pread(fd, HEADER_SIZE, position)

@@ -107,3 +107,19 @@ def test_closing_a_log_leaves_nothing_in_the_pool(open_log: Opener) -> None:
     log.close()
     assert not any(s.has_open_files for s in log.segments)
     assert all(id(s) not in HANDLE_POOL._open for s in log.segments)
+
+
+def test_iterating_a_segment_survives_its_release(open_log: Opener) -> None:
+    log = open_log(CONFIG)
+    for i in range(20 * SEGMENT_HANDLE_POOL_SIZE):  # small batches: several per segment
+        log.append_as_leader(make_batch(1, value_size=20, tag=i), leader_epoch=0)
+    assert len(log.segments) > SEGMENT_HANDLE_POOL_SIZE + 1
+    oldest = log.segments[0]
+    expected = list(oldest.batches())
+    assert len(expected) > 2
+    headers = oldest.batches()
+    first = next(headers)
+    for segment in log.segments[1:]:  # releases the oldest segment's files meanwhile
+        log.read(segment.base_offset, 100)
+    assert not oldest.has_open_files
+    assert [first, *headers] == expected

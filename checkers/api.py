@@ -12,7 +12,7 @@
   (imported lazily);
 - `policy_from_test(test)`: the checker options a run's test.json asks for.
 
-All return the spec's results dict (shared/spec/history-format.md, "Checker output").
+All return the spec's results dict (docs/history-format.md, "Checker output").
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """`isrlab check`: check one history (or run directory) and report the verdict.
 
 `check_command` is a plain typer-annotated function; the lead registers it on the
-`isrlab` app. Behaviour (shared/spec/history-format.md):
+`isrlab` app. Behaviour (docs/history-format.md):
 
 - PATH is a history file or a run directory (then its history file is used, and
   test.json supplies workload, policy and eos keys; command-line options win);
@@ -179,7 +179,7 @@ def check_command(
                     if unknown:
                         raise _BadInput(
                             f"{flag}: unknown anomaly type(s) {', '.join(unknown)}; "
-                            "see shared/reference/anomalies.md"
+                            "see docs/anomalies.md"
                         )
                     opts[flag.strip("-")] = names
             if eos_input or eos_output:

@@ -1,4 +1,4 @@
-"""Reading, writing and validating `history.jsonl` (shared/spec/history-format.md, v1).
+"""Reading, writing and validating `history.jsonl` (docs/history-format.md, v1).
 
 This module owns the on-disk history file and its structural contract; it knows nothing
 of any workload. A history is a list of op dicts exactly as the spec describes them.

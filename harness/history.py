@@ -1,6 +1,6 @@
 """The history recorder: `history.jsonl` written append-only while a test runs.
 
-`HistoryWriter(path)` owns one history file (shared/spec/history-format.md, v1). Every
+`HistoryWriter(path)` owns one history file (docs/history-format.md, v1). Every
 `write(op)` stamps the op with the next dense `index` and a `time` in nanoseconds since
 the writer's start on the control node's monotonic clock, then appends exactly one line.
 

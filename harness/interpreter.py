@@ -7,7 +7,7 @@
   records the completion. After an `info` completion, or when the client reports itself
   `broken`, the thread closes the client and continues as process `process + concurrency`
   with a new client (opened lazily before its next op), so a process runs one op at a
-  time and is never reused after an info (shared/spec/history-format.md);
+  time and is never reused after an info (docs/history-format.md);
 - a client that cannot be opened turns the op into a `fail` with error
   ["client-open", message] (nothing was sent); an exception escaping a client turns it
   into an `info` with error ["client-crash", message] and a new process;

@@ -16,7 +16,7 @@ Two explicit schemas (Arrow here, Spark DDL alongside so both sides agree):
   ``complete_time`` (ns since test start; null without completion) and ``node``.
 
 `records_of(run_id, ops)` does the flattening of one validated history; it knows the
-queue workload's micro-op shapes (shared/spec/history-format.md) and nothing of
+queue workload's micro-op shapes (docs/history-format.md) and nothing of
 anomalies. Other workloads produce no records (their ops are not micro-op lists).
 """
 

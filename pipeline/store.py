@@ -1,7 +1,7 @@
 """The run store as the pipeline sees it: finding runs and naming their configuration.
 
 A store is a directory of run directories ``<test-name>/<timestamp>/`` (see
-shared/spec/history-format.md, "Run directory"); a run is any directory below the store
+docs/history-format.md, "Run directory"); a run is any directory below the store
 holding a ``test.json``. `discover_runs` returns the well-formed runs and, separately,
 the malformed ones with the reason (unreadable or non-object test.json, missing
 history.jsonl), so that the pipeline reports and skips them instead of failing.

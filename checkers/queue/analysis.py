@@ -1,4 +1,4 @@
-"""The queue checker: every anomaly of shared/reference/anomalies.md for Kafka-like logs.
+"""The queue checker: every anomaly of docs/anomalies.md for Kafka-like logs.
 
 `check_queue(ops)` takes a history (the spec's op dicts) and returns the spec's results
 dict. Semantics follow Jepsen's Kafka checker (jepsen.tests.kafka) and the precise

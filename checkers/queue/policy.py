@@ -1,4 +1,4 @@
-"""Which queue anomalies invalidate a run (shared/reference/anomalies.md, "Allowed by default").
+"""Which queue anomalies invalidate a run (docs/anomalies.md, "Allowed by default").
 
 Found anomalies are always reported; the policy only decides `valid`. Kafka does not
 isolate transactional writes, so G0 and G1c-ww cycles (and their variants) and

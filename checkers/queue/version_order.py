@@ -1,7 +1,7 @@
 """The version order of one key: what the history proves about a partition's log.
 
 Built from every poll of every completion type and from committed sends that report an
-offset (shared/reference/anomalies.md). Holds offset -> value (first seen) plus the
+offset (docs/anomalies.md). Holds offset -> value (first seen) plus the
 offsets that held several values (`conflicts`) and the values seen at several offsets
 (`multi`). After `seal()`, *index* is the dense position of an offset once offsets nobody
 observed are removed, so gaps left by transaction markers or compaction are not skips.

@@ -1,4 +1,4 @@
-"""Op shape checks for queue-workload histories, straight from shared/spec/history-format.md."""
+"""Op shape checks for queue-workload histories, straight from docs/history-format.md."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 `QueueClient(test, node_bootstrap, process, node=None)` owns one producer and one
 consumer (librdkafka, which releases the GIL, so one thread per process scales).
 `open()` creates them, `invoke(op) -> completed op` performs one operation of
-shared/spec/history-format.md (send, poll, txn, assign, subscribe, crash) and returns
+docs/history-format.md (send, poll, txn, assign, subscribe, crash) and returns
 its completion in exactly the spec's shapes (written with `checkers.queue.codec`, the
 codec the checker reads them with), `close()` tears them down without waiting.
 

@@ -32,6 +32,7 @@ from kafka.record.memory_records import MemoryRecords
 from tests.broker.conftest import BrokerProcess
 from tests.broker.rawclient import RawClient, build_batch
 from tests.broker.test_bad_input import create, fetch_all, produce
+from tests.tmpfs import mounted_tmpfs
 
 pytestmark = pytest.mark.integration
 
@@ -45,20 +46,8 @@ DEFAULT_INDEXES: dict[str, str] = {}
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    if os.geteuid() != 0:
-        pytest.skip("full-disk tests mount a small tmpfs, which needs root")
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    r = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)], capture_output=True
-    )
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
-    try:
+    with mounted_tmpfs(tmp_path / "disk", "8m") as mnt:
         yield mnt
-    finally:
-        if subprocess.run(["umount", str(mnt)], capture_output=True).returncode != 0:
-            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
 def fill(disk: Path) -> Path:

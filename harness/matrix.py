@@ -7,7 +7,7 @@ kind, ``combined`` (all four on their own schedules) or a composition such as
 timings that decide how fast the ISR shrinks and leadership moves, key and process
 counts), which apply to every cell. Every cell is a plain
 test configuration (the harness's test.json keys, notes/harness-api.md) named by
-`pipeline.store.config_name`, e.g. ``acks-all_partition_isr2_unclean_r0``, so the
+`harness.testconfig.config_name`, e.g. ``acks-all_partition_isr2_unclean_r0``, so the
 cell's runs live in ``STORE/<name>/<timestamp>/``.
 
 `run_matrix(tests, store)` runs the cells one after the other with the harness's
@@ -36,8 +36,15 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from isrlab.harness.testconfig import SETTINGS, SWITCHES, ConfigError, TestConfig, option
-from isrlab.pipeline.store import COMBINED_KINDS, config_name
+from isrlab.harness.testconfig import (
+    COMBINED_KINDS,
+    SETTINGS,
+    SWITCHES,
+    ConfigError,
+    TestConfig,
+    config_name,
+    option,
+)
 
 __all__ = [
     "ACKS",

@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import random
+import re
 import types
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -40,13 +41,17 @@ from isrlab.nemeses import TARGETS
 __all__ = [
     "BROKER_SETTINGS",
     "COLUMNS",
+    "COMBINED_KINDS",
     "OPTIONS",
     "SETTINGS",
     "SWITCHES",
+    "TIMINGS",
     "ConfigError",
     "Option",
     "TestConfig",
     "cli_parameters",
+    "config_name",
+    "nemesis_label",
     "option",
 ]
 
@@ -423,10 +428,53 @@ def render_broker_value(value: Any) -> str:
 
 # test key -> server.properties key
 BROKER_SETTINGS: dict[str, str] = {o.name: o.broker_key for o in OPTIONS if o.broker_key}
-# the report's columns (in table order; the nemesis label comes from pipeline.store)
+# the report's columns (in table order; the nemesis column is `nemesis_label`)
 COLUMNS: tuple[Option, ...] = tuple(o for o in OPTIONS if o.column)
 SWITCHES: tuple[Option, ...] = tuple(o for o in OPTIONS if o.switch)
 SETTINGS: tuple[Option, ...] = tuple(o for o in OPTIONS if o.setting)
+# the report's timing columns: how fast the ISR shrinks and a dead broker's leadership moves
+TIMINGS: tuple[str, ...] = tuple(o.name for o in COLUMNS if o.kind is int and not o.switch)
+
+# The "combined" schedule (the matrix's, and synthetic stores'): every fault kind at once.
+COMBINED_KINDS: tuple[str, ...] = ("partition", "kill", "pause", "clock")
+
+
+def nemesis_label(kinds: Any) -> str:
+    """A test's ``nemesis`` as one label: a kind, ``combined`` (all of `COMBINED_KINDS`),
+    kinds joined by ``+`` in name order (``kill+partition``), or ``none``."""
+    if kinds is None or kinds == [] or kinds == "":
+        return "none"
+    if isinstance(kinds, str):
+        kinds = [kinds]
+    names = sorted({str(k) for k in kinds if str(k) != "none"})
+    if not names:
+        return "none"
+    if set(names) == set(COMBINED_KINDS):
+        return "combined"
+    return "+".join(names)
+
+
+def config_name(test: Mapping[str, Any]) -> str:
+    """A file-name-safe name for a configuration (a matrix cell's test name): acks, nemesis,
+    the switches that are on and the timings that differ from what a stored run without them
+    ran with, e.g. ``acks-all_partition_isr2_unclean_r0``."""
+    parts = [f"acks-{test.get('acks', 'all')}", nemesis_label(test.get("nemesis"))]
+    if test.get("idempotence"):
+        parts.append("idem")
+    if test.get("txn"):
+        parts.append("txn")
+    if test.get("min_insync_replicas") is not None:
+        parts.append(f"isr{test['min_insync_replicas']}")
+    if test.get("unclean_leader_election"):
+        parts.append("unclean")
+    if test.get("truncation_mode") not in (None, "leader-epoch"):
+        parts.append(str(test["truncation_mode"]))
+    for name, short in zip(TIMINGS, ("lag", "zk"), strict=True):
+        if test.get(name) is not None and int(test[name]) != _BY_NAME[name].absent:
+            parts.append(f"{short}{int(test[name])}")
+    if test.get("repeat") is not None:
+        parts.append(f"r{test['repeat']}")
+    return re.sub(r"[^A-Za-z0-9_.=+-]+", "-", "_".join(parts))
 
 
 def _cli_annotation(opt: Option) -> Any:

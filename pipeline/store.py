@@ -1,4 +1,4 @@
-"""The run store as the pipeline sees it: finding runs and naming their configuration.
+"""The run store as the pipeline sees it: finding runs and reducing their configuration.
 
 A store is a directory of run directories ``<test-name>/<timestamp>/`` (see
 docs/history-format.md, "Run directory"); a run is any directory below the store
@@ -15,11 +15,13 @@ dead broker's leadership moves (replica_lag_time_max_ms, zk_session_timeout_ms).
 are the options of the harness's test table (``harness.testconfig``) that have a report
 column; a test.json without a key gets the value that run actually used (`ABSENT`, the
 table's ``absent``: Kafka's min.insync.replicas of 1, not the harness's default of 2).
+The nemesis label, the ``combined`` schedule and `config_name` (a configuration's file-safe
+name) are facts about test configurations: they live with the test table and are re-exported
+here; the pipeline depends on the harness's table, never the reverse.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +29,7 @@ from typing import Any
 
 import orjson
 
-from isrlab.harness.testconfig import COLUMNS
+from isrlab.harness.testconfig import COLUMNS, COMBINED_KINDS, TIMINGS, config_name, nemesis_label
 
 __all__ = [
     "ABSENT",
@@ -44,13 +46,10 @@ __all__ = [
 ]
 
 SWITCHES = tuple(o.name for o in COLUMNS if o.switch)
-TIMINGS = tuple(o.name for o in COLUMNS if o.kind is int and not o.switch)
 CONFIG_COLUMNS = ("acks", "nemesis", *SWITCHES, *TIMINGS)
 # What a run whose test.json lacks a key ran with (the brokers' setting then).
 ABSENT: dict[str, Any] = {o.name: o.absent for o in COLUMNS if o.name in (*SWITCHES, *TIMINGS)}
 _COERCE = {"boolean": bool, "int": int, "bigint": int, "string": str}
-# The "combined" schedule of the matrix and of synthetic stores: every fault kind at once.
-COMBINED_KINDS = ("partition", "kill", "pause", "clock")
 
 
 class StoreError(Exception):
@@ -71,24 +70,11 @@ class BadRun:
     reason: str
 
 
-def _nemesis_label(kinds: Any) -> str:
-    if kinds is None or kinds == [] or kinds == "":
-        return "none"
-    if isinstance(kinds, str):
-        kinds = [kinds]
-    names = sorted({str(k) for k in kinds if str(k) != "none"})
-    if not names:
-        return "none"
-    if set(names) == set(COMBINED_KINDS):
-        return "combined"
-    return "+".join(names)
-
-
 def config_of(test: Mapping[str, Any]) -> dict[str, Any]:
     """The report's grouping columns for one test configuration (see the module doc)."""
     out: dict[str, Any] = {
         "acks": str(test.get("acks", "all")).lower().replace("-1", "all"),
-        "nemesis": _nemesis_label(test.get("nemesis")),
+        "nemesis": nemesis_label(test.get("nemesis")),
     }
     for opt in COLUMNS:
         if opt.name in ABSENT:
@@ -135,24 +121,3 @@ def discover_runs(store: Path) -> tuple[list[Run], list[BadRun]]:
             "create some with `isrlab test` or `isrlab matrix`"
         )
     return runs, bad
-
-
-def config_name(test: Mapping[str, Any]) -> str:
-    """A file-name-safe name for a configuration: acks, nemesis and the switches that are on."""
-    parts = [f"acks-{test.get('acks', 'all')}", _nemesis_label(test.get("nemesis"))]
-    if test.get("idempotence"):
-        parts.append("idem")
-    if test.get("txn"):
-        parts.append("txn")
-    if test.get("min_insync_replicas") is not None:
-        parts.append(f"isr{test['min_insync_replicas']}")
-    if test.get("unclean_leader_election"):
-        parts.append("unclean")
-    if test.get("truncation_mode") not in (None, "leader-epoch"):
-        parts.append(str(test["truncation_mode"]))
-    for name, short in zip(TIMINGS, ("lag", "zk"), strict=True):
-        if test.get(name) is not None and int(test[name]) != ABSENT[name]:
-            parts.append(f"{short}{int(test[name])}")
-    if test.get("repeat") is not None:
-        parts.append(f"r{test['repeat']}")
-    return re.sub(r"[^A-Za-z0-9_.=+-]+", "-", "_".join(parts))

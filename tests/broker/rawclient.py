@@ -6,7 +6,9 @@ import socket
 import struct
 from typing import Any
 
+from kafka.protocol.consumer import FetchRequest, ListOffsetsRequest
 from kafka.protocol.metadata import ApiVersionsResponse
+from kafka.protocol.producer import ProduceRequest
 from kafka.record.memory_records import MemoryRecordsBuilder
 
 
@@ -78,43 +80,112 @@ def build_batch(values: list[bytes], *, timestamp: int = 1_700_000_000_000, **kw
     return bytes(builder.buffer())
 
 
+def produce_req(
+    topic: str,
+    records: bytes | None,
+    acks: int = 1,
+    partition: int = 0,
+    *,
+    timeout_ms: int = 5000,
+) -> Any:
+    """A Produce v8 of ``records`` (a record batch, or None) to one partition."""
+    P = ProduceRequest[8]
+    return P(
+        transactional_id=None,
+        acks=acks,
+        timeout_ms=timeout_ms,
+        topic_data=[
+            P.TopicProduceData(
+                name=topic,
+                partition_data=[
+                    P.TopicProduceData.PartitionProduceData(index=partition, records=records)
+                ],
+            )
+        ],
+    )
+
+
+def fetch_request(
+    topic: str,
+    *,
+    partition: int = 0,
+    offset: int = 0,
+    replica_id: int = -1,
+    current_leader_epoch: int = -1,
+    isolation_level: int = 0,
+    max_bytes: int = 1 << 20,
+) -> Any:
+    """A Fetch v11 of one partition from ``offset`` (no wait, no session); ``max_bytes`` bounds
+    the request and the partition alike."""
+    F = FetchRequest[11]
+    return F(
+        replica_id=replica_id,
+        max_wait_ms=0,
+        min_bytes=0,
+        max_bytes=max_bytes,
+        isolation_level=isolation_level,
+        session_id=0,
+        session_epoch=-1,
+        topics=[
+            F.FetchTopic(
+                topic=topic,
+                partitions=[
+                    F.FetchTopic.FetchPartition(
+                        partition=partition,
+                        current_leader_epoch=current_leader_epoch,
+                        fetch_offset=offset,
+                        log_start_offset=-1,
+                        partition_max_bytes=max_bytes,
+                    )
+                ],
+            )
+        ],
+        forgotten_topics_data=[],
+        rack_id="",
+    )
+
+
+def list_offsets_request(
+    topic: str,
+    timestamps: dict[int, int],
+    *,
+    replica_id: int = -1,
+    current_leader_epoch: int = -1,
+    isolation_level: int = 0,
+) -> Any:
+    """A ListOffsets v4 asking, for each partition of ``timestamps``, the offset of its
+    timestamp (-1 latest, -2 earliest)."""
+    L = ListOffsetsRequest[4]
+    return L(
+        replica_id=replica_id,
+        isolation_level=isolation_level,
+        topics=[
+            L.ListOffsetsTopic(
+                name=topic,
+                partitions=[
+                    L.ListOffsetsTopic.ListOffsetsPartition(
+                        partition_index=partition,
+                        current_leader_epoch=current_leader_epoch,
+                        timestamp=timestamp,
+                    )
+                    for partition, timestamp in timestamps.items()
+                ],
+            )
+        ],
+    )
+
+
 def fetch_records(
     client: RawClient, topic: str, partition: int, start: int = 0
 ) -> list[tuple[int, bytes | None]]:
     """Every (offset, value) of a partition from ``start`` to the high watermark, fetched
     (Fetch v11) until an empty answer."""
-    from kafka.protocol.consumer import FetchRequest
     from kafka.record.default_records import DefaultRecordBatch
 
-    F = FetchRequest[11]
     out: list[tuple[int, bytes | None]] = []
     offset = start
     while True:
-        req = F(
-            replica_id=-1,
-            max_wait_ms=0,
-            min_bytes=0,
-            max_bytes=1 << 20,
-            isolation_level=0,
-            session_id=0,
-            session_epoch=-1,
-            topics=[
-                F.FetchTopic(
-                    topic=topic,
-                    partitions=[
-                        F.FetchTopic.FetchPartition(
-                            partition=partition,
-                            current_leader_epoch=-1,
-                            fetch_offset=offset,
-                            log_start_offset=-1,
-                            partition_max_bytes=1 << 20,
-                        )
-                    ],
-                )
-            ],
-            forgotten_topics_data=[],
-            rack_id="",
-        )
+        req = fetch_request(topic, partition=partition, offset=offset)
         p = client.call(req).responses[0].partitions[0]
         if p.error_code != 0:
             raise AssertionError(f"fetch {topic}-{partition} at {offset}: error {p.error_code}")

@@ -9,11 +9,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kafka.protocol.admin import CreateTopicsRequest
-from kafka.protocol.consumer import FetchRequest, ListOffsetsRequest
 from kafka.protocol.metadata import ApiVersionsRequest, MetadataRequest
 from kafka.protocol.producer import ProduceRequest
 
-from tests.broker.rawclient import RawClient, build_batch
+from tests.broker.rawclient import (
+    RawClient,
+    build_batch,
+    fetch_request,
+    list_offsets_request,
+    produce_req,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -43,23 +48,6 @@ def create(port: int, name: str) -> None:
     c.close()
 
 
-def produce_req(topic: str, records: bytes | None, acks: int = 1, partition: int = 0):
-    P = ProduceRequest[8]
-    return P(
-        transactional_id=None,
-        acks=acks,
-        timeout_ms=5000,
-        topic_data=[
-            P.TopicProduceData(
-                name=topic,
-                partition_data=[
-                    P.TopicProduceData.PartitionProduceData(index=partition, records=records)
-                ],
-            )
-        ],
-    )
-
-
 def produce(port: int, topic: str, records: bytes | None, partition: int = 0):
     c = RawClient(port)
     try:
@@ -71,55 +59,14 @@ def produce(port: int, topic: str, records: bytes | None, partition: int = 0):
 
 def end_offset(port: int, topic: str) -> int:
     c = RawClient(port)
-    L = ListOffsetsRequest[4]
-    req = L(
-        replica_id=-1,
-        isolation_level=0,
-        topics=[
-            L.ListOffsetsTopic(
-                name=topic,
-                partitions=[
-                    L.ListOffsetsTopic.ListOffsetsPartition(
-                        partition_index=0, current_leader_epoch=-1, timestamp=-1
-                    )
-                ],
-            )
-        ],
-    )
-    resp = c.call(req)
+    resp = c.call(list_offsets_request(topic, {0: -1}))
     c.close()
     return resp.topics[0].partitions[0].offset
 
 
 def fetch_all(port: int, topic: str) -> bytes:
     c = RawClient(port)
-    F = FetchRequest[11]
-    req = F(
-        replica_id=-1,
-        max_wait_ms=0,
-        min_bytes=0,
-        max_bytes=50 << 20,
-        isolation_level=0,
-        session_id=0,
-        session_epoch=-1,
-        topics=[
-            F.FetchTopic(
-                topic=topic,
-                partitions=[
-                    F.FetchTopic.FetchPartition(
-                        partition=0,
-                        current_leader_epoch=-1,
-                        fetch_offset=0,
-                        log_start_offset=-1,
-                        partition_max_bytes=50 << 20,
-                    )
-                ],
-            )
-        ],
-        forgotten_topics_data=[],
-        rack_id="",
-    )
-    resp = c.call(req)
+    resp = c.call(fetch_request(topic, max_bytes=50 << 20))
     c.close()
     return bytes(resp.responses[0].partitions[0].records or b"")
 

@@ -25,12 +25,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kafka.protocol.consumer import ListOffsetsRequest
 from kafka.protocol.metadata import ApiVersionsRequest
 from kafka.record.memory_records import MemoryRecords
 
 from tests.broker.conftest import BrokerProcess
-from tests.broker.rawclient import RawClient, build_batch
+from tests.broker.rawclient import RawClient, build_batch, list_offsets_request
 from tests.broker.test_bad_input import create, fetch_all, produce
 from tests.tmpfs import mounted_tmpfs
 
@@ -330,24 +329,7 @@ def test_queued_max_request_bytes_default_bound_and_validation() -> None:
 @pytest.mark.parametrize("timestamp", [-3, -4, -7, -(2**63)])
 def test_unsupported_list_offsets_timestamp_gets_unsupported_version(broker, timestamp) -> None:
     create(broker.port, "lo")
-    L = ListOffsetsRequest[4]
-    req = L(
-        replica_id=-1,
-        isolation_level=0,
-        topics=[
-            L.ListOffsetsTopic(
-                name="lo",
-                partitions=[
-                    L.ListOffsetsTopic.ListOffsetsPartition(
-                        partition_index=0, current_leader_epoch=-1, timestamp=timestamp
-                    ),
-                    L.ListOffsetsTopic.ListOffsetsPartition(
-                        partition_index=1, current_leader_epoch=-1, timestamp=-1
-                    ),
-                ],
-            )
-        ],
-    )
+    req = list_offsets_request("lo", {0: timestamp, 1: -1})
     c = RawClient(broker.port)
     resp = c.call(req)
     parts = {p.partition_index: p for p in resp.topics[0].partitions}

@@ -27,8 +27,7 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 from kafka.protocol.api_header import ResponseClassRegistry
-from kafka.protocol.consumer import FetchRequest, ListOffsetsRequest, OffsetForLeaderEpochRequest
-from kafka.protocol.producer import ProduceRequest
+from kafka.protocol.consumer import OffsetForLeaderEpochRequest
 from kafka.protocol.producer import ProduceResponse as WireProduceResponse
 
 from isrlab.broker.config import BrokerConfig
@@ -46,7 +45,7 @@ from isrlab.broker.replication import (
     WriteStateZnode,
 )
 from isrlab.broker.server import KafkaServer
-from tests.broker.rawclient import build_batch
+from tests.broker.rawclient import build_batch, fetch_request, list_offsets_request, produce_req
 
 TOPIC = "diff"
 TP = TopicPartition(TOPIC, 0)
@@ -204,21 +203,8 @@ class ShellFollowsCore(RuleBasedStateMachine):
         assert self.server is not None and self.twin is not None
         self.value += 1
         self.correlation_id += 1
-        P = ProduceRequest[8]
-        request = P(
-            transactional_id=None,
-            acks=acks,
-            timeout_ms=PRODUCE_TIMEOUT_MS,
-            topic_data=[
-                P.TopicProduceData(
-                    name=TOPIC,
-                    partition_data=[
-                        P.TopicProduceData.PartitionProduceData(
-                            index=0, records=build_batch([b"v%d" % self.value])
-                        )
-                    ],
-                )
-            ],
+        request = produce_req(
+            TOPIC, build_batch([b"v%d" % self.value]), acks, timeout_ms=PRODUCE_TIMEOUT_MS
         )
         request.with_header(correlation_id=self.correlation_id, client_id="diff")
         decoded = decode_request(bytes(request.encode(header=True)))
@@ -242,31 +228,12 @@ class ShellFollowsCore(RuleBasedStateMachine):
         """A follower's fetch (its acknowledgement) or a consumer's."""
         assert self.twin is not None
         fetch_offset, current_epoch = self._offset(offset), self._epoch(epoch)
-        F = FetchRequest[11]
-        request = F(
+        request = fetch_request(
+            TOPIC,
+            offset=fetch_offset,
             replica_id=replica,
-            max_wait_ms=0,
-            min_bytes=0,
-            max_bytes=1 << 20,
+            current_leader_epoch=current_epoch,
             isolation_level=int(read_committed),
-            session_id=0,
-            session_epoch=-1,
-            topics=[
-                F.FetchTopic(
-                    topic=TOPIC,
-                    partitions=[
-                        F.FetchTopic.FetchPartition(
-                            partition=0,
-                            current_leader_epoch=current_epoch,
-                            fetch_offset=fetch_offset,
-                            log_start_offset=-1,
-                            partition_max_bytes=1 << 20,
-                        )
-                    ],
-                )
-            ],
-            forgotten_topics_data=[],
-            rack_id="",
         )
         shell = self._call(request).responses[0].partitions[0]
         (twin,) = self._twin(
@@ -296,22 +263,12 @@ class ShellFollowsCore(RuleBasedStateMachine):
     def list_offsets(self, timestamp: int, replica: int, epoch: str, read_committed: bool) -> None:
         assert self.twin is not None
         current_epoch = self._epoch(epoch)
-        L = ListOffsetsRequest[4]
-        request = L(
+        request = list_offsets_request(
+            TOPIC,
+            {0: timestamp},
             replica_id=replica,
+            current_leader_epoch=current_epoch,
             isolation_level=int(read_committed),
-            topics=[
-                L.ListOffsetsTopic(
-                    name=TOPIC,
-                    partitions=[
-                        L.ListOffsetsTopic.ListOffsetsPartition(
-                            partition_index=0,
-                            current_leader_epoch=current_epoch,
-                            timestamp=timestamp,
-                        )
-                    ],
-                )
-            ],
         )
         shell = self._call(request).topics[0].partitions[0]
         twin = self.twin.on_list_offsets(current_epoch, replica, read_committed)

@@ -71,6 +71,14 @@ def segment_file(broker: BrokerProcess) -> Path:
     return broker.log_dir / f"{TOPIC}-0" / "00000000000000000000.log"
 
 
+def filled_and_stopped(broker_factory) -> tuple[BrokerProcess, Path]:
+    """A broker with the topic filled (offsets 0..999), stopped cleanly; and its segment file."""
+    broker = broker_factory(OVERRIDES)
+    fill(broker)
+    stop_cleanly(broker)
+    return broker, segment_file(broker)
+
+
 def batch_positions(path: Path) -> list[tuple[int, int]]:
     """(position, size) of every batch in a segment file."""
     return [(h.position, h.size) for h in iter_batches(path.read_bytes())]
@@ -90,10 +98,7 @@ def consumed(port: int) -> list[tuple[int, bytes]]:
 def test_torn_last_batch_after_a_clean_stop_keeps_offsets_and_new_records(
     broker_factory,
 ) -> None:
-    broker = broker_factory(OVERRIDES)
-    fill(broker)
-    stop_cleanly(broker)
-    path = segment_file(broker)
+    broker, path = filled_and_stopped(broker_factory)
     position, size = batch_positions(path)[-1]
     os.truncate(path, position + size // 2)  # cut the last batch (offsets 900..999) mid-way
 
@@ -113,10 +118,7 @@ def test_torn_last_batch_after_a_clean_stop_keeps_offsets_and_new_records(
 
 @pytest.mark.parametrize("garbage", [os.urandom(37), b"\x00" * 4096], ids=["random37", "zeros4096"])
 def test_garbage_after_the_last_batch_is_cut_off_at_start(broker_factory, garbage: bytes) -> None:
-    broker = broker_factory(OVERRIDES)
-    fill(broker)
-    stop_cleanly(broker)
-    path = segment_file(broker)
+    broker, path = filled_and_stopped(broker_factory)
     clean_size = path.stat().st_size
     with open(path, "ab") as out:
         out.write(garbage)
@@ -132,10 +134,7 @@ def test_garbage_after_the_last_batch_is_cut_off_at_start(broker_factory, garbag
 def test_flipped_byte_in_a_tail_batch_with_records_behind_it_refuses_to_start(
     broker_factory,
 ) -> None:
-    broker = broker_factory(OVERRIDES)
-    fill(broker)
-    stop_cleanly(broker)
-    path = segment_file(broker)
+    broker, path = filled_and_stopped(broker_factory)
     position, size = batch_positions(path)[-2]  # offsets 800..899, batch 900..999 behind it
     data = bytearray(path.read_bytes())
     data[position + size // 2] ^= 0x01
@@ -155,10 +154,7 @@ def test_flipped_byte_in_a_tail_batch_with_records_behind_it_refuses_to_start(
 
 
 def test_flipped_byte_in_the_last_batch_is_never_served(broker_factory) -> None:
-    broker = broker_factory(OVERRIDES)
-    fill(broker)
-    stop_cleanly(broker)
-    path = segment_file(broker)
+    broker, path = filled_and_stopped(broker_factory)
     position, size = batch_positions(path)[-1]
     data = bytearray(path.read_bytes())
     data[position + size // 2] ^= 0x01
@@ -197,10 +193,8 @@ def test_recovery_after_kill_is_logged(broker_factory) -> None:
 
 
 def test_damaged_index_after_a_clean_stop_is_rebuilt_and_logged(broker_factory) -> None:
-    broker = broker_factory(OVERRIDES)
-    fill(broker)
-    stop_cleanly(broker)
-    index = segment_file(broker).with_suffix(".index")
+    broker, path = filled_and_stopped(broker_factory)
+    index = path.with_suffix(".index")
     entries = index.read_bytes()
     index.write_bytes(entries + b"\x00" * 4096)
 

@@ -91,6 +91,17 @@ def produce_acked(port: int, topic: str, n: int) -> list[bytes]:
     return acked
 
 
+def acked_then_full(
+    disk: Path, broker_factory, overrides: dict[str, str], n: int
+) -> tuple[BrokerProcess, list[bytes], Path]:
+    """A broker logging to ``disk`` with ``n`` records acknowledged on topic "t", then the disk
+    filled: the broker, what was acknowledged, and the filler (deleting it frees the space)."""
+    b = broker_factory(overrides, log_dir=disk / "logs")
+    create(b.port, "t")
+    acked = produce_acked(b.port, "t", n)
+    return b, acked, fill(disk)
+
+
 def wait_exit(b: BrokerProcess, timeout: float) -> int | None:
     assert b.proc is not None
     try:
@@ -113,10 +124,7 @@ def restart(b: BrokerProcess) -> None:
 def test_sigterm_on_a_full_disk_ends_the_process_and_acked_data_survives(
     small_disk: Path, broker_factory, indexes: dict[str, str]
 ) -> None:
-    b = broker_factory(indexes, log_dir=small_disk / "logs")
-    create(b.port, "t")
-    acked = produce_acked(b.port, "t", 30)
-    filler = fill(small_disk)
+    b, acked, filler = acked_then_full(small_disk, broker_factory, indexes, 30)
 
     b.proc.send_signal(signal.SIGTERM)
     rc = wait_exit(b, 30)
@@ -163,10 +171,7 @@ def test_a_stop_that_hangs_is_bounded_by_shutdown_timeout(tmp_path: Path, broker
 def test_restart_on_a_full_disk_serves_reads_and_refuses_writes(
     small_disk: Path, broker_factory
 ) -> None:
-    b = broker_factory(INDEX_EVERY_BATCH, log_dir=small_disk / "logs")
-    create(b.port, "t")
-    acked = produce_acked(b.port, "t", 30)
-    filler = fill(small_disk)
+    b, acked, filler = acked_then_full(small_disk, broker_factory, INDEX_EVERY_BATCH, 30)
     b.kill9()
 
     b.start()  # a full disk is no reason not to serve what is already stored
@@ -193,10 +198,7 @@ def test_restart_on_a_full_disk_with_default_indexes_serves_or_refuses_in_one_li
 ) -> None:
     """Recovery may need a new index block: then the start is refused with one line (the log
     cannot be loaded), never a crash; with room again every acked record is back."""
-    b = broker_factory(DEFAULT_INDEXES, log_dir=small_disk / "logs")
-    create(b.port, "t")
-    acked = produce_acked(b.port, "t", 30)
-    filler = fill(small_disk)
+    b, acked, filler = acked_then_full(small_disk, broker_factory, DEFAULT_INDEXES, 30)
     b.kill9()
 
     before = len(b.log_text())
@@ -222,10 +224,7 @@ def test_restart_on_a_full_disk_with_default_indexes_serves_or_refuses_in_one_li
 def test_rejected_batches_on_a_full_disk_are_logged_rate_limited(
     small_disk: Path, broker_factory
 ) -> None:
-    b = broker_factory(INDEX_EVERY_BATCH, log_dir=small_disk / "logs")
-    create(b.port, "t")
-    produce_acked(b.port, "t", 3)
-    fill(small_disk)
+    b, _, _ = acked_then_full(small_disk, broker_factory, INDEX_EVERY_BATCH, 3)
     before = len(b.log_text().splitlines())
     c = RawClient(b.port)
     from tests.broker.test_bad_input import produce_req

@@ -262,8 +262,10 @@ class Log:
                 # The checkpointed log start is past the data that survived: start empty there.
                 log.truncate_fully_and_start_at(start)
             if recovered:
-                for segment in log._segments:
-                    segment.flush()
+                # What recovery may have rewritten lies past the old recovery point (segments
+                # below it were flushed before the stop): fsync those, then move the point.
+                log._recovery_point = min(recovery_point, log.log_end_offset)
+                log.flush()
             log._recovery_point = log.log_end_offset
             cache.truncate_from_end(log.log_end_offset)
             cache.truncate_from_start(log.log_start_offset)

@@ -19,12 +19,11 @@ from pathlib import Path
 import pytest
 from kafka.protocol.admin import CreateTopicsRequest, CreateTopicsResponse
 from kafka.protocol.metadata import ApiVersionsRequest, MetadataRequest
-from kafka.protocol.producer import ProduceRequest
 
 from isrlab.broker.errors import ErrorCode
 from isrlab.broker.partition_limit import derived_partition_limit
 from tests.broker.conftest import BrokerProcess, free_port
-from tests.broker.rawclient import RawClient, build_batch, fetch_records
+from tests.broker.rawclient import RawClient, build_batch, fetch_records, produce_req
 
 pytestmark = pytest.mark.integration
 
@@ -74,22 +73,7 @@ def api_versions_ok(port: int) -> bool:
 
 
 def produce(c: RawClient, topic: str, partition: int, value: bytes) -> int:
-    P = ProduceRequest[8]
-    req = P(
-        transactional_id=None,
-        acks=1,
-        timeout_ms=5000,
-        topic_data=[
-            P.TopicProduceData(
-                name=topic,
-                partition_data=[
-                    P.TopicProduceData.PartitionProduceData(
-                        index=partition, records=build_batch([value])
-                    )
-                ],
-            )
-        ],
-    )
+    req = produce_req(topic, build_batch([value]), partition=partition)
     resp = c.call(req).responses[0].partition_responses[0]
     assert resp.error_code == 0, resp
     return int(resp.base_offset)

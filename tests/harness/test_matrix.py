@@ -22,6 +22,7 @@ from isrlab.harness.matrix import (
     parse_switches,
     run_matrix,
 )
+from tests.typer_app import subcommand_app
 
 
 class FakeRunner:
@@ -132,10 +133,7 @@ def test_a_run_without_results_is_not_finished(tmp_path: Path) -> None:
 
 
 def _app() -> typer.Typer:
-    app = typer.Typer()
-    app.command("matrix")(matrix_command)
-    app.command("other")(lambda: None)  # a second command keeps "matrix" a subcommand
-    return app
+    return subcommand_app("matrix", matrix_command)
 
 
 def test_cli_dry_run_and_bad_options(tmp_path: Path) -> None:

@@ -14,13 +14,11 @@ from typer.testing import CliRunner
 
 from isrlab.harness import runner, testconfig
 from isrlab.harness.testconfig import OPTIONS, ConfigError, Option, TestConfig
+from tests.typer_app import subcommand_app
 
 
 def _app() -> typer.Typer:
-    app = typer.Typer()
-    app.command("test")(runner.test_command)
-    app.command("other")(lambda: None)  # a second command keeps "test" a subcommand
-    return app
+    return subcommand_app("test", runner.test_command)
 
 
 def _good(opt: Option) -> Any:

@@ -8,13 +8,11 @@ import typer
 from typer.testing import CliRunner
 
 from isrlab.pipeline.cli import analyze_command
+from tests.typer_app import subcommand_app
 
 
 def _app() -> typer.Typer:
-    app = typer.Typer()
-    app.command("analyze")(analyze_command)
-    app.command("other")(lambda: None)  # a second command keeps "analyze" a subcommand
-    return app
+    return subcommand_app("analyze", analyze_command)
 
 
 def test_cli_analyze_without_runs_is_a_clear_error(tmp_path: Path) -> None:

@@ -20,23 +20,31 @@ Every other option's absent value is its default (the harness writes the timings
 broker's server.properties whether or not the test names them).
 
 Components below the runner (db, nemeses, generator, client, checkers) receive the test map
-(`to_test()`): data across the boundary, as Jepsen's test map. Keys the table does not own (the
-workload's tuning knobs such as ``send_p`` or ``poll_ms``) pass through in ``extra``.
+(`to_test()`): data across the boundary, as Jepsen's test map. The workload's own knobs (the
+queue workload's ``send_p``, ``poll_ms``, ...) are the workload's table
+(`harness.workloads.queue.options.QueueOptions`, found through `WORKLOAD_OPTIONS`): a test
+sets them as keys of the same map, `from_mapping` validates them with that table into
+``knobs``, and a key in neither table is refused (`ConfigError`, before any node is touched).
+The option machinery both tables share is `harness.optiontable`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import inspect
 import random
 import re
-import types
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Annotated, Any, ClassVar, Union, get_args, get_origin, get_type_hints
+from typing import Annotated, Any, ClassVar
 
+from isrlab.harness.optiontable import ConfigError, Option, table
+from isrlab.harness.optiontable import option_field as _opt
+from isrlab.harness.workloads.queue.options import QueueOptions
 from isrlab.nemeses import KINDS as FAULT_KINDS
 from isrlab.nemeses import TARGETS
+from isrlab.nemeses.clock import DEFAULT_MAX_SKEW_MS
 
 __all__ = [
     "BROKER_SETTINGS",
@@ -46,6 +54,7 @@ __all__ = [
     "SETTINGS",
     "SWITCHES",
     "TIMINGS",
+    "WORKLOAD_OPTIONS",
     "ConfigError",
     "Option",
     "TestConfig",
@@ -55,46 +64,8 @@ __all__ = [
     "option",
 ]
 
-
-class ConfigError(ValueError):
-    """An option has a bad value; the message names the option and what it accepts."""
-
-
-_UNSET: Any = object()
-
-
-def _opt(
-    default: Any,
-    help: str,
-    *,
-    choices: tuple[str, ...] = (),
-    aliases: Mapping[str, str] | None = None,
-    minimum: float | None = None,
-    above: bool = False,
-    flag: str | None = "",
-    broker_key: str | None = None,
-    column: str | None = None,
-    absent: Any = _UNSET,
-    always_in_json: bool = True,
-    switch: bool = False,
-    setting: bool = False,
-) -> Any:
-    """One option's declaration (see `Option` for the meaning of each argument)."""
-    meta = {
-        "help": help,
-        "choices": choices,
-        "aliases": dict(aliases or {}),
-        "minimum": minimum,
-        "above": above,
-        "flag": flag,
-        "broker_key": broker_key,
-        "column": column,
-        "absent": default if absent is _UNSET else absent,
-        "always_in_json": always_in_json,
-        "switch": switch,
-        "setting": setting,
-    }
-    return field(default=default, metadata={"option": meta})
+# Each workload's table of knobs: test.json keys beside the test table's (one for now).
+WORKLOAD_OPTIONS: dict[str, type[QueueOptions]] = {QueueOptions.workload: QueueOptions}
 
 
 @dataclass(frozen=True)
@@ -104,7 +75,9 @@ class TestConfig:
     __test__: ClassVar[bool] = False  # not a pytest test class
 
     name: str = _opt("queue", "test name (run store folder)")
-    workload: str = _opt("queue", "workload (the one `isrlab test` runs)", choices=("queue",))
+    workload: str = _opt(
+        "queue", "workload (the one `isrlab test` runs)", choices=tuple(WORKLOAD_OPTIONS)
+    )
     nodes: tuple[str, ...] | None = _opt(None, "comma-separated SSH hosts (real nodes)")
     nodes_file: str | None = _opt(None, "YAML nodes file (host, port, user, key)")
     node_count: int = _opt(5, "embedded cluster size", minimum=1)
@@ -212,6 +185,13 @@ class TestConfig:
         choices=("process", "date"),
         always_in_json=False,
     )
+    clock_max_skew_ms: int | None = _opt(
+        None,
+        f"largest clock offset a clock fault sets, ms (unset: {DEFAULT_MAX_SKEW_MS})",
+        minimum=1,
+        flag=None,
+        always_in_json=False,
+    )
     node_python: str | None = _opt(
         None, "the nodes' python executable (default: python3.X as here)", always_in_json=False
     )
@@ -228,22 +208,22 @@ class TestConfig:
     workdirs: dict[str, str] | None = _opt(  # noqa: RUF009 (None: a field, not a dict)
         None, "node -> work directory (embedded cluster)", flag=None, always_in_json=False
     )
-    # Keys the table does not own (workload tuning knobs): passed through as given.
-    extra: Mapping[str, Any] = field(default_factory=dict)
+    # The workload's knobs the test sets, validated by its table (WORKLOAD_OPTIONS).
+    knobs: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> TestConfig:
         """Validate and coerce ``values`` (a test map, CLI values; None = default)."""
         kwargs: dict[str, Any] = {}
-        extra: dict[str, Any] = dict(values.get("extra") or {})
+        others: dict[str, Any] = {}
         for key, value in values.items():
-            if key == "extra":
-                continue
             opt = _BY_NAME.get(key)
             if opt is None:
-                extra[key] = value
+                others[key] = value
             elif value is not None:
                 kwargs[key] = opt.check(value)
+        workload = kwargs.get("workload", _BY_NAME["workload"].default)
+        knobs = _check_knobs(workload, others)
         if "nemesis" in kwargs:
             kwargs["nemesis"] = tuple(k for k in dict.fromkeys(kwargs["nemesis"]) if k != "none")
         if kwargs.get("nodes") and kwargs.get("nodes_file"):
@@ -255,14 +235,24 @@ class TestConfig:
         if kwargs.get("keys") is None:
             count = kwargs.get("key_count", _BY_NAME["key_count"].default)
             kwargs["keys"] = tuple(f"t{i}/0" for i in range(count))
-        return cls(**kwargs, extra=extra)
+        return cls(**kwargs, knobs=knobs)
 
     def replace(self, **changes: Any) -> TestConfig:
-        """A copy with ``changes`` (validated like `from_mapping`)."""
+        """A copy with ``changes`` (validated like `from_mapping`; knobs too)."""
         checked: dict[str, Any] = {
-            k: None if v is None else _BY_NAME[k].check(v) for k, v in changes.items()
+            k: None if v is None else _BY_NAME[k].check(v)
+            for k, v in changes.items()
+            if k in _BY_NAME
         }
+        knobs = _check_knobs(self.workload, {k: v for k, v in changes.items() if k not in _BY_NAME})
+        if knobs:
+            checked["knobs"] = {**self.knobs, **knobs}
         return dataclasses.replace(self, **checked)
+
+    @property
+    def workload_options(self) -> QueueOptions:
+        """The workload's knobs, typed: the test's, and its table's defaults for the rest."""
+        return WORKLOAD_OPTIONS[self.workload].from_test(self.knobs)
 
     def to_test(self) -> dict[str, Any]:
         """The test map written as test.json and handed to the components (lists, not tuples)."""
@@ -272,147 +262,32 @@ class TestConfig:
             if not opt.always_in_json and (value is None or value == opt.default):
                 continue
             out[opt.name] = list(value) if isinstance(value, tuple) else value
-        out.update(self.extra)
+        out.update({k: list(v) if isinstance(v, tuple) else v for k, v in self.knobs.items()})
         return out
 
 
-@dataclass(frozen=True)
-class Option:
-    """One row of the table.
-
-    ``kind`` is the value type (``list`` for a comma list, ``dict`` for a mapping) and
-    ``optional`` whether None is a value; ``choices`` the allowed values (of each item, for a
-    list) and ``aliases`` other spellings of them; ``minimum`` the smallest allowed number
-    (``above``: strictly above it); ``flag`` the command-line flag (None: not on the command
-    line); ``broker_key`` the server.properties key it sets; ``column`` the Spark DDL type of
-    its report column (None: not a column); ``absent`` the value a stored run without the key
-    ran with; ``always_in_json``: written to test.json even when unset; ``switch`` / ``setting``:
-    a matrix ``--switch`` / ``--set`` name.
-    """
-
-    name: str
-    kind: type
-    optional: bool
-    default: Any
-    help: str
-    choices: tuple[str, ...]
-    aliases: Mapping[str, str]
-    minimum: float | None
-    above: bool
-    flag: str | None
-    broker_key: str | None
-    column: str | None
-    absent: Any
-    always_in_json: bool
-    switch: bool
-    setting: bool
-
-    @property
-    def label(self) -> str:
-        """How errors name the option: the test.json key and the flag that sets it."""
-        return f"{self.name} ({self.flag})" if self.flag else self.name
-
-    def _fail(self, what: str) -> ConfigError:
-        return ConfigError(f"{self.label} {what}")
-
-    def _item(self, raw: Any) -> Any:
-        if self.kind is bool:
-            if isinstance(raw, bool):
-                return raw
-            text = str(raw).strip().lower()
-            if text in ("true", "1", "yes", "on"):
-                return True
-            if text in ("false", "0", "no", "off"):
-                return False
-            raise self._fail(f"takes true or false, not {raw!r}")
-        if self.kind is int:
-            if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
-                raise self._fail(f"takes an integer, not {raw!r}")
-            try:
-                value: Any = int(str(raw).strip()) if isinstance(raw, str) else int(raw)
-            except (TypeError, ValueError):
-                raise self._fail(f"takes an integer, not {raw!r}") from None
-        elif self.kind is float:
-            if isinstance(raw, bool):
-                raise self._fail(f"takes a number, not {raw!r}")
-            try:
-                value = float(raw)
-            except (TypeError, ValueError):
-                raise self._fail(f"takes a number, not {raw!r}") from None
-        elif self.kind is dict:
-            if not isinstance(raw, Mapping):
-                raise self._fail(f"takes a mapping of key to value, not {raw!r}")
-            return {str(k): str(v) for k, v in raw.items()}
-        else:
-            if not isinstance(raw, str | int) or isinstance(raw, bool):
-                raise self._fail(f"takes text, not {raw!r}")
-            value = self.aliases.get(str(raw).strip(), str(raw).strip())
-            if self.choices and value not in self.choices:
-                raise self._fail(f"must be one of {', '.join(self.choices)}, not {raw!r}")
-            if not value and self.kind is str and not self.optional:
-                raise self._fail("must not be empty")
-            return value
-        if self.minimum is not None and (
-            value <= self.minimum if self.above else value < self.minimum
-        ):
-            bound = "above" if self.above else "at least"
-            raise self._fail(f"must be {bound} {self.minimum:g}, not {raw!r}")
-        return value
-
-    def check(self, raw: Any) -> Any:
-        """``raw`` as this option's value (a comma string or a sequence for lists)."""
-        if raw is None:
-            if self.optional:
-                return None
-            raise self._fail("must be given")
-        if self.kind is not list:
-            return self._item(raw)
-        if isinstance(raw, str):
-            items = [s.strip() for s in raw.split(",") if s.strip()]
-        elif isinstance(raw, list | tuple):
-            items = [str(s).strip() for s in raw]
-        else:
-            raise self._fail(f"takes a comma list, not {raw!r}")
-        inner = dataclasses.replace(self, kind=str, optional=False)
-        return tuple(inner._item(s) for s in items)
-
-
-def _kind_of(hint: Any) -> tuple[type, bool]:
-    optional = False
-    if get_origin(hint) in (Union, types.UnionType):
-        args = [a for a in get_args(hint) if a is not type(None)]
-        optional = len(args) < len(get_args(hint))
-        (hint,) = args
-    origin = get_origin(hint) or hint
-    if origin is tuple:
-        return list, optional
-    if origin in (dict, Mapping):
-        return dict, optional
-    return origin, optional
-
-
-def _table() -> tuple[Option, ...]:
-    hints = get_type_hints(TestConfig)
-    rows = []
-    for f in dataclasses.fields(TestConfig):
-        meta = f.metadata.get("option")
-        if meta is None:
-            continue
-        kind, optional = _kind_of(hints[f.name])
-        flag = meta["flag"]
-        rows.append(
-            Option(
-                name=f.name,
-                kind=kind,
-                optional=optional,
-                default=f.default,
-                **{**meta, "flag": "--" + f.name.replace("_", "-") if flag == "" else flag},
+def _check_knobs(workload: str, values: Mapping[str, Any]) -> dict[str, Any]:
+    """``values`` (keys outside the test table) checked as ``workload``'s knobs; a key that
+    is not one is refused, with the nearest name of either table."""
+    knobs: dict[str, Any] = {}
+    options = WORKLOAD_OPTIONS[workload]
+    for key, value in values.items():
+        knob = options.option(key)
+        if knob is None:
+            names = [*_BY_NAME, *(f.name for f in dataclasses.fields(options))]
+            near = difflib.get_close_matches(str(key), names, n=1)
+            raise ConfigError(
+                f"unknown test option {key!r}"
+                + (f" (did you mean {near[0]!r}?)" if near else "")
+                + f": neither an option of the test nor a knob of the {workload} workload;"
+                " docs/test-options.md lists both"
             )
-        )
-    return tuple(rows)
+        if value is not None:
+            knobs[key] = knob.check(value)
+    return knobs
 
 
-OPTIONS: tuple[Option, ...] = _table()
+OPTIONS: tuple[Option, ...] = table(TestConfig)
 _BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
 
 
@@ -525,7 +400,7 @@ def with_cli_options(
 
 
 def reference_markdown() -> str:
-    """docs/test-options.md: the table as a reference (a test keeps the file in step)."""
+    """docs/test-options.md: the tables as a reference (a test keeps the file in step)."""
 
     def show(v: Any) -> str:
         if v is None:
@@ -533,6 +408,10 @@ def reference_markdown() -> str:
         if isinstance(v, tuple):
             return ",".join(v)
         return str(v).lower() if isinstance(v, bool) else str(v)
+
+    def kind(o: Option) -> str:
+        name = "list of str" if o.kind is list else o.kind.__name__
+        return name + (" or unset" if o.optional else "")
 
     lines = [
         "# Test options",
@@ -546,16 +425,27 @@ def reference_markdown() -> str:
         "|---|---|---|---|---|---|---|---|",
     ]
     for o in OPTIONS:
-        kind = ("list of " if o.kind is list else "") + (
-            "str" if o.kind is list else o.kind.__name__
-        )
-        allowed = ", ".join(o.choices)
-        if o.minimum is not None:
-            allowed = f"{'>' if o.above else '>='} {o.minimum:g}"
         column = f"{o.column} ({show(o.absent)})" if o.column else ""
         lines.append(
-            f"| `{o.name}` | {f'`{o.flag}`' if o.flag else ''} | {kind}"
-            f"{' or unset' if o.optional else ''} | `{show(o.default)}` | {allowed} | "
-            f"{f'`{o.broker_key}`' if o.broker_key else ''} | {column} | {o.help} |"
+            f"| `{o.name}` | {f'`{o.flag}`' if o.flag else ''} | {kind(o)} | `{show(o.default)}` | "
+            f"{o.allowed} | {f'`{o.broker_key}`' if o.broker_key else ''} | {column} | {o.help} |"
         )
+    for workload, options in WORKLOAD_OPTIONS.items():
+        lines += [
+            "",
+            f"## The {workload} workload's knobs",
+            "",
+            f"From `{options.__module__.removeprefix('isrlab.').replace('.', '/')}.py`"
+            f" (`{options.__name__}`): test.json keys",
+            f"the {workload} workload (generator, client, checker) reads, set through the Python",
+            "API (`TestConfig.from_mapping`), not the command line. A test.json holds the ones a",
+            "test sets; a key in neither table is refused before any node is touched.",
+            "",
+            "| key | type | default | allowed | meaning |",
+            "|---|---|---|---|---|",
+        ]
+        for o in table(options):
+            lines.append(
+                f"| `{o.name}` | {kind(o)} | `{show(o.default)}` | {o.allowed} | {o.help} |"
+            )
     return "\n".join(lines) + "\n"

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from isrlab.harness import runner, testconfig
 from isrlab.harness.testconfig import OPTIONS, ConfigError, Option, TestConfig
+from isrlab.harness.workloads.queue.options import KNOBS
 from tests.typer_app import subcommand_app
 
 
@@ -66,7 +67,7 @@ def test_the_typed_config_round_trips_through_test_json() -> None:
     assert config.acks == "all" and config.nemesis == ("partition", "kill")
     test = json.loads(json.dumps(config.to_test()))
     assert test["nemesis"] == ["partition", "kill"] and test["keys"] == ["t0/0", "t1/0"]
-    assert test["poll_ms"] == 5  # a workload knob the table does not own passes through
+    assert test["poll_ms"] == 5  # a knob of the workload's table (QueueOptions)
     # the keys every harness run has written (the history/results contract), and no more
     always = {
         *[
@@ -192,3 +193,97 @@ def test_the_options_reference_is_the_table() -> None:
         "regenerate: python -c 'from isrlab.harness.testconfig import reference_markdown; "
         'print(reference_markdown(), end="")\' > docs/test-options.md'
     )
+
+
+# ----- the workload's knobs (harness.workloads.queue.options.QueueOptions) ------------------
+
+
+def _bad_knob(opt: Option) -> Any:
+    return {bool: "maybe", int: "many", float: "fast", dict: "k=v"}.get(opt.kind, 3.5)
+
+
+@pytest.mark.parametrize("knob", KNOBS, ids=lambda o: o.name)
+def test_every_workload_knob_is_validated_from_its_table(knob: Option) -> None:
+    assert knob.flag is None and not knob.always_in_json  # test.json keys, not flags
+    given = TestConfig.from_mapping({knob.name: knob.default}).knobs
+    assert given.get(knob.name) == knob.default
+    good = _good(knob) if knob.maximum is None else knob.maximum
+    assert getattr(TestConfig.from_mapping({knob.name: good}).workload_options, knob.name) == (
+        knob.check(good)
+    )
+    with pytest.raises(ConfigError, match=re.escape(knob.name)):
+        TestConfig.from_mapping({knob.name: _bad_knob(knob)})
+    if knob.choices:
+        with pytest.raises(ConfigError, match="must be one of"):
+            TestConfig.from_mapping({knob.name: "no-such-value"})
+    if knob.minimum is not None:
+        low = knob.minimum if knob.above else knob.minimum - 1
+        with pytest.raises(ConfigError, match=re.escape(f"{knob.name} must be")):
+            TestConfig.from_mapping({knob.name: low})
+    if knob.maximum is not None:
+        with pytest.raises(ConfigError, match=re.escape(f"{knob.name} must be at most")):
+            TestConfig.from_mapping({knob.name: knob.maximum + 0.5})
+
+
+def test_a_misspelled_knob_is_refused_with_the_nearest_name() -> None:
+    with pytest.raises(ConfigError, match=r"unknown test option 'send_pp' \(did you mean 'send_p'"):
+        TestConfig.from_mapping({"send_pp": 0.9})
+    with pytest.raises(ConfigError, match="unknown test option 'poll_ms_'"):
+        TestConfig.from_mapping({"nemesis": "kill"}).replace(poll_ms_=5)
+    # a stored test.json read back: the same refusal
+    stored = TestConfig.from_mapping({"seed": 1}).to_test()
+    with pytest.raises(ConfigError, match="'op_timeout'"):
+        TestConfig.from_mapping({**stored, "op_timeout": 500})
+
+
+def test_a_misspelled_knob_exits_2_before_any_node_is_touched(
+    no_cluster: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the CLI's path (`isrlab test` builds its configurations with make_test before any run)
+    with pytest.raises(typer.Exit) as exit_:
+        runner._test_command(store=str(tmp_path), nodes="n1", send_pp=0.9)
+    assert exit_.value.exit_code == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "unknown test option 'send_pp'" in err and "Traceback" not in err
+    assert no_cluster == [] and not any(tmp_path.iterdir())
+    # the guard is not vacuous: the right spelling gets as far as running
+    with pytest.raises(AssertionError, match="run_test called"):
+        runner._test_command(store=str(tmp_path), nodes="n1", send_p=0.9)
+    assert no_cluster == ["run_test"]
+
+
+def test_knobs_in_test_json_are_the_ones_set_as_before() -> None:
+    config = TestConfig.from_mapping(
+        {
+            "seed": 1,
+            "send_p": 1,
+            "sub_via": "assign,subscribe",
+            "allow": "poll-skip, unseen",
+            "producer_config": {"topic.metadata.propagation.max.ms": 1000},
+            "checker": {"disallow": ["duplicate"]},
+            "clock_max_skew_ms": 5000,
+        }
+    )
+    test = json.loads(json.dumps(config.to_test()))
+    bare = json.loads(json.dumps(TestConfig.from_mapping({"seed": 1}).to_test()))
+    assert set(test) - set(bare) == {
+        *["send_p", "sub_via", "allow", "producer_config", "checker", "clock_max_skew_ms"]
+    }
+    assert not {o.name for o in KNOBS} & set(bare)  # unset knobs are not written
+    assert test["sub_via"] == ["assign", "subscribe"] and test["allow"] == ["poll-skip", "unseen"]
+    # librdkafka settings keep their JSON types (the broker_config of the test table is text)
+    assert test["producer_config"] == {"topic.metadata.propagation.max.ms": 1000}
+    assert TestConfig.from_mapping(test) == config
+    # what reads them still does: the checker's policy, the clock nemesis's bound
+    from isrlab.checkers.api import policy_from_test
+
+    policy = policy_from_test(test)
+    assert policy["allow"] == {"poll-skip", "unseen"} and policy["disallow"] == {"duplicate"}
+    assert policy["subscribe"] is True
+    assert test["clock_max_skew_ms"] == 5000
+
+
+def test_the_runs_schema_is_unchanged_by_the_knobs() -> None:
+    from isrlab.pipeline.ingest import RUNS_DDL
+
+    assert not {o.name for o in KNOBS} & set(RUNS_DDL.replace(",", " ").split())

@@ -39,10 +39,10 @@ its older high watermark would look like the cluster's going backwards in real t
 and txn completions carry `producer` (id and epoch from librdkafka's statistics, -1 until
 known).
 
-Test keys used: acks ("all"), idempotence (False), retries, txn (False), isolation_level
-("read_uncommitted"), op_timeout_ms (10000), watermark_p (0.1), linger_ms (0),
-request_timeout_ms (5000), fetch_wait_max_ms (100), poll_ms (20), seed,
-producer_config / consumer_config (extra librdkafka settings).
+Test keys used: acks ("all"), idempotence (False), txn (False), isolation_level
+("read_uncommitted"), seed, and the workload's knobs (`options.QueueOptions`, their defaults
+and meaning): op_timeout_ms, watermark_p, linger_ms, request_timeout_ms, fetch_wait_max_ms,
+retries, poll_ms, producer_config / consumer_config (extra librdkafka settings).
 """
 
 from __future__ import annotations
@@ -68,6 +68,7 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from isrlab.checkers.queue import codec
+from isrlab.harness.workloads.queue.options import QueueOptions
 
 __all__ = [
     "DEFINITE_ERRORS",
@@ -200,9 +201,10 @@ class QueueClient:
         self.node = node or node_bootstrap
         self.txn = bool(test.get("txn", False))
         self.idempotent = bool(test.get("idempotence", False)) or self.txn
-        self.op_timeout = float(test.get("op_timeout_ms", 10000)) / 1000
-        self.poll_s = float(test.get("poll_ms", 20)) / 1000
-        self.watermark_p = float(test.get("watermark_p", 0.1))
+        self.knobs = QueueOptions.from_test(test)
+        self.op_timeout = self.knobs.op_timeout_ms / 1000
+        self.poll_s = self.knobs.poll_ms / 1000
+        self.watermark_p = self.knobs.watermark_p
         self._rng = random.Random(f"{test.get('seed', 0)}/{process}")
         self.transactional_id: str | None = (
             f"isrlab-{process}-{uuid.uuid4().hex[:8]}" if self.txn else None
@@ -239,37 +241,37 @@ class QueueClient:
     # ----- lifecycle ----------------------------------------------------------------------
 
     def producer_config(self) -> dict[str, Any]:
-        t = self.test
+        t, k = self.test, self.knobs
         conf: dict[str, Any] = {
             "bootstrap.servers": self.bootstrap,
             "client.id": f"isrlab-p{self.process}",
             "acks": str(t.get("acks", "all")),
             "enable.idempotence": self.idempotent,
             # No batching delay: every op waits for its own records (no flush() per op).
-            "linger.ms": int(t.get("linger_ms", 0)),
-            "message.timeout.ms": int(t.get("op_timeout_ms", 10000)),
-            "request.timeout.ms": int(t.get("request_timeout_ms", 5000)),
-            "socket.connection.setup.timeout.ms": int(t.get("request_timeout_ms", 5000)),
+            "linger.ms": k.linger_ms,
+            "message.timeout.ms": k.op_timeout_ms,
+            "request.timeout.ms": k.request_timeout_ms,
+            "socket.connection.setup.timeout.ms": k.request_timeout_ms,
             "reconnect.backoff.max.ms": 1000,
             "error_cb": self._on_error,
             "logger": LIBRDKAFKA_LOG,
             # Warnings and worse only: info lines are printed straight to stderr at destroy.
             "log_level": 4,
         }
-        if t.get("retries") is not None:
-            conf["retries"] = int(t["retries"])
+        if k.retries is not None:
+            conf["retries"] = k.retries
         if self.idempotent:
             # Producer id and epoch are only visible in librdkafka's statistics.
             conf["statistics.interval.ms"] = 1000
             conf["stats_cb"] = self._on_stats
         if self.transactional_id:
             conf["transactional.id"] = self.transactional_id
-            conf["transaction.timeout.ms"] = max(60000, int(t.get("op_timeout_ms", 10000)) * 2)
-        conf.update(t.get("producer_config") or {})
+            conf["transaction.timeout.ms"] = max(60000, k.op_timeout_ms * 2)
+        conf.update(k.producer_config or {})
         return conf
 
     def consumer_config(self) -> dict[str, Any]:
-        t = self.test
+        t, k = self.test, self.knobs
         conf: dict[str, Any] = {
             "bootstrap.servers": self.bootstrap,
             "client.id": f"isrlab-c{self.process}",
@@ -279,22 +281,22 @@ class QueueClient:
             "enable.auto.offset.store": False,
             "auto.offset.reset": "earliest",
             "isolation.level": str(t.get("isolation_level", "read_uncommitted")),
-            "fetch.wait.max.ms": int(t.get("fetch_wait_max_ms", 100)),
-            "socket.connection.setup.timeout.ms": int(t.get("request_timeout_ms", 5000)),
+            "fetch.wait.max.ms": k.fetch_wait_max_ms,
+            "socket.connection.setup.timeout.ms": k.request_timeout_ms,
             "reconnect.backoff.max.ms": 1000,
             "error_cb": self._on_error,
             "logger": LIBRDKAFKA_LOG,
             # Warnings and worse only: info lines are printed straight to stderr at destroy.
             "log_level": 4,
         }
-        conf.update(t.get("consumer_config") or {})
+        conf.update(k.consumer_config or {})
         return conf
 
     def admin_config(self) -> dict[str, Any]:
         return {
             "bootstrap.servers": self.bootstrap,
             "client.id": f"isrlab-a{self.process}",
-            "socket.connection.setup.timeout.ms": int(self.test.get("request_timeout_ms", 5000)),
+            "socket.connection.setup.timeout.ms": self.knobs.request_timeout_ms,
             "reconnect.backoff.max.ms": 1000,
             "logger": LIBRDKAFKA_LOG,
             "log_level": 4,

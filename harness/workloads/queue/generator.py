@@ -39,6 +39,7 @@ from isrlab.harness.generator import (
     stagger,
     time_limit,
 )
+from isrlab.harness.workloads.queue.options import QueueOptions
 
 __all__ = ["QueueWorkload", "queue_test"]
 
@@ -57,14 +58,11 @@ def _max_offsets(event: Op, polls: bool = True, sends: bool = True) -> dict[str,
 class QueueWorkload:
     """The Kafka queue workload's generators and the state they share.
 
-    Test keys used: `keys` (list of "topic/partition"), `txn`, `max_txn_length` (micro-ops
-    per op; default 4 with txn, else 1 as in Jepsen), `send_p` (share of sends among
-    send/poll micro-ops, 0.5), `assign_p` (chance an op is replaced by a reassignment,
-    1/64), `assign_keys` (how many keys a process is assigned, default about half),
-    `sub_via` (["assign"]; with "subscribe" too, reassignments pick one at random),
-    `crash_clients` and `crash_client_interval` (s, 30), `concurrency`, `poll_ms` (20),
-    `final_poll_ms` (1000), `final_restart_s` (10: a drain that reads nothing for that
-    long crashes its client and starts over).
+    Test keys used: `keys` (list of "topic/partition"), `txn`, `concurrency`, and the
+    workload's knobs (`options.QueueOptions`, their defaults and meaning): `max_txn_length`,
+    `send_p`, `assign_p`, `assign_keys`, `sub_via`, `crash_clients`, `crash_client_interval`,
+    `poll_ms`, `final_poll_ms`, `final_restart_s`. A bad knob value raises `ConfigError` (a
+    ValueError).
     """
 
     def __init__(self, test: Mapping[str, Any]) -> None:
@@ -73,19 +71,18 @@ class QueueWorkload:
             raise ValueError("the queue workload needs test['keys'], e.g. ['t0/0', 't1/0']")
         self.keys: list[str] = keys
         self.txn = bool(test.get("txn", False))
-        self.max_txn_length = int(test.get("max_txn_length") or (4 if self.txn else 1))
-        self.send_p = float(test.get("send_p", 0.5))
-        self.assign_p = float(test.get("assign_p", 1 / 64))
-        self.assign_keys = int(test.get("assign_keys") or max(1, (len(keys) + 1) // 2))
-        self.sub_via = [str(f) for f in (test.get("sub_via") or ["assign"])]
-        if not set(self.sub_via) <= {"assign", "subscribe"}:
-            raise ValueError(f"sub_via must list 'assign' and/or 'subscribe', not {self.sub_via}")
-        self.crash_clients = bool(test.get("crash_clients", False))
-        self.crash_interval = float(test.get("crash_client_interval", 30))
+        knobs = QueueOptions.from_test(test)
+        self.max_txn_length = knobs.max_txn_length or (4 if self.txn else 1)
+        self.send_p = knobs.send_p
+        self.assign_p = knobs.assign_p
+        self.assign_keys = knobs.assign_keys or max(1, (len(keys) + 1) // 2)
+        self.sub_via = list(knobs.sub_via or QueueOptions.sub_via)  # none given: the default
+        self.crash_clients = knobs.crash_clients
+        self.crash_interval = knobs.crash_client_interval
         self.concurrency = int(test.get("concurrency", 20))
-        self.poll_ms = int(test.get("poll_ms", 20))
-        self.final_poll_ms = int(test.get("final_poll_ms", 1000))
-        self.final_restart_ns = int(float(test.get("final_restart_s", 10)) * NS)
+        self.poll_ms = knobs.poll_ms
+        self.final_poll_ms = knobs.final_poll_ms
+        self.final_restart_ns = int(knobs.final_restart_s * NS)
         # Next value to send per key: unique, increasing.
         self.next_value: dict[str, int] = dict.fromkeys(keys, 0)
         # Highest offset any ok op acked or read, per key (Jepsen's track-key-offsets).

@@ -56,27 +56,31 @@ def main() -> None:
     from isrlab.harness.db import KafkaDB
     from isrlab.harness.history import HistoryWriter
     from isrlab.harness.interpreter import Interpreter
-    from isrlab.harness.runner import make_test
+    from isrlab.harness.runner import SetupError, make_test
     from isrlab.harness.workloads.queue.client import QueueClient
     from isrlab.harness.workloads.queue.generator import QueueWorkload, queue_test
 
     with tempfile.TemporaryDirectory() as d:
         run_dir = Path(d)
-        test = make_test(
-            {
-                "name": "bench",
-                "nemesis": "none",
-                "concurrency": args.concurrency,
-                "time_limit": args.seconds,
-                "final_time_limit": 30,
-                "recovery_time": 0,
-                "acks": "all",
-                "idempotence": True,
-                "store": d,
-                "seed": 1,
-                **overrides,
-            }
-        ).to_test()
+        try:
+            config = make_test(
+                {
+                    "name": "bench",
+                    "nemesis": "none",
+                    "concurrency": args.concurrency,
+                    "time_limit": args.seconds,
+                    "final_time_limit": 30,
+                    "recovery_time": 0,
+                    "acks": "all",
+                    "idempotence": True,
+                    "store": d,
+                    "seed": 1,
+                    **overrides,
+                }
+            )
+        except SetupError as e:
+            sys.exit(f"bench_harness: {e}")
+        test = config.to_test()
         with embedded.embedded_cluster(5, name="bench") as cluster:
             db = KafkaDB(
                 test, cluster.inventory, run_dir, workdirs=cluster.workdirs, progress=lambda m: None

@@ -7,7 +7,7 @@ by `checkers.api.policy_from_test`). Each is declared once, with `harness.option
 fields as the test table's options are: its one name, default, validation and help.
 
 The knobs are not ``isrlab test`` flags (they are tuning for the Python API and benchmarks,
-``benchmarks/bench_harness.py --option``). `TestConfig.from_mapping` validates the knobs a
+``benchmarks/bench_harness.py --set KEY=JSON``). `TestConfig.from_mapping` validates the knobs a
 test sets against this table and refuses a key that is in neither table; test.json holds
 only the knobs a test sets, as before. `QueueOptions.from_test(test)` is how the generator
 and client read them: the test's values, this table's defaults for the rest.

@@ -33,7 +33,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TypeVar, cast
 
 from isrlab.broker.log.abstract_index import CorruptIndexError
 from isrlab.broker.log.errors import (
@@ -166,6 +166,9 @@ def _pwrite_fully(fd: int, data: memoryview, position: int) -> None:
         position += written
 
 
+_Handle = TypeVar("_Handle")
+
+
 class LogSegment:
     """A ``.log`` file and its two indexes; the unit of rolling, retention and recovery."""
 
@@ -222,45 +225,49 @@ class LogSegment:
             HANDLE_POOL.touch(self)
         return True
 
+    def _reopened(self, name: str, open_: Callable[[], _Handle]) -> _Handle:
+        """The file held in attribute ``name``, opened again with ``open_`` if the handle pool
+        released it (an inactive segment); KafkaStorageError once the segment is closed."""
+        if self._used() and getattr(self, name) is None:
+            setattr(self, name, open_())
+        handle = getattr(self, name)
+        if handle is None:
+            raise KafkaStorageError(f"segment {self._path} is closed")
+        return cast(_Handle, handle)
+
     @property
     def _file(self) -> BinaryIO:
         f = self._log_file
         if f is None or not self._pinned:
-            if self._used() and self._log_file is None:
-                self._log_file = _SegmentFile(self._path, "r+")
-            f = self._log_file
-            if f is None:
-                raise KafkaStorageError(f"segment {self._path} is closed")
+            f = self._reopened("_log_file", lambda: _SegmentFile(self._path, "r+"))
         return f
 
     @property
     def offset_index(self) -> OffsetIndex:
         index = self._offset_index
         if index is None or not self._pinned:
-            if self._used() and self._offset_index is None:
-                self._offset_index = OffsetIndex(
+            index = self._reopened(
+                "_offset_index",
+                lambda: OffsetIndex(
                     offset_index_path(self.dir, self.base_offset, self._suffix),
                     self.base_offset,
                     self.max_index_size,
-                )
-            index = self._offset_index
-            if index is None:
-                raise KafkaStorageError(f"segment {self._path} is closed")
+                ),
+            )
         return index
 
     @property
     def time_index(self) -> TimeIndex:
         index = self._time_index
         if index is None or not self._pinned:
-            if self._used() and self._time_index is None:
-                self._time_index = TimeIndex(
+            index = self._reopened(
+                "_time_index",
+                lambda: TimeIndex(
                     time_index_path(self.dir, self.base_offset, self._suffix),
                     self.base_offset,
                     self.max_index_size,
-                )
-            index = self._time_index
-            if index is None:
-                raise KafkaStorageError(f"segment {self._path} is closed")
+                ),
+            )
         return index
 
     @property

@@ -16,8 +16,9 @@ import struct
 import subprocess
 import sys
 import tempfile
-import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,6 +48,13 @@ def wait_port(port: int, timeout: float = 30) -> None:
     raise RuntimeError(f"broker did not listen on {port}")
 
 
+def suppress_os_error(fn: Callable[[bytes], None], data: bytes) -> None:
+    try:
+        fn(data)
+    except OSError:
+        pass
+
+
 def grow(queued_max: str | None, connections: int, declare: int, send: int) -> float:
     """RSS growth (MiB) of a fresh broker while `connections` clients hold partial frames."""
     port = free_port()
@@ -63,23 +71,11 @@ def grow(queued_max: str | None, connections: int, declare: int, send: int) -> f
             time.sleep(0.3)
             before = rss_mib(proc.pid)
             payload = struct.pack(">i", declare) + b"\1" * send
-
-            def dribble(s: socket.socket) -> None:
-                try:
-                    s.sendall(payload)
-                except OSError:
-                    pass  # a bounded broker stops reading: the send times out
-
-            threads = []
             for _ in range(connections):
-                s = socket.create_connection(("127.0.0.1", port))
-                s.settimeout(10)
-                socks.append(s)
-                t = threading.Thread(target=dribble, args=(s,), daemon=True)
-                t.start()
-                threads.append(t)
-            for t in threads:
-                t.join(15)
+                socks.append(socket.create_connection(("127.0.0.1", port), timeout=10))
+            # a bounded broker stops reading: those sends end in a timeout, which is the point
+            with ThreadPoolExecutor(max_workers=connections) as pool:
+                list(pool.map(lambda s: suppress_os_error(s.sendall, payload), socks))
             time.sleep(0.5)
             return rss_mib(proc.pid) - before
         finally:

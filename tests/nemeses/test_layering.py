@@ -3,28 +3,17 @@ protocols of nemeses.base (ClusterDB, Shell), which the harness's DB and Remote 
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
+from tests.packaging.imports import imported_modules
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def imported_modules(path: Path) -> list[tuple[int, str]]:
-    """Every module a file imports, at any depth (lazy imports inside functions too)."""
-    out = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            out += [(node.lineno, a.name) for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            out.append((node.lineno, node.module))
-            out += [(node.lineno, f"{node.module}.{a.name}") for a in node.names]
-    return out
 
 
 def forbidden(package: str, prefixes: tuple[str, ...]) -> list[str]:
     bad = []
     for path in sorted((ROOT / package).rglob("*.py")):
-        for line, module in imported_modules(path):
+        for line, module in imported_modules(path, ROOT):
             if module.startswith(prefixes):
                 bad.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
     return bad
@@ -37,7 +26,7 @@ def test_nemeses_do_not_import_the_harness() -> None:
 def test_the_scan_sees_lazy_imports(tmp_path: Path) -> None:
     f = tmp_path / "m.py"
     f.write_text("def f():\n    from isrlab import harness\n    import isrlab.harness.remote\n")
-    assert [m for _, m in imported_modules(f)] == [
+    assert [m for _, m in imported_modules(f, tmp_path)] == [
         "isrlab",
         "isrlab.harness",
         "isrlab.harness.remote",
@@ -57,7 +46,7 @@ def pipeline_importers(root: Path) -> list[str]:
         for path in sorted((root / package).rglob("*.py")):
             rel = path.relative_to(root).as_posix()
             allowed = ENTRY_POINT_MOUNTS.get(rel, ())
-            for line, module in imported_modules(path):
+            for line, module in imported_modules(path, root):
                 parts = module.split(".")
                 if not (parts[:2] == ["isrlab", "pipeline"] or parts[0] == "pipeline"):
                     continue

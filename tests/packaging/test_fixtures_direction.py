@@ -2,31 +2,15 @@
 imported by tests and benchmarks only: no product module depends on them, so what `isrlab`
 does never rests on a simulation."""
 
-import ast
 import subprocess
 import sys
 from pathlib import Path
 
+from tests.packaging.imports import imported_modules
+
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCT = ("broker", "harness", "nemeses", "checkers", "pipeline")
 FIXTURES = "isrlab.pipeline.fixtures"
-
-
-def _imports(path: Path, root: Path) -> list[str]:
-    """Every module `path` imports, absolute or relative, at any depth (lazy imports too)."""
-    tree = ast.parse(path.read_text(), str(path))
-    package = ".".join(["isrlab", *path.relative_to(root).parent.parts])
-    out: list[str] = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            out += [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
-                base = f"{parent}.{base}" if base else parent
-            out += [base] + [f"{base}.{a.name}" for a in node.names]
-    return out
 
 
 def _offenders(root: Path) -> list[str]:
@@ -37,7 +21,7 @@ def _offenders(root: Path) -> list[str]:
                 continue
             bad += [
                 f"{p.relative_to(root)}: {m}"
-                for m in _imports(p, root)
+                for _, m in imported_modules(p, root)
                 if m == FIXTURES or m.startswith(FIXTURES + ".")
             ]
     return bad

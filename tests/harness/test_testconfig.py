@@ -42,22 +42,35 @@ def test_every_option_is_validated_from_the_table(opt: Option) -> None:
     value = getattr(good, opt.name)
     assert value is not None and (opt.name != "keys" or value == ("n1",))
     # a value of the wrong type is refused with the option's name
-    wrong: Any = {bool: "maybe", int: "many", float: "fast", dict: "k=v"}.get(opt.kind, 3.5)
+    wrong: Any = _wrong_type(opt)
     if opt.kind in (str, list) and not opt.choices:
         wrong = object()
     with pytest.raises(ConfigError, match=re.escape(opt.name)):
         TestConfig.from_mapping({opt.name: wrong})
     for choice in opt.choices:
         assert TestConfig.from_mapping({opt.name: choice})
+    _refuses_values_outside_its_bounds(opt)
+    if opt.minimum is not None and not opt.above:
+        assert TestConfig.from_mapping({opt.name: opt.minimum})
+
+
+def _wrong_type(opt: Option) -> Any:
+    return {bool: "maybe", int: "many", float: "fast", dict: "k=v"}.get(opt.kind, 3.5)
+
+
+def _refuses_values_outside_its_bounds(opt: Option) -> None:
+    """A value outside the option's choices, minimum or maximum is refused, naming it."""
+    named = rf"{re.escape(opt.name)}( \(--[\w-]+\))? must be"
     if opt.choices:
         with pytest.raises(ConfigError, match="must be one of"):
             TestConfig.from_mapping({opt.name: "no-such-value"})
     if opt.minimum is not None:
         low = opt.minimum if opt.above else opt.minimum - 1
-        with pytest.raises(ConfigError, match=re.escape(f"{opt.name} ")):
+        with pytest.raises(ConfigError, match=named):
             TestConfig.from_mapping({opt.name: low})
-        if not opt.above:
-            assert TestConfig.from_mapping({opt.name: opt.minimum})
+    if opt.maximum is not None:
+        with pytest.raises(ConfigError, match=named + " at most"):
+            TestConfig.from_mapping({opt.name: opt.maximum + 0.5})
 
 
 def test_the_typed_config_round_trips_through_test_json() -> None:
@@ -198,10 +211,6 @@ def test_the_options_reference_is_the_table() -> None:
 # ----- the workload's knobs (harness.workloads.queue.options.QueueOptions) ------------------
 
 
-def _bad_knob(opt: Option) -> Any:
-    return {bool: "maybe", int: "many", float: "fast", dict: "k=v"}.get(opt.kind, 3.5)
-
-
 @pytest.mark.parametrize("knob", KNOBS, ids=lambda o: o.name)
 def test_every_workload_knob_is_validated_from_its_table(knob: Option) -> None:
     assert knob.flag is None and not knob.always_in_json  # test.json keys, not flags
@@ -212,17 +221,8 @@ def test_every_workload_knob_is_validated_from_its_table(knob: Option) -> None:
         knob.check(good)
     )
     with pytest.raises(ConfigError, match=re.escape(knob.name)):
-        TestConfig.from_mapping({knob.name: _bad_knob(knob)})
-    if knob.choices:
-        with pytest.raises(ConfigError, match="must be one of"):
-            TestConfig.from_mapping({knob.name: "no-such-value"})
-    if knob.minimum is not None:
-        low = knob.minimum if knob.above else knob.minimum - 1
-        with pytest.raises(ConfigError, match=re.escape(f"{knob.name} must be")):
-            TestConfig.from_mapping({knob.name: low})
-    if knob.maximum is not None:
-        with pytest.raises(ConfigError, match=re.escape(f"{knob.name} must be at most")):
-            TestConfig.from_mapping({knob.name: knob.maximum + 0.5})
+        TestConfig.from_mapping({knob.name: _wrong_type(knob)})
+    _refuses_values_outside_its_bounds(knob)
 
 
 def test_a_misspelled_knob_is_refused_with_the_nearest_name() -> None:

@@ -1,7 +1,7 @@
 """`isrlab-broker`: run the reference broker and its tools.
 
 isrlab-broker start --config server.properties [--override key=value ...]
-isrlab-broker dump-log --files 00000000000000000000.log [--print-data-log]
+isrlab-broker dump-log --files 00000000000000000000.log [--print-data-log] [--offsets-decoder]
 isrlab-broker config-doc
 """
 
@@ -67,6 +67,14 @@ def dump_log(
     print_data_log: Annotated[
         bool, typer.Option("--print-data-log", help="also print each record")
     ] = False,
+    offsets_decoder: Annotated[
+        bool,
+        typer.Option(
+            "--offsets-decoder",
+            help="decode records as __consumer_offsets offset commits and group metadata "
+            "(implies --print-data-log)",
+        ),
+    ] = False,
 ) -> None:
     """Print batches or index entries of segment files, like kafka-dump-log.sh."""
     from isrlab.broker.log.dump import dump_files
@@ -74,7 +82,7 @@ def dump_log(
     for f in files:
         if not f.exists():
             _fail(f"no such file: {f}")
-    dump_files(list(files), print_records=print_data_log)
+    dump_files(list(files), print_records=print_data_log, offsets_decoder=offsets_decoder)
 
 
 @app.command("config-doc")

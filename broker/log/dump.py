@@ -4,6 +4,12 @@
   CreateTime: ... size: ... magic: 2 compresscodec: none crc: ... isvalid: true``), and with
   ``print_records`` one ``| offset: ...`` line per record (keys and values shown as
   ``payload``, decoded with kafka-python). Bytes after the last whole batch are reported.
+  ``offsets_decoder`` (implies ``print_records``) reads keys and values as
+  ``__consumer_offsets`` records and prints them as Kafka 3.x's ``--offsets-decoder`` does:
+  ``key: offset_commit::group=g,partition=t-0 payload: offset=42[,metadata=m]``,
+  ``key: group_metadata::group=g payload: {"protocolType":...,"assignment":"{m=[t-0]}"}``,
+  ``payload: <DELETE>`` for a tombstone, ``key: unknown::version=N`` for a key version it
+  does not know; a record it cannot decode gets ``<undecodable: why>`` in place of the field.
 - ``.index``: ``offset: N position: P`` per entry (absolute offsets).
 - ``.timeindex``: ``timestamp: T offset: N`` per entry.
 - ``leader-epoch-checkpoint`` and the offset checkpoints: their lines, checked.
@@ -14,10 +20,11 @@ resized, so dumping a live broker's files does not disturb them.
 
 from __future__ import annotations
 
+import json
 import struct
 import sys
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from isrlab.broker.log.errors import LogError
 from isrlab.broker.log.record_batch import (
@@ -28,15 +35,28 @@ from isrlab.broker.log.record_batch import (
     compute_crc,
 )
 
+if TYPE_CHECKING:
+    from isrlab.broker.coordinator.group.records import GroupValue
 
-def dump_files(paths: list[Path], print_records: bool = False, out: TextIO = sys.stdout) -> None:
-    """Dump every file in ``paths`` to ``out``; an unknown kind of file is reported, not fatal."""
+
+def dump_files(
+    paths: list[Path],
+    print_records: bool = False,
+    out: TextIO | None = None,
+    *,
+    offsets_decoder: bool = False,
+) -> None:
+    """Dump every file in ``paths`` to ``out`` (standard output when None, looked up at the
+    call); an unknown kind of file is reported, not fatal. ``offsets_decoder`` decodes records
+    as ``__consumer_offsets`` keys and values."""
+    out = sys.stdout if out is None else out
+    print_records = print_records or offsets_decoder
     for path in paths:
         path = Path(path)
         print(f"Dumping {path}", file=out)
         try:
             if path.name.endswith(".log"):
-                _dump_log(path, print_records, out)
+                _dump_log(path, print_records, out, offsets_decoder)
             elif path.name.endswith(".timeindex"):
                 _dump_time_index(path, out)
             elif path.name.endswith(".index"):
@@ -71,7 +91,7 @@ def _format_batch(header: BatchHeader, valid: bool) -> str:
     )
 
 
-def _dump_log(path: Path, print_records: bool, out: TextIO) -> None:
+def _dump_log(path: Path, print_records: bool, out: TextIO, offsets_decoder: bool = False) -> None:
     data = path.read_bytes()
     print(f"Log starting offset: {_base_offset(path)}", file=out)
     position = 0
@@ -87,11 +107,13 @@ def _dump_log(path: Path, print_records: bool, out: TextIO) -> None:
         valid = compute_crc(data, header) == header.crc
         print(_format_batch(header, valid), file=out)
         if print_records:
-            _dump_records(data[header.position : header.end_position], header, out)
+            _dump_records(data[header.position : header.end_position], header, out, offsets_decoder)
         position = header.end_position
 
 
-def _dump_records(batch: bytes, header: BatchHeader, out: TextIO) -> None:
+def _dump_records(
+    batch: bytes, header: BatchHeader, out: TextIO, offsets_decoder: bool = False
+) -> None:
     from kafka.record.default_records import ControlRecord, DefaultRecordBatch
 
     timestamp_name = "LogAppendTime" if header.timestamp_type == LOG_APPEND_TIME else "CreateTime"
@@ -108,15 +130,105 @@ def _dump_records(batch: bytes, header: BatchHeader, out: TextIO) -> None:
                 )
                 continue
             header_keys = [name for name, _ in record.headers]
+            if offsets_decoder:
+                shown = _offsets_key_and_payload(key, value)
+            else:
+                shown = f"key: {_show(key)} payload: {_show(value)}"
             print(
                 f"| offset: {record.offset} {timestamp_name}: {record.timestamp} "
                 f"keySize: {-1 if key is None else len(key)} valueSize: {-1 if value is None else len(value)} "
-                f"sequence: {sequence} headerKeys: {header_keys} "
-                f"key: {_show(key)} payload: {_show(value)}",
+                f"sequence: {sequence} headerKeys: {header_keys} {shown}",
                 file=out,
             )
     except Exception as exc:  # a codec kafka-python lacks, or corrupt records: say so and go on
         print(f"| cannot decode records: {exc}", file=out)
+
+
+def _offsets_key_and_payload(key: bytes | None, value: bytes | None) -> str:
+    """``key: ... payload: ...`` of one ``__consumer_offsets`` record, as Kafka 3.x's
+    GroupMetadataManager.formatRecordKeyAndValue prints it; never raises."""
+    from isrlab.broker.coordinator.group.records import (
+        GroupMetadataKey,
+        OffsetValue,
+        RecordFormatError,
+        UnknownRecordVersionError,
+        decode_key,
+        decode_value,
+    )
+
+    if key is None:
+        return "key: <undecodable: record has no key> payload: " + _show(value)
+    try:
+        decoded_key = decode_key(key)
+    except UnknownRecordVersionError as exc:
+        return f"key: unknown::version={exc.version}"
+    except RecordFormatError as exc:
+        return f"key: <undecodable: {exc}; key bytes {key.hex()}> payload: {_show(value)}"
+    if isinstance(decoded_key, GroupMetadataKey):
+        shown_key = f"group_metadata::group={decoded_key.group}"
+    else:
+        shown_key = (
+            f"offset_commit::group={decoded_key.group},"
+            f"partition={decoded_key.topic}-{decoded_key.partition}"
+        )
+    try:
+        decoded = decode_value(decoded_key, value)
+    except RecordFormatError as exc:
+        return f"key: {shown_key} payload: <undecodable: {exc}; value bytes {_hex(value)}>"
+    if decoded is None:
+        payload = "<DELETE>"
+    elif isinstance(decoded, OffsetValue):
+        payload = f"offset={decoded.offset}"
+        if decoded.metadata:
+            payload += f",metadata={decoded.metadata}"
+    else:
+        payload = _group_payload(decoded)
+    return f"key: {shown_key} payload: {payload}"
+
+
+def _group_payload(group: GroupValue) -> str:
+    """Kafka's JSON for a group value: the members' assignments, decoded when the protocol
+    type is ``consumer`` (``member=[t-0, t-1]`` plus ``:USERDATA`` in hex), else in hex."""
+    from isrlab.broker.coordinator.group.records import (
+        CONSUMER_PROTOCOL_TYPE,
+        RecordFormatError,
+        decode_consumer_assignment,
+    )
+
+    shown: list[str] = []
+    for member in group.members:
+        if group.protocol_type == CONSUMER_PROTOCOL_TYPE:
+            try:
+                partitions, user_data = decode_consumer_assignment(member.assignment)
+            except RecordFormatError as exc:
+                shown.append(f"{member.member_id}=<undecodable: {exc}>")
+                continue
+            entry = f"{member.member_id}=[{', '.join(f'{t}-{p}' for t, p in partitions)}]"
+            if user_data:
+                entry += f":{_kafka_hex(user_data)}"
+            shown.append(entry)
+        else:
+            shown.append(f"{member.member_id}={_kafka_hex(member.assignment)}")
+    return json.dumps(
+        {
+            "protocolType": group.protocol_type,
+            "protocol": group.protocol,
+            "generationId": group.generation,
+            "assignment": "{" + ",".join(shown) + "}",
+        },
+        separators=(",", ":"),
+        ensure_ascii=False,
+    )
+
+
+def _kafka_hex(data: bytes) -> str:
+    """Kafka's ``"%X".format(BigInt(1, bytes))``: upper-case hex of the unsigned number, so
+    leading zero bytes are dropped; empty for no bytes."""
+    return format(int.from_bytes(data, "big"), "X") if data else ""
+
+
+def _hex(data: bytes | None) -> str:
+    return "null" if data is None else data.hex()
 
 
 def _show(data: bytes | None) -> str:

@@ -47,6 +47,26 @@ def _one_of(*choices: str) -> Callable[[Any], str | None]:
     return check
 
 
+def _one_of_int(*choices: int) -> Callable[[Any], str | None]:
+    def check(v: Any) -> str | None:
+        return None if v in choices else f"must be one of {', '.join(map(str, choices))}"
+
+    return check
+
+
+def _ratio(v: Any) -> str | None:
+    return None if 0 <= v <= 1 else "must be between 0 and 1"
+
+
+CLEANUP_POLICIES = ("compact", "delete")
+
+
+def _cleanup_policy(v: Any) -> str | None:
+    # Kafka's ValidList: every item one of the choices (an empty list is allowed, as in Kafka).
+    bad = [item for item in v if item not in CLEANUP_POLICIES]
+    return f"String must be one of: {', '.join(CLEANUP_POLICIES)}" if bad else None
+
+
 _LISTENER = re.compile(r"^(?P<name>[A-Za-z_]+)://(?P<host>[^:\s]*):(?P<port>\d+)$")
 
 
@@ -149,6 +169,72 @@ CONFIG_DEFS: dict[str, ConfigDef] = {
             300000,
             "How often retention runs.",
             _at_least(1),
+        ),
+        ConfigDef(
+            "log.cleanup.policy",
+            "list",
+            ["delete"],
+            "Default cleanup.policy of topics: delete (retention by time and size), compact "
+            "(keep the latest record of every key, docs/compaction.md) or both.",
+            _cleanup_policy,
+        ),
+        ConfigDef(
+            "log.cleaner.enable",
+            "bool",
+            True,
+            "Run the log cleaner, which compacts topics with cleanup.policy=compact.",
+        ),
+        ConfigDef(
+            "log.cleaner.threads",
+            "int",
+            1,
+            "Log cleaner threads (each cleans one log at a time).",
+            _at_least(0),
+        ),
+        ConfigDef(
+            "log.cleaner.backoff.ms",
+            "long",
+            15000,
+            "How long the cleaner sleeps when no log needs cleaning.",
+            _at_least(0),
+        ),
+        ConfigDef(
+            "log.cleaner.dedupe.buffer.size",
+            "long",
+            128 * 1024 * 1024,
+            "Memory for the cleaner's offset maps (24 bytes per key, as Kafka counts it, shared "
+            "by the threads); a dirty section with more keys is cleaned in several passes.",
+            _at_least(1024 * 1024),
+        ),
+        ConfigDef(
+            "log.cleaner.io.buffer.size",
+            "int",
+            512 * 1024,
+            "Bytes the cleaner reads from a segment at a time.",
+            _at_least(0),
+        ),
+        ConfigDef(
+            "log.cleaner.min.cleanable.ratio",
+            "double",
+            0.5,
+            "Default min.cleanable.dirty.ratio: a log is cleaned once its dirty (not yet "
+            "compacted) bytes are at least this share of its bytes.",
+            _ratio,
+        ),
+        ConfigDef(
+            "log.cleaner.min.compaction.lag.ms",
+            "long",
+            0,
+            "Default min.compaction.lag.ms: a record stays uncompacted at least this long.",
+            _at_least(0),
+        ),
+        ConfigDef(
+            "log.cleaner.delete.retention.ms",
+            "long",
+            DAY_MS,
+            "Default delete.retention.ms: how long a tombstone (null value) is kept after the "
+            "cleaner first rewrites it.",
+            _at_least(0),
         ),
         ConfigDef(
             "log.flush.interval.messages",
@@ -257,6 +343,94 @@ CONFIG_DEFS: dict[str, ConfigDef] = {
             "(KIP-101 without KIP-279) and high-watermark (pre-KIP-101).",
             _one_of("leader-epoch", "leader-epoch-v0", "high-watermark"),
         ),
+        ConfigDef(
+            "offsets.topic.num.partitions",
+            "int",
+            50,
+            "Partitions of __consumer_offsets (fixed once the topic exists); the coordinator of "
+            "group g leads partition abs(hash(g)) % this.",
+            _at_least(1),
+        ),
+        ConfigDef(
+            "offsets.topic.replication.factor",
+            "int",
+            3,
+            "Replication factor of __consumer_offsets (capped by the live brokers).",
+            _at_least(1),
+        ),
+        ConfigDef(
+            "offsets.topic.segment.bytes",
+            "int",
+            100 * 1024 * 1024,
+            "Segment size of __consumer_offsets (kept small so compaction can clean it).",
+            _at_least(14),
+        ),
+        ConfigDef(
+            "offsets.commit.required.acks",
+            "int",
+            -1,
+            "HISTORIC FAILURE SWITCH at 1 (Kafka before 2.x could be set so): acknowledge an "
+            "offset commit once the coordinator appended it, not once it is replicated; under "
+            "coordinator failover a committed offset can go backwards. -1: acks=all.",
+            _one_of_int(-1, 1),
+        ),
+        ConfigDef(
+            "offsets.commit.timeout.ms",
+            "int",
+            5000,
+            "How long an offset commit waits for its record to be replicated.",
+            _at_least(1),
+        ),
+        ConfigDef(
+            "offsets.retention.minutes",
+            "int",
+            7 * 24 * 60,
+            "Committed offsets of a group that has been empty this long are deleted (KIP-211).",
+            _at_least(1),
+        ),
+        ConfigDef(
+            "offsets.retention.check.interval.ms",
+            "long",
+            600000,
+            "How often expired offsets are looked for.",
+            _at_least(1),
+        ),
+        ConfigDef(
+            "offset.metadata.max.bytes",
+            "int",
+            4096,
+            "Largest metadata string of an offset commit (else OFFSET_METADATA_TOO_LARGE).",
+            _at_least(0),
+        ),
+        ConfigDef(
+            "group.min.session.timeout.ms",
+            "int",
+            6000,
+            "Smallest session.timeout.ms a member may ask for (else INVALID_SESSION_TIMEOUT).",
+            _at_least(1),
+        ),
+        ConfigDef(
+            "group.max.session.timeout.ms",
+            "int",
+            1800000,
+            "Largest session.timeout.ms a member may ask for (else INVALID_SESSION_TIMEOUT).",
+            _at_least(1),
+        ),
+        ConfigDef(
+            "group.initial.rebalance.delay.ms",
+            "int",
+            3000,
+            "An empty group's first rebalance waits this long for more members (extended by "
+            "each new member, never past the rebalance timeout).",
+            _at_least(0),
+        ),
+        ConfigDef(
+            "group.max.size",
+            "int",
+            2147483647,
+            "Most members of one group (else GROUP_MAX_SIZE_REACHED).",
+            _at_least(1),
+        ),
         ConfigDef("zookeeper.connect", "string", None, "host:port[,host:port][/chroot]."),
         ConfigDef(
             "zookeeper.session.timeout.ms",
@@ -324,6 +498,10 @@ TOPIC_CONFIG_KEYS: dict[str, str] = {
     "max.message.bytes": "message.max.bytes",
     "min.insync.replicas": "min.insync.replicas",
     "unclean.leader.election.enable": "unclean.leader.election.enable",
+    "cleanup.policy": "log.cleanup.policy",
+    "min.cleanable.dirty.ratio": "log.cleaner.min.cleanable.ratio",
+    "min.compaction.lag.ms": "log.cleaner.min.compaction.lag.ms",
+    "delete.retention.ms": "log.cleaner.delete.retention.ms",
 }
 
 

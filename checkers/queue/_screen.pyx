@@ -230,6 +230,9 @@ cdef class Screen:
     cdef readonly int64_t pos
     cdef int64_t last_time
     cdef public cbool saw_subscribe
+    # A commit op or a completion's consumer-group rebalance: subscribe-mode rules
+    # (`checkers.queue.group`) the screen leaves to the checker.
+    cdef public cbool saw_group
     # The op fields' names, as the parser's own string objects once seen (`adopt_keys`).
     cdef object k_index, k_time, k_type, k_f, k_process, k_value, k_watermarks, k_producer
     cdef int64_t n_sends, n_reads
@@ -247,6 +250,7 @@ cdef class Screen:
         self.pos = 0
         self.last_time = INT64_MIN
         self.saw_subscribe = False
+        self.saw_group = False
         self.n_sends = 0
         self.n_reads = 0
 
@@ -483,6 +487,8 @@ cdef class Screen:
             self.open_ops[p] = None
             if kind == INFO:
                 self.dead[p] = True
+            if f == "commit" or op.get("rebalance") is not None:
+                self.saw_group = True
             fc = f_code(f)
             if fc < 0:
                 pos += 1
@@ -609,6 +615,8 @@ cdef class Screen:
         cdef vector[int64_t] held  # a key's values
         if not prefix:
             self.close()
+        if self.saw_group:
+            return "consumer-group commits or rebalances"
         nrec = self.recs.size()
         n_keys = self.keys.size()
         self.offsets.resize(n_keys)

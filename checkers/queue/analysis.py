@@ -9,7 +9,11 @@ definitions of anomalies.md; notable rules:
 - the version order takes every poll of every completion type (polls in failed or
   unknown ops observed real records) and committed sends that report an offset;
 - a process's consumer position only moves on `ok` ops; assign/subscribe (ok or info)
-  keeps the positions (and send tracking) of keys still assigned;
+  keeps the positions (and send tracking) of keys still assigned; a consumer-group
+  rebalance that assigns or revokes a key (subscribe mode) forgets the position in it,
+  and within its op the key's reads are not held to each other (Jepsen's rebalanced
+  keys); commits and rebalances give `committed-offset-regression`
+  (`checkers.queue.group`);
 - an `info` send nobody read is never lost; an invoke without completion counts as info;
 - "A before B in real time" means A's completion precedes B's invoke in the history.
 
@@ -28,6 +32,7 @@ from typing import Any
 from isrlab.checkers.history import HistoryError, gc_paused, nothing_checked
 from isrlab.checkers.queue.cases import CaseBuilders, fmt
 from isrlab.checkers.queue.cycles import cycle_anomalies
+from isrlab.checkers.queue.group import GroupOffsets
 from isrlab.checkers.queue.load import QueueFile, QueueHistory
 from isrlab.checkers.queue.ops import (
     DATA_FS,
@@ -100,6 +105,8 @@ class QueueAnalysis(CaseBuilders):
         self.ok_senders: list[QueueOp] = []  # ok ops that sent something, in completion order
         self.by_pos: dict[int, QueueOp] = {}  # filled by cycle_anomalies when needed
         self.stats: dict[str, Any] = {}
+        # Some completion carries a consumer-group rebalance (set by `_op_checks`).
+        self.saw_rebalance = False
         # Keys where committed data may have been replaced or have vanished.
         self.suspect_keys: set[Any] = set()
         # (reader, writer) completion positions of wr edges whose writer completed later.
@@ -338,16 +345,33 @@ class QueueAnalysis(CaseBuilders):
         send_max: dict[Any, _RunningMax] = {}
         empty: dict[Any, QueueOp] = {}
         backward = self.backward_wr
+        group = GroupOffsets(self.anomalies)
         for rec in self.records:
             p = rec.process
             rpos = rec.pos
-            if rec.f == "assign" or rec.f == "subscribe":
+            # Keys a consumer-group rebalance assigned or revoked during this op: the
+            # process's position in them starts afresh (subscribe mode).
+            rebalanced: frozenset[Any] | tuple[()] = ()
+            if rec.reb is not None:
+                rebalanced = group.rebalance(rec, rec.reb)
+                pp = positions.get(p)
+                if pp:
+                    for k in rebalanced:
+                        pp.pop(k, None)
+            f = rec.f
+            if f == "commit":
+                if rec.kind == OK:
+                    group.commit(rec)
+                continue
+            if f == "assign" or f == "subscribe":
                 if rec.kind != FAIL and isinstance(rec.value, list):
                     keep = set(rec.value)
                     for table in (positions, last_sends):
                         t = table.get(p)
                         if t:
                             table[p] = {k: x for k, x in t.items() if k in keep}
+                    if f == "assign":
+                        group.explicit_assign(p)
                 continue
             kind = rec.kind
             is_ok = kind == OK
@@ -356,6 +380,8 @@ class QueueAnalysis(CaseBuilders):
             for k, pairs in rec.reads.items():
                 if not pairs:
                     continue
+                if group.starts:
+                    group.first_read(rec, k, pairs[0][0])
                 vo = orders[k]
                 ws = writer.get(k, empty)
                 oidx = vo.oidx
@@ -380,6 +406,11 @@ class QueueAnalysis(CaseBuilders):
                         if delta != 1:
                             if delta > 1:
                                 self.suspect_keys.add(k)
+                            # A rebalance of the key during the op may have moved the
+                            # consumer between two of its reads (Jepsen: rebalanced keys).
+                            if k in rebalanced:
+                                pass
+                            elif delta > 1:
                                 self._skip("int-poll-skip", rec, rec, k, prev, v, prev_i, i, vo)
                             else:
                                 self._nonmono("int-nonmonotonic-poll", rec, rec, k, prev, v, delta)
@@ -500,6 +531,9 @@ class QueueAnalysis(CaseBuilders):
                         prior = rm.before(rec.inv)
                         if prior is not None and prior[0] > high:
                             self._hw_regression_rt(prior[1], prior[0], rec, k, high)
+        self.saw_rebalance = group.n_rebalances > 0
+        if group.n_rebalances or group.n_commits:
+            self.stats.update(rebalances=group.n_rebalances, commits=group.n_commits)
 
     def _truncation_checks(self) -> None:
         """committed-truncation, for keys with a conflicting offset or a gap inside a poll.
@@ -685,7 +719,9 @@ def _results(
     subscribe: bool | None,
 ) -> dict[str, Any]:
     sub = analysis.saw_subscribe if subscribe is None else subscribe
-    allowed = allowed_types(subscribe=sub, allow=allow, disallow=disallow)
+    allowed = allowed_types(
+        subscribe=sub, rebalances=analysis.saw_rebalance, allow=allow, disallow=disallow
+    )
     stats = dict(analysis.stats)
     stats["subscribe_mode"] = sub
     results = results_dict(analysis.anomalies, allowed, stats)

@@ -27,8 +27,14 @@ from typing import Any
 import orjson
 
 from isrlab.checkers.history import OP_TYPES, gc_paused, load_history
-from isrlab.checkers.queue.codec import ASSIGN_FS, DATA_FS, decode_into
-from isrlab.checkers.queue.ops import QueueOp, close_pending, take_op_fields
+from isrlab.checkers.queue.codec import DATA_FS, decode_into
+from isrlab.checkers.queue.ops import (
+    GROUP_FS,
+    QueueOp,
+    close_pending,
+    take_group_op,
+    take_op_fields,
+)
 
 __all__ = ["QueueFile", "QueueHistory", "load_queue", "parse_blocks"]
 
@@ -179,7 +185,7 @@ def _load_fast(path: Path) -> QueueHistory:
     op_types = OP_TYPES
     kinds = _KIND
     data_fs = DATA_FS
-    assign_fs = ASSIGN_FS
+    group_fs = GROUP_FS
     saw_subscribe = False
     pos = 0
     last_time = -(2**63)
@@ -253,14 +259,12 @@ def _load_fast(path: Path) -> QueueHistory:
                             decode_into(rec, value, pos + 1, True)
                     elif value is not None:
                         decode_into(rec, value, pos + 1, True)
-                    take_op_fields(rec, op)
+                    take_op_fields(rec, op, pos + 1)
                     append(rec)
-                elif f in assign_fs:
+                elif f in group_fs:
                     if f == "subscribe":
                         saw_subscribe = True
-                    rec = QueueOp(f, kinds[typ], pos, pos, inv_pos, process)
-                    rec.value = op.get("value")
-                    append(rec)
+                    append(take_group_op(f, kinds[typ], pos, pos, inv_pos, process, op, inv_op))
                 pos += 1
         except _GiveUp:
             raise

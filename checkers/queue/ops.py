@@ -1,14 +1,16 @@
 """Compact per-op records for the queue checker, parsed once from the spec's op dicts.
 
 A `QueueOp` is one completed (or never-completed, hence `info`) client op of f `send`,
-`poll`, `txn`, `assign` or `subscribe`, with its micro-ops flattened:
+`poll`, `txn`, `assign`, `subscribe` or `commit`, with its micro-ops flattened:
 
 - `sends`: ``[(key, offset | None, value), ...]`` in micro-op order;
 - `reads`: ``{key: [[offset, value], ...]}``, the reads of every poll micro-op of the op
   concatenated per key in order (Jepsen's op-reads);
 - `inv` / `pos`: positions in the history of the invoke and of the completion, so
   "A completed before B was invoked" is ``A.pos < B.inv`` (the history is in the order
-  the control node saw events). Ops left open at the end get positions past the end.
+  the control node saw events). Ops left open at the end get positions past the end;
+- `value`: an assign/subscribe's keys, a commit's ``{key: offset}`` (`commit_offsets`);
+- `reb`: the completion's consumer-group `rebalance` field (`Rebalance`), or None.
 
 Micro-ops are decoded by `checkers.queue.codec.decode_into`; malformed ones raise
 `HistoryError` naming the op's line.
@@ -19,12 +21,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from isrlab.checkers.history import HistoryError
 from isrlab.checkers.queue.codec import (
     ASSIGN_FS,
     DATA_FS,
     NO_READS,
     NO_SENDS,
+    Commit,
     check_pairs_of,
+    decode,
     decode_into,
     sends_in,
 )
@@ -33,17 +38,24 @@ __all__ = [
     "ASSIGN_FS",
     "DATA_FS",
     "FAIL",
+    "GROUP_FS",
     "INFO",
     "OK",
     "QueueOp",
+    "Rebalance",
     "check_pairs",
     "close_pending",
+    "commit_offsets",
     "invoked_sends",
     "parse_ops",
+    "parse_rebalance",
+    "take_group_op",
     "take_op_fields",
 ]
 
 OK, INFO, FAIL = 0, 1, 2
+# Op fs that are recorded without micro-ops to decode: assign, subscribe, commit.
+GROUP_FS = ASSIGN_FS | {"commit"}
 _KIND = {"ok": OK, "info": INFO, "fail": FAIL}
 _NO_INVOKE: tuple[int, None] = (-1, None)
 
@@ -60,6 +72,7 @@ class QueueOp:
         "pos",
         "process",
         "reads",
+        "reb",
         "sends",
         "value",
         "wm",
@@ -80,6 +93,7 @@ class QueueOp:
         self.idem = False
         self.committed = kind == OK
         self.value: Any = None
+        self.reb: Rebalance | None = None
 
     @property
     def type_name(self) -> str:
@@ -89,12 +103,121 @@ class QueueOp:
         return f"op {self.index} (process {self.process}, {self.type_name} {self.f})"
 
 
-def take_op_fields(rec: QueueOp, op: dict[str, Any]) -> None:
-    """The completion's optional fields a data op's record keeps: watermarks, idempotence."""
+class Rebalance:
+    """A completion's ``rebalance`` field (docs/history-format.md, subscribe mode): the
+    consumer-group rebalances the client saw since its previous op, taken to have
+    happened during this op. `committed` (optional): the group's committed offsets the
+    client fetched for the keys it was assigned, None meaning no committed offset."""
+
+    __slots__ = ("assigned", "committed", "generation", "revoked")
+
+    def __init__(
+        self,
+        generation: int | None,
+        assigned: tuple[Any, ...],
+        revoked: tuple[Any, ...],
+        committed: dict[Any, int | None] | None,
+    ) -> None:
+        self.generation = generation
+        self.assigned = assigned
+        self.revoked = revoked
+        self.committed = committed
+
+
+def _keys_field(x: Any, name: str, line: int) -> tuple[Any, ...]:
+    if x is None:
+        return ()
+    if type(x) is not list:
+        raise HistoryError(f"rebalance {name!r} must be a list of keys, got {x!r}", line)
+    for k in x:
+        if type(k) in (list, dict):
+            raise HistoryError(f"rebalance {name!r} keys must be scalars, got {k!r}", line)
+    return tuple(x)
+
+
+def parse_rebalance(x: Any, line: int) -> Rebalance:
+    """A completion's ``rebalance`` object, checked; HistoryError saying what is wrong."""
+    if type(x) is not dict:
+        raise HistoryError(
+            f"rebalance must be an object {{generation, assigned, revoked}}, got {x!r}", line
+        )
+    gen = x.get("generation")
+    if gen is not None and type(gen) is not int:
+        raise HistoryError(f"rebalance generation must be an integer, got {gen!r}", line)
+    committed = x.get("committed")
+    if committed is not None:
+        if type(committed) is not dict:
+            raise HistoryError(
+                f"rebalance committed must be an object of key -> offset, got {committed!r}", line
+            )
+        for k, o in committed.items():
+            if o is not None and type(o) is not int:
+                raise HistoryError(
+                    f"rebalance committed offset of {k!r} must be an integer or null, got {o!r}",
+                    line,
+                )
+    return Rebalance(
+        gen,
+        _keys_field(x.get("assigned"), "assigned", line),
+        _keys_field(x.get("revoked"), "revoked", line),
+        committed,
+    )
+
+
+def commit_offsets(value: Any, line: int) -> dict[Any, int]:
+    """A `commit` op's ``[["commit", {k: offset}], ...]``, merged into one ``{k: offset}``."""
+    if type(value) is not list:
+        raise HistoryError(f"commit value must be a list of micro-ops, got {value!r}", line)
+    out: dict[Any, int] = {}
+    for mop in value:
+        try:
+            m = decode(mop)
+        except ValueError as e:
+            raise HistoryError(str(e), line) from None
+        if not isinstance(m, Commit):
+            raise HistoryError(f"a commit op holds commit micro-ops only, got {mop!r}", line)
+        out.update(m.offsets)
+    return out
+
+
+def take_op_fields(rec: QueueOp, op: dict[str, Any], line: int) -> None:
+    """The completion's optional fields a data op's record keeps: watermarks, idempotence,
+    the rebalance."""
     rec.wm = op.get("watermarks")
     producer = op.get("producer")
     if producer:
         rec.idem = bool(producer.get("idempotent"))
+    reb = op.get("rebalance")
+    if reb is not None:
+        rec.reb = parse_rebalance(reb, line)
+
+
+def take_group_op(
+    f: str,
+    kind: int,
+    pos: int,
+    index: int,
+    inv_pos: int,
+    process: Any,
+    op: dict[str, Any],
+    inv_op: dict[str, Any] | None,
+) -> QueueOp:
+    """The record of a completed assign, subscribe or commit op (and its rebalance)."""
+    rec = QueueOp(f, kind, pos, index, inv_pos, process)
+    value = op.get("value")
+    if f == "commit":
+        if value is None and inv_op is not None:
+            value = inv_op.get("value")  # a fail may leave the value out
+        rec.value = {} if value is None else commit_offsets(value, pos + 1)
+        rec.committed = False  # "committed" is about sends: a commit is no graph node
+        if inv_op is not None:
+            rec.inv_index = inv_op.get("index", inv_pos)
+    else:
+        rec.value = value
+    reb = op.get("rebalance")
+    if reb is not None:
+        rec.reb = parse_rebalance(reb, pos + 1)
+    return rec
 
 
 def check_pairs(ops: Sequence[dict[str, Any]]) -> None:
@@ -130,14 +253,23 @@ def parse_ops(ops: Sequence[dict[str, Any]]) -> tuple[list[QueueOp], bool]:
             value = op.get("value")
             if value is not None:
                 decode_into(rec, value, pos + 1, True)
-            take_op_fields(rec, op)
+            take_op_fields(rec, op, pos + 1)
             records.append(rec)
-        elif f in ASSIGN_FS:
+        elif f in GROUP_FS:
             if f == "subscribe":
                 saw_subscribe = True
-            rec = QueueOp(f, kinds.get(typ, INFO), pos, op.get("index", pos), inv_pos, process)
-            rec.value = op.get("value")
-            records.append(rec)
+            records.append(
+                take_group_op(
+                    f,
+                    kinds.get(typ, INFO),
+                    pos,
+                    op.get("index", pos),
+                    inv_pos,
+                    process,
+                    op,
+                    inv_op,
+                )
+            )
     return records, close_pending(pending, len(ops), records) or saw_subscribe
 
 

@@ -10,7 +10,8 @@ detectors. It answers one of two things:
   as `QueueAnalysis` computes them, and the results are built from them (valid, no
   anomaly types);
 - some pass of the checker would record an anomaly, or the history is outside what
-  the screen reads (non-integer values or offsets, reads without offsets, anything the
+  the screen reads (among them any `commit` op or `rebalance` field: the subscribe-mode
+  rules of `checkers.queue.group` are the checker's alone) (non-integer values or offsets, reads without offsets, anything the
   fast loader would not accept): `ScreenResult.needs_checker` says which, and the
   caller runs the explaining checker, which gives the verdict and its explanations.
 
@@ -71,6 +72,7 @@ PERSISTENT = frozenset(
         "realtime-send-order",
         "hw-regression",
         "dependency cycle",
+        "consumer-group commits or rebalances",
     )
 )
 PROBE_OPS = 8192  # ops screened on their own first (`_run`)

@@ -101,6 +101,20 @@ class LogConfig:
     flush_interval_ms: int | None = None  # flush.ms, None = never
     max_message_bytes: int = 1048588  # max.message.bytes
     file_delete_delay_ms: int = 60000  # file.delete.delay.ms
+    cleanup_policy: tuple[str, ...] = ("delete",)  # cleanup.policy
+    min_cleanable_dirty_ratio: float = 0.5  # min.cleanable.dirty.ratio
+    min_compaction_lag_ms: int = 0  # min.compaction.lag.ms
+    delete_retention_ms: int = _DAY_MS  # delete.retention.ms
+
+    @property
+    def compact(self) -> bool:
+        """cleanup.policy includes compact: the log cleaner keeps the latest record per key."""
+        return "compact" in self.cleanup_policy
+
+    @property
+    def delete(self) -> bool:
+        """cleanup.policy includes delete: retention by time and size applies."""
+        return "delete" in self.cleanup_policy
 
 
 class AppendOrigin(enum.Enum):
@@ -192,6 +206,7 @@ class Log:
         directory.mkdir(parents=True, exist_ok=True)
         marker = directory / CLEAN_SHUTDOWN_FILE
         clean = marker.exists()
+        _complete_swaps(directory)
         base_offsets = _remove_strays_and_list_segments(directory)
 
         segments: list[LogSegment] = []
@@ -248,7 +263,7 @@ class Log:
                 if log_start_offset is None
                 else max(log_start_offset, segments[0].base_offset)
             )
-            cache = _load_or_rebuild_epoch_cache(directory, segments, start)
+            cache = _load_or_rebuild_epoch_cache(directory, segments, start, config.compact)
             log = cls(
                 directory,
                 config,
@@ -626,8 +641,9 @@ class Log:
         """Apply retention; returns how many segments were deleted.
 
         Deletes, oldest first and never the active segment: segments wholly below the log
-        start offset, segments whose largest timestamp is older than ``retention_ms``, and
-        oldest segments while the log exceeds ``retention_bytes``. With ``high_watermark``
+        start offset, and, when cleanup.policy includes delete, segments whose largest
+        timestamp is older than ``retention_ms`` and oldest segments while the log exceeds
+        ``retention_bytes``. With ``high_watermark``
         only segments wholly below it are eligible (Kafka never deletes uncommitted data).
         Advances the log start offset to the first remaining segment.
         """
@@ -642,11 +658,13 @@ class Log:
         deleted: list[LogSegment] = []
         while eligible() and self._bases[1] <= self._log_start_offset:
             deleted.append(self._pop_oldest())
-        retention_ms = self.config.retention_ms
+        retention_ms = self.config.retention_ms if self.config.delete else -1
         if retention_ms >= 0:
             while eligible() and now - self._segments[0].largest_timestamp > retention_ms:
                 deleted.append(self._pop_oldest())
-        retention_bytes = self.config.retention_bytes
+        # cleanup.policy=compact alone: no retention by time or size (the cleaner keeps the
+        # latest record of every key instead); compact,delete applies both.
+        retention_bytes = self.config.retention_bytes if self.config.delete else -1
         if retention_bytes >= 0:
             excess = self.size_in_bytes - retention_bytes
             while eligible() and excess - self._segments[0].size >= 0:
@@ -675,6 +693,60 @@ class Log:
         self._log_start_offset = offset
         self._epoch_cache.truncate_from_start(offset)
         return True
+
+    # -- compaction --------------------------------------------------------------------------
+
+    def replace_segments(
+        self,
+        cleaned: LogSegment,
+        old: list[LogSegment],
+        *,
+        step: Callable[[str], None] | None = None,
+    ) -> None:
+        """Swap the log cleaner's ``cleaned`` segment in for ``old`` (consecutive segments of
+        this log, not the active one), crash-safely as Kafka's ``replaceSegments`` does.
+
+        ``cleaned`` has ``.cleaned`` files, flushed, named after ``old[0]``'s base offset. Steps,
+        each durable before the next (``open`` completes or undoes an interrupted swap):
+        rename the cleaned files to ``.swap``; rename the old segments to ``.deleted`` (and
+        drop them after ``file.delete.delay.ms``); rename the ``.swap`` files to their final
+        names. ``step(name)`` is called after each (tests inject crashes there). Raises
+        LogError, changing nothing, if ``old`` is no longer a run of this log's segments
+        (retention or truncation got there first).
+        """
+        self._ensure_open()
+        if not old:
+            raise ValueError("replace_segments needs at least one old segment")
+        try:
+            first = next(i for i, segment in enumerate(self._segments) if segment is old[0])
+        except StopIteration:
+            raise LogError(
+                f"segment {old[0].base_offset} of {self._dir.name} is gone; cleaning aborted"
+            ) from None
+        current = self._segments[first : first + len(old)]
+        if len(current) != len(old) or any(a is not b for a, b in zip(current, old, strict=True)):
+            raise LogError(f"segments of {self._dir.name} changed while cleaning; aborted")
+        if first + len(old) >= len(self._segments):
+            raise LogError(f"the active segment of {self._dir.name} is never cleaned")
+        if cleaned.base_offset != old[0].base_offset:
+            raise ValueError("a cleaned segment keeps the base offset of the first one it replaces")
+
+        def done(name: str) -> None:
+            if step is not None:
+                step(name)
+
+        cleaned.change_file_suffix(SWAP_SUFFIX)
+        _fsync_dir(self._dir)
+        done("swap")
+        self._segments[first : first + len(old)] = [cleaned]
+        self._bases[first : first + len(old)] = [cleaned.base_offset]
+        self._schedule_delete(old)
+        _fsync_dir(self._dir)
+        done("deleted")
+        cleaned.change_file_suffix("")
+        cleaned.on_become_inactive()  # no longer pinned: its files join the handle pool
+        _fsync_dir(self._dir)
+        done("renamed")
 
     # -- deletion ----------------------------------------------------------------------------
 
@@ -803,7 +875,7 @@ def _load_segment(
 
 
 def _load_or_rebuild_epoch_cache(
-    directory: Path, segments: list[LogSegment], log_start_offset: int
+    directory: Path, segments: list[LogSegment], log_start_offset: int, compacted: bool = False
 ) -> LeaderEpochFileCache:
     """The leader-epoch-checkpoint, or, if it is unreadable or contradicts the batches (see
     ``recovery.epoch_cache_problem``), the cache rebuilt from the batches.
@@ -813,7 +885,9 @@ def _load_or_rebuild_epoch_cache(
     path = directory / LEADER_EPOCH_CHECKPOINT
     try:
         loaded = LeaderEpochFileCache(path)
-        problem = recovery.epoch_cache_problem(loaded.epoch_entries(), segments, log_start_offset)
+        problem = recovery.epoch_cache_problem(
+            loaded.epoch_entries(), segments, log_start_offset, gaps=compacted
+        )
         if problem is None:
             return loaded
         logger.warning("%s does not match the record batches: %s; rebuilding it", path, problem)
@@ -836,8 +910,54 @@ def _fsync_dir(directory: Path) -> None:
         os.close(dir_fd)
 
 
+def _complete_swaps(directory: Path) -> set[int]:
+    """Finish cleanings interrupted after their ``.swap`` files were written (Kafka's LogLoader).
+
+    A ``<base>.log.swap`` is a whole, flushed cleaned segment (the cleaner fsyncs it before
+    the rename) that replaces every segment whose base offset lies in [base, its next offset):
+    those are deleted (they may still be there, or already ``.deleted``), and the ``.swap``
+    takes its final name. Its swapped index files are dropped: the indexes are rebuilt from the
+    log. A ``.swap`` that is not whole valid batches, or is empty, is no finished cleaning: it
+    is deleted and the old segments stay. Returns the bases of the completed swaps.
+    """
+    swapped: set[int] = set()
+    for path in sorted(directory.glob(f"*{LOG_SUFFIX}{SWAP_SUFFIX}")):
+        stem = path.name.split(".", 1)[0]
+        if len(stem) != 20 or not stem.isdigit():
+            continue
+        base = int(stem)
+        next_offset = recovery.next_offset_of_file(path, base)
+        if next_offset is None:
+            logger.warning("Deleting %s: not a whole cleaned segment", path)
+            path.unlink()
+            continue
+        for other in list(directory.iterdir()):
+            other_stem, _, suffix = other.name.partition(".")
+            if (
+                len(other_stem) == 20
+                and other_stem.isdigit()
+                and base <= int(other_stem) < next_offset
+                and f".{suffix}" in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX)
+            ):
+                other.unlink()
+        for index in (offset_index_path(directory, base), time_index_path(directory, base)):
+            index.unlink(missing_ok=True)
+        os.replace(path, log_path(directory, base))
+        logger.info(
+            "Completed an interrupted log cleaning swap of segment %d in %s", base, directory
+        )
+        swapped.add(base)
+    if swapped:
+        _fsync_dir(directory)
+    return swapped
+
+
 def _remove_strays_and_list_segments(directory: Path) -> list[int]:
-    """Delete leftovers of interrupted deletes/cleanings and orphan indexes; list segment bases."""
+    """Delete leftovers of interrupted deletes/cleanings and orphan indexes; list segment bases.
+
+    Run after ``_complete_swaps``: the ``.swap`` files left are indexes of swapped segments (and
+    the ``.cleaned`` files are unfinished cleanings), all dropped.
+    """
     logs: set[int] = set()
     indexes: list[tuple[Path, str]] = []
     for path in directory.iterdir():

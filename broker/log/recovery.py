@@ -197,15 +197,39 @@ def _time_index_problem(segment: LogSegment, tail: Scan) -> str | None:
     return None
 
 
+def next_offset_of_file(path: Path, base_offset: int) -> int | None:
+    """The offset after the last batch of a ``.log`` file that is whole valid batches with
+    growing offsets, or None if it is not (or holds no batch)."""
+    with _mapped(path) as buf:
+        end = len(buf)
+        position = 0
+        next_offset = base_offset
+        while position < end:
+            try:
+                header = _check_batch(buf, position, end, base_offset)
+            except (CorruptRecordError, InvalidRecordError):
+                return None
+            if header.base_offset < next_offset:
+                return None
+            next_offset = header.next_offset
+            position = header.end_position
+        return next_offset if end > 0 else None
+
+
 def epoch_cache_problem(
-    entries: list[tuple[int, int]], segments: list[LogSegment], log_start_offset: int
+    entries: list[tuple[int, int]],
+    segments: list[LogSegment],
+    log_start_offset: int,
+    *,
+    gaps: bool = False,
 ) -> str | None:
     """Why the leader-epoch-checkpoint's entries contradict the record batches, or None.
 
     Cheap: one index lookup per entry (there is one entry per leader change). Each entry's
     start offset must be the first offset of a batch stamped with that epoch (or the log start
     offset, inside such a batch), start offsets must grow, and the last batch must carry the
-    epoch the cache gives its offset.
+    epoch the cache gives its offset. With ``gaps`` (a compacted log) an entry may also start
+    where the cleaner removed batches, before a batch of the same or a later epoch.
     """
     if not segments:
         return None
@@ -224,6 +248,13 @@ def epoch_cache_problem(
         if start >= log_end or start < log_start_offset:
             continue  # trimmed to the log right after loading
         header = batch_at(start)
+        if (
+            gaps
+            and header is not None
+            and header.base_offset > start
+            and header.partition_leader_epoch >= epoch
+        ):
+            continue  # a compacted log: the epoch's first batches were cleaned away
         if header is None or header.base_offset > start:
             return f"epoch {epoch} starts at offset {start}, where the log has no batch"
         if header.partition_leader_epoch != epoch or (
@@ -292,6 +323,7 @@ __all__ = [
     "Scan",
     "check_tail",
     "epoch_cache_problem",
+    "next_offset_of_file",
     "refusal",
     "refuse",
     "scan",

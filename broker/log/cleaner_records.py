@@ -1,0 +1,196 @@
+"""The log cleaner's record-level work: reading keys out of a batch's records and filtering them.
+
+A v2 batch's records follow its 61-byte header (decompressed first if the batch is
+compressed), each one::
+
+    length          varint   bytes after this field
+    attributes      int8     unused
+    timestampDelta  varlong  from the batch's baseTimestamp
+    offsetDelta     varint   from the batch's baseOffset
+    keyLength       varint   -1: no key
+    key             bytes
+    valueLength     varint   -1: null value, a tombstone
+    value           bytes
+    headers         varint count, then the headers
+
+The cleaner needs only a record's extent, key, offset and whether its value is null, so records
+are copied byte for byte: a kept record is the very bytes the producer sent. ``map_records``
+and ``filter_records`` have a compiled twin (``_cleaner_scan.pyx``, built like the queue
+checker's screen) that this module uses when it is built; tests/log/test_cleaner_records.py
+holds both to the same answers. Malformed records raise ValueError; the cleaner then keeps the
+batch as it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+#: A map from record key to the offset of its latest record.
+OffsetMap = dict[bytes, int]
+
+
+def _varint(buf: bytes, pos: int) -> tuple[int, int]:
+    """A zig-zag varint (or varlong) at ``pos``: (value, position after it)."""
+    b = buf[pos]
+    if b < 0x80:
+        return (b >> 1) ^ -(b & 1), pos + 1
+    result = b & 0x7F
+    shift = 7
+    pos += 1
+    while True:
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if b < 0x80:
+            return (result >> 1) ^ -(result & 1), pos
+        shift += 7
+        if shift > 63:
+            raise ValueError(f"varint longer than 10 bytes before position {pos}")
+
+
+def encode_varint(value: int) -> bytes:
+    """Zig-zag encode a signed 64-bit value as Kafka's varlong."""
+    n = ((value << 1) ^ (value >> 63)) & 0xFFFFFFFFFFFFFFFF
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _record(buf: bytes, pos: int, end: int) -> tuple[int, int, int, bytes | None, bool, int]:
+    """(record end, offsetDelta, timestampDelta, key, value is null, position of the
+    timestampDelta) of the record at ``pos``."""
+    try:
+        length, p = _varint(buf, pos)
+        record_end = p + length
+        if length < 6 or record_end > end:
+            raise ValueError(f"record at position {pos} has length {length} past the batch end")
+        ts_position = p + 1  # after the attributes byte
+        ts_delta, p = _varint(buf, ts_position)
+        offset_delta, p = _varint(buf, p)
+        key_length, p = _varint(buf, p)
+        key: bytes | None = None
+        if key_length >= 0:
+            key = buf[p : p + key_length]
+            p += key_length
+        elif key_length != -1:
+            raise ValueError(f"record at position {pos} has key length {key_length}")
+        value_length, p = _varint(buf, p)
+        if p > record_end or value_length < -1 or p + max(value_length, 0) > record_end:
+            raise ValueError(f"record at position {pos} overruns its length {length}")
+    except IndexError:
+        raise ValueError(f"record at position {pos} is cut short") from None
+    return record_end, offset_delta, ts_delta, key, value_length < 0, ts_position
+
+
+def py_map_records(buf: bytes, start: int, end: int, base_offset: int, offsets: OffsetMap) -> int:
+    """Put every keyed record of ``buf[start:end]`` into ``offsets`` (key -> its offset; later
+    records win); returns how many records there were."""
+    pos = start
+    count = 0
+    while pos < end:
+        record_end, offset_delta, _, key, _, _ = _record(buf, pos, end)
+        if key is not None:
+            offsets[key] = base_offset + offset_delta
+        count += 1
+        pos = record_end
+    return count
+
+
+def py_filter_records(
+    buf: bytes,
+    start: int,
+    end: int,
+    base_offset: int,
+    offsets: OffsetMap,
+    drop_tombstones: bool,
+) -> tuple[bytes, int, int]:
+    """The records of ``buf[start:end]`` the cleaner keeps: (their bytes, how many, how many of
+    them are tombstones).
+
+    A record goes when the map holds a later offset for its key, or when it is a tombstone and
+    ``drop_tombstones`` (its batch's delete horizon passed) and no later record replaced it.
+    Records without a key are kept (a compacted topic's producers always send keys; the
+    cleaner never drops what it cannot place).
+    """
+    kept: list[bytes] = []
+    kept_count = 0
+    tombstones = 0
+    pos = start
+    run_start = start  # a run of consecutive kept records is copied in one slice
+    while pos < end:
+        record_end, offset_delta, _, key, null_value, _ = _record(buf, pos, end)
+        keep = True
+        if key is not None:
+            latest = offsets.get(key)
+            offset = base_offset + offset_delta
+            if (latest is not None and latest > offset) or (null_value and drop_tombstones):
+                keep = False
+        if keep:
+            kept_count += 1
+            if null_value:
+                tombstones += 1
+        else:
+            if run_start < pos:
+                kept.append(buf[run_start:pos])
+            run_start = record_end
+        pos = record_end
+    if run_start < end:
+        kept.append(buf[run_start:end])
+    return b"".join(kept), kept_count, tombstones
+
+
+def rebase_timestamps(buf: bytes, old_base: int, new_base: int) -> bytes:
+    """Re-encode every record of ``buf`` (records only) so its timestampDelta is relative to
+    ``new_base`` instead of ``old_base``: its absolute timestamp stays the same. Used when the
+    cleaner stores a delete horizon in a batch's baseTimestamp (KIP-534)."""
+    out = bytearray()
+    pos = 0
+    end = len(buf)
+    while pos < end:
+        record_end, _, ts_delta, _, _, ts_position = _record(buf, pos, end)
+        _, after_ts = _varint(buf, ts_position)
+        body = (
+            buf[ts_position - 1 : ts_position]
+            + encode_varint(old_base + ts_delta - new_base)
+            + buf[after_ts:record_end]
+        )
+        out += encode_varint(len(body))
+        out += body
+        pos = record_end
+    return bytes(out)
+
+
+MapRecords = Callable[[bytes, int, int, int, OffsetMap], int]
+FilterRecords = Callable[[bytes, int, int, int, OffsetMap, bool], tuple[bytes, int, int]]
+
+map_records: MapRecords = py_map_records
+filter_records: FilterRecords = py_filter_records
+NATIVE = False
+try:
+    from isrlab.broker.log._cleaner_scan import (  # type: ignore[import-not-found,unused-ignore]
+        filter_records as _native_filter,
+    )
+    from isrlab.broker.log._cleaner_scan import (  # type: ignore[import-not-found,unused-ignore]
+        map_records as _native_map,
+    )
+except ImportError:  # not built (no compiler, or the node wheel): the Python twins above
+    pass
+else:
+    map_records = _native_map
+    filter_records = _native_filter
+    NATIVE = True
+
+
+__all__ = [
+    "NATIVE",
+    "OffsetMap",
+    "encode_varint",
+    "filter_records",
+    "map_records",
+    "py_filter_records",
+    "py_map_records",
+    "rebase_timestamps",
+]

@@ -107,6 +107,7 @@ class ClusterKafkaServer(KafkaServer):
                     self._host_partition((name, p))
         self.log_manager.checkpoint()
         self.log_manager.start_schedulers()
+        self.group_coordinator.start()
         self.replica_manager.start()
         await self.socket_server.start()
         host, port = self.config.advertised()

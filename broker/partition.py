@@ -151,6 +151,8 @@ class PartitionIO(Protocol):
 
     def data_changed(self, partition: HostedPartition) -> None: ...
 
+    def role_changed(self, partition: HostedPartition) -> None: ...
+
 
 @dataclass
 class AppendResult:
@@ -256,6 +258,8 @@ class HostedPartition:
                     leo,
                 )
         self.dispatch(actions)
+        if (core.role, core.leader_id, core.leader_epoch) != before:
+            self.io.role_changed(self)
 
     def reload_producer_state(self) -> None:
         """Newest snapshot, then replay the log past it (after open or truncation)."""

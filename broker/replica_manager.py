@@ -135,6 +135,10 @@ class ReplicaManager:
         self._loops: list[asyncio.Task[None]] = []
         self.stopping = False
         self.stop_failures = 0  # what `stop` could not write (logged)
+        #: told when a hosted replica becomes leader or stops leading (the group coordinator
+        #: loads and unloads its __consumer_offsets partitions), and when one is removed
+        self.role_listeners: list[Callable[[HostedPartition], None]] = []
+        self.removal_listeners: list[Callable[[TopicPartition], None]] = []
 
     # ----- hosting --------------------------------------------------------------------------
 
@@ -157,6 +161,8 @@ class ReplicaManager:
         hp = self.partitions.pop(tp, None)
         if hp is not None:
             hp.fail_pending(ErrorCode.NOT_LEADER_OR_FOLLOWER)
+            for listener in self.removal_listeners:
+                listener(tp)
         for key in [k for k in self._connections if k[1] == tp]:
             self._connections.pop(key).close()
         self.notifier.notify(tp)
@@ -192,6 +198,10 @@ class ReplicaManager:
 
     def data_changed(self, partition: HostedPartition) -> None:
         self.notifier.notify(partition.tp)
+
+    def role_changed(self, partition: HostedPartition) -> None:
+        for listener in self.role_listeners:
+            listener(partition)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)

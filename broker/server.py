@@ -38,10 +38,24 @@ from isrlab.broker.apis.admin import (
     handle_init_producer_id,
 )
 from isrlab.broker.apis.fetch import handle_fetch
+from isrlab.broker.apis.group import (
+    handle_delete_groups,
+    handle_describe_groups,
+    handle_find_coordinator,
+    handle_heartbeat,
+    handle_join_group,
+    handle_leave_group,
+    handle_list_groups,
+    handle_offset_commit,
+    handle_offset_delete,
+    handle_offset_fetch,
+    handle_sync_group,
+)
 from isrlab.broker.apis.metadata import handle_api_versions, handle_metadata
 from isrlab.broker.apis.offsets import handle_list_offsets, handle_offset_for_leader_epoch
 from isrlab.broker.apis.produce import handle_produce
 from isrlab.broker.config import BrokerConfig, parse_topic_configs
+from isrlab.broker.coordinator.group.service import GroupCoordinatorService
 from isrlab.broker.errors import ErrorCode, KafkaError
 from isrlab.broker.log.errors import KafkaStorageError
 from isrlab.broker.log_manager import LogManager
@@ -172,12 +186,26 @@ class KafkaServer:
             1: handle_fetch,
             2: handle_list_offsets,
             3: handle_metadata,
+            8: handle_offset_commit,
+            9: handle_offset_fetch,
+            10: handle_find_coordinator,
+            11: handle_join_group,
+            12: handle_heartbeat,
+            13: handle_leave_group,
+            14: handle_sync_group,
+            15: handle_describe_groups,
+            16: handle_list_groups,
             18: handle_api_versions,
             19: handle_create_topics,
             20: handle_delete_topics,
             22: handle_init_producer_id,
             23: handle_offset_for_leader_epoch,
+            42: handle_delete_groups,
+            47: handle_offset_delete,
         }
+        self.group_coordinator = GroupCoordinatorService(self)
+        self.replica_manager.role_listeners.append(self.group_coordinator.on_role_change)
+        self.replica_manager.removal_listeners.append(self.group_coordinator.on_partition_removed)
         self._stopped = asyncio.Event()
 
     # ----- lifecycle -------------------------------------------------------------------------
@@ -235,6 +263,7 @@ class KafkaServer:
                 self.config.log_dir,
             )
         self.log_manager.start_schedulers()
+        self.group_coordinator.start()
         self.replica_manager.start()
         await self.socket_server.start()
 
@@ -252,6 +281,7 @@ class KafkaServer:
         try:
             self.replica_manager.notifier.notify()
             await self._stop_step("stop the socket server", self.socket_server.stop)
+            await self._stop_step("stop the group coordinator", self.group_coordinator.stop)
             await self._stop_step("stop replication", self.replica_manager.stop)
             self.stop_failures += self.replica_manager.stop_failures
             await self._stop_step("stop the log schedulers", self.log_manager.stop_schedulers)
@@ -313,6 +343,7 @@ class KafkaServer:
 
     async def handle(self, request: Request, conn: Connection) -> list[bytes | FileRegion] | None:
         handler = self._handlers[request.api_key]
+        request.client_host = "/" + conn.peer.rsplit(":", 1)[0]  # as Kafka shows it
         return await handler(self, request)
 
     # ----- topics ----------------------------------------------------------------------------

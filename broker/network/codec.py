@@ -24,14 +24,24 @@ from typing import Any, Protocol
 
 from kafka.protocol.admin import (
     CreateTopicsRequest,
+    DeleteGroupsRequest,
     DeleteTopicsRequest,
+    DescribeGroupsRequest,
+    ListGroupsRequest,
 )
 from kafka.protocol.consumer import (
     FetchRequest,
+    HeartbeatRequest,
+    JoinGroupRequest,
+    LeaveGroupRequest,
     ListOffsetsRequest,
+    OffsetCommitRequest,
+    OffsetDeleteRequest,
+    OffsetFetchRequest,
     OffsetForLeaderEpochRequest,
+    SyncGroupRequest,
 )
-from kafka.protocol.metadata import ApiVersionsRequest, MetadataRequest
+from kafka.protocol.metadata import ApiVersionsRequest, FindCoordinatorRequest, MetadataRequest
 from kafka.protocol.producer import ProduceRequest
 from kafka.protocol.producer.transaction import InitProducerIdRequest
 
@@ -41,11 +51,22 @@ SUPPORTED: dict[int, tuple[Any, int, int]] = {
     1: (FetchRequest, 4, 12),
     2: (ListOffsetsRequest, 1, 6),
     3: (MetadataRequest, 0, 12),
+    8: (OffsetCommitRequest, 2, 8),
+    9: (OffsetFetchRequest, 1, 8),
+    10: (FindCoordinatorRequest, 0, 4),
+    11: (JoinGroupRequest, 0, 9),
+    12: (HeartbeatRequest, 0, 4),
+    13: (LeaveGroupRequest, 0, 5),
+    14: (SyncGroupRequest, 0, 5),
+    15: (DescribeGroupsRequest, 0, 5),
+    16: (ListGroupsRequest, 0, 4),
     18: (ApiVersionsRequest, 0, 3),
     19: (CreateTopicsRequest, 2, 5),
     20: (DeleteTopicsRequest, 1, 5),
     22: (InitProducerIdRequest, 0, 4),
     23: (OffsetForLeaderEpochRequest, 2, 4),
+    42: (DeleteGroupsRequest, 0, 2),
+    47: (OffsetDeleteRequest, 0, 0),
 }
 
 API_NAMES: dict[int, str] = {k: v[0].__name__.removesuffix("Request") for k, v in SUPPORTED.items()}
@@ -73,6 +94,7 @@ class Request:
     client_id: str | None
     body: Any
     size: int
+    client_host: str = ""  # the peer's address, set by the server (JoinGroup records it)
 
     @property
     def name(self) -> str:

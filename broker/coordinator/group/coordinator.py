@@ -828,11 +828,12 @@ class GroupCoordinator:
         group = self.groups.get(group_id)
         if group is None or group.is_(GroupState.DEAD):
             return [Reply(ref, (ErrorCode.GROUP_ID_NOT_FOUND, {}))]
-        subscribed: set[str] | None = set()
+        subscribed: set[str] = set()
         if not group.is_(GroupState.EMPTY):
-            subscribed = group.subscribed_topics()
-            if subscribed is None:
+            topics = group.subscribed_topics()
+            if topics is None:
                 return [Reply(ref, (ErrorCode.NON_EMPTY_GROUP, {}))]
+            subscribed = topics
         errors: dict[TopicPartition, ErrorCode] = {}
         deleted: list[TopicPartition] = []
         for tp in partitions:

@@ -51,7 +51,7 @@ everything; the default work dir outlives the cluster, which keeps the venv for 
 Faults the nemeses use: ``kill(node)`` (SIGKILL), ``start(node)``, ``pause(node)`` (SIGSTOP of
 the process group), ``resume(node)``; ``clock_offset_file(node)`` / ``clock_mode``.
 Cluster queries go through a confluent-kafka AdminClient from the control host, as clients do:
-``bootstrap_servers()``, ``leader_of(topic, partition)``, ``controller()``,
+``bootstrap_servers()``, ``leader_of(topic, partition)``, ``controller()``, ``coordinator(group)``,
 ``create_topics(keys, rf, min_insync)``. ``collect_logs(run_dir)`` copies each node's logs and
 configs plus a listing of its data dir into ``run_dir/<node>/``; ``teardown()`` stops every
 process and wipes data and logs (the venv stays, so the next run skips the install).
@@ -589,6 +589,17 @@ echo {wh.deps_key} > {deps_marker}
     def controller(self, via: Iterable[str] | None = None) -> str | None:
         md = self.metadata(via)
         return self.broker_node(md.controller_id) if md.controller_id >= 0 else None
+
+    def coordinator(self, group: str, via: Iterable[str] | None = None) -> str | None:
+        """The node coordinating consumer group ``group``: the leader of the group's
+        ``__consumer_offsets`` partition, as the brokers' FindCoordinator answer names it
+        (asked through DescribeGroups, which finds the coordinator first). None: no answer."""
+        futures = self._admin_for(via).describe_consumer_groups([group], request_timeout=5.0)
+        desc = futures[group].result(10.0)
+        node = getattr(desc, "coordinator", None)
+        if node is None or node.id is None or node.id < 0:
+            return None
+        return self.broker_node(int(node.id))
 
     def create_topics(
         self,

@@ -1,7 +1,9 @@
 """`isrlab matrix`: run a grid of `isrlab test` runs into a store, resumably (the pipeline then
 analyses the store: `isrlab analyze`).
 
-The grid is acks x nemesis x switch variants x repeats (`grid`). A nemesis is one fault
+The grid is acks x nemesis x consumer mode x switch variants x repeats (`grid`). The consumer
+mode is how the processes take keys: ``assign`` (every run before consumer groups) or
+``subscribe`` (every process joins the test's consumer group, ``--subscribe``). A nemesis is one fault
 kind, ``combined`` (all four on their own schedules) or a composition such as
 ``partition+kill``; `parse_settings` reads ``--set`` overrides of the base test (the
 timings that decide how fast the ISR shrinks and leadership moves, key and process
@@ -49,6 +51,7 @@ from isrlab.harness.testconfig import (
 __all__ = [
     "ACKS",
     "HISTORIC_SWITCHES",
+    "MATRIX_CONSUMERS",
     "NEMESES",
     "CellResult",
     "MatrixSummary",
@@ -63,6 +66,8 @@ __all__ = [
 ]
 
 ACKS = option("acks").choices
+# The consumer modes a matrix runs (harness.testconfig.consumer_mode; "mixed" is --sub-p's).
+MATRIX_CONSUMERS = ("assign", "subscribe")
 NEMESES = ("partition", "kill", "pause", "clock", "combined")
 # The settings that lost acknowledged data in Kafka's history: each one a variant.
 HISTORIC_SWITCHES: tuple[dict[str, Any], ...] = (
@@ -164,13 +169,21 @@ def grid(
     nemeses: Sequence[str] = NEMESES,
     variants: Sequence[Mapping[str, Any]] = ({},),
     repeats: int = 1,
+    consumers: Sequence[str] = ("assign",),
 ) -> list[dict[str, Any]]:
     """Every cell's test configuration, in a stable order (seed = position in the grid)."""
+    bad = [c for c in consumers if c not in MATRIX_CONSUMERS]
+    if bad:
+        raise ValueError(
+            f"unknown consumer mode {', '.join(map(repr, bad))}; use {', '.join(MATRIX_CONSUMERS)}"
+        )
     tests = []
-    combos = itertools.product(variants, nemeses, acks, range(repeats))
-    for seed, (variant, nemesis, a, repeat) in enumerate(combos):
+    combos = itertools.product(variants, consumers, nemeses, acks, range(repeats))
+    for seed, (variant, consumer, nemesis, a, repeat) in enumerate(combos):
         test = dict(base)
         test.update(variant)
+        if consumer == "subscribe":
+            test["subscribe"] = True
         test["acks"] = str(a)
         test["nemesis"] = nemesis_kinds(nemesis)
         test["repeat"] = repeat
@@ -349,6 +362,13 @@ def matrix_command(
             "none, or kinds joined by + (partition+kill)"
         ),
     ] = "partition,kill,pause,clock,combined",
+    consumer: Annotated[
+        str,
+        typer.Option(
+            help="how processes take keys, comma-separated: assign, subscribe (every process "
+            "in the test's consumer group)"
+        ),
+    ] = "assign",
     switch: Annotated[
         list[str] | None,
         typer.Option(
@@ -379,7 +399,8 @@ def matrix_command(
     ] = None,
     dry_run: Annotated[bool, typer.Option(help="list the cells and exit")] = False,
 ) -> None:
-    """Run acks x fault x switches x repeats into STORE; finished cells are skipped."""
+    """Run acks x fault x consumer mode x switches x repeats into STORE; finished cells are
+    skipped."""
     err = Console(stderr=True)
     try:
         acks_list = [str(option("acks").check(a)) for a in _split(acks)]
@@ -390,6 +411,10 @@ def matrix_command(
             raise ValueError("--nemesis is empty; use partition, kill, pause, clock, combined")
         for n in nemeses:
             nemesis_kinds(n)
+        consumers = _split(consumer)
+        if not consumers:
+            raise ValueError(f"--consumer is empty; use {', '.join(MATRIX_CONSUMERS)}")
+        grid({}, acks=["all"], nemeses=["none"], consumers=consumers)  # checks the modes
         overrides: dict[str, object] = parse_settings(settings or ())
         variants: list[dict[str, object]] = [{}]
         variants += [parse_switches(s) for s in switch or ()]
@@ -406,6 +431,7 @@ def matrix_command(
         nemeses=nemeses,
         variants=variants,
         repeats=repeats,
+        consumers=consumers,
     )
     console = Console()
     if dry_run:

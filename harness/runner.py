@@ -96,6 +96,9 @@ class ScheduleGenerator:
         from isrlab import nemeses
 
         targets = list(config.nemesis_targets) if config.nemesis_targets else None
+        if targets is None and config.group:
+            # a test with a consumer group also aims faults at the group's coordinator
+            targets = [*nemeses.DEFAULT_TARGETS, "coordinator"]
         return cls(
             [
                 nemeses.schedule(

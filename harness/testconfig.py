@@ -41,7 +41,7 @@ from typing import Annotated, Any, ClassVar
 
 from isrlab.harness.optiontable import ConfigError, Option, table
 from isrlab.harness.optiontable import option_field as _opt
-from isrlab.harness.workloads.queue.options import QueueOptions
+from isrlab.harness.workloads.queue.options import QueueOptions, subscribe_share
 from isrlab.nemeses import KINDS as FAULT_KINDS
 from isrlab.nemeses import TARGETS
 from isrlab.nemeses.clock import DEFAULT_MAX_SKEW_MS
@@ -50,6 +50,7 @@ __all__ = [
     "BROKER_SETTINGS",
     "COLUMNS",
     "COMBINED_KINDS",
+    "CONSUMER_MODES",
     "OPTIONS",
     "SETTINGS",
     "SWITCHES",
@@ -60,6 +61,7 @@ __all__ = [
     "TestConfig",
     "cli_parameters",
     "config_name",
+    "consumer_mode",
     "nemesis_label",
     "option",
 ]
@@ -108,6 +110,33 @@ class TestConfig:
     txn: bool = _opt(False, "transactional sends and polls", column="boolean", switch=True)
     isolation_level: str = _opt(
         "read_uncommitted", "consumer isolation", choices=("read_uncommitted", "read_committed")
+    )
+    subscribe: bool = _opt(
+        False,
+        "every process subscribes to the test's consumer group (group) instead of assigning "
+        "keys; the checker checks in subscribe mode",
+        always_in_json=False,
+    )
+    sub_p: float | None = _opt(
+        None,
+        "chance that a (re)assignment (assign_p, 1/64 per op as Jepsen) is a subscribe rather "
+        "than an assign (unset: from the sub_via knob, assign only)",
+        minimum=0,
+        maximum=1,
+        always_in_json=False,
+    )
+    commit_p: float = _opt(
+        0.0,
+        "chance that an op of a subscribed process commits the offsets it has polled (needs "
+        "subscribe or sub_p)",
+        minimum=0,
+        maximum=1,
+        always_in_json=False,
+    )
+    group: str | None = _opt(
+        None,
+        "consumer group id of the test (unset: isrlab-<name>-<seed> when subscribe can happen)",
+        always_in_json=False,
     )
     min_insync_replicas: int = _opt(
         2,
@@ -235,6 +264,7 @@ class TestConfig:
         if kwargs.get("keys") is None:
             count = kwargs.get("key_count", _BY_NAME["key_count"].default)
             kwargs["keys"] = tuple(f"t{i}/0" for i in range(count))
+        _check_consumer(kwargs, knobs)
         return cls(**kwargs, knobs=knobs)
 
     def replace(self, **changes: Any) -> TestConfig:
@@ -264,6 +294,33 @@ class TestConfig:
             out[opt.name] = list(value) if isinstance(value, tuple) else value
         out.update({k: list(v) if isinstance(v, tuple) else v for k, v in self.knobs.items()})
         return out
+
+
+def _check_consumer(kwargs: dict[str, Any], knobs: Mapping[str, Any]) -> None:
+    """How processes take keys: one of ``subscribe``, ``sub_p`` and the ``sub_via`` knob;
+    ``commit_p`` only where a process can subscribe; a ``group`` named when one can (filled
+    in with ``isrlab-<name>-<seed>``). Raises `ConfigError`."""
+    given = [n for n in ("subscribe", "sub_p") if kwargs.get(n) not in (None, False)]
+    given += ["sub_via"] if knobs.get("sub_via") is not None else []
+    if len(given) > 1:
+        raise ConfigError(
+            f"give one of subscribe (--subscribe), sub_p (--sub-p) and the sub_via knob, not "
+            f"{' and '.join(given)}: each says how often a process subscribes"
+        )
+    share = subscribe_share({**kwargs, **knobs})
+    if kwargs.get("commit_p") and share == 0:
+        raise ConfigError(
+            "commit_p (--commit-p) commits a subscribed process's offsets to the test's "
+            "consumer group: add --subscribe or --sub-p (no process subscribes otherwise)"
+        )
+    if "coordinator" in (kwargs.get("nemesis_targets") or ()) and share == 0:
+        raise ConfigError(
+            "nemesis_targets (--nemesis-targets) coordinator aims faults at the coordinator of "
+            "the test's consumer group: add --subscribe or --sub-p (there is no group otherwise)"
+        )
+    if share > 0 and kwargs.get("group") is None:
+        name = kwargs.get("name", _BY_NAME["name"].default)
+        kwargs["group"] = f"isrlab-{name}-{kwargs['seed']}"
 
 
 def _check_knobs(workload: str, values: Mapping[str, Any]) -> dict[str, Any]:
@@ -329,6 +386,17 @@ def nemesis_label(kinds: Any) -> str:
     return "+".join(names)
 
 
+# How a run's processes take keys (the report's ``consumer`` column, the matrix's --consumer).
+CONSUMER_MODES: tuple[str, ...] = ("assign", "subscribe", "mixed")
+
+
+def consumer_mode(test: Mapping[str, Any]) -> str:
+    """``assign`` (no process subscribes: every run before consumer groups), ``subscribe``
+    (every (re)assignment subscribes: ``--subscribe``) or ``mixed`` (some do: ``--sub-p``)."""
+    share = subscribe_share(test)
+    return "assign" if share == 0 else "subscribe" if share == 1 else "mixed"
+
+
 def config_name(test: Mapping[str, Any]) -> str:
     """A file-name-safe name for a configuration (a matrix cell's test name): acks, nemesis,
     the switches that are on and the timings that differ from what a stored run without them
@@ -338,6 +406,13 @@ def config_name(test: Mapping[str, Any]) -> str:
         parts.append("idem")
     if test.get("txn"):
         parts.append("txn")
+    mode = consumer_mode(test)
+    if mode == "subscribe":
+        parts.append("sub")
+    elif mode == "mixed":
+        parts.append(f"subp{subscribe_share(test):g}")
+    if test.get("commit_p"):
+        parts.append(f"commit{float(test['commit_p']):g}")
     if test.get("min_insync_replicas") is not None:
         parts.append(f"isr{test['min_insync_replicas']}")
     if test.get("unclean_leader_election"):

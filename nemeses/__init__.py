@@ -20,6 +20,7 @@ Use from a runner::
 
 from isrlab.nemeses.base import TARGETS, NemesisError
 from isrlab.nemeses.compose import (
+    DEFAULT_TARGETS,
     KINDS,
     Nemesis,
     build,
@@ -33,6 +34,7 @@ from isrlab.nemeses.packet import PacketFaultsUnavailable
 from isrlab.nemeses.partition import SHAPES, grudge
 
 __all__ = [
+    "DEFAULT_TARGETS",
     "KINDS",
     "SHAPES",
     "TARGETS",

@@ -4,7 +4,8 @@ A *fault* is one kind of failure (``partition``, ``pause``, ...). ``start(value)
 returns what it did (a JSON value for the history); ``stop(value)`` undoes what this fault did;
 ``heal()`` undoes it whatever the fault believes, so it is safe to run after a crash of the
 harness, twice in a row, or on a cluster that was never touched. Faults reach nodes only through
-the DB's ``remote(node)`` (SSH) and ask it cluster questions (``leader_of``, ``controller``).
+the DB's ``remote(node)`` (SSH) and ask it cluster questions (``leader_of``, ``controller``,
+``coordinator``).
 
 The dependency runs one way: the harness imports nemeses, never the reverse. What a fault needs of
 the harness is written here as protocols (``ClusterDB``, ``Shell``, ``CommandResult``), which
@@ -13,7 +14,8 @@ its DB to ``nemeses.build``); ``tests/nemeses/test_layering.py`` fails if a neme
 harness again.
 
 Targets (for process, clock and packet faults): ``one``, ``minority``, ``majority``, ``all``,
-``leader`` (of a key, default the test's first key), ``controller``; ``resolve_targets`` turns a
+``leader`` (of a key, default the test's first key), ``controller``, ``coordinator`` (of the
+test's consumer group, ``test["group"]``); ``resolve_targets`` turns a
 target into node names with a seeded ``random.Random`` so a run is reproducible given the same
 cluster answers.
 """
@@ -24,7 +26,15 @@ import random
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-TARGETS: tuple[str, ...] = ("one", "minority", "majority", "all", "leader", "controller")
+TARGETS: tuple[str, ...] = (
+    "one",
+    "minority",
+    "majority",
+    "all",
+    "leader",
+    "controller",
+    "coordinator",
+)
 
 
 class NemesisError(Exception):
@@ -77,6 +87,8 @@ class ClusterDB(Protocol):
 
     def controller(self) -> str | None: ...
 
+    def coordinator(self, group: str) -> str | None: ...
+
     def kill(self, node: str) -> bool: ...
 
     def start(self, node: str) -> int: ...
@@ -114,6 +126,19 @@ def leader_node(db: ClusterDB, key: str | None) -> str | None:
         return None
 
 
+def coordinator_node(db: ClusterDB) -> str | None:
+    """The coordinator of the test's consumer group (``test["group"]``): the broker leading
+    the group's ``__consumer_offsets`` partition, as a FindCoordinator request names it. None
+    when the test has no group or the cluster cannot tell (no leader, unreachable)."""
+    group = db.test.get("group")
+    if not group:
+        return None
+    try:
+        return db.coordinator(str(group))
+    except Exception:
+        return None
+
+
 def resolve_targets(
     target: str, db: ClusterDB, rng: random.Random, key: str | None = None
 ) -> list[str]:
@@ -139,4 +164,7 @@ def resolve_targets(
         except Exception:
             ctl = None
         return [ctl] if ctl else sorted(shuffled[:1])
+    if target == "coordinator":
+        coord = coordinator_node(db)
+        return [coord] if coord else sorted(shuffled[:1])
     raise NemesisError(f"unknown target {target!r}; use one of {', '.join(TARGETS)}")

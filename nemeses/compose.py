@@ -18,7 +18,9 @@ dicts in Jepsen's shape. ``{"type": "sleep", "value": seconds}`` asks the interp
 every other item is an invoke ``{"process": "nemesis", "type": "info", "f": ..., "value": ...}``.
 It alternates start and stop of one fault at a time, sleeping a staggered ``interval`` (uniform
 in [0.5, 1.5] x interval) before each op; the fault kind, shape, target and parameters are drawn
-from ``random.Random(seed)``, so the same seed gives the same schedule. ``final_ops(kinds)``
+from ``random.Random(seed)``, so the same seed gives the same schedule. Targets default to
+``DEFAULT_TARGETS``; with ``coordinator`` among them, partitions also draw the
+``isolate-coordinator`` shape (only it, when every target is ``coordinator``). ``final_ops(kinds)``
 lists the stop ops to run when the main phase ends (then ``heal_all`` as a safety net).
 """
 
@@ -32,8 +34,11 @@ from typing import Any
 from isrlab.nemeses.base import TARGETS, ClusterDB, Fault, NemesisError, default_key
 from isrlab.nemeses.clock import ClockFault
 from isrlab.nemeses.packet import PacketFault, check_available
-from isrlab.nemeses.partition import SHAPES, PartitionFault
+from isrlab.nemeses.partition import DEFAULT_SHAPES, SHAPES, PartitionFault
 from isrlab.nemeses.process import KillFault, PauseFault
+
+# The targets a schedule draws from when none are given (``coordinator`` needs a group).
+DEFAULT_TARGETS: tuple[str, ...] = ("one", "minority", "leader", "controller")
 
 KINDS: tuple[str, ...] = ("partition", "partition-iptables", "pause", "kill", "clock", "packet")
 
@@ -211,11 +216,16 @@ def schedule(
     wanted = parse_kinds(kinds)
     if interval <= 0:
         raise NemesisError(f"nemesis interval must be positive, not {interval}")
-    tgts = list(targets or ("one", "minority", "leader", "controller"))
+    tgts = list(targets or DEFAULT_TARGETS)
     bad = [t for t in tgts if t not in TARGETS]
     if bad:
         raise NemesisError(f"unknown target(s) {', '.join(bad)}; use {', '.join(TARGETS)}")
-    shps = list(shapes or SHAPES)
+    shps = list(shapes or DEFAULT_SHAPES)
+    if shapes is None and "coordinator" in tgts:
+        # a schedule aimed at the group coordinator also cuts it off from the rest (only that,
+        # when every target is the coordinator)
+        coordinator_only = all(t == "coordinator" for t in tgts)
+        shps = ["isolate-coordinator"] if coordinator_only else [*shps, "isolate-coordinator"]
     bad = [s for s in shps if s not in SHAPES]
     if bad:
         raise NemesisError(f"unknown shape(s) {', '.join(bad)}; use {', '.join(SHAPES)}")
@@ -237,6 +247,7 @@ def final_ops(kinds: str | Sequence[str]) -> list[dict[str, Any]]:
 
 
 __all__ = [
+    "DEFAULT_TARGETS",
     "KINDS",
     "Nemesis",
     "build",

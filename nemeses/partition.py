@@ -16,6 +16,9 @@ Shapes (Jepsen's names), from ``grudge(shape, nodes, rng, leader=None)``:
     so every node sees a majority but no two see the same one (needs at least 4 nodes).
 ``bridge``
     two halves that cannot reach each other and one node of the bigger half that reaches both.
+``isolate-coordinator``
+    the coordinator of the test's consumer group (``test["group"]``) against the rest; drawn
+    by a schedule only when its targets include ``coordinator``.
 
 Methods:
 
@@ -39,9 +42,18 @@ import shlex
 from collections.abc import Sequence
 from typing import Any
 
-from isrlab.nemeses.base import ClusterDB, NemesisError, Shell, leader_node
+from isrlab.nemeses.base import ClusterDB, NemesisError, Shell, coordinator_node, leader_node
 
-SHAPES: tuple[str, ...] = ("isolate-one", "isolate-leader", "halves", "majorities-ring", "bridge")
+# The shapes a schedule draws from by default; ``isolate-coordinator`` joins them when the
+# schedule's targets include ``coordinator`` (a test with a consumer group).
+DEFAULT_SHAPES: tuple[str, ...] = (
+    "isolate-one",
+    "isolate-leader",
+    "halves",
+    "majorities-ring",
+    "bridge",
+)
+SHAPES: tuple[str, ...] = (*DEFAULT_SHAPES, "isolate-coordinator")
 METHODS: tuple[str, ...] = ("route", "iptables")
 CHAIN = "ISRLAB-NEMESIS"
 
@@ -61,7 +73,8 @@ def isolate(nodes: Sequence[str], victim: str) -> Grudge:
 def grudge(
     shape: str, nodes: Sequence[str], rng: random.Random, leader: str | None = None
 ) -> Grudge:
-    """The grudge of ``shape`` over ``nodes`` (see the module docstring)."""
+    """The grudge of ``shape`` over ``nodes`` (see the module docstring); ``leader`` is the
+    node ``isolate-leader`` or ``isolate-coordinator`` cuts off (a random one when None)."""
     nodes = sorted(nodes)
     n = len(nodes)
     if n < 2:
@@ -70,7 +83,7 @@ def grudge(
     rng.shuffle(shuffled)
     if shape == "isolate-one":
         return isolate(nodes, shuffled[0])
-    if shape == "isolate-leader":
+    if shape in ("isolate-leader", "isolate-coordinator"):
         return isolate(nodes, leader or shuffled[0])
     if shape == "halves":
         k = n // 2
@@ -164,8 +177,12 @@ class PartitionFault:
         if "grudge" in value:
             g: Grudge = {k: sorted(v) for k, v in value["grudge"].items()}
         else:
-            leader = leader_node(self.db, value.get("key")) if shape == "isolate-leader" else None
-            g = grudge(shape, self.db.names, self.rng, leader)
+            victim = None
+            if shape == "isolate-leader":
+                victim = leader_node(self.db, value.get("key"))
+            elif shape == "isolate-coordinator":
+                victim = coordinator_node(self.db)
+            g = grudge(shape, self.db.names, self.rng, victim)
         if self.current:
             self.heal()
         self.current = {n: list(g.get(n, [])) for n in self.db.names}

@@ -43,7 +43,11 @@ __all__ = [
 
 # The config columns' types come from the harness's test table (Spark DDL name -> Arrow type).
 _ARROW = {"string": pa.string(), "boolean": pa.bool_(), "int": pa.int32(), "bigint": pa.int64()}
-_CONFIG_TYPES = {"nemesis": "string", **{o.name: o.column or "string" for o in COLUMNS}}
+_CONFIG_TYPES = {
+    "consumer": "string",
+    "nemesis": "string",
+    **{o.name: o.column or "string" for o in COLUMNS},
+}
 _RUN_COLUMNS = (
     ("run_id", "string"),
     ("path", "string"),

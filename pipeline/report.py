@@ -6,8 +6,8 @@ in `pipeline.analyze`):
 - ``index.html`` (jinja2, templates/index.html.j2): per switch setting a heatmap of
   acks x fault (invalid anomalies, and acked writes never read after the final drain,
   per 10,000 acked writes), the
-  configuration table with rates and 95 % intervals, a table per switch (switch value x
-  acks, pooled over everything else), worst runs and every run with a link to its own
+  configuration table with rates and 95 % intervals, a table per switch and one for the
+  consumer mode (value x acks, pooled over everything else), worst runs and every run with a link to its own
   report.html, and the malformed runs with their reasons;
 - ``plots/*.png`` (matplotlib, Agg backend);
 - ``summary.csv``: one row per configuration, a count column per anomaly type;
@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
-from isrlab.harness.testconfig import option
+from isrlab.harness.testconfig import CONSUMER_MODES, option
 from isrlab.pipeline.aggregate import rate_interval
 from isrlab.pipeline.store import ABSENT, SWITCHES
 
@@ -46,8 +46,10 @@ def _order(values: Sequence[Any], preferred: Sequence[Any]) -> list[Any]:
 
 
 def _setting(c: dict[str, Any]) -> str:
-    """A switch combination as text, e.g. ``min.insync=2, unclean``."""
-    parts = [f"min.insync={c['min_insync_replicas']}"]
+    """A switch combination as text, e.g. ``min.insync=2, unclean`` (with ``subscribe`` or
+    ``mixed`` first for runs whose processes joined the consumer group)."""
+    parts = [] if c.get("consumer", "assign") == "assign" else [str(c["consumer"])]
+    parts.append(f"min.insync={c['min_insync_replicas']}")
     if c["idempotence"]:
         parts.append("idempotence")
     if c["txn"]:
@@ -84,11 +86,12 @@ def _pool(configs: Sequence[dict[str, Any]], metric: str) -> dict[str, Any]:
 
 
 def switch_tables(configs: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per switch: {value: {acks: pooled invalid rate}} over every other column."""
+    """Per switch, and per consumer mode: {value: {acks: pooled invalid rate}} over every other
+    column."""
     acks = _order(sorted({c["acks"] for c in configs}), ACKS_ORDER)
     out: dict[str, dict[str, Any]] = {}
-    for switch in SWITCHES:
-        values = sorted({c[switch] for c in configs}, key=str)
+    for switch in ("consumer", *SWITCHES):
+        values = _order(sorted({c[switch] for c in configs}, key=str), CONSUMER_MODES)
         rows = []
         for value in values:
             cells = {}
@@ -264,6 +267,7 @@ def write_report(analysis: Analysis) -> Path:
                     w,
                     setting=_setting(c),
                     acks=c["acks"],
+                    consumer=c["consumer"],
                     nemesis=c["nemesis"],
                     href=href,
                     has_report=has_report,

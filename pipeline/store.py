@@ -7,7 +7,9 @@ the malformed ones with the reason (unreadable or non-object test.json, missing
 history.jsonl), so that the pipeline reports and skips them instead of failing.
 
 `config_of(test)` reduces a test configuration to the columns the published report
-groups by: acks, nemesis (one fault kind; ``combined`` for the matrix's schedule of all
+groups by: acks, consumer (how the processes took keys: ``assign``, ``subscribe`` or
+``mixed``, `harness.testconfig.consumer_mode`; a test.json from before consumer groups reads
+as ``assign``), nemesis (one fault kind; ``combined`` for the matrix's schedule of all
 four kinds; kinds joined by ``+``, e.g. ``kill+partition``, for other compositions;
 ``none``), the switches idempotence, txn, min_insync_replicas, unclean_leader_election and
 truncation_mode, and the two timings that decide how fast the ISR shrinks and how fast a
@@ -29,7 +31,14 @@ from typing import Any
 
 import orjson
 
-from isrlab.harness.testconfig import COLUMNS, COMBINED_KINDS, TIMINGS, config_name, nemesis_label
+from isrlab.harness.testconfig import (
+    COLUMNS,
+    COMBINED_KINDS,
+    TIMINGS,
+    config_name,
+    consumer_mode,
+    nemesis_label,
+)
 
 __all__ = [
     "ABSENT",
@@ -46,7 +55,7 @@ __all__ = [
 ]
 
 SWITCHES = tuple(o.name for o in COLUMNS if o.switch)
-CONFIG_COLUMNS = ("acks", "nemesis", *SWITCHES, *TIMINGS)
+CONFIG_COLUMNS = ("acks", "consumer", "nemesis", *SWITCHES, *TIMINGS)
 # What a run whose test.json lacks a key ran with (the brokers' setting then).
 ABSENT: dict[str, Any] = {o.name: o.absent for o in COLUMNS if o.name in (*SWITCHES, *TIMINGS)}
 _COERCE = {"boolean": bool, "int": int, "bigint": int, "string": str}
@@ -74,6 +83,7 @@ def config_of(test: Mapping[str, Any]) -> dict[str, Any]:
     """The report's grouping columns for one test configuration (see the module doc)."""
     out: dict[str, Any] = {
         "acks": str(test.get("acks", "all")).lower().replace("-1", "all"),
+        "consumer": consumer_mode(test),
         "nemesis": nemesis_label(test.get("nemesis")),
     }
     for opt in COLUMNS:

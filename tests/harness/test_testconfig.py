@@ -34,11 +34,22 @@ def _good(opt: Option) -> Any:
     return "n1" if opt.kind is list else "x"
 
 
+# Options that only make sense with another: what each is tried with.
+_COMPANIONS: dict[str, dict[str, Any]] = {
+    "commit_p": {"subscribe": True},
+    "nemesis_targets": {"subscribe": True},  # the coordinator target needs a group
+}
+
+
+def _config(opt: Option, value: Any) -> TestConfig:
+    return TestConfig.from_mapping({**_COMPANIONS.get(opt.name, {}), opt.name: value})
+
+
 @pytest.mark.parametrize("opt", OPTIONS, ids=lambda o: o.name)
 def test_every_option_is_validated_from_the_table(opt: Option) -> None:
     # the default, and a good value, pass
-    assert TestConfig.from_mapping({opt.name: opt.default}) is not None
-    good = TestConfig.from_mapping({opt.name: _good(opt)})
+    assert _config(opt, opt.default) is not None
+    good = _config(opt, _good(opt))
     value = getattr(good, opt.name)
     assert value is not None and (opt.name != "keys" or value == ("n1",))
     # a value of the wrong type is refused with the option's name
@@ -46,12 +57,12 @@ def test_every_option_is_validated_from_the_table(opt: Option) -> None:
     if opt.kind in (str, list) and not opt.choices:
         wrong = object()
     with pytest.raises(ConfigError, match=re.escape(opt.name)):
-        TestConfig.from_mapping({opt.name: wrong})
+        _config(opt, wrong)
     for choice in opt.choices:
-        assert TestConfig.from_mapping({opt.name: choice})
+        assert _config(opt, choice)
     _refuses_values_outside_its_bounds(opt)
     if opt.minimum is not None and not opt.above:
-        assert TestConfig.from_mapping({opt.name: opt.minimum})
+        assert _config(opt, opt.minimum)
 
 
 def _wrong_type(opt: Option) -> Any:
@@ -63,14 +74,14 @@ def _refuses_values_outside_its_bounds(opt: Option) -> None:
     named = rf"{re.escape(opt.name)}( \(--[\w-]+\))? must be"
     if opt.choices:
         with pytest.raises(ConfigError, match="must be one of"):
-            TestConfig.from_mapping({opt.name: "no-such-value"})
+            _config(opt, "no-such-value")
     if opt.minimum is not None:
         low = opt.minimum if opt.above else opt.minimum - 1
         with pytest.raises(ConfigError, match=named):
-            TestConfig.from_mapping({opt.name: low})
+            _config(opt, low)
     if opt.maximum is not None:
         with pytest.raises(ConfigError, match=named + " at most"):
-            TestConfig.from_mapping({opt.name: opt.maximum + 0.5})
+            _config(opt, opt.maximum + 0.5)
 
 
 def test_the_typed_config_round_trips_through_test_json() -> None:
@@ -132,7 +143,7 @@ def test_broker_settings_and_report_columns_come_from_the_table() -> None:
     from isrlab.pipeline.ingest import RUNS_SCHEMA
     from isrlab.pipeline.store import CONFIG_COLUMNS, config_of
 
-    assert set(CONFIG_COLUMNS) == {"nemesis", *(o.name for o in testconfig.COLUMNS)}
+    assert set(CONFIG_COLUMNS) == {"consumer", "nemesis", *(o.name for o in testconfig.COLUMNS)}
     assert set(CONFIG_COLUMNS) <= set(RUNS_SCHEMA.names)
     # a stored test.json without min_insync_replicas ran with Kafka's 1, not the new default 2
     assert TestConfig().min_insync_replicas == 2
@@ -267,8 +278,10 @@ def test_knobs_in_test_json_are_the_ones_set_as_before() -> None:
     test = json.loads(json.dumps(config.to_test()))
     bare = json.loads(json.dumps(TestConfig.from_mapping({"seed": 1}).to_test()))
     assert set(test) - set(bare) == {
-        *["send_p", "sub_via", "allow", "producer_config", "checker", "clock_max_skew_ms"]
+        *["send_p", "sub_via", "allow", "producer_config", "checker", "clock_max_skew_ms"],
+        "group",  # processes may subscribe: the test names its consumer group
     }
+    assert test["group"] == "isrlab-queue-1"
     assert not {o.name for o in KNOBS} & set(bare)  # unset knobs are not written
     assert test["sub_via"] == ["assign", "subscribe"] and test["allow"] == ["poll-skip", "unseen"]
     # librdkafka settings keep their JSON types (the broker_config of the test table is text)

@@ -22,6 +22,7 @@ def test_config_of_fills_kafka_defaults_and_labels_faults() -> None:
     c = config_of({"acks": "all", "nemesis": ["kill", "partition", "pause", "clock"]})
     assert c == {
         "acks": "all",
+        "consumer": "assign",  # a test.json from before consumer groups
         "nemesis": "combined",
         "idempotence": False,
         "txn": False,

@@ -3,7 +3,7 @@
 `QueueClient(test, node_bootstrap, process, node=None)` owns one producer and one
 consumer (librdkafka, which releases the GIL, so one thread per process scales).
 `open()` creates them, `invoke(op) -> completed op` performs one operation of
-docs/history-format.md (send, poll, txn, assign, subscribe, crash) and returns
+docs/history-format.md (send, poll, txn, assign, subscribe, commit, crash) and returns
 its completion in exactly the spec's shapes (written with `checkers.queue.codec`, the
 codec the checker reads them with), `close()` tears them down without waiting.
 
@@ -30,6 +30,18 @@ interpreter then replaces the client and the process. A completion that is not `
 rolls the consumer back to the first offset it read in that op (an aborted transaction
 rewinds), as Jepsen's with-consumer-rollback.
 
+Consumer groups (test['group'], set when processes can subscribe): every consumer of the
+test uses the group id; `subscribe` subscribes to the topics of its keys with rebalance
+callbacks, and the next completion after a rebalance carries `rebalance`: {"generation",
+"assigned", "revoked", "committed"} (docs/history-format.md): the keys the group assigned and
+revoked since the previous completion (lost partitions count as revoked), the generation
+(`generation_of`), and, per assigned key, the group's committed offset the client fetched in
+the assign callback (null: none). An `assign` after a `subscribe` leaves the group by closing
+the consumer and assigns on a new one. `commit` commits, synchronously, the next offset to read
+of every key the process owns and has polled (the completion's value names them; the invoke
+cannot know them); it is `fail` when the coordinator refused it before appending
+(`DEFINITE_COMMIT_ERRORS`) or nothing was sent, `info` otherwise.
+
 Every completion carries `node`. A sample (test['watermark_p'], default 0.1) of ok send,
 poll and txn completions carries `watermarks` for the keys the op touched, queried from
 the partition leaders (ListOffsets, on the process's own admin connection) after the op's
@@ -42,13 +54,15 @@ known).
 Test keys used: acks ("all"), idempotence (False), txn (False), isolation_level
 ("read_uncommitted"), seed, and the workload's knobs (`options.QueueOptions`, their defaults
 and meaning): op_timeout_ms, watermark_p, linger_ms, request_timeout_ms, fetch_wait_max_ms,
-retries, poll_ms, producer_config / consumer_config (extra librdkafka settings).
+retries, poll_ms, session_timeout_ms and max_poll_interval_ms (group consumers),
+producer_config / consumer_config (extra librdkafka settings); group.
 """
 
 from __future__ import annotations
 
 import logging
 import random
+import struct
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -58,6 +72,7 @@ from typing import Any
 import orjson
 from confluent_kafka import (
     OFFSET_BEGINNING,
+    OFFSET_STORED,
     Consumer,
     KafkaError,
     KafkaException,
@@ -71,12 +86,14 @@ from isrlab.checkers.queue import codec
 from isrlab.harness.workloads.queue.options import QueueOptions
 
 __all__ = [
+    "DEFINITE_COMMIT_ERRORS",
     "DEFINITE_ERRORS",
     "LIBRDKAFKA_LOG",
     "ClientError",
     "QueueClient",
     "classify",
     "error_name",
+    "generation_of",
     "parse_key",
 ]
 
@@ -104,6 +121,32 @@ DEFINITE_ERRORS: frozenset[int] = frozenset(
         KafkaError._PURGE_QUEUE,
         KafkaError._QUEUE_FULL,
         KafkaError.INVALID_REQUIRED_ACKS,
+    }
+)
+
+# Errors that prove an offset commit did not happen: the coordinator refused it before
+# appending (Kafka's GroupCoordinator.handleCommitOffsets checks member, generation and state
+# first), or librdkafka never sent it. Not NOT_COORDINATOR / COORDINATOR_NOT_AVAILABLE: Kafka
+# turns a failed or timed-out append of the offsets record (NOT_LEADER_OR_FOLLOWER,
+# NOT_ENOUGH_REPLICAS, REQUEST_TIMED_OUT) into those, so the record may still commit.
+DEFINITE_COMMIT_ERRORS: frozenset[int] = frozenset(
+    {
+        KafkaError.ILLEGAL_GENERATION,
+        KafkaError.UNKNOWN_MEMBER_ID,
+        KafkaError.REBALANCE_IN_PROGRESS,
+        KafkaError.FENCED_INSTANCE_ID,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.OFFSET_METADATA_TOO_LARGE,
+        KafkaError.INVALID_COMMIT_OFFSET_SIZE,
+        KafkaError.GROUP_AUTHORIZATION_FAILED,
+        KafkaError.TOPIC_AUTHORIZATION_FAILED,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError.INVALID_GROUP_ID,
+        KafkaError._NO_OFFSET,
+        KafkaError._ASSIGNMENT_LOST,
+        KafkaError._STATE,
+        KafkaError._INVALID_ARG,
+        KafkaError._UNKNOWN_PARTITION,
     }
 )
 
@@ -215,6 +258,13 @@ class QueueClient:
         self.broken = False
         self.assigned: set[str] = set()
         self.subscribed = False
+        # The consumer group of the test (subscribe mode), None in assign-only tests.
+        self.group: str | None = str(test["group"]) if test.get("group") else None
+        # Per key the process owns: the next offset to read, as far as its polls tell.
+        self.next_offsets: dict[str, int] = {}
+        # Rebalances seen since the last completion (the next completion carries them).
+        self._rebalance: dict[str, Any] | None = None
+        self._rebalance_count = 0
         self._producer_id = -1
         self._producer_epoch = -1
 
@@ -275,8 +325,9 @@ class QueueClient:
         conf: dict[str, Any] = {
             "bootstrap.servers": self.bootstrap,
             "client.id": f"isrlab-c{self.process}",
-            # Required by librdkafka, unused with assign(): offsets are never committed.
-            "group.id": f"isrlab-{self.process}",
+            # Required by librdkafka, unused with assign() (assign never joins the group); a
+            # test in which processes subscribe gives every consumer the test's group.
+            "group.id": self.group or f"isrlab-{self.process}",
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
             "auto.offset.reset": "earliest",
@@ -289,6 +340,12 @@ class QueueClient:
             # Warnings and worse only: info lines are printed straight to stderr at destroy.
             "log_level": 4,
         }
+        if self.group:
+            # Members that stop heartbeating (paused, partitioned away) leave within seconds;
+            # the rebalance timeout (max.poll.interval.ms) bounds how long a rebalance waits
+            # for members that are busy in other ops. Offsets are committed by commit ops only.
+            conf["session.timeout.ms"] = k.session_timeout_ms
+            conf["max.poll.interval.ms"] = max(k.max_poll_interval_ms, k.session_timeout_ms)
         conf.update(k.consumer_config or {})
         return conf
 
@@ -340,6 +397,7 @@ class QueueClient:
                 log.debug("closing consumer: %s", e)
         self.assigned = set()
         self.subscribed = False
+        self.next_offsets = {}
 
     def _on_error(self, err: KafkaError) -> None:
         if err.fatal():
@@ -363,16 +421,125 @@ class QueueClient:
         base["node"] = self.node
         if f == "crash":
             self.close()
-            return {**base, "type": "info", "value": None}
+            return self._with_rebalance({**base, "type": "info", "value": None})
         if self.producer is None or self.consumer is None:
             return {**base, "type": "fail", "error": "client-not-open"}
         if f == "assign":
-            return self._assign(base, op.get("_seek") == "beginning")
-        if f == "subscribe":
-            return self._subscribe(base)
-        if f in codec.DATA_FS:
-            return self._transact(base, float(op.get("_poll_ms", self.poll_s * 1000)) / 1000)
-        return {**base, "type": "fail", "error": f"unknown-f:{f}"}
+            done = self._assign(base, op.get("_seek") == "beginning")
+        elif f == "subscribe":
+            done = self._subscribe(base)
+        elif f == "commit":
+            done = self._commit(base)
+        elif f in codec.DATA_FS:
+            done = self._transact(base, float(op.get("_poll_ms", self.poll_s * 1000)) / 1000)
+        else:
+            done = {**base, "type": "fail", "error": f"unknown-f:{f}"}
+        return self._with_rebalance(done)
+
+    # -- consumer groups
+
+    def _with_rebalance(self, done: Op) -> Op:
+        """``done`` with the rebalances seen since the previous completion, if any."""
+        reb, self._rebalance = self._rebalance, None
+        if reb is not None:
+            done["rebalance"] = {
+                "generation": reb["generation"],
+                "assigned": sorted(reb["assigned"]),
+                "revoked": sorted(reb["revoked"]),
+                "committed": dict(sorted(reb["committed"].items())),
+            }
+        return done
+
+    def _pending_rebalance(self, consumer: Consumer) -> dict[str, Any]:
+        if self._rebalance is None:
+            self._rebalance = {
+                "generation": -1,
+                "assigned": set(),
+                "revoked": set(),
+                "committed": {},
+            }
+        self._rebalance["generation"] = self._generation(consumer)
+        return self._rebalance
+
+    def _generation(self, consumer: Consumer) -> int:
+        """The group generation the consumer is in, read from librdkafka's serialized group
+        metadata (consumer_group_metadata(): b"CGMDv2:", then the int32 generation id in
+        native byte order, as rd_kafka_consumer_group_metadata_write lays it out); when that
+        layout is not found, the number of assignments this client received (documented in
+        docs/history-format.md as the fallback)."""
+        try:
+            meta = consumer.consumer_group_metadata()
+        except (KafkaException, RuntimeError, TypeError) as e:
+            log.debug("consumer_group_metadata: %s", e)
+            meta = None
+        return generation_of(meta, self._rebalance_count)
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        keys = [f"{tp.topic}/{tp.partition}" for tp in partitions]
+        self._rebalance_count += 1
+        reb = self._pending_rebalance(consumer)
+        reb["assigned"].update(keys)
+        self.assigned.update(keys)
+        for k in keys:
+            self.next_offsets.pop(k, None)  # starts afresh: the committed offset or earliest
+        reb["committed"].update(self._committed(consumer, partitions))
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        keys = [f"{tp.topic}/{tp.partition}" for tp in partitions]
+        reb = self._pending_rebalance(consumer)
+        reb["revoked"].update(keys)
+        self.assigned.difference_update(keys)
+        for k in keys:
+            self.next_offsets.pop(k, None)
+
+    def _committed(
+        self, consumer: Consumer, partitions: list[TopicPartition]
+    ) -> dict[str, int | None]:
+        """The group's committed offsets of ``partitions`` (None: nothing committed), asked
+        of the coordinator; keys it could not tell are left out."""
+        if not partitions:
+            return {}
+        try:
+            got = consumer.committed(
+                [TopicPartition(tp.topic, tp.partition) for tp in partitions],
+                timeout=min(self.op_timeout, self.knobs.request_timeout_ms / 1000),
+            )
+        except KafkaException as e:
+            log.debug("process %s: committed offsets: %s", self.process, e)
+            return {}
+        out: dict[str, int | None] = {}
+        for tp in got:
+            if tp.error is not None:
+                continue
+            out[f"{tp.topic}/{tp.partition}"] = tp.offset if tp.offset >= 0 else None
+        return out
+
+    def _commit(self, op: Op) -> Op:
+        """Commit the next offset to read of every key the process owns and has polled
+        (Kafka's meaning of a committed offset), synchronously."""
+        consumer = self.consumer
+        assert consumer is not None
+        offsets = {k: self.next_offsets[k] for k in sorted(self.assigned) if k in self.next_offsets}
+        value = [codec.commit(offsets)]
+        if not self.subscribed:
+            # Assigned keys belong to no group member: nothing is sent.
+            return {**op, "type": "fail", "value": value, "error": "not-subscribed"}
+        if not offsets:
+            return {**op, "type": "fail", "value": value, "error": "nothing-to-commit"}
+        tps = [TopicPartition(*parse_key(k), off) for k, off in offsets.items()]
+        try:
+            result = consumer.commit(offsets=tps, asynchronous=False)
+        except KafkaException as e:
+            err: KafkaError = e.args[0]
+            kind = "fail" if err.code() in DEFINITE_COMMIT_ERRORS else "info"
+            return {**op, "type": kind, "value": value, "error": ["commit", error_name(err)]}
+        errors = [tp.error for tp in result or [] if tp.error is not None]
+        if not errors:
+            return {**op, "type": "ok", "value": value}
+        definite = all(e.code() in DEFINITE_COMMIT_ERRORS for e in errors)
+        kind = "fail" if definite and len(errors) == len(tps) else "info"
+        names = sorted({error_name(e) for e in errors})
+        return {**op, "type": kind, "value": value, "error": ["commit", *names]}
 
     def _assign(self, op: Op, from_beginning: bool) -> Op:
         consumer = self.consumer
@@ -382,16 +549,15 @@ class QueueClient:
             tps = {k: parse_key(k) for k in wanted}
         except (TypeError, ValueError) as e:
             return {**op, "type": "fail", "error": ["bad-keys", str(e)]}
+        if self.subscribed:
+            return self._leave_group_and_assign(op, wanted, from_beginning)
         keep = set() if from_beginning else self.assigned & wanted
         drop = self.assigned - keep
         add = wanted - keep
         changed = False
+        for k in drop | (set(self.next_offsets) - keep):
+            self.next_offsets.pop(k, None)
         try:
-            if self.subscribed:
-                # librdkafka does not mix a subscription with manual assignment.
-                consumer.unsubscribe()
-                changed = True
-                self.subscribed = False
             if drop:
                 # Incremental changes keep the fetch position of keys that stay assigned:
                 # a full assign() would restart them and the next poll would go back.
@@ -409,6 +575,38 @@ class QueueClient:
             return {**op, "type": kind, "error": ["assign", str(e.args[0])]}
         return {**op, "type": "ok"}
 
+    def _leave_group_and_assign(self, op: Op, wanted: set[str], from_beginning: bool) -> Op:
+        """assign after subscribe: librdkafka revokes a subscription's partitions only in a
+        later poll, whose automatic unassign would undo a manual assignment made meanwhile, so
+        the consumer leaves the group by closing (its revoke callback runs in close) and a new
+        one assigns. Keys that stay resume at the next offset this process's polls reached
+        (else the group's committed offset, where the old consumer would have started)."""
+        keep = set() if from_beginning else self.assigned & wanted
+        resume = {k: self.next_offsets.get(k, OFFSET_STORED) for k in keep}
+        consumer, self.consumer = self.consumer, None
+        self.subscribed = False
+        try:
+            assert consumer is not None
+            consumer.close()
+        except (KafkaException, RuntimeError) as e:
+            log.debug("process %s: leaving the group: %s", self.process, e)
+        self.assigned = set()
+        self.next_offsets = {k: off for k, off in resume.items() if off >= 0}
+        try:
+            self.consumer = Consumer(self.consumer_config())
+            self.consumer.incremental_assign(
+                [
+                    TopicPartition(*parse_key(k), resume.get(k, OFFSET_BEGINNING))
+                    for k in sorted(wanted)
+                ]
+            )
+        except KafkaException as e:
+            # The old consumer is gone: this process cannot say what it is assigned.
+            self.broken = True
+            return {**op, "type": "info", "error": ["assign", str(e.args[0])]}
+        self.assigned = set(wanted)
+        return {**op, "type": "ok"}
+
     def _subscribe(self, op: Op) -> Op:
         consumer = self.consumer
         assert consumer is not None
@@ -417,12 +615,19 @@ class QueueClient:
         except (TypeError, ValueError) as e:
             return {**op, "type": "fail", "error": ["bad-keys", str(e)]}
         try:
-            if self.assigned:
+            if self.assigned and not self.subscribed:
                 consumer.incremental_unassign(
                     [TopicPartition(*parse_key(k)) for k in self.assigned]
                 )
                 self.assigned = set()
-            consumer.subscribe(topics)
+                self.next_offsets = {}
+            # What the group assigns arrives in the rebalance callbacks, during later polls.
+            consumer.subscribe(
+                topics,
+                on_assign=self._on_assign,
+                on_revoke=self._on_revoke,
+                on_lost=self._on_revoke,
+            )
         except KafkaException as e:
             return {**op, "type": "info", "error": ["subscribe", str(e.args[0])]}
         self.subscribed = True
@@ -610,7 +815,9 @@ class QueueClient:
     def _poll(self, timeout: float, first_read: dict[str, int]) -> dict[str, list[list[Any]]]:
         consumer = self.consumer
         assert consumer is not None
-        if not self.assigned and not consumer.assignment():
+        if not self.subscribed and not self.assigned and not consumer.assignment():
+            # (a subscribed consumer polls even with nothing assigned: its rebalance
+            # callbacks, and so its assignment, come from poll)
             return {}
         # Block only for the first record; then take whatever else is already fetched.
         first = consumer.poll(timeout)
@@ -628,8 +835,10 @@ class QueueClient:
             k = f"{m.topic()}/{m.partition()}"
             off = m.offset()
             read.setdefault(k, []).append([off, _decode(m.value())])
-            if k not in first_read and off is not None:
-                first_read[k] = off
+            if off is not None:
+                self.next_offsets[k] = off + 1
+                if k not in first_read:
+                    first_read[k] = off
         return read
 
     def _abort(self, errors: list[Any]) -> str:
@@ -653,10 +862,22 @@ class QueueClient:
                 continue
             try:
                 consumer.seek(TopicPartition(*parse_key(k), off))
+                self.next_offsets[k] = off
             except KafkaException as e:
                 # Not fetching that partition yet: nothing to rewind, or the process ends.
                 log.debug("rollback %s to %s: %s", k, off, e)
                 self.broken = True
+
+
+_CGMD_MAGIC = b"CGMDv2:"
+
+
+def generation_of(meta: Any, fallback: int) -> int:
+    """The generation id in librdkafka's serialized consumer group metadata (``b"CGMDv2:"``
+    then a native-order int32), or ``fallback`` when ``meta`` is not laid out that way."""
+    if isinstance(meta, bytes) and meta.startswith(_CGMD_MAGIC) and len(meta) >= 11:
+        return int(struct.unpack_from("=i", meta, len(_CGMD_MAGIC))[0])
+    return fallback
 
 
 def _worse(a: str | None, b: str) -> str:

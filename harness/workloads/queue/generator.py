@@ -1,8 +1,9 @@
 """The Kafka queue workload's generators and test phases (Jepsen's queue workload).
 
 `QueueWorkload` builds the Kafka test's generators: send/poll (or txn) ops with increasing
-values per key, an assign when a process starts and occasional reassignments (some of them
-steered towards keys with sent-but-unread offsets, Jepsen's poll-unseen), optional client
+values per key, an assign (or subscribe) when a process starts and occasional reassignments
+(some of them steered towards keys with sent-but-unread offsets, Jepsen's poll-unseen; each
+a subscribe with the test's subscribe share), commits of subscribed processes, optional client
 crashes, and the final drain in which every thread crashes its client, assigns every key
 from the beginning and polls until it has read up to the highest offset any ok op
 acknowledged or read. `queue_test(...)` wires the phases: workload + nemesis under the time
@@ -39,7 +40,7 @@ from isrlab.harness.generator import (
     stagger,
     time_limit,
 )
-from isrlab.harness.workloads.queue.options import QueueOptions
+from isrlab.harness.workloads.queue.options import QueueOptions, subscribe_share
 
 __all__ = ["QueueWorkload", "queue_test"]
 
@@ -58,8 +59,9 @@ def _max_offsets(event: Op, polls: bool = True, sends: bool = True) -> dict[str,
 class QueueWorkload:
     """The Kafka queue workload's generators and the state they share.
 
-    Test keys used: `keys` (list of "topic/partition"), `txn`, `concurrency`, and the
-    workload's knobs (`options.QueueOptions`, their defaults and meaning): `max_txn_length`,
+    Test keys used: `keys` (list of "topic/partition"), `txn`, `concurrency`, how processes
+    take keys (`subscribe`, `sub_p` or the `sub_via` knob: `options.subscribe_share`),
+    `commit_p` (commit ops of subscribed processes), and the workload's knobs (`options.QueueOptions`, their defaults and meaning): `max_txn_length`,
     `send_p`, `assign_p`, `assign_keys`, `sub_via`, `crash_clients`, `crash_client_interval`,
     `poll_ms`, `final_poll_ms`, `final_restart_s`. A bad knob value raises `ConfigError` (a
     ValueError).
@@ -77,6 +79,9 @@ class QueueWorkload:
         self.assign_p = knobs.assign_p
         self.assign_keys = knobs.assign_keys or max(1, (len(keys) + 1) // 2)
         self.sub_via = list(knobs.sub_via or QueueOptions.sub_via)  # none given: the default
+        # The chance that a (re)assignment subscribes (--subscribe 1, --sub-p, or sub_via).
+        self.sub_share = subscribe_share(test)
+        self.commit_p = float(test.get("commit_p") or 0.0)
         self.crash_clients = knobs.crash_clients
         self.crash_interval = knobs.crash_client_interval
         self.concurrency = int(test.get("concurrency", 20))
@@ -91,6 +96,8 @@ class QueueWorkload:
         self.sent: dict[str, int] = {}
         self.polled: dict[str, int] = {}
         self._assigned_processes: set[int | str] = set()
+        # Processes whose last ok (re)assignment was a subscribe: the ones that may commit.
+        self._subscribed: set[int | str] = set()
 
     # -- ops ---------------------------------------------------------------------------
 
@@ -106,8 +113,17 @@ class QueueWorkload:
         if self.sent and rng.random() < 1 / 3:
             # Steer a third of the reassignments towards keys with unread offsets.
             ks = list(dict.fromkeys(ks + sorted(self.sent)))
-        f = self.sub_via[0] if len(self.sub_via) == 1 else rng.choice(self.sub_via)
+        if self.sub_share in (0.0, 1.0):
+            f = "subscribe" if self.sub_share else "assign"
+        else:
+            f = "subscribe" if rng.random() < self.sub_share else "assign"
         return {"f": f, "value": sorted(ks)}
+
+    @staticmethod
+    def commit_op() -> Op:
+        """A commit: the client fills in the offsets (the next offset to read of every key
+        the process has polled and still owns), which the invoke cannot know."""
+        return {"f": "commit", "value": [codec.commit({})]}
 
     def txn_op(self, rng: random.Random) -> Op:
         n = rng.randint(1, self.max_txn_length)
@@ -139,12 +155,22 @@ class QueueWorkload:
             return self.assign_op(ctx.rng)
         if ctx.rng.random() < self.assign_p:
             return self.assign_op(ctx.rng)
+        if self.commit_p and ctx.process in self._subscribed and ctx.rng.random() < self.commit_p:
+            return self.commit_op()
         return self.txn_op(ctx.rng)
 
     # -- tracking ----------------------------------------------------------------------
 
     def _track(self, ctx: Context, event: Op) -> None:
-        if event.get("type") != "ok":
+        f, t = event.get("f"), event.get("type")
+        if t == "info":
+            self._subscribed.discard(ctx.process)  # a process is never used after an info
+        elif t == "ok" and f in codec.ASSIGN_FS:
+            if f == "subscribe":
+                self._subscribed.add(ctx.process)
+            else:
+                self._subscribed.discard(ctx.process)
+        if t != "ok":
             return
         for k, off in _max_offsets(event).items():
             if off > self.max_offsets.get(k, -1):

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from isrlab.checkers.queue.policy import ALL_TYPES
-from isrlab.harness.optiontable import Option, option_field, table
+from isrlab.harness.optiontable import ConfigError, Option, option_field, table
 
-__all__ = ["KNOBS", "QueueOptions"]
+__all__ = ["KNOBS", "QueueOptions", "subscribe_share"]
 
 _ANOMALIES = tuple(sorted(ALL_TYPES))
 
@@ -49,8 +49,8 @@ class QueueOptions:
     )
     sub_via: tuple[str, ...] = _knob(
         ("assign",),
-        "how a process takes keys (both: one at random per reassignment); "
-        "subscribe also puts the checker in subscribe mode",
+        "how a process takes keys (Jepsen's name; both: one at random per reassignment, as "
+        "sub_p 0.5); subscribe also puts the checker in subscribe mode",
         choices=("assign", "subscribe"),
     )
     crash_clients: bool = _knob(False, "crash client processes now and then")
@@ -74,6 +74,14 @@ class QueueOptions:
     )
     linger_ms: int = _knob(0, "producer linger.ms", minimum=0)
     fetch_wait_max_ms: int = _knob(100, "consumer fetch.wait.max.ms", minimum=0)
+    session_timeout_ms: int = _knob(
+        6000, "group consumers' session.timeout.ms (subscribe)", minimum=1
+    )
+    max_poll_interval_ms: int = _knob(
+        30000,
+        "group consumers' max.poll.interval.ms, also their rebalance timeout (subscribe)",
+        minimum=1,
+    )
     retries: int | None = _knob(None, "producer retries (unset: librdkafka's)", minimum=0)
     watermark_p: float = _knob(
         0.1, "share of ok completions that carry watermarks", minimum=0, maximum=1
@@ -90,9 +98,6 @@ class QueueOptions:
     )
     disallow: tuple[str, ...] | None = _knob(
         None, "anomaly types not allowed (wins over allow)", choices=_ANOMALIES
-    )
-    subscribe: bool | None = _knob(
-        None, "check in subscribe mode (unset: when sub_via or the history subscribes)"
     )
     ww_deps: bool | None = _knob(None, "false leaves ww edges out of the dependency graph")
     eos: dict[str, Any] | None = _knob(  # noqa: RUF009 (None: a field, not a dict)
@@ -118,3 +123,20 @@ class QueueOptions:
 
 KNOBS: tuple[Option, ...] = table(QueueOptions)
 _BY_NAME: dict[str, Option] = {o.name: o for o in KNOBS}
+
+
+def subscribe_share(test: Mapping[str, Any]) -> float:
+    """The chance that a (re)assignment op of test map ``test`` is a subscribe rather than an
+    assign: 1 with ``subscribe`` (the test table's ``--subscribe``), else ``sub_p`` (``--sub-p``)
+    when set, else from the ``sub_via`` knob (Jepsen's name: assign 0, subscribe 1, both 0.5).
+    How often a (re)assignment happens at all is ``assign_p`` (Jepsen's 1/64 per op). Bad
+    values raise `ConfigError` (a ValueError)."""
+    if test.get("subscribe") is True:
+        return 1.0
+    if test.get("sub_p") is not None:
+        sub_p = test["sub_p"]
+        if isinstance(sub_p, bool) or not isinstance(sub_p, int | float) or not 0 <= sub_p <= 1:
+            raise ConfigError(f"sub_p (--sub-p) must be a number from 0 to 1, not {sub_p!r}")
+        return float(sub_p)
+    via = QueueOptions.from_test(test).sub_via
+    return sum(1 for f in via if f == "subscribe") / len(via) if via else 0.0

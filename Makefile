@@ -6,7 +6,8 @@ PIP   := $(VENV)/bin/pip
 # Debian packages the project needs: command to probe -> package that provides it.
 SYSDEPS := /usr/sbin/sshd:openssh-server /usr/sbin/iptables:iptables /usr/sbin/route:net-tools \
            /usr/sbin/ip:iproute2 /usr/bin/faketime:faketime /usr/share/zookeeper/bin/zkServer.sh:zookeeper \
-           /usr/bin/java:default-jre-headless /usr/sbin/tc:iproute2 /usr/bin/g++:g++
+           /usr/bin/java:default-jre-headless /usr/sbin/tc:iproute2 /usr/bin/g++:g++ \
+           /usr/bin/kcat:kcat
 
 .PHONY: all setup sysdeps venv build test lint typecheck unit demo soak bench clean
 

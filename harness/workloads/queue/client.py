@@ -54,7 +54,8 @@ known).
 Test keys used: acks ("all"), idempotence (False), txn (False), isolation_level
 ("read_uncommitted"), seed, and the workload's knobs (`options.QueueOptions`, their defaults
 and meaning): op_timeout_ms, watermark_p, linger_ms, request_timeout_ms, fetch_wait_max_ms,
-retries, poll_ms, session_timeout_ms and max_poll_interval_ms (group consumers),
+retries, poll_ms, session_timeout_ms, max_poll_interval_ms and assignment_strategy (group
+consumers),
 producer_config / consumer_config (extra librdkafka settings); group.
 """
 
@@ -346,6 +347,7 @@ class QueueClient:
             # for members that are busy in other ops. Offsets are committed by commit ops only.
             conf["session.timeout.ms"] = k.session_timeout_ms
             conf["max.poll.interval.ms"] = max(k.max_poll_interval_ms, k.session_timeout_ms)
+            conf["partition.assignment.strategy"] = k.assignment_strategy
         conf.update(k.consumer_config or {})
         return conf
 

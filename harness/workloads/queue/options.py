@@ -77,6 +77,12 @@ class QueueOptions:
     session_timeout_ms: int = _knob(
         6000, "group consumers' session.timeout.ms (subscribe)", minimum=1
     )
+    assignment_strategy: str = _knob(
+        "roundrobin",
+        "group consumers' partition.assignment.strategy (subscribe); range puts a "
+        "single-partition topic's key on the same member for every topic",
+        choices=("roundrobin", "range", "cooperative-sticky"),
+    )
     max_poll_interval_ms: int = _knob(
         30000,
         "group consumers' max.poll.interval.ms, also their rebalance timeout (subscribe)",

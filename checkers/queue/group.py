@@ -171,10 +171,12 @@ class GroupOffsets:
         )
         if fetch:
             how = "offset-fetch"
-            body = (
-                f"; yet in that op's rebalance{gen} the client fetched the group's committed "
-                f"offset of {fmt(k)} as {seen}"
+            found = (
+                f"no committed offset of {fmt(k)} in the group"
+                if offset is None
+                else f"the group's committed offset of {fmt(k)} to be {offset}"
             )
+            body = f"; yet in that op's rebalance{gen} the client found {found}"
             ops = [crec.index, reb_rec.index]
         else:
             how = "first-poll"

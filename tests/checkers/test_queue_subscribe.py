@@ -13,6 +13,7 @@ import copy
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -509,3 +510,12 @@ def test_simulated_consumer_groups_are_always_valid(
     )
     r = check_queue(ops)
     assert r["anomaly_types"] == [], r["anomalies"]
+
+
+def test_the_worked_example_of_docs_anomalies_md_gives_the_results_shown() -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs/anomalies.md").read_text()
+    section = doc.split("### A committed-offset regression", 1)[1].split("\n### ", 1)[0]
+    blocks = section.split("```")
+    history = [orjson.loads(line) for line in blocks[1].strip().splitlines()]
+    shown = orjson.loads(blocks[3].removeprefix("json"))
+    assert check(history) == shown

@@ -156,3 +156,48 @@ def test_cli_dry_run_and_bad_options(tmp_path: Path) -> None:
     assert r.exit_code == 2 and "flood" in r.output
     r = runner.invoke(_app(), ["matrix", "--set", "key_count=0"])
     assert r.exit_code == 2 and "at least" in r.output
+
+
+def test_the_consumer_mode_is_a_dimension_of_the_grid() -> None:
+    plain = grid(base_test(30), acks=["all"], nemeses=["kill"], repeats=2)
+    both = grid(
+        base_test(30),
+        acks=["all"],
+        nemeses=["kill"],
+        repeats=2,
+        consumers=[
+            "assign",
+            "subscribe",
+        ],
+    )
+    # the assign cells are the cells a matrix always ran (names, seeds, test maps)
+    assert both[: len(plain)] == plain and len(both) == 2 * len(plain)
+    sub = both[len(plain) :]
+    assert all(t["subscribe"] is True and "_sub_" in t["name"] for t in sub)
+    assert not any("subscribe" in t for t in plain)
+    # a cell is a test configuration: it validates, names its group and subscribes
+    from isrlab.harness.testconfig import TestConfig, consumer_mode
+
+    config = TestConfig.from_mapping(sub[0]).to_test()
+    assert consumer_mode(config) == "subscribe" and config["group"].startswith("isrlab-acks-all")
+    with pytest.raises(ValueError, match="unknown consumer mode 'seek'"):
+        grid(base_test(30), consumers=["seek"])
+    runner = CliRunner()
+    r = runner.invoke(
+        _app(),
+        [
+            "matrix",
+            "--dry-run",
+            "--acks",
+            "all",
+            "--nemesis",
+            "kill",
+            "--consumer",
+            "assign,subscribe",
+        ],
+    )
+    assert r.exit_code == 0, r.output
+    assert "acks-all_kill_isr2_r0" in r.output and "acks-all_kill_sub_isr2_r0" in r.output
+    assert "2 cells" in r.output
+    r = runner.invoke(_app(), ["matrix", "--dry-run", "--consumer", "mixed"])
+    assert r.exit_code == 2 and "unknown consumer mode" in r.output

@@ -300,3 +300,57 @@ def test_the_runs_schema_is_unchanged_by_the_knobs() -> None:
     from isrlab.pipeline.ingest import RUNS_DDL
 
     assert not {o.name for o in KNOBS} & set(RUNS_DDL.replace(",", " ").split())
+
+
+# ----- how processes take keys: subscribe, sub_p, commit_p, group ---------------------------
+
+
+def test_subscribing_tests_name_their_group_and_assigning_ones_do_not() -> None:
+    bare = TestConfig.from_mapping({"seed": 4}).to_test()
+    assert not {"subscribe", "sub_p", "commit_p", "group"} & set(bare)
+    assert testconfig.consumer_mode(bare) == "assign"
+    sub = TestConfig.from_mapping({"seed": 4, "subscribe": "true", "commit_p": 0.1}).to_test()
+    assert sub["subscribe"] is True and sub["commit_p"] == 0.1
+    assert sub["group"] == "isrlab-queue-4" and testconfig.consumer_mode(sub) == "subscribe"
+    assert testconfig.config_name(sub) == "acks-all_kill+partition_sub_commit0.1_isr2"
+    mixed = TestConfig.from_mapping({"seed": 4, "sub_p": 0.25, "group": "mine"}).to_test()
+    assert mixed["group"] == "mine" and testconfig.consumer_mode(mixed) == "mixed"
+    assert "_subp0.25_" in testconfig.config_name(mixed)
+    # the checker reads the mode from test.json (mixed runs: from the history)
+    from isrlab.checkers.api import policy_from_test
+
+    assert policy_from_test(sub)["subscribe"] is True
+    assert "subscribe" not in policy_from_test(mixed) and "subscribe" not in policy_from_test(bare)
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"subscribe": True, "sub_p": 0.5}, "give one of subscribe"),
+        ({"sub_p": 0.5, "sub_via": "subscribe"}, "give one of subscribe"),
+        ({"commit_p": 0.1}, r"commit_p \(--commit-p\).*add --subscribe or --sub-p"),
+        ({"commit_p": 0.1, "sub_p": 0}, r"commit_p \(--commit-p\)"),
+        ({"nemesis_targets": "leader,coordinator"}, r"coordinator.*add --subscribe or --sub-p"),
+        ({"sub_p": 1.5}, r"sub_p \(--sub-p\) must be at most 1"),
+    ],
+)
+def test_inconsistent_consumer_options_are_refused(values: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        TestConfig.from_mapping(values)
+
+
+def test_consumer_flags_reach_the_run(no_cluster: list[str], tmp_path: Path) -> None:
+    res = CliRunner().invoke(
+        _app(),
+        ["test", "--store", str(tmp_path), "--nodes", "n1", "--commit-p", "0.1"],
+    )
+    assert res.exit_code == 2 and "--commit-p" in res.output and no_cluster == []
+    with pytest.raises(AssertionError, match="run_test called"):
+        runner._test_command(
+            store=str(tmp_path),
+            nodes="n1",
+            subscribe=True,
+            commit_p=0.2,
+            nemesis_targets="coordinator",
+        )
+    assert no_cluster == ["run_test"]

@@ -177,3 +177,33 @@ def test_java_missing_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", "/nonexistent")
     with pytest.raises(SparkUnavailable, match="Java was not found"):
         check_java()
+
+
+def test_the_consumer_mode_is_a_grouping_column() -> None:
+    from isrlab.pipeline.ingest import RUNS_SCHEMA
+    from isrlab.pipeline.report import _setting
+    from isrlab.pipeline.store import CONFIG_COLUMNS
+
+    assert "consumer" in CONFIG_COLUMNS and RUNS_SCHEMA.field("consumer").type == "string"
+    assert config_of({"acks": "all"})["consumer"] == "assign"
+    assert config_of({"subscribe": True})["consumer"] == "subscribe"
+    assert config_of({"sub_p": 0.5})["consumer"] == "mixed"
+    assert config_of({"sub_via": ["subscribe"]})["consumer"] == "subscribe"
+    assert config_of({"sub_p": 0})["consumer"] == "assign"
+    # the heatmaps and tables tell subscribe runs apart from assign ones
+    assert _setting(_cfg()) == "min.insync=1"
+    assert _setting(_cfg(consumer="subscribe")) == "subscribe, min.insync=1"
+    a, s = _cfg(), _cfg(consumer="subscribe")
+    configs = [
+        dict(a, runs=1, valid=1, invalid=0, unknown=0, acked_writes=1000),
+        dict(s, runs=1, valid=0, invalid=1, unknown=0, acked_writes=1000),
+    ]
+    types = [dict(s, type="committed-offset-regression", count=3, runs_with=1)]
+    runs = [
+        dict(a, run_id="a/1", path="/s/a/1", valid="true", acked_writes=1000, invalid_count=0),
+        dict(s, run_id="s/1", path="/s/s/1", valid="false", acked_writes=1000, invalid_count=3),
+    ]
+    table = switch_tables(summarize(configs, types, runs))["consumer"]
+    assert [row["value"] for row in table["rows"]] == ["assign", "subscribe"]
+    rates = {row["value"]: row["cells"]["1"]["rate"] for row in table["rows"]}
+    assert rates == {"assign": 0.0, "subscribe": 30.0}

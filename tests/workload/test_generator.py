@@ -151,9 +151,11 @@ def _queue_reply(state: dict[str, list[int]]) -> Reply:
     pos: dict[int | str, dict[str, int]] = {}
 
     def reply(op: Op, p: int | str) -> Op:
-        if op["f"] == "assign":
+        if op["f"] in ("assign", "subscribe"):
             pos[p] = {k: pos.get(p, {}).get(k, 0) for k in op["value"]}
             return {**op, "type": "ok"}
+        if op["f"] == "commit":
+            return {**op, "type": "ok", "value": [["commit", dict(pos.get(p, {}))]]}
         if op["f"] == "crash":
             return {**op, "type": "info"}
         out = []
@@ -328,3 +330,75 @@ def test_stuck_final_drain_starts_over_with_a_fresh_client() -> None:
     ops = drive(queue_test(QueueWorkload(test), test), [0], reply=never_reads)
     final = [op["f"] for t, _, op in ops if t >= 0.01 * NS]
     assert final.count("crash") == 3 and final.count("assign") == 3
+
+
+# ----- consumer groups: subscribe and commit ops ------------------------------------------
+
+
+def _main_phase(ops: list[tuple[int, int | str, Op]]) -> list[Op]:
+    return [op for t, _, op in ops if t < 0.05 * NS]
+
+
+def test_by_default_no_process_subscribes_or_commits() -> None:
+    for seed in (1, 2, 3):
+        ops = _workload_ops(seed, assign_p=0.2)
+        assert {op["f"] for _, _, op in ops} <= {"assign", "send", "poll", "crash"}
+        # a share of 0 given explicitly draws nothing more: the very same ops
+        assert _workload_ops(seed, assign_p=0.2, sub_p=0.0) == ops
+
+
+def test_subscribe_makes_every_reassignment_a_subscribe() -> None:
+    ops = _workload_ops(4, subscribe=True, assign_p=0.2)
+    main = _main_phase(ops)
+    first: dict[int | str, str] = {}
+    for op in main:
+        first.setdefault(op["process"], op["f"])
+    assert set(first.values()) == {"subscribe"}
+    reassign = [op["f"] for op in main if op["f"] in ("assign", "subscribe")]
+    assert len(reassign) > len(first) and set(reassign) == {"subscribe"}
+    # the final drain still assigns every key from the beginning (Jepsen's final polls)
+    drain = [op for t, _, op in ops if t >= 0.05 * NS and op["f"] == "assign"]
+    assert drain and all(op["_seek"] == "beginning" for op in drain)
+
+
+def test_sub_p_mixes_subscribe_into_reassignments() -> None:
+    w = QueueWorkload({"keys": KEYS, "sub_p": 0.25})
+    rng = random.Random(5)
+    fs = Counter(w.assign_op(rng)["f"] for _ in range(4000))
+    assert set(fs) == {"assign", "subscribe"}
+    assert 0.2 < fs["subscribe"] / 4000 < 0.3
+    # sub_via, Jepsen's name, is a share too: both of them half and half
+    w = QueueWorkload({"keys": KEYS, "sub_via": ["assign", "subscribe"]})
+    assert w.sub_share == 0.5
+    assert QueueWorkload({"keys": KEYS, "sub_via": ["subscribe"]}).sub_share == 1.0
+
+
+def test_only_subscribed_processes_commit() -> None:
+    ops = _workload_ops(6, sub_p=0.5, commit_p=0.3, assign_p=0.2)
+    main = _main_phase(ops)
+    last: dict[int | str, str] = {}
+    commits = 0
+    for op in main:
+        if op["f"] in ("assign", "subscribe"):
+            last[op["process"]] = op["f"]
+        elif op["f"] == "commit":
+            commits += 1
+            assert last[op["process"]] == "subscribe"
+            # the offsets are the client's to fill in: the invoke cannot know them
+            assert op["value"] == [["commit", {}]]
+    assert commits > 5
+    # processes that assigned run too, and they never commit
+    assert "assign" in last.values()
+    assert not [op for t, _, op in ops if t >= 0.05 * NS and op["f"] == "commit"]
+
+
+def test_a_process_that_ends_with_info_commits_no_more() -> None:
+    def reply(op: Op, p: int | str) -> Op:
+        return {**op, "type": "info" if op["f"] == "commit" else "ok"}
+
+    w = QueueWorkload({"keys": KEYS, "subscribe": True, "commit_p": 1.0})
+    gen = g.limit(6, w.generator())
+    ops = [(op["process"], op["f"]) for _, _, op in drive(gen, [0], reply=reply)]
+    # each new process subscribes before it commits; an info commit ends the process
+    expected = [(p, f) for p in (0, 1, 2) for f in ("subscribe", "commit")]
+    assert ops == expected

@@ -6,7 +6,9 @@
   allowed), the first explanations of each, and the stats;
 - `offsets-<key>.png` and `.svg` (queue histories, only for keys named by an anomaly,
   at most `max_keys`): offset over history position for every send ack and poll read of
-  that key, coloured by completion type, with the offsets the anomalies name ringed in red.
+  that key, and in subscribe mode every offset committed and every committed offset a
+  rebalance fetched, coloured by completion type, with the offsets the anomalies name
+  ringed in red.
 
 `summary_text(results)` is the same summary as a string (the CLI prints it).
 """
@@ -70,6 +72,7 @@ def _anomalous_offsets(results: dict[str, Any]) -> dict[Any, set[int]]:
 
 
 _COLORS = {"ok": "tab:blue", "info": "tab:orange", "fail": "tab:gray"}
+_MARKERS = {"send": "^", "poll": "o", "commit": "s", "fetched committed": "D"}
 
 
 def _points(
@@ -78,9 +81,23 @@ def _points(
     pts: dict[tuple[str, str], list[tuple[int, int]]] = {}
     for pos, op in enumerate(ops):
         typ = op.get("type")
-        if typ == "invoke" or op.get("f") not in DATA_FS:
+        if typ == "invoke":
             continue
+        f = op.get("f")
         x = op.get("index", pos)
+        # Consumer groups: the offsets committed, and the committed offsets fetched.
+        reb = op.get("rebalance")
+        fetched = reb.get("committed") if isinstance(reb, dict) else None
+        if isinstance(fetched, dict) and isinstance(fetched.get(key), int):
+            pts.setdefault(("fetched committed", str(typ)), []).append((x, fetched[key]))
+        if f == "commit":
+            for mop in op.get("value") or ():
+                offsets = mop[1] if isinstance(mop, list) and len(mop) == 2 else None
+                if isinstance(offsets, dict) and isinstance(offsets.get(key), int):
+                    pts.setdefault(("commit", str(typ)), []).append((x, offsets[key]))
+            continue
+        if f not in DATA_FS:
+            continue
         for _, what, k, offset, _ in entries_in(op.get("value")):
             if k == key and isinstance(offset, int):
                 pts.setdefault(("send" if what == "send" else "poll", str(typ)), []).append(
@@ -103,7 +120,7 @@ def _plot_key(ops: Iterable[dict[str, Any]], key: Any, marked: set[int], out: Pa
             xs,
             ys,
             s=8,
-            marker="^" if what == "send" else "o",
+            marker=_MARKERS.get(what, "o"),
             color=_COLORS.get(typ, "black"),
             label=f"{what} ({typ})",
             alpha=0.7,

@@ -15,9 +15,12 @@ from typing import Any
 
 import orjson
 import pytest
+import typer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from typer.testing import CliRunner
 
+from isrlab.checkers.cli import check_command
 from isrlab.checkers.history import HistoryError, validate, write_history
 from isrlab.checkers.queue import check_queue, keys_of, merge_results, project_key, screen
 from isrlab.checkers.queue.load import QueueFile, load_queue
@@ -519,3 +522,27 @@ def test_the_worked_example_of_docs_anomalies_md_gives_the_results_shown() -> No
     history = [orjson.loads(line) for line in blocks[1].strip().splitlines()]
     shown = orjson.loads(blocks[3].removeprefix("json"))
     assert check(history) == shown
+
+
+def test_isrlab_check_prints_explains_and_draws_the_regression(tmp_path: Path) -> None:
+    app = typer.Typer()
+    app.command()(check_command)
+    path = tmp_path / "history.jsonl"
+    write_history(regression_by_fetch(fetched=2).ops, path)
+    text = CliRunner().invoke(app, [str(path), "--workload", "queue"])
+    assert text.exit_code == 1
+    assert REGRESSION in text.stdout and "INVALID" in text.stdout
+    out = tmp_path / "out"
+    res = CliRunner().invoke(app, [str(path), "--workload", "queue", "--json", "--out", str(out)])
+    assert res.exit_code == 1
+    results = orjson.loads(res.stdout)
+    assert results == orjson.loads((out / "results.json").read_bytes())
+    assert results["anomalies"][REGRESSION]["count"] == 1 and results["valid"] is False
+    summary = (out / "summary.txt").read_text()
+    assert f"{REGRESSION}: 1  (not allowed)" in summary
+    assert "the group's committed offset went backwards" in summary
+    drawn = (out / "offsets-t0_0.svg").read_text()
+    assert "commit (ok)" in drawn and "fetched committed (ok)" in drawn
+    # allowed on request, like any other name
+    res = CliRunner().invoke(app, [str(path), "-w", "queue", "--json", "--allow", REGRESSION])
+    assert res.exit_code == 0 and orjson.loads(res.stdout)["anomaly_types"] == [REGRESSION]

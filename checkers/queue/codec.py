@@ -22,8 +22,10 @@ Three ways to read them:
 - `decode_into(rec, value, line, with_reads)`: the checker's strict, hot decoder, which
   flattens an op's micro-ops into ``rec.sends`` (``(key, offset, value)`` in order) and
   ``rec.reads`` (``{key: pairs}``, every poll's pairs concatenated per key) and raises
-  `HistoryError` naming the line on a malformed micro-op. The checker reads sends and
-  polls only: a commit micro-op is an error there (it does not check commits yet).
+  `HistoryError` naming the line on a malformed micro-op. It reads sends and polls
+  only: a commit micro-op inside a send, poll or txn op is an error there (offsets sent
+  to a transaction are not checked yet). A `commit` op's own micro-ops are read with
+  `decode` (`checkers.queue.ops.commit_offsets`).
   `checkers/queue/load.py` inlines its two commonest shapes (one send, one poll) and the
   native screen (`_screen.pyx`) has its own C loop over the same shapes; the tests hold
   both to this decoder (tests/checkers/test_queue_load.py, test_queue_screen.py).

@@ -16,15 +16,17 @@ reports what it could not, so a shutdown never stops half-way.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import shutil
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from isrlab.broker.config import BrokerConfig
 from isrlab.broker.log.checkpoint import OffsetCheckpointFile
+from isrlab.broker.log.cleaner import CleanerConfig, LogCleaner
 from isrlab.broker.log.errors import KafkaStorageError
 from isrlab.broker.log.log import Log, LogConfig
 from isrlab.broker.log.recovery import LogDirFailure
@@ -32,6 +34,7 @@ from isrlab.broker.log.recovery import LogDirFailure
 log = logging.getLogger(__name__)
 
 TopicPartition = tuple[str, int]
+T = TypeVar("T")
 
 
 def log_config_from(topic_config: dict[str, Any]) -> LogConfig:
@@ -75,6 +78,16 @@ class LogManager:
         # Retention never deletes data consumers cannot have read yet (the ReplicaManager
         # supplies each partition's high watermark).
         self.high_watermark: Callable[[TopicPartition], int | None] = lambda tp: None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        # Log compaction (cleanup.policy=compact): threads started with the schedulers; they
+        # plan and swap on the event loop (_run_on_loop), the logs' only thread.
+        self.cleaner = LogCleaner(
+            self.dir,
+            CleanerConfig.from_broker(config),
+            logs=lambda: self.logs,
+            high_watermark=lambda tp: self.high_watermark(tp),
+            run_on_owner=self._run_on_loop,
+        )
 
     def load(self, topic_configs: dict[str, dict[str, Any]]) -> None:
         """Open every partition directory of a known topic; recover unclean ones."""
@@ -135,6 +148,7 @@ class LogManager:
         return lg
 
     def delete(self, tp: TopicPartition) -> None:
+        self.cleaner.abort(tp)
         lg = self.logs.pop(tp, None)
         if lg is not None:
             lg.delete()
@@ -164,7 +178,31 @@ class LogManager:
                 log.error("could not write %s: %s", cp.path, e)
         return failures
 
+    def _run_on_loop(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` on the event loop that owns the logs and wait for its result (called from
+        the cleaner threads; runs ``fn`` directly without a loop or on the loop itself)."""
+        loop = self._loop
+        if loop is None:
+            return fn()
+        try:
+            if asyncio.get_running_loop() is loop:
+                return fn()
+        except RuntimeError:
+            pass
+        done: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+        def call() -> None:
+            try:
+                done.set_result(fn())
+            except BaseException as e:
+                done.set_exception(e)
+
+        loop.call_soon_threadsafe(call)
+        return done.result()
+
     def start_schedulers(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self.cleaner.start()
         self._tasks.append(asyncio.create_task(self._retention_loop()))
         self._tasks.append(asyncio.create_task(self._flush_loop()))
         # Kafka's periodic checkpoint tasks, written off the event loop
@@ -217,6 +255,9 @@ class LogManager:
                     log.exception("flush failed for %s-%d", *tp)
 
     async def stop_schedulers(self) -> None:
+        # The loop keeps running while the cleaner threads finish: a swap they wait for on it
+        # completes (or sees the stop and is dropped).
+        await asyncio.to_thread(self.cleaner.stop)
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:

@@ -16,8 +16,10 @@ largest dirty share of its bytes, if that share is above ``min.cleanable.dirty.r
    its key. Kept records are copied byte for byte and keep their offsets, so the log has gaps
    and its log start offset does not move. A batch keeps its base and last offset (and so its
    producer sequence range) whatever records it loses; a batch that loses all of them goes,
-   except the last batch of an idempotent producer (kept whole, so its producer state survives
-   a reload) and control batches (kept: transactions are not cleaned yet);
+   except control batches (kept: transactions are not cleaned yet) and the last batch of an
+   idempotent producer, kept whole so that its producer state survives a reload (Kafka keeps
+   it emptied; a batch here holds at least one record) unless one of its keys now ends in a
+   tombstone, whose removal would bring the old value back;
 3. tombstones (null values): the first cleaning that keeps one stamps its batch with a delete
    horizon, now + ``delete.retention.ms`` (KIP-534: attribute bit 6 and the horizon in
    baseTimestamp, record timestamp deltas re-encoded so every timestamp stays the same); a
@@ -54,7 +56,7 @@ from crc32c import crc32c
 
 from isrlab.broker.log import cleaner_records
 from isrlab.broker.log.checkpoint import OffsetCheckpointFile
-from isrlab.broker.log.errors import KafkaStorageError, LogError
+from isrlab.broker.log.errors import KafkaStorageError, LogError, SegmentsChangedError
 from isrlab.broker.log.log import Log
 from isrlab.broker.log.record_batch import (
     ATTRIBUTES_OFFSET,
@@ -336,13 +338,14 @@ class Cleaner:
         stats = CleanerStats()
         try:
             offsets: cleaner_records.OffsetMap = {}
+            tombstones: set[bytes] = set()
             last_batches: dict[int, int] = {}
-            end_offset = self._build_offset_map(plan, offsets, last_batches, stats)
+            end_offset = self._build_offset_map(plan, offsets, tombstones, last_batches, stats)
             self._step("mapped")
             to_clean = [s for s in plan.sources if s.next_base <= end_offset]
             for group in self._groups(plan.log, to_clean):
                 self._check_abort(plan.tp)
-                self._clean_group(plan, group, offsets, last_batches, stats)
+                self._clean_group(plan, group, offsets, tombstones, last_batches, stats)
             stats.elapsed_s = time.monotonic() - stats.start
             return CleanResult(plan.tp, plan.first_dirty, end_offset, stats)
         finally:
@@ -360,6 +363,7 @@ class Cleaner:
         self,
         plan: _Plan,
         offsets: cleaner_records.OffsetMap,
+        tombstones: set[bytes],
         last_batches: dict[int, int],
         stats: CleanerStats,
     ) -> int:
@@ -385,7 +389,7 @@ class Cleaner:
                 if records is None:
                     continue
                 stats.map_records += cleaner_records.map_records(
-                    records[0], records[1], records[2], header.base_offset, offsets
+                    records[0], records[1], records[2], header.base_offset, offsets, tombstones
                 )
             stats.map_bytes += source.size
             end_offset = source.next_base
@@ -430,6 +434,7 @@ class Cleaner:
         plan: _Plan,
         group: list[_Source],
         offsets: cleaner_records.OffsetMap,
+        tombstones: set[bytes],
         last_batches: dict[int, int],
         stats: CleanerStats,
     ) -> None:
@@ -450,12 +455,11 @@ class Cleaner:
             clock=self.clock,
             file_suffix=CLEANED_SUFFIX,
         )
-        swapped = False
         try:
             out = _Output(cleaned, self.io_buffer_size)
             for source in group:
                 self._check_abort(plan.tp)
-                self._clean_into(plan, source, out, offsets, last_batches, stats)
+                self._clean_into(plan, source, out, offsets, tombstones, last_batches, stats)
                 stats.bytes_read += source.size
                 stats.segments_in += 1
             out.flush()
@@ -476,11 +480,13 @@ class Cleaner:
             self._check_abort(plan.tp)
             old = [source.segment for source in group]
             self.run_on_owner(lambda: log.replace_segments(cleaned, old, step=self.step))
-            swapped = True
             stats.segments_out += 1
-        finally:
-            if not swapped:
+        except Exception:
+            # Abandoned before the swap (a SegmentsChangedError from replace_segments changed
+            # nothing either): the .cleaned files go. A crash leaves them to Log.open instead.
+            if cleaned.log_file.name.endswith(CLEANED_SUFFIX):
                 cleaned.delete()
+            raise
 
     def _clean_into(
         self,
@@ -488,6 +494,7 @@ class Cleaner:
         source: _Source,
         out: _Output,
         offsets: cleaner_records.OffsetMap,
+        tombstones: set[bytes],
         last_batches: dict[int, int],
         stats: CleanerStats,
     ) -> None:
@@ -508,7 +515,7 @@ class Cleaner:
             has_horizon = bool(header.attributes & DELETE_HORIZON_MASK)
             drop_tombstones = has_horizon and now >= header.base_timestamp
             try:
-                kept, count, tombstones = cleaner_records.filter_records(
+                kept, count, kept_tombstones = cleaner_records.filter_records(
                     records[0], records[1], records[2], header.base_offset, offsets, drop_tombstones
                 )
             except ValueError as exc:
@@ -521,16 +528,21 @@ class Cleaner:
                 out.append(header, data, at)
                 stats.records_kept += header.records_count
                 continue
-            new_horizon = tombstones > 0 and not has_horizon
+            new_horizon = kept_tombstones > 0 and not has_horizon
             if count == header.records_count and not new_horizon:
                 out.append(header, data, at)
             elif count == 0:
+                # Kafka keeps the last batch of a producer, emptied, so that its sequence
+                # numbers survive a reload; this log cannot store empty batches, so the batch
+                # stays whole, unless a key of it now ends in a tombstone: then its old value
+                # could outlive the tombstone, and the batch goes.
                 if (
                     header.producer_id >= 0
                     and last_batches.get(header.producer_id, header.last_offset)
                     == header.last_offset
+                    and not any(key in tombstones for key in cleaner_records.record_keys(*records))
                 ):
-                    out.append(header, data, at)  # the producer's last batch: kept whole
+                    out.append(header, data, at)
                     count = header.records_count
                 else:
                     continue
@@ -758,16 +770,17 @@ class LogCleaner:
         tp = plan.tp
         try:
             result = self.cleaner.clean(plan)
-        except CleaningAborted:
-            logger.info("cleaning of %s-%d aborted", *tp)
-            return None
-        except LogError as exc:  # the segments changed under the cleaning: try again later
-            logger.info("cleaning of %s-%d dropped: %s", *tp, exc)
-            return None
-        except (KafkaStorageError, OSError) as exc:
-            with self._lock:
-                self._uncleanable.add(tp)
-            logger.error("cannot clean %s-%d, leaving it uncompacted until restart: %s", *tp, exc)
+        except (CleaningAborted, LogError, OSError) as exc:
+            if isinstance(exc, CleaningAborted) or self._should_abort(tp):
+                logger.info("cleaning of %s-%d aborted", *tp)
+            elif isinstance(exc, SegmentsChangedError):  # try again later
+                logger.info("cleaning of %s-%d dropped: %s", *tp, exc)
+            else:
+                with self._lock:
+                    self._uncleanable.add(tp)
+                logger.error(
+                    "cannot clean %s-%d, leaving it uncompacted until restart: %s", *tp, exc
+                )
             return None
         finally:
             with self._lock:

@@ -85,18 +85,42 @@ def _record(buf: bytes, pos: int, end: int) -> tuple[int, int, int, bytes | None
     return record_end, offset_delta, ts_delta, key, value_length < 0, ts_position
 
 
-def py_map_records(buf: bytes, start: int, end: int, base_offset: int, offsets: OffsetMap) -> int:
+def py_map_records(
+    buf: bytes,
+    start: int,
+    end: int,
+    base_offset: int,
+    offsets: OffsetMap,
+    tombstones: set[bytes],
+) -> int:
     """Put every keyed record of ``buf[start:end]`` into ``offsets`` (key -> its offset; later
-    records win); returns how many records there were."""
+    records win) and keep ``tombstones`` the keys whose latest mapped record has a null value;
+    returns how many records there were."""
     pos = start
     count = 0
     while pos < end:
-        record_end, offset_delta, _, key, _, _ = _record(buf, pos, end)
+        record_end, offset_delta, _, key, null_value, _ = _record(buf, pos, end)
         if key is not None:
             offsets[key] = base_offset + offset_delta
+            if null_value:
+                tombstones.add(key)
+            else:
+                tombstones.discard(key)
         count += 1
         pos = record_end
     return count
+
+
+def record_keys(buf: bytes, start: int, end: int) -> list[bytes]:
+    """The keys of the records in ``buf[start:end]``."""
+    keys: list[bytes] = []
+    pos = start
+    while pos < end:
+        record_end, _, _, key, _, _ = _record(buf, pos, end)
+        if key is not None:
+            keys.append(key)
+        pos = record_end
+    return keys
 
 
 def py_filter_records(
@@ -163,7 +187,7 @@ def rebase_timestamps(buf: bytes, old_base: int, new_base: int) -> bytes:
     return bytes(out)
 
 
-MapRecords = Callable[[bytes, int, int, int, OffsetMap], int]
+MapRecords = Callable[[bytes, int, int, int, OffsetMap, set[bytes]], int]
 FilterRecords = Callable[[bytes, int, int, int, OffsetMap, bool], tuple[bytes, int, int]]
 
 map_records: MapRecords = py_map_records
@@ -193,4 +217,5 @@ __all__ = [
     "py_filter_records",
     "py_map_records",
     "rebase_timestamps",
+    "record_keys",
 ]

@@ -28,6 +28,11 @@ class UnexpectedAppendOffsetError(LogError):
         self.last_offset = last_offset
 
 
+class SegmentsChangedError(LogError):
+    """The segments a cleaning replaces are no longer the log's (retention, a truncation or a
+    deletion got there first); the cleaning is dropped and tried again later."""
+
+
 class OffsetOutOfRangeError(LogError):
     """OFFSET_OUT_OF_RANGE (1): a read below the log start offset or past the log end offset."""
 

@@ -60,6 +60,7 @@ from isrlab.broker.log.errors import (
     OffsetOutOfRangeError,
     RecordBatchTooLargeError,
     RecordTooLargeError,
+    SegmentsChangedError,
     UnexpectedAppendOffsetError,
 )
 from isrlab.broker.log.leader_epoch_checkpoint import LEADER_EPOCH_CHECKPOINT, LeaderEpochFileCache
@@ -712,7 +713,7 @@ class Log:
         drop them after ``file.delete.delay.ms``); rename the ``.swap`` files to their final
         names. ``step(name)`` is called after each (tests inject crashes there). Raises
         LogError, changing nothing, if ``old`` is no longer a run of this log's segments
-        (retention or truncation got there first).
+        (retention or truncation got there first): SegmentsChangedError.
         """
         self._ensure_open()
         if not old:
@@ -720,14 +721,14 @@ class Log:
         try:
             first = next(i for i, segment in enumerate(self._segments) if segment is old[0])
         except StopIteration:
-            raise LogError(
+            raise SegmentsChangedError(
                 f"segment {old[0].base_offset} of {self._dir.name} is gone; cleaning aborted"
             ) from None
         current = self._segments[first : first + len(old)]
         if len(current) != len(old) or any(a is not b for a, b in zip(current, old, strict=True)):
-            raise LogError(f"segments of {self._dir.name} changed while cleaning; aborted")
+            raise SegmentsChangedError(f"segments of {self._dir.name} changed while cleaning")
         if first + len(old) >= len(self._segments):
-            raise LogError(f"the active segment of {self._dir.name} is never cleaned")
+            raise SegmentsChangedError(f"the active segment of {self._dir.name} is never cleaned")
         if cleaned.base_offset != old[0].base_offset:
             raise ValueError("a cleaned segment keeps the base offset of the first one it replaces")
 
@@ -917,8 +918,10 @@ def _complete_swaps(directory: Path) -> set[int]:
     the rename) that replaces every segment whose base offset lies in [base, its next offset):
     those are deleted (they may still be there, or already ``.deleted``), and the ``.swap``
     takes its final name. Its swapped index files are dropped: the indexes are rebuilt from the
-    log. A ``.swap`` that is not whole valid batches, or is empty, is no finished cleaning: it
-    is deleted and the old segments stay. Returns the bases of the completed swaps.
+    log. An empty ``.swap`` (the cleaning kept nothing of its group) replaces the segment of its
+    own base offset, so the log keeps its first offsets. A ``.swap`` that is not whole valid
+    batches is no finished cleaning: it is deleted and the old segments stay. Returns the bases
+    of the completed swaps.
     """
     swapped: set[int] = set()
     for path in sorted(directory.glob(f"*{LOG_SUFFIX}{SWAP_SUFFIX}")):
@@ -936,7 +939,7 @@ def _complete_swaps(directory: Path) -> set[int]:
             if (
                 len(other_stem) == 20
                 and other_stem.isdigit()
-                and base <= int(other_stem) < next_offset
+                and base <= int(other_stem) < max(next_offset, base + 1)
                 and f".{suffix}" in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX)
             ):
                 other.unlink()

@@ -199,7 +199,7 @@ def _time_index_problem(segment: LogSegment, tail: Scan) -> str | None:
 
 def next_offset_of_file(path: Path, base_offset: int) -> int | None:
     """The offset after the last batch of a ``.log`` file that is whole valid batches with
-    growing offsets, or None if it is not (or holds no batch)."""
+    growing offsets (its base offset if empty), or None if it is not."""
     with _mapped(path) as buf:
         end = len(buf)
         position = 0
@@ -213,7 +213,7 @@ def next_offset_of_file(path: Path, base_offset: int) -> int | None:
                 return None
             next_offset = header.next_offset
             position = header.end_position
-        return next_offset if end > 0 else None
+        return next_offset
 
 
 def epoch_cache_problem(
@@ -237,8 +237,14 @@ def epoch_cache_problem(
     log_end = segments[-1].next_offset
 
     def batch_at(offset: int) -> BatchHeader | None:
+        """The first batch ending at or after ``offset`` (in a later segment if the cleaner
+        emptied the one holding it)."""
         index = max(bisect.bisect_right(bases, offset) - 1, 0)
-        return segments[index].translate_offset(offset)
+        for segment in segments[index:]:
+            header = segment.translate_offset(offset)
+            if header is not None or not gaps:
+                return header
+        return None
 
     previous_start = -1
     for epoch, start in entries:

@@ -143,7 +143,7 @@ def test_one_member_joins_syncs_and_is_stable():
 
 def test_sync_fails_and_group_rebalances_when_the_group_record_cannot_be_written():
     h = Harness()
-    mid, ref = join_two_step(h)
+    mid, _ref = join_two_step(h)
     sref = h.sync(mid, 1, {mid: b"a"})
     h.ack_all(ErrorCode.NOT_ENOUGH_REPLICAS)
     assert h.replies[sref].error == ErrorCode.COORDINATOR_NOT_AVAILABLE
@@ -180,7 +180,7 @@ def test_not_coordinator_and_loading():
 
 def test_second_member_triggers_rebalance_and_leader_sees_both():
     h = Harness()
-    m1, r1 = join_two_step(h, "a")
+    m1, _r1 = join_two_step(h, "a")
     h.sync(m1, 1, {m1: b"all"})
     h.ack_all()
     m2, r2 = join_two_step(h, "b")
@@ -198,7 +198,7 @@ def test_member_without_heartbeat_is_removed_after_session_timeout():
     m1, _ = join_two_step(h, "a")
     h.sync(m1, 1, {m1: b"x"})
     h.ack_all()
-    m2, r2 = join_two_step(h, "b")
+    m2, _r2 = join_two_step(h, "b")
     h.join(member_id=m1, client="a")
     h.sync(m1, 2, {m1: b"1", m2: b"2"})
     h.sync(m2, 2)

@@ -352,13 +352,19 @@ class QueueAnalysis(CaseBuilders):
             # Keys a consumer-group rebalance assigned or revoked during this op: the
             # process's position in them starts afresh (subscribe mode).
             rebalanced: frozenset[Any] | tuple[()] = ()
+            f = rec.f
             if rec.reb is not None:
                 rebalanced = group.rebalance(rec, rec.reb)
                 pp = positions.get(p)
                 if pp:
+                    # An assign that leaves the group (the revocation rides on it) resumes
+                    # the keys it names where the process was: their positions stay.
+                    kept = rec.value if f == "assign" and rec.kind != FAIL else None
+                    if not isinstance(kept, list):
+                        kept = []
                     for k in rebalanced:
-                        pp.pop(k, None)
-            f = rec.f
+                        if k not in kept:
+                            pp.pop(k, None)
             if f == "commit":
                 if rec.kind == OK:
                     group.commit(rec)

@@ -169,17 +169,25 @@ def test_reads_within_the_op_of_a_rebalance_may_go_back() -> None:
     assert types(history(False)) == ["int-nonmonotonic-poll"]
 
 
-def test_an_assign_keeps_only_the_keys_it_names() -> None:
-    # assign after subscribe: K stays (the client resumes it), so going back is still one
-    h = H()
-    sent(h, 5)
-    subscribe(h, 1)
-    h.poll(1, {K: pairs(0, 3)}, rebalance=reb(1, [K], []))
-    h.assign(1, [K])
-    h.poll(1, {K: pairs(1, 2)})
-    drain(h, 5)
-    h.poll(1, {K: pairs(2, 5)})
-    assert "nonmonotonic-poll" in check(h.ops)["not_allowed"]
+@pytest.mark.parametrize("leaves", [False, True])
+def test_an_assign_keeps_the_keys_it_names(leaves: bool) -> None:
+    """assign after subscribe: K stays (the client resumes it where the process was), so
+    going back is still a nonmonotonic-poll, also when the assign left the group and its
+    completion carries the revocation."""
+
+    def history(resume_at: int) -> list[dict[str, Any]]:
+        h = H()
+        sent(h, 5)
+        subscribe(h, 1)
+        h.poll(1, {K: pairs(0, 3)}, rebalance=reb(1, [K], []))
+        h.invoke(1, "assign", [K])
+        h.complete(1, "ok", "assign", [K], **({"rebalance": reb(1, [], [K])} if leaves else {}))
+        h.poll(1, {K: pairs(resume_at, 5)})
+        drain(h, 5)
+        return h.ops
+
+    assert check(history(1))["not_allowed"] == ["nonmonotonic-poll"]
+    assert types(history(3)) == []
 
 
 # -- rule 2: committed-offset-regression --------------------------------------------------

@@ -422,7 +422,7 @@ async def handle_describe_groups(server: KafkaServer, request: Request) -> Respo
                     )
                     for m, i, c, h, md, a in d.members
                 ],
-                authorized_operations=-(2**31),
+                authorized_operations=None,  # Kafka's -2^31: not requested / unknown
             )
         )
     resp = cls(throttle_time_ms=0, groups=groups)

@@ -341,9 +341,12 @@ class KafkaServer:
 
     # ----- request dispatch ------------------------------------------------------------------
 
-    async def handle(self, request: Request, conn: Connection) -> list[bytes | FileRegion] | None:
+    async def handle(
+        self, request: Request, conn: Connection | None
+    ) -> list[bytes | FileRegion] | None:
         handler = self._handlers[request.api_key]
-        request.client_host = "/" + conn.peer.rsplit(":", 1)[0]  # as Kafka shows it
+        if conn is not None:  # in-process tests call handlers without a connection
+            request.client_host = "/" + conn.peer.rsplit(":", 1)[0]  # as Kafka shows it
         return await handler(self, request)
 
     # ----- topics ----------------------------------------------------------------------------

@@ -5,9 +5,10 @@ The top-level folders (broker/, harness/, nemeses/, checkers/, pipeline/) instal
 collides with other distributions' generic names; this holds for `pip install -e .` and for the
 wheel the harness ships to nodes alike. Everything else is in pyproject.toml.
 
-The compiled part is the queue checker's screen (Cython, C++): `pip install -e .` builds it in
-place; `python setup.py build_ext --inplace` rebuilds it after an edit of the .pyx (`make` does
-this before the tests). Without it the checker runs, slower, in Python alone.
+The compiled parts are the queue checker's screen (Cython, C++) and the log cleaner's record
+scan (Cython, C): `pip install -e .` builds them in place; `python setup.py build_ext --inplace`
+rebuilds them after an edit of a .pyx (`make` does this before the tests). Without them the
+checker and the cleaner run, slower, in Python alone.
 """
 
 from pathlib import Path
@@ -17,6 +18,7 @@ from setuptools import Extension, setup
 ROOT = Path(__file__).resolve().parent
 FOLDERS = ("broker", "harness", "nemeses", "checkers", "pipeline")
 SCREEN = "checkers/queue/_screen.pyx"
+CLEANER_SCAN = "broker/log/_cleaner_scan.pyx"
 
 
 def _packages(folder: str) -> list[str]:
@@ -46,7 +48,14 @@ def _extensions() -> list[Extension]:
                 extra_compile_args=["-O2", "-std=c++17"],
                 # No C++ compiler: install anyway, and check in Python alone (slower).
                 optional=True,
-            )
+            ),
+            # The log cleaner's record scan (C); without it cleaner_records.py's Python twin.
+            Extension(
+                "isrlab.broker.log._cleaner_scan",
+                [CLEANER_SCAN],
+                extra_compile_args=["-O2"],
+                optional=True,
+            ),
         ],
         compiler_directives={"language_level": 3},
     )

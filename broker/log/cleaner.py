@@ -337,15 +337,14 @@ class Cleaner:
         """Map the dirty section, rewrite and swap in the cleaned groups; closes the plan."""
         stats = CleanerStats()
         try:
-            offsets: cleaner_records.OffsetMap = {}
-            tombstones: set[bytes] = set()
+            offsets = cleaner_records.OffsetMap()
             last_batches: dict[int, int] = {}
-            end_offset = self._build_offset_map(plan, offsets, tombstones, last_batches, stats)
+            end_offset = self._build_offset_map(plan, offsets, last_batches, stats)
             self._step("mapped")
             to_clean = [s for s in plan.sources if s.next_base <= end_offset]
             for group in self._groups(plan.log, to_clean):
                 self._check_abort(plan.tp)
-                self._clean_group(plan, group, offsets, tombstones, last_batches, stats)
+                self._clean_group(plan, group, offsets, last_batches, stats)
             stats.elapsed_s = time.monotonic() - stats.start
             return CleanResult(plan.tp, plan.first_dirty, end_offset, stats)
         finally:
@@ -362,8 +361,7 @@ class Cleaner:
     def _build_offset_map(
         self,
         plan: _Plan,
-        offsets: cleaner_records.OffsetMap,
-        tombstones: set[bytes],
+        offsets: cleaner_records.PyOffsetMap,
         last_batches: dict[int, int],
         stats: CleanerStats,
     ) -> int:
@@ -389,7 +387,7 @@ class Cleaner:
                 if records is None:
                     continue
                 stats.map_records += cleaner_records.map_records(
-                    records[0], records[1], records[2], header.base_offset, offsets, tombstones
+                    records[0], records[1], records[2], header.base_offset, offsets
                 )
             stats.map_bytes += source.size
             end_offset = source.next_base
@@ -433,8 +431,7 @@ class Cleaner:
         self,
         plan: _Plan,
         group: list[_Source],
-        offsets: cleaner_records.OffsetMap,
-        tombstones: set[bytes],
+        offsets: cleaner_records.PyOffsetMap,
         last_batches: dict[int, int],
         stats: CleanerStats,
     ) -> None:
@@ -459,7 +456,7 @@ class Cleaner:
             out = _Output(cleaned, self.io_buffer_size)
             for source in group:
                 self._check_abort(plan.tp)
-                self._clean_into(plan, source, out, offsets, tombstones, last_batches, stats)
+                self._clean_into(plan, source, out, offsets, last_batches, stats)
                 stats.bytes_read += source.size
                 stats.segments_in += 1
             out.flush()
@@ -493,8 +490,7 @@ class Cleaner:
         plan: _Plan,
         source: _Source,
         out: _Output,
-        offsets: cleaner_records.OffsetMap,
-        tombstones: set[bytes],
+        offsets: cleaner_records.PyOffsetMap,
         last_batches: dict[int, int],
         stats: CleanerStats,
     ) -> None:
@@ -540,7 +536,7 @@ class Cleaner:
                     header.producer_id >= 0
                     and last_batches.get(header.producer_id, header.last_offset)
                     == header.last_offset
-                    and not any(key in tombstones for key in cleaner_records.record_keys(*records))
+                    and not cleaner_records.any_key_tombstoned(*records, offsets)
                 ):
                     out.append(header, data, at)
                     count = header.records_count

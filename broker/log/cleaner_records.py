@@ -14,19 +14,14 @@ compressed), each one::
     headers         varint count, then the headers
 
 The cleaner needs only a record's extent, key, offset and whether its value is null, so records
-are copied byte for byte: a kept record is the very bytes the producer sent. ``map_records``
-and ``filter_records`` have a compiled twin (``_cleaner_scan.pyx``, built like the queue
-checker's screen) that this module uses when it is built; tests/log/test_cleaner_records.py
-holds both to the same answers. Malformed records raise ValueError; the cleaner then keeps the
+are copied byte for byte: a kept record is the very bytes the producer sent. ``OffsetMap``,
+``map_records`` and ``filter_records`` have a compiled twin (``_cleaner_scan.pyx``, built like
+the queue checker's screen) that this module uses when it is built;
+tests/log/test_cleaner_records.py holds both to the same answers. Malformed records raise ValueError; the cleaner then keeps the
 batch as it is.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
-
-#: A map from record key to the offset of its latest record.
-OffsetMap = dict[bytes, int]
 
 
 def _varint(buf: bytes, pos: int) -> tuple[int, int]:
@@ -85,42 +80,48 @@ def _record(buf: bytes, pos: int, end: int) -> tuple[int, int, int, bytes | None
     return record_end, offset_delta, ts_delta, key, value_length < 0, ts_position
 
 
-def py_map_records(
-    buf: bytes,
-    start: int,
-    end: int,
-    base_offset: int,
-    offsets: OffsetMap,
-    tombstones: set[bytes],
-) -> int:
-    """Put every keyed record of ``buf[start:end]`` into ``offsets`` (key -> its offset; later
-    records win) and keep ``tombstones`` the keys whose latest mapped record has a null value;
+class PyOffsetMap:
+    """Key -> offset of its latest record, and whether that record is a tombstone (Kafka's
+    OffsetMap). This one holds the keys themselves; the compiled twin holds a 64-bit hash of
+    each key (Python's own, SipHash, seeded per process) as Kafka's SkimpyOffsetMap holds an
+    MD5: two keys with the same hash would count as one, a chance of about n^2 / 2^65 for n
+    keys."""
+
+    def __init__(self) -> None:
+        self._offsets: dict[bytes, int] = {}
+        self._tombstones: set[bytes] = set()
+
+    def __len__(self) -> int:
+        return len(self._offsets)
+
+    def put(self, key: bytes, offset: int, tombstone: bool) -> None:
+        self._offsets[key] = offset
+        if tombstone:
+            self._tombstones.add(key)
+        else:
+            self._tombstones.discard(key)
+
+    def get(self, key: bytes) -> int | None:
+        """The offset of ``key``'s latest record, or None."""
+        return self._offsets.get(key)
+
+    def is_tombstone(self, key: bytes) -> bool:
+        """Is ``key``'s latest mapped record a tombstone?"""
+        return key in self._tombstones
+
+
+def py_map_records(buf: bytes, start: int, end: int, base_offset: int, offsets: PyOffsetMap) -> int:
+    """Put every keyed record of ``buf[start:end]`` into ``offsets`` (later records win);
     returns how many records there were."""
     pos = start
     count = 0
     while pos < end:
         record_end, offset_delta, _, key, null_value, _ = _record(buf, pos, end)
         if key is not None:
-            offsets[key] = base_offset + offset_delta
-            if null_value:
-                tombstones.add(key)
-            else:
-                tombstones.discard(key)
+            offsets.put(key, base_offset + offset_delta, null_value)
         count += 1
         pos = record_end
     return count
-
-
-def record_keys(buf: bytes, start: int, end: int) -> list[bytes]:
-    """The keys of the records in ``buf[start:end]``."""
-    keys: list[bytes] = []
-    pos = start
-    while pos < end:
-        record_end, _, _, key, _, _ = _record(buf, pos, end)
-        if key is not None:
-            keys.append(key)
-        pos = record_end
-    return keys
 
 
 def py_filter_records(
@@ -128,7 +129,7 @@ def py_filter_records(
     start: int,
     end: int,
     base_offset: int,
-    offsets: OffsetMap,
+    offsets: PyOffsetMap,
     drop_tombstones: bool,
 ) -> tuple[bytes, int, int]:
     """The records of ``buf[start:end]`` the cleaner keeps: (their bytes, how many, how many of
@@ -166,6 +167,17 @@ def py_filter_records(
     return b"".join(kept), kept_count, tombstones
 
 
+def any_key_tombstoned(buf: bytes, start: int, end: int, offsets: PyOffsetMap) -> bool:
+    """Does a record of ``buf[start:end]`` have a key whose latest mapped record is a tombstone?"""
+    pos = start
+    while pos < end:
+        record_end, _, _, key, _, _ = _record(buf, pos, end)
+        if key is not None and offsets.is_tombstone(key):
+            return True
+        pos = record_end
+    return False
+
+
 def rebase_timestamps(buf: bytes, old_base: int, new_base: int) -> bytes:
     """Re-encode every record of ``buf`` (records only) so its timestampDelta is relative to
     ``new_base`` instead of ``old_base``: its absolute timestamp stays the same. Used when the
@@ -187,13 +199,14 @@ def rebase_timestamps(buf: bytes, old_base: int, new_base: int) -> bytes:
     return bytes(out)
 
 
-MapRecords = Callable[[bytes, int, int, int, OffsetMap, set[bytes]], int]
-FilterRecords = Callable[[bytes, int, int, int, OffsetMap, bool], tuple[bytes, int, int]]
-
-map_records: MapRecords = py_map_records
-filter_records: FilterRecords = py_filter_records
+OffsetMap = PyOffsetMap
+map_records = py_map_records
+filter_records = py_filter_records
 NATIVE = False
 try:
+    from isrlab.broker.log._cleaner_scan import (  # type: ignore[import-not-found,unused-ignore]
+        OffsetMap as _NativeOffsetMap,
+    )
     from isrlab.broker.log._cleaner_scan import (  # type: ignore[import-not-found,unused-ignore]
         filter_records as _native_filter,
     )
@@ -203,19 +216,21 @@ try:
 except ImportError:  # not built (no compiler, or the node wheel): the Python twins above
     pass
 else:
-    map_records = _native_map
-    filter_records = _native_filter
+    OffsetMap = _NativeOffsetMap  # type: ignore[misc,assignment,unused-ignore]
+    map_records = _native_map  # type: ignore[assignment,unused-ignore]
+    filter_records = _native_filter  # type: ignore[assignment,unused-ignore]
     NATIVE = True
 
 
 __all__ = [
     "NATIVE",
     "OffsetMap",
+    "PyOffsetMap",
+    "any_key_tombstoned",
     "encode_varint",
     "filter_records",
     "map_records",
     "py_filter_records",
     "py_map_records",
     "rebase_timestamps",
-    "record_keys",
 ]

@@ -3,15 +3,18 @@ model of what compaction must keep."""
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterable
 from pathlib import Path
 
+from crc32c import crc32c
 from kafka.record.default_records import DefaultRecordBatch
 from kafka.record.memory_records import MemoryRecordsBuilder
 
 from isrlab.broker.log.cleaner import CleanerConfig, LogCleaner
+from isrlab.broker.log.cleaner_records import encode_varint
 from isrlab.broker.log.log import Log, LogConfig
-from isrlab.broker.log.record_batch import iter_batches
+from isrlab.broker.log.record_batch import HEADER, HEADER_SIZE, iter_batches
 
 Record = tuple[bytes | None, bytes | None]  # (key, value); a None value is a tombstone
 
@@ -82,3 +85,42 @@ def cleaner_for(
         clock=clock,  # type: ignore[arg-type]
         **kw,  # type: ignore[arg-type]
     )
+
+
+def fast_keyed_batch(records: list[tuple[bytes, bytes | None]], timestamp: int = 1_000) -> bytes:
+    """The same v2 batch as ``keyed_batch`` (no producer id, uncompressed), built directly: fast
+    enough for the million-record topics of the acceptance test and the benchmark."""
+    body = bytearray()
+    for i, (key, value) in enumerate(records):
+        record = bytearray(b"\x00")  # attributes
+        record += encode_varint(i)  # timestampDelta
+        record += encode_varint(i)  # offsetDelta
+        record += encode_varint(len(key)) + key
+        record += encode_varint(-1) if value is None else encode_varint(len(value)) + value
+        record += b"\x00"  # no headers
+        body += encode_varint(len(record)) + record
+    count = len(records)
+    batch = bytearray(HEADER_SIZE) + body
+    HEADER.pack_into(
+        batch, 0, 0, len(batch) - 12, -1, 2, 0, 0, count - 1, timestamp,
+        timestamp + count - 1, -1, -1, -1, count,
+    )  # fmt: skip
+    struct.pack_into(">I", batch, 17, crc32c(bytes(batch[21:])))
+    return bytes(batch)
+
+
+def fill_keyed(
+    log: Log, records: int, keys: int, *, value_size: int = 50, per_batch: int = 100
+) -> dict[bytes, tuple[int, bytes]]:
+    """Append ``records`` records cycling over ``keys`` keys (value ``<n>:`` padded to
+    ``value_size`` bytes); returns the latest (offset, value) of every key."""
+    latest: dict[bytes, tuple[int, bytes]] = {}
+    for start in range(0, records, per_batch):
+        batch = [
+            (b"key-%08d" % (n % keys), (b"%d:" % n).ljust(value_size, b"v"))
+            for n in range(start, min(start + per_batch, records))
+        ]
+        first = log.append_as_leader(fast_keyed_batch(batch), 0).first_offset
+        for i, (key, value) in enumerate(batch):
+            latest[key] = (first + i, value)
+    return latest

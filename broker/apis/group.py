@@ -4,7 +4,9 @@ OffsetCommit, OffsetFetch, ListGroups, DescribeGroups, DeleteGroups, OffsetDelet
 Each handler turns the request schema into the coordinator core's request, asks the shell
 (`GroupCoordinatorService.call`), and encodes the answer for the request's version. The decisions
 are the core's (broker/coordinator/group/coordinator.py); what is checked here is only what
-needs the broker's metadata (does the topic partition exist).
+needs the broker's metadata (does the topic partition exist), and Kafka's rule on the empty group
+id: SyncGroup, Heartbeat and LeaveGroup refuse it with INVALID_GROUP_ID (JoinGroup's core does),
+OffsetCommit/OffsetFetch/DescribeGroups/DeleteGroups accept it, as Kafka does for old clients.
 """
 
 from __future__ import annotations
@@ -166,7 +168,10 @@ async def handle_sync_group(server: KafkaServer, request: Request) -> Response:
         assignments={a.member_id: bytes(a.assignment or b"") for a in req.assignments},
     )
     service = server.group_coordinator
-    res: SyncResult = await service.call(service.core.sync_group, core_req)
+    if not req.group_id:
+        res = SyncResult(ErrorCode.INVALID_GROUP_ID)
+    else:
+        res = await service.call(service.core.sync_group, core_req)
     cls = SyncGroupResponse[v]
     resp = cls(
         throttle_time_ms=0,
@@ -185,7 +190,9 @@ async def handle_heartbeat(server: KafkaServer, request: Request) -> Response:
         req.group_id, req.generation_id, req.member_id, getattr(req, "group_instance_id", None)
     )
     service = server.group_coordinator
-    err: ErrorCode = await service.call(service.core.heartbeat, core_req)
+    err: ErrorCode = ErrorCode.INVALID_GROUP_ID
+    if req.group_id:
+        err = await service.call(service.core.heartbeat, core_req)
     resp = HeartbeatResponse[v](throttle_time_ms=0, error_code=int(err))
     return encode_response(resp, v, request.correlation_id)
 
@@ -198,9 +205,10 @@ async def handle_leave_group(server: KafkaServer, request: Request) -> Response:
     else:
         members = [(req.member_id, None)]
     service = server.group_coordinator
-    res: LeaveResult = await service.call(
-        service.core.leave_group, LeaveRequest(req.group_id, members)
-    )
+    if not req.group_id:
+        res = LeaveResult(ErrorCode.INVALID_GROUP_ID)
+    else:
+        res = await service.call(service.core.leave_group, LeaveRequest(req.group_id, members))
     cls = LeaveGroupResponse[v]
     if v >= 3:
         R = cls.MemberResponse

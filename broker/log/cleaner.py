@@ -386,9 +386,14 @@ class Cleaner:
                 records = self._records(header, data, at)
                 if records is None:
                     continue
-                stats.map_records += cleaner_records.map_records(
-                    records[0], records[1], records[2], header.base_offset, offsets
-                )
+                try:
+                    stats.map_records += cleaner_records.map_records(
+                        records[0], records[1], records[2], header.base_offset, offsets
+                    )
+                except ValueError:
+                    # Malformed records: the rewrite keeps this batch whole (what was mapped of
+                    # it is in it, so nothing the map drops elsewhere goes missing).
+                    continue
             stats.map_bytes += source.size
             end_offset = source.next_base
         return end_offset

@@ -76,7 +76,7 @@ def test_a_compacted_topic_keeps_the_latest_value_of_every_key(broker_factory) -
     }
     admin.create_topics([NewTopic(TOPIC, 1, 1, config=config)])[TOPIC].result(10)
     bad = admin.create_topics([NewTopic("bad", 1, 1, config={"cleanup.policy": "shrink"})])["bad"]
-    with pytest.raises(Exception, match="cleanup.policy"):
+    with pytest.raises(Exception, match=r"cleanup\.policy"):
         bad.result(10)
 
     latest: dict[bytes, bytes | None] = {}

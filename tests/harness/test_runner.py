@@ -191,3 +191,51 @@ def test_long_runs_find_lost_writes(tmp_path, over):
         if "lost-write" in results["anomaly_types"]:
             return
     pytest.fail(f"no lost-write in 3 runs: {found}")
+
+
+@pytest.mark.slow
+def test_subscribe_run_survives_coordinator_kills(tmp_path):
+    """A demo-like subscribe run (acks=all, min ISR 2, idempotence) whose faults kill the group's
+    coordinator: the group rebalances onto the new coordinator, the committed offsets survive
+    (members assigned after a kill fetch what the group committed before it) and the history
+    is valid, committed-offset-regression included."""
+    from isrlab.harness.runner import run_test
+
+    test = short_test(
+        tmp_path,
+        subscribe=True,
+        commit_p=0.05,
+        nemesis=["kill"],
+        nemesis_targets=["coordinator"],
+        nemesis_interval=8,
+        time_limit=35,
+        concurrency=6,
+        key_count=6,
+        seed=23,
+    )
+    run_dir, results = run_test(test, progress=False)
+    saved = json.loads((run_dir / "test.json").read_text())
+    assert saved["subscribe"] is True and saved["group"] == "isrlab-ci-23"
+    assert results["valid"] is True, results["anomaly_types"]
+    assert results["stats"]["subscribe_mode"] is True
+    ops = load_history(run_dir / "history.jsonl")
+    kills = [
+        o
+        for o in ops
+        if o["process"] == "nemesis"
+        and o["f"] == "start-kill"
+        and o["type"] == "info"
+        and isinstance(o["value"], dict)
+        and o["value"].get("nodes")
+    ]
+    assert kills and all(o["value"]["target"] == "coordinator" for o in kills)
+    first_kill = kills[0]["time"]
+    commits = [o for o in ops if o["f"] == "commit" and o["type"] == "ok"]
+    assert [o for o in commits if o["time"] < first_kill], "commits before the first kill"
+    after = [
+        o["rebalance"]
+        for o in ops
+        if "rebalance" in o and o["time"] > first_kill and o["rebalance"]["assigned"]
+    ]
+    assert after, "the group rebalanced after the coordinator was killed"
+    assert any(v is not None for r in after for v in r["committed"].values())

@@ -75,3 +75,34 @@ def test_a_run_that_acknowledged_and_read_nothing_is_called_out():
     acks0.complete(0, "ok", "send", [["send", "t0/0", [None, 1]]])
     acks0.poll(1, {"t0/0": [[0, 1]]})
     assert idle_warning(check_queue(acks0.ops)) is None
+
+
+def _targets(test) -> set[str]:
+    ops = []
+    gen = ScheduleGenerator.for_test(test)
+    now = 0
+    while len(ops) < 60:
+        r = gen.op(Context(time=now, thread="nemesis", process="nemesis", threads=[]))
+        if isinstance(r, Pending):
+            now = r.at or now + 1
+            continue
+        ops.append(r)
+    return {
+        str((op.get("value") or {}).get("target") or (op.get("value") or {}).get("shape"))
+        for op in ops
+        if op["f"].startswith("start-")
+    }
+
+
+def test_a_test_with_a_group_also_aims_faults_at_its_coordinator():
+    plain = make_test({"nemesis": "kill,partition", "nemesis_interval": 5, "seed": 4})
+    assert not {"coordinator", "isolate-coordinator"} & _targets(plain)
+    sub = make_test(
+        {"nemesis": "kill,partition", "nemesis_interval": 5, "seed": 4, "subscribe": True}
+    )
+    assert {"coordinator", "isolate-coordinator"} <= _targets(sub)
+    # targets given: exactly those
+    only = make_test(
+        {"nemesis": "kill", "nemesis_interval": 5, "subscribe": True, "nemesis_targets": "one"}
+    )
+    assert _targets(only) == {"one"}

@@ -266,6 +266,7 @@ class QueueClient:
         # Rebalances seen since the last completion (the next completion carries them).
         self._rebalance: dict[str, Any] | None = None
         self._rebalance_count = 0
+        self._topics: list[str] = []  # the subscription (while subscribed)
         self._producer_id = -1
         self._producer_epoch = -1
 
@@ -346,6 +347,9 @@ class QueueClient:
             # the rebalance timeout (max.poll.interval.ms) bounds how long a rebalance waits
             # for members that are busy in other ops. Offsets are committed by commit ops only.
             conf["session.timeout.ms"] = k.session_timeout_ms
+            # Members learn of a rebalance from their heartbeat: a third of the session, as
+            # Kafka recommends (librdkafka's default of 3 s would dominate every rebalance).
+            conf["heartbeat.interval.ms"] = max(100, k.session_timeout_ms // 3)
             conf["max.poll.interval.ms"] = max(k.max_poll_interval_ms, k.session_timeout_ms)
             conf["partition.assignment.strategy"] = k.assignment_strategy
         conf.update(k.consumer_config or {})
@@ -616,6 +620,10 @@ class QueueClient:
             topics = sorted({parse_key(k)[0] for k in op["value"]})
         except (TypeError, ValueError) as e:
             return {**op, "type": "fail", "error": ["bad-keys", str(e)]}
+        if self.subscribed and topics == self._topics:
+            # The subscription already is what the op asks: as Kafka's Java consumer, no
+            # rejoin (librdkafka would revoke everything and rejoin the group).
+            return {**op, "type": "ok"}
         try:
             if self.assigned and not self.subscribed:
                 consumer.incremental_unassign(
@@ -633,6 +641,7 @@ class QueueClient:
         except KafkaException as e:
             return {**op, "type": "info", "error": ["subscribe", str(e.args[0])]}
         self.subscribed = True
+        self._topics = topics
         return {**op, "type": "ok"}
 
     # -- send / poll / txn

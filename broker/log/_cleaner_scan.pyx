@@ -1,6 +1,6 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False
 """The log cleaner's record scan in C: ``OffsetMap``, ``map_records``, ``filter_records`` and
-``any_key_tombstoned`` of ``cleaner_records.py``, with the same arguments, answers and errors
+``first_keyless`` of ``cleaner_records.py``, with the same arguments, answers and errors
 (tests/log/test_cleaner_records.py holds the two to each other). See cleaner_records.py for the
 record format.
 
@@ -212,3 +212,17 @@ def filter_records(bytes data, Py_ssize_t start, Py_ssize_t end, int64_t base_of
     if written == end - start:
         return out, kept_count, tombstones
     return out[:written], kept_count, tombstones
+
+
+def first_keyless(bytes data, Py_ssize_t start, Py_ssize_t end):
+    cdef const unsigned char* buf = <const unsigned char*>PyBytes_AS_STRING(data)
+    cdef Py_ssize_t pos = start
+    cdef Record record
+    if start < 0 or end > len(data):
+        raise ValueError("records outside the buffer")
+    while pos < end:
+        _record(buf, pos, end, &record)
+        if record.key_length < 0:
+            return record.offset_delta
+        pos = record.end
+    return -1

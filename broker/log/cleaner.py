@@ -400,14 +400,7 @@ class Cleaner:
 
     @staticmethod
     def _records(header: BatchHeader, data: bytes, at: int) -> tuple[bytes, int, int] | None:
-        """(buffer, start, end) of the batch's records, decompressed; None if they cannot be
-        read (an unavailable codec): such a batch is kept as it is and maps nothing."""
-        if header.compression_type == 0:
-            return data, at + HEADER_SIZE, at + header.size
-        decoded = _decompress(header.compression_type, data[at + HEADER_SIZE : at + header.size])
-        if decoded is None:
-            return None
-        return decoded, 0, len(decoded)
+        return batch_records(header, data, at)
 
     def _groups(self, log: Log, sources: list[_Source]) -> list[list[_Source]]:
         """Consecutive segments whose cleaned output fits one segment (Kafka's
@@ -580,6 +573,21 @@ def _at(header: BatchHeader, position: int) -> BatchHeader:
         header.base_sequence,
         header.records_count,
     )
+
+
+def batch_records(
+    header: BatchHeader, data: bytes, at: int | None = None
+) -> tuple[bytes, int, int] | None:
+    """(buffer, start, end) of the records of the batch at ``at`` (default: its position) in
+    ``data``, decompressed; None if they cannot be read (an unavailable codec): the cleaner
+    keeps such a batch as it is and maps nothing of it."""
+    at = header.position if at is None else at
+    if header.compression_type == 0:
+        return data, at + HEADER_SIZE, at + header.size
+    decoded = _decompress(header.compression_type, data[at + HEADER_SIZE : at + header.size])
+    if decoded is None:
+        return None
+    return decoded, 0, len(decoded)
 
 
 def _decompress(codec: int, payload: bytes) -> bytes | None:

@@ -167,6 +167,17 @@ def py_filter_records(
     return b"".join(kept), kept_count, tombstones
 
 
+def py_first_keyless(buf: bytes, start: int, end: int) -> int:
+    """The offset delta of the first record of ``buf[start:end]`` without a key, or -1."""
+    pos = start
+    while pos < end:
+        record_end, offset_delta, _, key, _, _ = _record(buf, pos, end)
+        if key is None:
+            return offset_delta
+        pos = record_end
+    return -1
+
+
 def any_key_tombstoned(buf: bytes, start: int, end: int, offsets: PyOffsetMap) -> bool:
     """Does a record of ``buf[start:end]`` have a key whose latest mapped record is a tombstone?"""
     pos = start
@@ -202,6 +213,7 @@ def rebase_timestamps(buf: bytes, old_base: int, new_base: int) -> bytes:
 OffsetMap = PyOffsetMap
 map_records = py_map_records
 filter_records = py_filter_records
+first_keyless = py_first_keyless
 NATIVE = False
 try:
     from isrlab.broker.log._cleaner_scan import (  # type: ignore[import-not-found,unused-ignore]
@@ -209,6 +221,9 @@ try:
     )
     from isrlab.broker.log._cleaner_scan import (  # type: ignore[import-not-found,unused-ignore]
         filter_records as _native_filter,
+    )
+    from isrlab.broker.log._cleaner_scan import (  # type: ignore[import-not-found,unused-ignore]
+        first_keyless as _native_first_keyless,
     )
     from isrlab.broker.log._cleaner_scan import (  # type: ignore[import-not-found,unused-ignore]
         map_records as _native_map,
@@ -219,6 +234,7 @@ else:
     OffsetMap = _NativeOffsetMap  # type: ignore[misc,assignment,unused-ignore]
     map_records = _native_map  # type: ignore[assignment,unused-ignore]
     filter_records = _native_filter  # type: ignore[assignment,unused-ignore]
+    first_keyless = _native_first_keyless  # type: ignore[assignment,unused-ignore]
     NATIVE = True
 
 
@@ -229,8 +245,10 @@ __all__ = [
     "any_key_tombstoned",
     "encode_varint",
     "filter_records",
+    "first_keyless",
     "map_records",
     "py_filter_records",
+    "py_first_keyless",
     "py_map_records",
     "rebase_timestamps",
 ]

@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from isrlab.broker.log import recovery
+from isrlab.broker.log.cleaner_records import first_keyless
 from isrlab.broker.log.errors import (
     InvalidRecordError,
     KafkaStorageError,
@@ -375,6 +376,8 @@ class Log:
                     raise InvalidRecordError(
                         f"batch at position {header.position} is a control batch; clients may not write those"
                     )
+        if self.config.compact:
+            self._check_keys(records, headers)
         buffer = bytearray(records)  # our own copy: the caller's buffer is never modified
         next_offset = self.log_end_offset
         stamped: list[BatchHeader] = []
@@ -389,6 +392,8 @@ class Log:
 
         The first batch must start at the log end offset (else UnexpectedAppendOffsetError,
         a LogError: the replica must truncate or reset first) and offsets must grow; CRCs are verified.
+        On a compacted log (cleanup.policy=compact) the first batch may also start past the log
+        end offset, as in Kafka: the leader's cleaner removed the batches between.
         """
         self._ensure_open()
         if len(records) == 0:
@@ -397,7 +402,8 @@ class Log:
         headers = validate(records, strict_offsets=False)
         self._check_sizes(headers, len(records))
         expected = self.log_end_offset
-        if headers[0].base_offset != expected:
+        first = headers[0].base_offset
+        if first < expected or (first > expected and not self.config.compact):
             raise UnexpectedAppendOffsetError(
                 f"follower append to {self._dir.name} starts at offset {headers[0].base_offset} "
                 f"but the log end offset is {expected}: truncate or reset the replica first",
@@ -411,6 +417,30 @@ class Log:
                     f"{header.base_offset} follows one ending at {previous.last_offset}"
                 )
         return self._append(records, headers)
+
+    def _check_keys(
+        self, records: bytes | bytearray | memoryview, headers: list[BatchHeader]
+    ) -> None:
+        """A compacted topic takes only records with a key (Kafka's LogValidator)."""
+        from isrlab.broker.log.cleaner import batch_records
+
+        data = bytes(records)
+        for header in headers:
+            if header.is_control:
+                continue
+            try:
+                found = batch_records(header, data)
+                keyless = -1 if found is None else first_keyless(*found)
+            except ValueError as exc:
+                raise InvalidRecordError(
+                    f"batch at position {header.position} has malformed records: {exc}"
+                ) from None
+            if keyless >= 0:
+                raise InvalidRecordError(
+                    f"Compacted topic cannot accept message without key in topic partition "
+                    f"{self._topic}-{self._partition} (record {keyless} of the batch at position "
+                    f"{header.position})"
+                )
 
     def _check_sizes(self, headers: list[BatchHeader], total: int) -> None:
         for header in headers:

@@ -105,6 +105,15 @@ def test_a_compacted_topic_keeps_the_latest_value_of_every_key(broker_factory) -
     assert all(value is not None for key, value in latest.items() if key not in seen)
     assert {key for key, value in latest.items() if value is not None} <= set(seen)
 
+    # Kafka's rule: a compacted topic refuses a record without a key.
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "retries": 0})
+    failed: list[object] = []
+    producer.produce(
+        TOPIC, value=b"no key", partition=0, on_delivery=lambda e, _m: failed.append(e)
+    )
+    producer.flush(10)
+    assert failed and failed[0] is not None and "INVALID_RECORD" in str(failed[0].name())  # type: ignore[attr-defined]
+
     # A restart reopens the cleaned segments; a consumer from offset 0 reads the same.
     broker.stop()
     broker.start()

@@ -15,6 +15,7 @@ from isrlab.broker.log.cleaner import (
     LogCleaner,
     cleanable,
 )
+from isrlab.broker.log.errors import UnexpectedAppendOffsetError
 from isrlab.broker.log.log import EARLIEST_TIMESTAMP, AppendOrigin, Log, LogConfig
 from isrlab.broker.log.record_batch import CONTROL_MASK, TRANSACTIONAL_MASK, iter_batches
 from tests.log.compaction import Record, cleaner_for, compact_config, keyed_batch, read_all
@@ -219,6 +220,23 @@ def test_a_fetch_in_a_gap_returns_the_next_batch(
         assert read_all(log, start) == [r for r in records if r[0] >= start]
 
 
+def test_a_follower_fetching_from_a_gap_continues_after_it(
+    open_log: Opener, tmp_path: Path, clock: FakeClock
+) -> None:
+    leader = open_log(compact_config(), name="leader-0")
+    latest = fill(leader, rounds=20, keys=10)
+    cleaner_for(tmp_path, {TP: leader}, clock).clean_once()
+    assert read_all(leader)[0][0] > 0  # offset 0 was cleaned away
+    follower = open_log(compact_config(), name="follower-0")
+    while follower.log_end_offset < leader.log_end_offset:
+        follower.append_as_follower(leader.read(follower.log_end_offset, 1_000).read_bytes())
+    assert read_all(follower) == read_all(leader)
+    check_latest(follower, latest)
+    plain = open_log(name="plain-0")  # not compacted: a gap is a replication error
+    with pytest.raises(UnexpectedAppendOffsetError):
+        plain.append_as_follower(leader.read(0, 1_000).read_bytes())
+
+
 def test_the_last_batch_of_an_idempotent_producer_is_kept(
     open_log: Opener, tmp_path: Path, clock: FakeClock
 ) -> None:
@@ -419,3 +437,18 @@ def test_log_config_policies() -> None:
     assert not LogConfig().compact and LogConfig().delete
     both = LogConfig(cleanup_policy=("compact", "delete"))
     assert both.compact and both.delete
+
+
+def test_a_compacted_log_refuses_records_without_a_key(open_log: Opener) -> None:
+    from isrlab.broker.log.errors import InvalidRecordError
+
+    log = open_log(compact_config())
+    with pytest.raises(InvalidRecordError, match="without key") as info:
+        log.append_as_leader(keyed_batch([(k(1), b"a"), (None, b"b")]), 0)
+    assert info.value.code == 87  # INVALID_RECORD
+    with pytest.raises(InvalidRecordError, match="without key"):
+        log.append_as_leader(keyed_batch([(None, b"b")], compression=1), 0)
+    assert log.log_end_offset == 0
+    log.append_as_leader(keyed_batch([(k(1), b"a")], compression=1), 0)
+    plain = open_log(name="plain-0")
+    plain.append_as_leader(keyed_batch([(None, b"b")]), 0)  # a delete-policy topic takes it

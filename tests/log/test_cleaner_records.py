@@ -14,6 +14,7 @@ from isrlab.broker.log.cleaner_records import (
     any_key_tombstoned,
     encode_varint,
     py_filter_records,
+    py_first_keyless,
     py_map_records,
     rebase_timestamps,
 )
@@ -67,6 +68,9 @@ def test_native_and_python_scans_agree(
         assert py_filter_records(*args, py_map, drop) == native.filter_records(*args, c_map, drop)
         assert any_key_tombstoned(batch, HEADER_SIZE, len(batch), py_map) == any_key_tombstoned(
             batch, HEADER_SIZE, len(batch), c_map
+        )
+        assert py_first_keyless(batch, HEADER_SIZE, len(batch)) == native.first_keyless(
+            batch, HEADER_SIZE, len(batch)
         )
 
 

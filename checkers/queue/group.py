@@ -12,8 +12,9 @@ An observation is
 
 - a ``rebalance.committed[k]`` (null: the group has no committed offset for k, lower than
   any), the op carrying it being the observer;
-- the first offset a process reads of k after a rebalance newly assigned k to it: the
-  position the member started from, which Kafka takes from the group's committed offset.
+- the first offset a process reads of k after a rebalance newly assigned k to it (when
+  the rebalance carries no ``committed[k]``, which is then the observation): the position
+  the member started from, which Kafka takes from the group's committed offset.
   The committed offset was fetched during the op carrying the rebalance, so commits count
   only when they completed before that op's invoke. An ok or info ``assign`` of the
   process in between (an explicit reset) cancels the observation, a rebalance revoking k

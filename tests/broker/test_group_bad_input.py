@@ -3,15 +3,19 @@ hang), and nothing the group committed before is lost."""
 
 from __future__ import annotations
 
+import select
+import time
 from typing import Any
 
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
+from kafka.protocol.consumer import JoinGroupResponse
 from kafka.protocol.metadata import ApiVersionsRequest
 
 from isrlab.broker.errors import ErrorCode as E
 from tests.broker.rawclient import RawClient
 from tests.broker.rawgroup import (
+    MEMBER_ID_REQUIRED,
     Member,
     commit,
     describe,
@@ -228,3 +232,40 @@ def test_api_versions_advertises_the_group_apis(broker_factory: Any) -> None:
     for key, (name, low, high) in GROUP_APIS.items():
         assert versions.get(key) == (low, high), name
     c.close()
+
+
+def test_a_member_id_handed_out_stays_valid_while_another_member_completes_a_join(
+    broker_factory: Any,
+) -> None:
+    """KIP-394: JoinGroup v4+ hands out a member id first (MEMBER_ID_REQUIRED). Two members start
+    at once; the first completes a generation alone (no initial delay). The second's id is still
+    pending, as in Kafka (pending members leave only by joining, LeaveGroup or session expiry):
+    its join is accepted and rebalances the group to include it."""
+    b = broker_factory(GROUP_BROKER)
+    first, second = RawClient(b.port), RawClient(b.port)
+    assert find_coordinator(first, "pair").error_code == 0
+    r1 = first.call(join_request("pair"))
+    r2 = second.call(join_request("pair"))
+    assert r1.error_code == r2.error_code == MEMBER_ID_REQUIRED
+    a = first.call(join_request("pair", r1.member_id))
+    assert (a.error_code, a.generation_id, len(a.members)) == (0, 1, 1)
+    assert sync(first, "pair", 1, a.member_id, {a.member_id: b"all"}).error_code == 0
+
+    # the second member joins with the id it was given; its answer waits for the rebalance
+    second.send_frame(second.encode(join_request("pair", r2.member_id)))
+    deadline = time.monotonic() + 10
+    while describe(first, "pair").group_state != "PreparingRebalance":
+        readable, _, _ = select.select([second.sock], [], [], 0.05)
+        if readable:  # answered at once: refused
+            early = JoinGroupResponse[5].decode(second.recv_frame(), header=True)
+            raise AssertionError(f"the pending member's join was answered at once: {early}")
+        assert time.monotonic() < deadline, "no rebalance"
+    assert heartbeat(first, "pair", 1, a.member_id).error_code == E.REBALANCE_IN_PROGRESS
+    a = first.call(join_request("pair", a.member_id))
+    joined = JoinGroupResponse[5].decode(second.recv_frame(), header=True)
+    assert joined.error_code == 0, joined
+    assert joined.member_id == r2.member_id
+    assert a.error_code == 0 and a.generation_id == joined.generation_id == 2
+    assert len(a.members if a.leader == a.member_id else joined.members) == 2
+    first.close()
+    second.close()

@@ -562,7 +562,8 @@ class GroupCoordinator:
         for m in group.not_yet_rejoined():
             if m.group_instance_id is None:
                 group.remove(m.member_id)
-        group.pending_members.clear()
+        # pending members (KIP-394 ids handed out, not joined yet) stay, as in Kafka: they leave
+        # by joining (a new rebalance), by LeaveGroup or when their session expires
         group.rebalance_deadline = None
         group.initial_delay_ms = 0
         if group.is_(GroupState.DEAD):

@@ -22,6 +22,8 @@ def small_store_tests() -> list[dict[str, Any]]:
         make_test(acks="all", nemesis="partition", seed=5),
         make_test(acks="all", nemesis="kill", seed=6),
         make_test(acks="all", nemesis="partition", seed=7, min_insync_replicas=1),
+        # a run whose processes subscribed: the report's consumer column tells it apart
+        make_test(acks="all", nemesis="kill", seed=8, subscribe=True),
     ]
 
 

@@ -169,3 +169,17 @@ def test_report_files(analysis: Any, store: Path) -> None:
     assert sum(a["count"] for a in anomalies) == total
     assert {a["type"] for a in anomalies} >= {"lost-write"}
     assert all(a["example"] for a in anomalies)
+
+
+def test_the_consumer_mode_reaches_the_report(analysis: Any) -> None:
+    runs = pq.read_table(analysis.out / "parquet" / "runs").to_pylist()
+    modes = {r["name"]: r["consumer"] for r in runs if r["name"]}
+    assert modes["acks-all_kill_sub_commit0.1_isr2_r0"] == "subscribe"
+    assert modes["acks-all_kill_isr2_r0"] == "assign"
+    configs = {(c["acks"], c["nemesis"], c["consumer"]) for c in analysis.configs}
+    assert {("all", "kill", "assign"), ("all", "kill", "subscribe")} <= configs
+    with (analysis.out / "summary.csv").open() as fh:
+        rows = list(csv.DictReader(fh))
+    assert {r["consumer"] for r in rows} == {"assign", "subscribe"}
+    html = (analysis.out / "index.html").read_text()
+    assert '<th class="l">consumer</th>' in html and "subscribe, min.insync=2" in html

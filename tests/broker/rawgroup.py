@@ -68,6 +68,22 @@ def join(client: RawClient, group: str, **kw: Any) -> Any:
     return client.call(join_request(group, member_id=resp.member_id, **kw))
 
 
+def sync_request(
+    group: str, generation: int, member_id: str, assignments: dict[str, bytes] | None = None
+) -> Any:
+    S = SyncGroupRequest[3]
+    return S(
+        group_id=group,
+        generation_id=generation,
+        member_id=member_id,
+        group_instance_id=None,
+        assignments=[
+            S.SyncGroupRequestAssignment(member_id=m, assignment=a)
+            for m, a in (assignments or {}).items()
+        ],
+    )
+
+
 def sync(
     client: RawClient,
     group: str,
@@ -75,19 +91,7 @@ def sync(
     member_id: str,
     assignments: dict[str, bytes] | None = None,
 ) -> Any:
-    S = SyncGroupRequest[3]
-    return client.call(
-        S(
-            group_id=group,
-            generation_id=generation,
-            member_id=member_id,
-            group_instance_id=None,
-            assignments=[
-                S.SyncGroupRequestAssignment(member_id=m, assignment=a)
-                for m, a in (assignments or {}).items()
-            ],
-        )
-    )
+    return client.call(sync_request(group, generation, member_id, assignments))
 
 
 def heartbeat(client: RawClient, group: str, generation: int, member_id: str) -> Any:

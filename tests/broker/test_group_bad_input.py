@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
-from kafka.protocol.consumer import JoinGroupResponse
+from kafka.protocol.consumer import JoinGroupResponse, SyncGroupResponse
 from kafka.protocol.metadata import ApiVersionsRequest
 
 from isrlab.broker.errors import ErrorCode as E
@@ -26,6 +26,7 @@ from tests.broker.rawgroup import (
     join_request,
     leave,
     sync,
+    sync_request,
 )
 from tests.broker.test_group_clients import GROUP_BROKER
 
@@ -269,3 +270,37 @@ def test_a_member_id_handed_out_stays_valid_while_another_member_completes_a_joi
     assert len(a.members if a.leader == a.member_id else joined.members) == 2
     first.close()
     second.close()
+
+
+def test_an_assignment_that_cannot_be_stored_fails_the_sync_and_rebalances(
+    broker_factory: Any,
+) -> None:
+    """Three members with 400 KB of metadata each: their group record (1.2 MB) is over
+    message.max.bytes of __consumer_offsets. As in Kafka, the SyncGroup answers
+    UNKNOWN_SERVER_ERROR to every member waiting, and the group prepares a new rebalance
+    (it does not stay in CompletingRebalance with an assignment it could not keep)."""
+    b = broker_factory({**GROUP_BROKER, "group.initial.rebalance.delay.ms": "2000"})
+    clients = [RawClient(b.port, timeout=20) for _ in range(3)]
+    assert find_coordinator(clients[0], "heavy").error_code == 0
+    first = [c.call(join_request("heavy")) for c in clients]
+    assert {r.error_code for r in first} == {MEMBER_ID_REQUIRED}
+    big = b"S" * 400_000
+    for c, r in zip(clients, first, strict=True):  # all within the initial delay
+        c.send_frame(c.encode(join_request("heavy", r.member_id, protocols=[("range", big)])))
+    joined = [JoinGroupResponse[5].decode(c.recv_frame(), header=True) for c in clients]
+    assert {(r.error_code, r.generation_id) for r in joined} == {(0, 1)}
+    leader = next(i for i, r in enumerate(joined) if r.leader == r.member_id)
+    followers = [i for i in range(3) if i != leader]
+    for i in followers:  # they wait for the leader's assignment
+        clients[i].send_frame(clients[i].encode(sync_request("heavy", 1, joined[i].member_id)))
+    assignments = {r.member_id: b"x" for r in joined}
+    answer = sync(clients[leader], "heavy", 1, joined[leader].member_id, assignments)
+    assert answer.error_code == E.UNKNOWN_SERVER_ERROR
+    for i in followers:
+        r = SyncGroupResponse[3].decode(clients[i].recv_frame(), header=True)
+        assert r.error_code == E.UNKNOWN_SERVER_ERROR
+    assert describe(clients[0], "heavy").group_state == "PreparingRebalance"
+    # the broker is fine: another group works
+    assert Member(clients[0], "light").sync().error_code == 0
+    for c in clients:
+        c.close()

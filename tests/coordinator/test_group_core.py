@@ -147,7 +147,8 @@ def test_sync_fails_and_group_rebalances_when_the_group_record_cannot_be_written
     sref = h.sync(mid, 1, {mid: b"a"})
     h.ack_all(ErrorCode.NOT_ENOUGH_REPLICAS)
     assert h.replies[sref].error == ErrorCode.COORDINATOR_NOT_AVAILABLE
-    assert h.core.groups[G].state is GroupState.COMPLETING_REBALANCE
+    # as Kafka's doSyncGroup: the assignment is dropped and the group rebalances again
+    assert h.core.groups[G].state is GroupState.PREPARING_REBALANCE
     assert h.core.groups[G].members[mid].assignment == b""
 
 

@@ -896,6 +896,8 @@ class GroupCoordinator:
         if pa is None:
             return []  # the partition was unloaded meanwhile; already answered
         if error:
+            if pa.kind == "sync":
+                return self._fail_sync(now, pa, error)
             return self._fail_append(pa, _commit_error(error), token)
         group = self.groups.get(pa.group_id)
         if pa.kind == "sync":
@@ -928,6 +930,21 @@ class GroupCoordinator:
         if pa.kind in ("offset-delete", "group-delete"):
             return self._finish_delete(token, pa, ErrorCode.NONE)
         return []  # "store": nobody waits
+
+    def _fail_sync(self, now: int, pa: _PendingAppend, error: ErrorCode) -> list[Effect]:
+        """The leader's assignment could not be stored: as Kafka's doSyncGroup, every member
+        waiting in SyncGroup gets the error and the group rebalances again (if it is still in
+        that generation's CompletingRebalance)."""
+        group = self.groups.get(pa.group_id)
+        if (
+            group is None
+            or group.generation != pa.generation
+            or not group.is_(GroupState.COMPLETING_REBALANCE)
+        ):
+            return []
+        effects = self._reset_and_propagate_sync_error(group, _store_group_error(error))
+        effects += self._prepare_rebalance(now, group)
+        return effects
 
     def _fail_append(self, pa: _PendingAppend, error: ErrorCode, token: int) -> list[Effect]:
         group = self.groups.get(pa.group_id)
@@ -1098,6 +1115,31 @@ class GroupCoordinator:
                 self._appends[token] = _PendingAppend("store", group.group_id, p)
                 effects.append(Append(p, entries, token))
         return effects
+
+
+def _store_group_error(error: ErrorCode) -> ErrorCode:
+    """How Kafka's storeGroup maps an append error for the members in SyncGroup."""
+    if error in (
+        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+        ErrorCode.NOT_ENOUGH_REPLICAS,
+        ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+    ):
+        return ErrorCode.COORDINATOR_NOT_AVAILABLE
+    if error in (
+        ErrorCode.NOT_LEADER_OR_FOLLOWER,
+        ErrorCode.FENCED_LEADER_EPOCH,
+        ErrorCode.KAFKA_STORAGE_ERROR,
+    ):
+        return ErrorCode.NOT_COORDINATOR
+    if error == ErrorCode.REQUEST_TIMED_OUT:
+        return ErrorCode.REBALANCE_IN_PROGRESS
+    if error in (
+        ErrorCode.MESSAGE_TOO_LARGE,
+        ErrorCode.RECORD_LIST_TOO_LARGE,
+        ErrorCode.INVALID_FETCH_SIZE,
+    ):
+        return ErrorCode.UNKNOWN_SERVER_ERROR
+    return error
 
 
 def _commit_error(error: ErrorCode) -> ErrorCode:

@@ -10,7 +10,7 @@ Kafka's SkimpyOffsetMap keeps an MD5 of each key: the hash is Python's hash of t
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
-from libc.stdint cimport int64_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from libc.string cimport memcpy, memset
 
 
@@ -226,3 +226,170 @@ def first_keyless(bytes data, Py_ssize_t start, Py_ssize_t end):
             return record.offset_delta
         pos = record.end
     return -1
+
+
+cdef inline int64_t _be64(const unsigned char* p) noexcept:
+    cdef uint64_t v = 0
+    cdef int i
+    for i in range(8):
+        v = (v << 8) | p[i]
+    return <int64_t>v
+
+
+cdef inline int32_t _be32(const unsigned char* p) noexcept:
+    return <int32_t>((<uint32_t>p[0] << 24) | (<uint32_t>p[1] << 16) | (<uint32_t>p[2] << 8) | p[3])
+
+
+def map_batches(bytes data, OffsetMap offsets, dict last_batches):
+    """The offset-map pass over the whole batches at the start of ``data`` (a segment read):
+    maps the records of every uncompressed data batch and notes the last offset of each
+    producer id's last batch. Stops before a batch that is cut short, malformed or compressed
+    (the caller takes it); returns (bytes consumed, records mapped)."""
+    cdef const unsigned char* buf = <const unsigned char*>PyBytes_AS_STRING(data)
+    cdef Py_ssize_t end = len(data)
+    cdef Py_ssize_t pos = 0
+    cdef Py_ssize_t size, records_end, rpos
+    cdef Py_ssize_t mapped = 0
+    cdef int64_t base_offset, producer_id
+    cdef int32_t batch_length, last_delta, count
+    cdef int attributes
+    cdef Record record
+    while pos + 61 <= end:
+        batch_length = _be32(buf + pos + 8)
+        size = <Py_ssize_t>batch_length + 12
+        if batch_length < 49 or pos + size > end or buf[pos + 16] != 2:
+            break
+        attributes = (buf[pos + 21] << 8) | buf[pos + 22]
+        last_delta = _be32(buf + pos + 23)
+        count = _be32(buf + pos + 57)
+        if count < 1 or last_delta < 0 or (attributes & 0x07) != 0:
+            break
+        base_offset = _be64(buf + pos)
+        producer_id = _be64(buf + pos + 43)
+        if producer_id >= 0:
+            last_batches[producer_id] = base_offset + last_delta
+        if (attributes & 0x20) == 0:
+            rpos = pos + 61
+            records_end = pos + size
+            try:
+                while rpos < records_end:
+                    _record(buf, rpos, records_end, &record)
+                    if record.key_length >= 0:
+                        offsets._put(
+                            _slot_hash(buf + record.key_start, record.key_length),
+                            ((base_offset + record.offset_delta) << 1) | record.null_value,
+                        )
+                    mapped += 1
+                    rpos = record.end
+            except ValueError:
+                pass  # malformed records: the rewrite keeps this batch whole
+        pos += size
+    return pos, mapped
+
+
+cdef inline void _put_be32(unsigned char* p, uint32_t v) noexcept:
+    p[0] = (v >> 24) & 0xFF
+    p[1] = (v >> 16) & 0xFF
+    p[2] = (v >> 8) & 0xFF
+    p[3] = v & 0xFF
+
+
+def filter_batches(bytes data, OffsetMap offsets, dict last_batches, int64_t now_ms, object crc):
+    """The rewrite pass over the whole batches at the start of ``data`` (a segment read): see
+    ``cleaner_records.py_filter_batches``."""
+    cdef const unsigned char* buf = <const unsigned char*>PyBytes_AS_STRING(data)
+    cdef Py_ssize_t end = len(data)
+    cdef Py_ssize_t pos = 0
+    cdef Py_ssize_t size, rpos, records_end, run_start, written = 0, batch_out
+    cdef Py_ssize_t records_read = 0, records_kept = 0, rewritten = 0
+    cdef int64_t base_offset, producer_id, base_timestamp, latest, last_offset
+    cdef int32_t batch_length, last_delta, count, kept, tombstones
+    cdef int attributes
+    cdef bint drop_tombstones, keep, tombstoned
+    cdef uint32_t stored_crc
+    cdef Record record
+    cdef bytes out = PyBytes_FromStringAndSize(NULL, end)
+    cdef unsigned char* target = <unsigned char*>PyBytes_AS_STRING(out)
+    cdef object view = memoryview(data)
+    cdef object out_view = memoryview(out)
+    while pos + 61 <= end:
+        batch_length = _be32(buf + pos + 8)
+        size = <Py_ssize_t>batch_length + 12
+        if batch_length < 49 or pos + size > end or buf[pos + 16] != 2:
+            break
+        attributes = (buf[pos + 21] << 8) | buf[pos + 22]
+        last_delta = _be32(buf + pos + 23)
+        count = _be32(buf + pos + 57)
+        if count < 1 or last_delta < 0 or (attributes & 0x27) != 0:
+            break  # compressed or control: the caller's
+        stored_crc = <uint32_t>_be32(buf + pos + 17)
+        if <uint32_t>crc(view[pos + 21 : pos + size]) != stored_crc:
+            break
+        base_offset = _be64(buf + pos)
+        base_timestamp = _be64(buf + pos + 27)
+        producer_id = _be64(buf + pos + 43)
+        last_offset = base_offset + last_delta
+        drop_tombstones = (attributes & 0x40) != 0 and now_ms >= base_timestamp
+        # Filter into the output after a 61-byte gap for the header.
+        batch_out = written
+        written += 61
+        kept = 0
+        tombstones = 0
+        tombstoned = False
+        rpos = pos + 61
+        records_end = pos + size
+        run_start = rpos
+        try:
+            while rpos < records_end:
+                _record(buf, rpos, records_end, &record)
+                keep = True
+                if record.key_length >= 0:
+                    latest = offsets._get(_slot_hash(buf + record.key_start, record.key_length))
+                    if latest >= 0 and (latest & 1):
+                        tombstoned = True
+                    if (latest >= 0 and (latest >> 1) > base_offset + record.offset_delta) or (
+                        record.null_value and drop_tombstones
+                    ):
+                        keep = False
+                if keep:
+                    kept += 1
+                    if record.null_value:
+                        tombstones += 1
+                else:
+                    if run_start < rpos:
+                        memcpy(target + written, buf + run_start, rpos - run_start)
+                        written += rpos - run_start
+                    run_start = record.end
+                rpos = record.end
+        except ValueError:
+            written = batch_out
+            break  # malformed records: the caller keeps the batch whole
+        if tombstones > 0 and (attributes & 0x40) == 0:
+            written = batch_out
+            break  # a first delete horizon to stamp: the caller's
+        if run_start < records_end:
+            memcpy(target + written, buf + run_start, records_end - run_start)
+            written += records_end - run_start
+        records_read += count
+        if kept == count:
+            memcpy(target + batch_out, buf + pos, size)
+            written = batch_out + size
+            records_kept += count
+        elif kept == 0:
+            written = batch_out
+            if producer_id >= 0 and last_batches.get(producer_id, last_offset) == last_offset and not tombstoned:
+                # The producer's last batch, kept whole (see cleaner.py).
+                memcpy(target + batch_out, buf + pos, size)
+                written = batch_out + size
+                records_kept += count
+        else:
+            memcpy(target + batch_out, buf + pos, 61)
+            _put_be32(target + batch_out + 8, <uint32_t>(written - batch_out - 12))
+            _put_be32(target + batch_out + 57, <uint32_t>kept)
+            _put_be32(target + batch_out + 17, <uint32_t>crc(out_view[batch_out + 21 : written]))
+            records_kept += kept
+            rewritten += 1
+        pos += size
+    view.release()
+    out_view.release()
+    return pos, out[:written], records_read, records_kept, rewritten

@@ -47,7 +47,7 @@ import os
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -66,6 +66,7 @@ from isrlab.broker.log.record_batch import (
     BatchHeader,
     check_crc,
     check_header,
+    iter_batches,
 )
 from isrlab.broker.log.segment import (
     CLEANED_SUFFIX,
@@ -235,31 +236,26 @@ class CleanResult:
     stats: CleanerStats
 
 
-def _read_batches(fd: int, size: int, chunk: int) -> Iterator[tuple[BatchHeader, bytes, int]]:
-    """Every batch of a segment file read through ``fd``: (its header, positioned in the
-    buffer that holds it, that buffer, the same position). Reads ``chunk`` bytes at a time
-    (more for a larger batch); a torn tail ends the iteration."""
-    position = 0
-    while position < size:
-        data = os.pread(fd, min(max(chunk, HEADER_SIZE), size - position), position)
-        if len(data) < LOG_OVERHEAD:
-            return
-        offset = 0
-        while offset + LOG_OVERHEAD <= len(data):
-            length = _BATCH_LENGTH.unpack_from(data, offset + 8)[0] + LOG_OVERHEAD
-            if offset + length > len(data):
-                if offset == 0:  # a batch larger than the chunk: read it whole
-                    data = os.pread(fd, length, position)
-                    if len(data) < length:
-                        return
-                else:
-                    break
-            header = check_header(data, offset, len(data))
-            yield header, data, offset
-            offset += header.size
-        if offset == 0:
-            return
-        position += offset
+def _batch_at(
+    fd: int, size: int, position: int, data: bytes, at: int
+) -> tuple[BatchHeader | None, bytes]:
+    """The batch at file ``position`` (``at`` in ``data``, read from there if it is not whole in
+    ``data``): its header, positioned in the returned buffer; (None, b"") at a torn tail.
+    Raises CorruptRecordError/InvalidRecordError for a malformed batch."""
+    if len(data) - at >= LOG_OVERHEAD:
+        length = _BATCH_LENGTH.unpack_from(data, at + 8)[0] + LOG_OVERHEAD
+        if at + length <= len(data):
+            return check_header(data, at, len(data)), data
+    head = os.pread(fd, LOG_OVERHEAD, position)
+    if len(head) < LOG_OVERHEAD:
+        return None, b""
+    length = max(_BATCH_LENGTH.unpack_from(head, 8)[0] + LOG_OVERHEAD, LOG_OVERHEAD)
+    if position + length > size:
+        return None, b""
+    batch = os.pread(fd, length, position)
+    if len(batch) < length:
+        return None, b""
+    return check_header(batch, 0, len(batch)), batch
 
 
 class Cleaner:
@@ -378,22 +374,34 @@ class Cleaner:
             ):
                 break
             self._check_abort(plan.tp)
-            for header, data, at in _read_batches(source.fd, source.size, self.io_buffer_size):
+            position = 0
+            while position < source.size:
+                data = os.pread(
+                    source.fd, min(self.io_buffer_size, source.size - position), position
+                )
+                # Whole uncompressed batches in one call (C when built) ...
+                consumed, mapped = cleaner_records.map_batches(data, offsets, last_batches)
+                stats.map_records += mapped
+                if consumed == len(data):
+                    position += consumed
+                    continue
+                # ... then the one it stopped at: compressed, larger than the read, torn or bad.
+                header, batch = _batch_at(
+                    source.fd, source.size, position + consumed, data, consumed
+                )
+                if header is None:
+                    break  # a torn tail: the rewrite stops there too
                 if header.producer_id >= 0:
                     last_batches[header.producer_id] = header.last_offset
-                if header.is_control:
-                    continue
-                records = self._records(header, data, at)
-                if records is None:
-                    continue
-                try:
-                    stats.map_records += cleaner_records.map_records(
-                        records[0], records[1], records[2], header.base_offset, offsets
-                    )
-                except ValueError:
-                    # Malformed records: the rewrite keeps this batch whole (what was mapped of
-                    # it is in it, so nothing the map drops elsewhere goes missing).
-                    continue
+                records = self._records(header, batch, header.position)
+                if records is not None and not header.is_control:
+                    try:
+                        stats.map_records += cleaner_records.map_records(
+                            records[0], records[1], records[2], header.base_offset, offsets
+                        )
+                    except ValueError:
+                        pass  # malformed records: the rewrite keeps this batch whole
+                position += consumed + header.size
             stats.map_bytes += source.size
             end_offset = source.next_base
         return end_offset
@@ -492,67 +500,99 @@ class Cleaner:
         last_batches: dict[int, int],
         stats: CleanerStats,
     ) -> None:
+        position = 0
+        while position < source.size:
+            data = os.pread(source.fd, min(self.io_buffer_size, source.size - position), position)
+            # Whole uncompressed batches in one call (C when built) ...
+            consumed, kept, read, kept_records, rewritten = cleaner_records.filter_batches(
+                data, offsets, last_batches, plan.now_ms, crc32c
+            )
+            out.append_raw(kept)
+            stats.records_read += read
+            stats.records_kept += kept_records
+            stats.batches_rewritten += rewritten
+            if consumed == len(data):
+                position += consumed
+                continue
+            # ... then the one it stopped at: compressed, control, a first delete horizon to
+            # stamp, larger than the read, torn or bad.
+            header, batch = _batch_at(source.fd, source.size, position + consumed, data, consumed)
+            if header is None:
+                break  # a torn tail (the active segment's only; never here)
+            self._clean_batch(plan, header, batch, out, offsets, last_batches, stats)
+            position += consumed + header.size
+
+    def _clean_batch(
+        self,
+        plan: _Plan,
+        header: BatchHeader,
+        data: bytes,
+        out: _Output,
+        offsets: cleaner_records.PyOffsetMap,
+        last_batches: dict[int, int],
+        stats: CleanerStats,
+    ) -> None:
+        """One batch the bulk pass left: the general case, in Python."""
         now = plan.now_ms
         retention = plan.log.config.delete_retention_ms
-        for header, data, at in _read_batches(source.fd, source.size, self.io_buffer_size):
-            stats.records_read += header.records_count
-            check_crc(data, header)
-            if header.is_control:
+        at = header.position
+        stats.records_read += header.records_count
+        check_crc(data, header)
+        if header.is_control:
+            out.append(header, data, at)
+            stats.records_kept += header.records_count
+            return
+        records = self._records(header, data, at)
+        if records is None:
+            out.append(header, data, at)
+            stats.records_kept += header.records_count
+            return
+        has_horizon = bool(header.attributes & DELETE_HORIZON_MASK)
+        drop_tombstones = has_horizon and now >= header.base_timestamp
+        try:
+            kept, count, kept_tombstones = cleaner_records.filter_records(
+                records[0], records[1], records[2], header.base_offset, offsets, drop_tombstones
+            )
+        except ValueError as exc:
+            logger.warning(
+                "keeping the batch at offset %d of %s as it is: %s",
+                header.base_offset,
+                plan.log.dir.name,
+                exc,
+            )
+            out.append(header, data, at)
+            stats.records_kept += header.records_count
+            return
+        new_horizon = kept_tombstones > 0 and not has_horizon
+        if count == header.records_count and not new_horizon:
+            out.append(header, data, at)
+        elif count == 0:
+            # Kafka keeps the last batch of a producer, emptied, so that its sequence
+            # numbers survive a reload; this log cannot store empty batches, so the batch
+            # stays whole, unless a key of it now ends in a tombstone: then its old value
+            # could outlive the tombstone, and the batch goes.
+            if (
+                header.producer_id >= 0
+                and last_batches.get(header.producer_id, header.last_offset) == header.last_offset
+                and not cleaner_records.any_key_tombstoned(*records, offsets)
+            ):
                 out.append(header, data, at)
-                stats.records_kept += header.records_count
-                continue
-            records = self._records(header, data, at)
-            if records is None:
-                out.append(header, data, at)
-                stats.records_kept += header.records_count
-                continue
-            has_horizon = bool(header.attributes & DELETE_HORIZON_MASK)
-            drop_tombstones = has_horizon and now >= header.base_timestamp
-            try:
-                kept, count, kept_tombstones = cleaner_records.filter_records(
-                    records[0], records[1], records[2], header.base_offset, offsets, drop_tombstones
-                )
-            except ValueError as exc:
-                logger.warning(
-                    "keeping the batch at offset %d of %s as it is: %s",
-                    header.base_offset,
-                    plan.log.dir.name,
-                    exc,
-                )
-                out.append(header, data, at)
-                stats.records_kept += header.records_count
-                continue
-            new_horizon = kept_tombstones > 0 and not has_horizon
-            if count == header.records_count and not new_horizon:
-                out.append(header, data, at)
-            elif count == 0:
-                # Kafka keeps the last batch of a producer, emptied, so that its sequence
-                # numbers survive a reload; this log cannot store empty batches, so the batch
-                # stays whole, unless a key of it now ends in a tombstone: then its old value
-                # could outlive the tombstone, and the batch goes.
-                if (
-                    header.producer_id >= 0
-                    and last_batches.get(header.producer_id, header.last_offset)
-                    == header.last_offset
-                    and not cleaner_records.any_key_tombstoned(*records, offsets)
-                ):
-                    out.append(header, data, at)
-                    count = header.records_count
-                else:
-                    continue
+                count = header.records_count
             else:
-                base_timestamp = header.base_timestamp
-                attributes = header.attributes
-                if new_horizon:
-                    base_timestamp = now + retention
-                    attributes |= DELETE_HORIZON_MASK
-                    kept = cleaner_records.rebase_timestamps(
-                        kept, header.base_timestamp, base_timestamp
-                    )
-                batch = _rebuild(header, kept, count, attributes, base_timestamp)
-                out.append(BatchHeader(0, *HEADER.unpack_from(batch, 0)), batch, 0)
-                stats.batches_rewritten += 1
-            stats.records_kept += count
+                return
+        else:
+            base_timestamp = header.base_timestamp
+            attributes = header.attributes
+            if new_horizon:
+                base_timestamp = now + retention
+                attributes |= DELETE_HORIZON_MASK
+                kept = cleaner_records.rebase_timestamps(
+                    kept, header.base_timestamp, base_timestamp
+                )
+            batch = _rebuild(header, kept, count, attributes, base_timestamp)
+            out.append(BatchHeader(0, *HEADER.unpack_from(batch, 0)), batch, 0)
+            stats.batches_rewritten += 1
+        stats.records_kept += count
 
 
 def _at(header: BatchHeader, position: int) -> BatchHeader:
@@ -659,6 +699,19 @@ class _Output:
         self.headers: list[BatchHeader] = []
         self.max_timestamp = -1
         self.offset_of_max = -1
+
+    def append_raw(self, batches: bytes) -> None:
+        """Whole batches, back to back."""
+        if not batches:
+            return
+        base = len(self.buffer)
+        self.buffer += batches
+        for header in iter_batches(batches):
+            self.headers.append(_at(header, base + header.position))
+            if header.max_timestamp > self.max_timestamp:
+                self.max_timestamp, self.offset_of_max = header.max_timestamp, header.last_offset
+        if len(self.buffer) >= self.limit:
+            self.flush()
 
     def append(self, header: BatchHeader, data: bytes, at: int) -> None:
         position = len(self.buffer)

@@ -23,6 +23,9 @@ batch as it is.
 
 from __future__ import annotations
 
+import struct
+from collections.abc import Callable
+
 
 def _varint(buf: bytes, pos: int) -> tuple[int, int]:
     """A zig-zag varint (or varlong) at ``pos``: (value, position after it)."""
@@ -167,6 +170,113 @@ def py_filter_records(
     return b"".join(kept), kept_count, tombstones
 
 
+_BATCH = struct.Struct(">qi4xbIhi16xq6xi")  # baseOffset, batchLength, magic, crc, attributes,
+# lastOffsetDelta, producerId, recordsCount: the header fields the map pass reads
+
+
+def py_map_batches(
+    data: bytes, offsets: PyOffsetMap, last_batches: dict[int, int]
+) -> tuple[int, int]:
+    """The offset-map pass over the whole batches at the start of ``data`` (a segment read):
+    maps the records of every uncompressed data batch and notes the last offset of each
+    producer id's last batch. Stops before a batch that is cut short, malformed or compressed
+    (the caller takes it); returns (bytes consumed, records mapped)."""
+    pos = 0
+    end = len(data)
+    mapped = 0
+    while pos + 61 <= end:
+        base_offset, batch_length, magic, _, attributes, last_delta, producer_id, count = (
+            _BATCH.unpack_from(data, pos)
+        )
+        size = batch_length + 12
+        if batch_length < 49 or pos + size > end or magic != 2:
+            break
+        if count < 1 or last_delta < 0 or attributes & 0x07:
+            break
+        if producer_id >= 0:
+            last_batches[producer_id] = base_offset + last_delta
+        if not attributes & 0x20:
+            try:
+                mapped += py_map_records(data, pos + 61, pos + size, base_offset, offsets)
+            except ValueError:
+                pass  # malformed records: the rewrite keeps this batch whole
+        pos += size
+    return pos, mapped
+
+
+_FILTER = struct.Struct(">qi4xbIhiq8xq6xi")  # ... baseTimestamp too
+
+
+def py_filter_batches(
+    data: bytes,
+    offsets: PyOffsetMap,
+    last_batches: dict[int, int],
+    now_ms: int,
+    crc: Callable[[memoryview], int],
+) -> tuple[int, bytes, int, int, int]:
+    """The rewrite pass over the whole batches at the start of ``data`` (a segment read):
+    (bytes consumed, the batches kept, records read, records kept, batches rewritten).
+
+    A batch whose records all stay is copied; one that loses some is rewritten with the same
+    header but its batchLength, recordsCount and CRC; one that loses all goes, except the last
+    batch of a producer (``last_batches``: producer id -> last offset of its last batch) none
+    of whose keys ends in a tombstone, kept whole. Tombstones go when the batch's delete
+    horizon (KIP-534) passed. Stops before a batch the caller must take: cut short, malformed
+    (structure, CRC per ``crc``, records), compressed, control, or keeping a tombstone with no
+    delete horizon yet (the caller stamps one).
+    """
+    pos = 0
+    end = len(data)
+    out = bytearray()
+    records_read = records_kept = rewritten = 0
+    view = memoryview(data)
+    while pos + 61 <= end:
+        fields = _FILTER.unpack_from(data, pos)
+        base_offset, batch_length, magic, stored_crc, attributes, last_delta = fields[:6]
+        base_timestamp, producer_id, count = fields[6:]
+        size = batch_length + 12
+        if batch_length < 49 or pos + size > end or magic != 2:
+            break
+        if count < 1 or last_delta < 0 or attributes & 0x27:
+            break
+        if crc(view[pos + 21 : pos + size]) != stored_crc:
+            break
+        drop = bool(attributes & 0x40) and now_ms >= base_timestamp
+        try:
+            kept, kept_count, tombstones = py_filter_records(
+                data, pos + 61, pos + size, base_offset, offsets, drop
+            )
+            tombstoned = any_key_tombstoned(data, pos + 61, pos + size, offsets)
+        except ValueError:
+            break
+        if tombstones and not attributes & 0x40:
+            break
+        records_read += count
+        last_offset = base_offset + last_delta
+        if kept_count == count:
+            out += view[pos : pos + size]
+            records_kept += count
+        elif kept_count == 0:
+            if (
+                producer_id >= 0
+                and last_batches.get(producer_id, last_offset) == last_offset
+                and not tombstoned
+            ):
+                out += view[pos : pos + size]
+                records_kept += count
+        else:
+            batch = bytearray(view[pos : pos + 61]) + kept
+            struct.pack_into(">i", batch, 8, len(batch) - 12)
+            struct.pack_into(">i", batch, 57, kept_count)
+            struct.pack_into(">I", batch, 17, crc(memoryview(batch)[21:]))
+            out += batch
+            records_kept += kept_count
+            rewritten += 1
+        pos += size
+    view.release()
+    return pos, bytes(out), records_read, records_kept, rewritten
+
+
 def py_first_keyless(buf: bytes, start: int, end: int) -> int:
     """The offset delta of the first record of ``buf[start:end]`` without a key, or -1."""
     pos = start
@@ -212,6 +322,8 @@ def rebase_timestamps(buf: bytes, old_base: int, new_base: int) -> bytes:
 
 OffsetMap = PyOffsetMap
 map_records = py_map_records
+map_batches = py_map_batches
+filter_batches = py_filter_batches
 filter_records = py_filter_records
 first_keyless = py_first_keyless
 NATIVE = False
@@ -220,10 +332,16 @@ try:
         OffsetMap as _NativeOffsetMap,
     )
     from isrlab.broker.log._cleaner_scan import (  # type: ignore[import-not-found,unused-ignore]
+        filter_batches as _native_filter_batches,
+    )
+    from isrlab.broker.log._cleaner_scan import (  # type: ignore[import-not-found,unused-ignore]
         filter_records as _native_filter,
     )
     from isrlab.broker.log._cleaner_scan import (  # type: ignore[import-not-found,unused-ignore]
         first_keyless as _native_first_keyless,
+    )
+    from isrlab.broker.log._cleaner_scan import (  # type: ignore[import-not-found,unused-ignore]
+        map_batches as _native_map_batches,
     )
     from isrlab.broker.log._cleaner_scan import (  # type: ignore[import-not-found,unused-ignore]
         map_records as _native_map,
@@ -235,6 +353,8 @@ else:
     map_records = _native_map  # type: ignore[assignment,unused-ignore]
     filter_records = _native_filter  # type: ignore[assignment,unused-ignore]
     first_keyless = _native_first_keyless  # type: ignore[assignment,unused-ignore]
+    map_batches = _native_map_batches  # type: ignore[assignment,unused-ignore]
+    filter_batches = _native_filter_batches  # type: ignore[assignment,unused-ignore]
     NATIVE = True
 
 
@@ -244,11 +364,15 @@ __all__ = [
     "PyOffsetMap",
     "any_key_tombstoned",
     "encode_varint",
+    "filter_batches",
     "filter_records",
     "first_keyless",
+    "map_batches",
     "map_records",
+    "py_filter_batches",
     "py_filter_records",
     "py_first_keyless",
+    "py_map_batches",
     "py_map_records",
     "rebase_timestamps",
 ]

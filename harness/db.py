@@ -59,7 +59,10 @@ process and wipes data and logs (the venv stays, so the next run skips the insta
 
 from __future__ import annotations
 
+import logging
 import shlex
+import socket
+import struct
 import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -78,6 +81,8 @@ from isrlab.harness.wheelhouse import (
     build_wheelhouse,
     node_requirements,
 )
+
+log = logging.getLogger(__name__)
 
 CLOCK_SHIM = PROJECT_ROOT / "nemeses" / "clockshim.py"
 
@@ -108,6 +113,39 @@ def parse_key(key: str) -> tuple[str, int]:
     if not topic or not part.isdigit():
         raise ValueError(f"bad key {key!r}: keys are 'topic/partition', e.g. 't0/0'")
     return topic, int(part)
+
+
+def find_coordinator(host: str, port: int, group: str, timeout: float = 5.0) -> int | None:
+    """The broker id a FindCoordinator (v1, key type group) request to ``host:port`` names as
+    ``group``'s coordinator; None when the broker answers with an error. Raises OSError when
+    the broker cannot be reached and ValueError on a malformed answer."""
+    client = b"isrlab-harness"
+    key = group.encode()
+    body = struct.pack(">hhih", 10, 1, 1, len(client)) + client
+    body += struct.pack(">h", len(key)) + key + struct.pack(">b", 0)
+    with socket.create_connection((host, port), timeout=timeout) as sock:
+        sock.settimeout(timeout)
+        sock.sendall(struct.pack(">i", len(body)) + body)
+        (size,) = struct.unpack(">i", _recv_exactly(sock, 4))
+        answer = _recv_exactly(sock, size)
+    correlation, _throttle, error, msg_len = struct.unpack_from(">iihh", answer, 0)
+    if correlation != 1:
+        raise ValueError(f"FindCoordinator answer for correlation id {correlation}, not 1")
+    if error != 0:
+        return None
+    at = 12 + max(msg_len, 0)
+    (node_id,) = struct.unpack_from(">i", answer, at)
+    return node_id if node_id >= 0 else None
+
+
+def _recv_exactly(sock: socket.socket, n: int) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise ValueError("the broker closed the connection mid-answer")
+        buf += chunk
+    return buf
 
 
 def _retriable(error: str) -> bool:
@@ -592,14 +630,23 @@ echo {wh.deps_key} > {deps_marker}
 
     def coordinator(self, group: str, via: Iterable[str] | None = None) -> str | None:
         """The node coordinating consumer group ``group``: the leader of the group's
-        ``__consumer_offsets`` partition, as the brokers' FindCoordinator answer names it
-        (asked through DescribeGroups, which finds the coordinator first). None: no answer."""
-        futures = self._admin_for(via).describe_consumer_groups([group], request_timeout=5.0)
-        desc = futures[group].result(10.0)
-        node = getattr(desc, "coordinator", None)
-        if node is None or node.id is None or node.id < 0:
-            return None
-        return self.broker_node(int(node.id))
+        ``__consumer_offsets`` partition, as a FindCoordinator request to the brokers on
+        ``via`` (default: every node) names it; the first broker that answers decides. None
+        when none does (no leader yet: COORDINATOR_NOT_AVAILABLE, or unreachable).
+
+        The request is sent on a socket of its own: confluent-kafka's only way to it,
+        describe_consumer_groups, aborts the process (a librdkafka 2.x assertion in
+        rd_kafka_enq_once_del_source_return) after a FindCoordinator that timed out."""
+        for address in self.bootstrap_servers(via).split(","):
+            host, _, port = address.rpartition(":")
+            try:
+                node_id = find_coordinator(host, int(port), group)
+            except (OSError, ValueError, struct.error) as e:
+                log.debug("FindCoordinator(%s) on %s: %s", group, address, e)
+                continue
+            if node_id is not None:
+                return self.broker_node(node_id)
+        return None
 
     def create_topics(
         self,
@@ -729,5 +776,6 @@ __all__ = [
     "BROKER_PORT",
     "DBError",
     "KafkaDB",
+    "find_coordinator",
     "parse_key",
 ]

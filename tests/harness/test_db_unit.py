@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -149,3 +150,55 @@ class _Metadata:
             t: NS(partitions={p: NS(leader=lead) for p, lead in ps.items()})
             for t, ps in leaders.items()
         }
+
+
+def _fake_broker(answer: bytes | None) -> tuple[int, list[bytes], Any]:
+    """A one-connection server: records the request, replies with ``answer`` (framed), or
+    closes at once when None."""
+    import socket
+    import threading
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    got: list[bytes] = []
+
+    def serve() -> None:
+        conn, _ = srv.accept()
+        with conn:
+            size = int.from_bytes(conn.recv(4), "big")
+            got.append(conn.recv(size))
+            if answer is not None:
+                conn.sendall(len(answer).to_bytes(4, "big") + answer)
+        srv.close()
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    return srv.getsockname()[1], got, t
+
+
+def test_find_coordinator_speaks_find_coordinator_v1() -> None:
+    import struct
+
+    from isrlab.harness.db import find_coordinator
+
+    host = b"10.0.0.3"
+    ok = struct.pack(">iihh", 1, 0, 0, -1) + struct.pack(">ih", 3, len(host)) + host
+    ok += struct.pack(">i", 9092)
+    port, got, t = _fake_broker(ok)
+    assert find_coordinator("127.0.0.1", port, "g1") == 3
+    t.join(5)
+    # api key 10, version 1, correlation id 1, client id; key "g1", key type 0 (group)
+    assert got[0].startswith(struct.pack(">hhi", 10, 1, 1))
+    assert got[0].endswith(struct.pack(">h", 2) + b"g1" + b"\x00")
+    # COORDINATOR_NOT_AVAILABLE (15), with an error message: no coordinator
+    msg = b"no leader"
+    busy = struct.pack(">iihh", 1, 0, 15, len(msg)) + msg + struct.pack(">ih", -1, 0)
+    busy += struct.pack(">i", -1)
+    port, _, t = _fake_broker(busy)
+    assert find_coordinator("127.0.0.1", port, "g1") is None
+    t.join(5)
+    port, _, t = _fake_broker(None)
+    with pytest.raises(ValueError, match="closed the connection"):
+        find_coordinator("127.0.0.1", port, "g1")
+    t.join(5)

@@ -230,6 +230,49 @@ def test_kill_and_restart(db: KafkaDB, nem: nemeses.Nemesis) -> None:
     db.wait_for_brokers(timeout=60)
 
 
+def test_the_coordinator_target_kills_the_leader_of_the_groups_offsets_partition(
+    db: KafkaDB, nem: nemeses.Nemesis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from isrlab.broker.coordinator.group.coordinator import partition_for
+
+    group = f"dbtest-{uuid.uuid4().hex[:6]}"
+    monkeypatch.setitem(db.test, "group", group)
+
+    def ask() -> str | None:
+        try:  # the first FindCoordinator creates __consumer_offsets
+            return db.coordinator(group)
+        except Exception:
+            return None
+
+    coord = _wait(ask, 60, "the group's coordinator")
+    offsets = db.metadata(topic="__consumer_offsets").topics["__consumer_offsets"]
+    assert coord == db.leader_of(
+        "__consumer_offsets", partition_for(group, len(offsets.partitions))
+    )
+    done = nem.invoke(
+        {
+            "process": "nemesis",
+            "type": "info",
+            "f": "start-kill",
+            "value": {"target": "coordinator"},
+        }
+    )
+    assert done["value"] == {"target": "coordinator", "nodes": [coord]}
+    assert db.broker_state(coord) == "down"
+    others = [n for n in db.names if n != coord]
+
+    def moved() -> str | None:
+        try:
+            new = db.coordinator(group, via=others)
+        except Exception:
+            return None
+        return new if new not in (None, coord) else None
+
+    assert _wait(moved, ZK_SESSION_MS / 1000 + 30, "a new coordinator") in others
+    nem.invoke({"process": "nemesis", "type": "info", "f": "stop-kill"})
+    db.wait_for_brokers(timeout=60)
+
+
 def test_clock_bump_is_seen_by_the_broker_and_reset(db: KafkaDB, nem: nemeses.Nemesis) -> None:
     node = db.names[1]
     offset_file = db.clock_offset_file(node)

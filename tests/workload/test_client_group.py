@@ -286,3 +286,17 @@ def test_commit_with_per_partition_errors() -> None:
     assert done["type"] == "info"
     _, done = _committing([_Result(None), _Result(None)])  # type: ignore[list-item]
     assert done["type"] == "ok" and "error" not in done
+
+
+def test_find_coordinator_names_the_broker(group_broker: BrokerProcess) -> None:
+    import time
+
+    from isrlab.harness.db import find_coordinator
+
+    # the first FindCoordinator creates __consumer_offsets: COORDINATOR_NOT_AVAILABLE meanwhile
+    deadline = time.monotonic() + 30
+    found = None
+    while found is None and time.monotonic() < deadline:
+        found = find_coordinator(group_broker.host, group_broker.port, "g-find")
+        time.sleep(0.1)
+    assert found == group_broker.broker_id

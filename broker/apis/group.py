@@ -136,6 +136,7 @@ async def handle_join_group(server: KafkaServer, request: Request) -> Response:
         protocol_type=req.protocol_type or "",
         protocols=[(p.name, bytes(p.metadata or b"")) for p in req.protocols],
         require_known_member_id=v >= 4,
+        supports_skip_assignment=v >= 9,
     )
     service = server.group_coordinator
     res: JoinResult = await service.call(service.core.join_group, core_req)

@@ -42,8 +42,9 @@ def join_request(
     protocol_type: str = "consumer",
     protocols: list[tuple[str, bytes]] | None = None,
     instance_id: str | None = None,
+    version: int = 5,
 ) -> Any:
-    J = JoinGroupRequest[5]
+    J = JoinGroupRequest[version]
     return J(
         group_id=group,
         session_timeout_ms=session_timeout_ms,
@@ -55,6 +56,7 @@ def join_request(
             J.JoinGroupRequestProtocol(name=n, metadata=md)
             for n, md in (protocols if protocols is not None else [("range", b"sub")])
         ],
+        reason=None,
     )
 
 

@@ -23,8 +23,11 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from kafka import KafkaConsumer
 from kafka import TopicPartition as KpTopicPartition
 from kafka.admin import KafkaAdminClient
+from kafka.protocol.consumer import JoinGroupResponse
 
 from tests.broker.conftest import BrokerProcess
+from tests.broker.rawclient import RawClient
+from tests.broker.rawgroup import find_coordinator, join, join_request, sync, sync_request
 
 pytestmark = pytest.mark.integration
 
@@ -675,3 +678,94 @@ def test_committed_offsets_survive_a_broker_restart(
         (2, o) for o in range(7, 10)
     ]
     c.close()
+
+
+def test_a_restarted_static_member_gets_its_partitions_back_without_a_rebalance(
+    broker_factory: Any,
+) -> None:
+    """KIP-345: a static member that closes (librdkafka sends no LeaveGroup for it) and comes
+    back within session.timeout.ms takes its old partitions again; the other member is not
+    disturbed (no revocation)."""
+    b = group_broker(broker_factory)
+    create_topic(b.bootstrap, "static2", 4)
+    events: list[tuple[str, str, list[int]]] = []
+
+    def member(instance: str) -> Consumer:
+        c = consumer(
+            b.bootstrap,
+            "static-pair",
+            **{"group.instance.id": instance, "session.timeout.ms": 20000},
+        )
+        c.subscribe(
+            ["static2"],
+            on_assign=lambda _c, tps: events.append(
+                (instance, "assign", sorted(t.partition for t in tps))
+            ),
+            on_revoke=lambda _c, tps: events.append(
+                (instance, "revoke", sorted(t.partition for t in tps))
+            ),
+        )
+        return c
+
+    def owned(instance: str) -> list[int] | None:
+        for who, what, parts in reversed(events):
+            if who == instance:
+                return parts if what == "assign" else []
+        return None
+
+    a = member("a")
+    poll_until([a], lambda: owned("a") == [0, 1, 2, 3], None, 30, "a to own all")
+    b2 = member("b")
+    poll_until(
+        [a, b2], lambda: owned("a") == [0, 1] and owned("b") == [2, 3], None, 30, "the split"
+    )
+    a.close()  # a static member: no LeaveGroup, the group keeps its place
+    before = len(events)
+    a = member("a")
+    poll_until([a, b2], lambda: len(events) > before and owned("a") == [0, 1], None, 30, "a back")
+    # b was never revoked and a got exactly its old partitions
+    assert [e for e in events[before:]] == [("a", "assign", [0, 1])]
+    admin = AdminClient({"bootstrap.servers": b.bootstrap})  # its futures die with it
+    members = admin.describe_consumer_groups(["static-pair"])["static-pair"].result(10).members
+    assert sorted(m.group_instance_id for m in members) == ["a", "b"]
+    a.close()
+    b2.close()
+
+
+@pytest.mark.parametrize("version", [5, 9])
+def test_the_static_leader_restarting_causes_no_rebalance(
+    broker_factory: Any, version: int
+) -> None:
+    """KIP-345/KIP-814 at the protocol level: the leader's instance rejoins with a new member id
+    in a Stable group. No rebalance (same generation); before JoinGroup v9 the answer names the
+    old leader id, so the client does not compute an assignment the group would ignore; from v9
+    it is the leader with skip_assignment."""
+    b = group_broker(broker_factory)
+    leader_c, follower_c = RawClient(b.port), RawClient(b.port)
+    assert find_coordinator(leader_c, "sl").error_code == 0
+    first = join(leader_c, "sl", instance_id="lead")
+    assert first.error_code == 0 and first.leader == first.member_id
+    follower_c.send_frame(follower_c.encode(join_request("sl", instance_id="follow")))
+    rejoin = leader_c.call(join_request("sl", first.member_id, instance_id="lead"))  # rebalance
+    follower = JoinGroupResponse[5].decode(follower_c.recv_frame(), header=True)
+    assert rejoin.generation_id == follower.generation_id == 2
+    assert rejoin.leader == rejoin.member_id == first.member_id
+    follower_c.send_frame(follower_c.encode(sync_request("sl", 2, follower.member_id)))
+    assigned = {first.member_id: b"L", follower.member_id: b"F"}
+    assert sync(leader_c, "sl", 2, first.member_id, assigned).error_code == 0
+    follower_c.recv_frame()
+
+    restarted = RawClient(b.port)
+    r = restarted.call(join_request("sl", instance_id="lead", version=version))
+    assert r.error_code == 0
+    assert r.generation_id == 2  # no rebalance
+    assert r.member_id != first.member_id
+    if version >= 9:
+        assert (r.leader, r.skip_assignment) == (r.member_id, True)
+        assert len(r.members) == 2
+    else:
+        assert (r.leader, list(r.members)) == (first.member_id, [])
+    answer = sync(restarted, "sl", 2, r.member_id)
+    assert (answer.error_code, bytes(answer.assignment)) == (0, b"L")
+    for c in (leader_c, follower_c, restarted):
+        c.close()

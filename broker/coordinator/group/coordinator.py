@@ -88,6 +88,7 @@ class JoinRequest:
     protocol_type: str
     protocols: list[tuple[str, bytes]]
     require_known_member_id: bool = True  # JoinGroup v4+ (KIP-394)
+    supports_skip_assignment: bool = False  # JoinGroup v9+ (KIP-814)
 
 
 @dataclass
@@ -495,8 +496,16 @@ class GroupCoordinator:
         member = group.replace_static_member(req.group_instance_id or "", old_id, new_id)
         member.client_id, member.client_host = req.client_id, req.client_host
         member.heartbeat_deadline = now + req.session_timeout_ms
-        if group.is_(GroupState.STABLE) and same_metadata and not was_leader:
-            effects.append(Reply(ref, self._join_result(group, member)))
+        if group.is_(GroupState.STABLE) and same_metadata:
+            # no rebalance, the leader's restart included (Kafka's updateStaticMemberAndRebalance)
+            result = self._join_result(group, member)
+            if was_leader and not req.supports_skip_assignment:
+                # before JoinGroup v9: name the old leader id, so the restarted leader does not
+                # compute an assignment the Stable group would ignore
+                result.leader, result.members = old_id, []
+            elif was_leader:
+                result.skip_assignment = True  # KIP-814: it is the leader, with nothing to do
+            effects.append(Reply(ref, result))
             # the new member id must survive a coordinator failover
             effects += self._store_group(group)
             return effects

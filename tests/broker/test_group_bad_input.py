@@ -18,6 +18,7 @@ from tests.broker.rawgroup import (
     MEMBER_ID_REQUIRED,
     Member,
     commit,
+    commit_request,
     describe,
     fetch_offsets,
     find_coordinator,
@@ -304,3 +305,35 @@ def test_an_assignment_that_cannot_be_stored_fails_the_sync_and_rebalances(
     assert Member(clients[0], "light").sync().error_code == 0
     for c in clients:
         c.close()
+
+
+def test_truncated_group_requests_close_the_connection_and_the_broker_serves_on(
+    broker_factory: Any,
+) -> None:
+    """A group request cut short (a client bug, or garbage): the broker cannot parse it, logs
+    one line and closes that connection, as Kafka does; no traceback, nothing else disturbed."""
+    from kafka.protocol.admin import DeleteGroupsRequest, ListGroupsRequest
+    from kafka.protocol.metadata import FindCoordinatorRequest
+
+    b = broker_factory(GROUP_BROKER)
+    c = RawClient(b.port)
+    m = group_with_commits(b, c)
+    requests = [
+        join_request("g"),
+        sync_request("g", m.generation, m.member_id, {m.member_id: b"x" * 50}),
+        commit_request("g", {("t", 0): 99}, m.generation, m.member_id),
+        FindCoordinatorRequest[4](key_type=0, coordinator_keys=["g", "other-group"]),
+        DeleteGroupsRequest[2](groups_names=["g", "other-group"]),
+        ListGroupsRequest[4](states_filter=["Stable", "Empty"]),
+    ]
+    for req in requests:
+        bad = RawClient(b.port)
+        frame = bad.encode(req)
+        bad.send_frame(frame[: len(frame) - max(2, len(frame) // 3)])
+        assert bad.is_closed(), type(req).__name__
+        bad.close()
+    assert "Traceback" not in b.log_text()
+    assert b.log_text().count("malformed") >= len(requests)
+    assert heartbeat(c, "g", m.generation, m.member_id).error_code == 0
+    assert_still_committed(c)
+    c.close()

@@ -103,7 +103,10 @@ def start_cluster(
             )
         )
     bootstrap = ",".join(addrs)
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    # log_level 2: this client's errors reach us as exceptions; its logs are muted because
+    # confluent-kafka keeps an AdminClient that answered a future alive until the process
+    # exits, and it would log every refused reconnect once the brokers stop
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 2})
     admins.append(admin)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:

@@ -452,3 +452,18 @@ def test_a_compacted_log_refuses_records_without_a_key(open_log: Opener) -> None
     log.append_as_leader(keyed_batch([(k(1), b"a")], compression=1), 0)
     plain = open_log(name="plain-0")
     plain.append_as_leader(keyed_batch([(None, b"b")]), 0)  # a delete-policy topic takes it
+
+
+def test_segment_ms_closes_the_active_segment_so_it_can_be_cleaned(
+    open_log: Opener, tmp_path: Path, clock: FakeClock
+) -> None:
+    log = open_log(compact_config(segment_bytes=1 << 20, segment_ms=60_000))
+    fill(log, rounds=10, keys=3)
+    cleaner = cleaner_for(tmp_path, {TP: log}, clock)
+    assert cleaner.clean_once() is None  # one (active) segment
+    clock.advance_ms(60_001)
+    latest = fill(log, rounds=1, keys=3, tag="late")  # this append rolls first (segment.ms)
+    assert len(log.segments) == 2
+    assert cleaner.clean_once() is not None
+    assert len(read_all(log)) == 3 + 3  # one per key cleaned, plus the new active segment
+    check_latest(log, latest)

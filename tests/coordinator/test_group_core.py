@@ -228,10 +228,31 @@ def test_initial_rebalance_delay_waits_for_more_members():
     h.advance(1_000)
     _, r2 = join_two_step(h, "b")
     assert r1 not in h.replies and r2 not in h.replies
-    h.advance(2_001)  # the delay is extended once because b joined
+    h.advance(2_001)  # 3 s after a joined, but b joined 2 s ago: wait 3 s from b
     assert r1 not in h.replies
-    h.advance(3_000)
+    h.advance(998)
+    assert r1 not in h.replies
+    h.advance(2)
     assert h.replies[r1].generation == h.replies[r2].generation == 1
+
+
+def test_members_joining_at_once_wait_one_delay_not_two():
+    h = Harness(GroupConfig(num_partitions=1, initial_rebalance_delay_ms=3_000))
+    refs = [join_two_step(h, f"c{i}")[1] for i in range(20)]
+    h.advance(3_000)
+    assert all(h.replies[r].generation == 1 for r in refs)
+
+
+def test_initial_delay_never_passes_the_rebalance_timeout():
+    h = Harness(GroupConfig(num_partitions=1, initial_rebalance_delay_ms=3_000))
+    first = join_two_step(h, "a", rebalance=10_000)[1]
+    for i in range(6):  # a newcomer every 2 s would extend the delay forever
+        h.advance(2_000)
+        if first in h.replies:
+            break
+        join_two_step(h, f"n{i}", rebalance=10_000)
+    assert h.replies[first].generation == 1
+    assert h.now - 1_000 <= 10_000 + 2_000
 
 
 def test_static_member_restart_keeps_assignment_and_fences_the_old_id():

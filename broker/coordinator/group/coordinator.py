@@ -470,8 +470,10 @@ class GroupCoordinator:
             heartbeat_deadline=now + self.config.new_member_join_timeout_ms,
         )
         group.add(member)
-        if group.initial_delay_ms:
-            group.joined_during_delay = True
+        if group.initial_delay_ms and group.rebalance_deadline is not None:
+            # a newcomer during the initial delay: wait `delay` from its arrival, never past the
+            # rebalance timeout counted from the first join
+            group.rebalance_deadline = min(now + group.initial_delay_ms, group.initial_delay_cap)
         if group.is_(GroupState.PREPARING_REBALANCE):
             return self._maybe_complete_join(now, group)
         return self._prepare_rebalance(now, group)
@@ -543,9 +545,8 @@ class GroupCoordinator:
             # InitialDelayedJoin: wait for more members before the first generation
             delay = min(self.config.initial_rebalance_delay_ms, group.max_rebalance_timeout())
             group.initial_delay_ms = delay
-            group.joined_during_delay = False
             group.rebalance_deadline = now + delay
-            group.initial_budget_ms = group.max_rebalance_timeout() - delay
+            group.initial_delay_cap = now + group.max_rebalance_timeout()
             group.transition(GroupState.PREPARING_REBALANCE, now)
             if delay <= 0:
                 group.initial_delay_ms = 0
@@ -1072,14 +1073,7 @@ class GroupCoordinator:
             and group.rebalance_deadline is not None
             and now >= group.rebalance_deadline
         ):
-            if group.initial_delay_ms and group.joined_during_delay and group.initial_budget_ms > 0:
-                # new members arrived during the delay: wait once more, within the budget
-                extra = min(group.initial_delay_ms, group.initial_budget_ms)
-                group.initial_budget_ms -= extra
-                group.joined_during_delay = False
-                group.rebalance_deadline = now + extra
-            else:
-                effects += self._complete_join(now, group)
+            effects += self._complete_join(now, group)
         return effects
 
     def _expire_offsets(self, now: int) -> list[Effect]:

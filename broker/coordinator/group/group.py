@@ -114,11 +114,12 @@ class Group:
     pending_commits: Counter[tuple[str, int]] = field(default_factory=Counter)
     #: when the rebalance in progress ends anyway (ms); None outside PreparingRebalance
     rebalance_deadline: int | None = None
-    #: group.initial.rebalance.delay.ms: an empty group's first rebalance waits this long for
-    #: more members, extended by each new member, never past the rebalance timeout
+    #: group.initial.rebalance.delay.ms: an empty group's first rebalance waits until no new
+    #: member has joined for this long, and never past the rebalance timeout after the first
+    #: join (`initial_delay_cap`). Kafka's InitialDelayedJoin re-arms a whole delay whenever a
+    #: member joined during the last one, so 20 members joining at once wait two delays there.
     initial_delay_ms: int = 0
-    joined_during_delay: bool = False  # a member joined since the delay was (re)started
-    initial_budget_ms: int = 0  # how much longer the delay may still be extended
+    initial_delay_cap: int = 0
 
     # ----- state ---------------------------------------------------------------------------
 

@@ -52,6 +52,9 @@ log = logging.getLogger(__name__)
 OFFSETS_TOPIC = "__consumer_offsets"
 #: bytes read per step while loading a partition
 LOAD_READ_BYTES = 1 << 20
+#: the timer's resolution: heartbeat expiry, rebalance timeouts and the initial delay are
+#: noticed within this long (Kafka's purgatories tick at a similar grain)
+TICK_MS = 100
 
 
 def now_ms() -> int:
@@ -88,7 +91,6 @@ class GroupCoordinatorService:
         self.commit_timeout_ms = int(server.config["offsets.commit.timeout.ms"])
         self._refs = itertools.count(1)
         self._waiting: dict[int, asyncio.Future[Any]] = {}
-        self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._create_lock = asyncio.Lock()
@@ -109,14 +111,13 @@ class GroupCoordinatorService:
         self._waiting.clear()
 
     async def _timer_loop(self) -> None:
+        """Deadlines are kept to TICK_MS: requests do not wake this loop (a scan of every group
+        per request would cost the event loop dearly with thousands of members); it sleeps until
+        the next deadline, at most TICK_MS."""
         while True:
             deadline = self.core.next_deadline()
-            wait = 1.0 if deadline is None else max(0.0, (deadline - now_ms()) / 1000)
-            self._wake.clear()
-            try:
-                await asyncio.wait_for(self._wake.wait(), timeout=min(wait, 1.0))
-            except TimeoutError:
-                pass
+            wait = TICK_MS / 1000 if deadline is None else (deadline - now_ms()) / 1000
+            await asyncio.sleep(min(max(wait, 0.0), TICK_MS / 1000))
             try:
                 self._run(self.core.tick(now_ms()))
             except Exception:  # pragma: no cover - a bug; the coordinator keeps serving
@@ -137,7 +138,6 @@ class GroupCoordinatorService:
                     fut.set_result(e.result)
             else:
                 self._spawn(self._append(e))
-        self._wake.set()
 
     async def call(self, method: Callable[..., list[Effect]], *args: Any) -> Any:
         """Ask the core; wait for its answer to this request (now or later)."""
@@ -233,7 +233,6 @@ class GroupCoordinatorService:
                 len(entries),
                 (time.monotonic() - start) * 1000,
             )
-        self._wake.set()
 
     # ----- the offsets topic -----------------------------------------------------------------
 

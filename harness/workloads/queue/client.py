@@ -54,8 +54,8 @@ known).
 Test keys used: acks ("all"), idempotence (False), txn (False), isolation_level
 ("read_uncommitted"), seed, and the workload's knobs (`options.QueueOptions`, their defaults
 and meaning): op_timeout_ms, watermark_p, linger_ms, request_timeout_ms, fetch_wait_max_ms,
-retries, poll_ms, session_timeout_ms, max_poll_interval_ms and assignment_strategy (group
-consumers),
+retries, poll_ms, session_timeout_ms, heartbeat_interval_ms, max_poll_interval_ms and
+assignment_strategy (group consumers),
 producer_config / consumer_config (extra librdkafka settings); group.
 """
 
@@ -347,9 +347,11 @@ class QueueClient:
             # the rebalance timeout (max.poll.interval.ms) bounds how long a rebalance waits
             # for members that are busy in other ops. Offsets are committed by commit ops only.
             conf["session.timeout.ms"] = k.session_timeout_ms
-            # Members learn of a rebalance from their heartbeat: a third of the session, as
-            # Kafka recommends (librdkafka's default of 3 s would dominate every rebalance).
-            conf["heartbeat.interval.ms"] = max(100, k.session_timeout_ms // 3)
+            # Members learn of a rebalance from their heartbeat (librdkafka's default of 3 s
+            # would dominate every rebalance); never above a third of the session.
+            conf["heartbeat.interval.ms"] = min(
+                k.heartbeat_interval_ms, max(1, k.session_timeout_ms // 3)
+            )
             conf["max.poll.interval.ms"] = max(k.max_poll_interval_ms, k.session_timeout_ms)
             conf["partition.assignment.strategy"] = k.assignment_strategy
         conf.update(k.consumer_config or {})

@@ -77,6 +77,12 @@ class QueueOptions:
     session_timeout_ms: int = _knob(
         6000, "group consumers' session.timeout.ms (subscribe)", minimum=1
     )
+    heartbeat_interval_ms: int = _knob(
+        1000,
+        "group consumers' heartbeat.interval.ms (subscribe): how soon a member hears of a "
+        "rebalance; below session_timeout_ms",
+        minimum=1,
+    )
     assignment_strategy: str = _knob(
         "roundrobin",
         "group consumers' partition.assignment.strategy (subscribe); range puts a "

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from isrlab.broker.log.log import Log, LogConfig
@@ -184,6 +184,9 @@ ops = st.lists(
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(ops)
+@example(  # a crash with the old segments gone and only the .swap left
+    [("append", [(i % 8, i % 5 == 0)], -1) for i in range(30)] + [("crash-cleaning", "deleted")]
+)
 def test_any_history_of_appends_cleanings_and_crashes_keeps_every_latest_value(
     tmp_path_factory: pytest.TempPathFactory, operations: list[tuple[object, ...]]
 ) -> None:

@@ -362,6 +362,10 @@ echo {wh.deps_key} > {deps_marker}
             "replica.lag.time.max.ms": "10000",
             "default.replication.factor": str(min(3, len(self.nodes))),
             "auto.create.topics.enable": "false",
+            # Kafka's default is 50. This broker runs one replica fetcher per partition (Kafka
+            # batches a leader's partitions into one fetch): 50 idle offsets partitions on 3
+            # nodes cost a quarter of a core, 10 cost little. `broker_config` overrides it.
+            "offsets.topic.num.partitions": "10",
         }
         for key, prop in BROKER_SETTINGS.items():
             if self.test.get(key) is not None:

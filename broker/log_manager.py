@@ -49,11 +49,18 @@ def log_config_from(topic_config: dict[str, Any]) -> LogConfig:
         flush_interval_messages=topic_config["flush.messages"],
         flush_interval_ms=topic_config["flush.ms"],
         max_message_bytes=int(topic_config["max.message.bytes"]),
-        cleanup_policy=tuple(topic_config["cleanup.policy"]),
+        cleanup_policy=_policy(topic_config["cleanup.policy"]),
         min_cleanable_dirty_ratio=float(topic_config["min.cleanable.dirty.ratio"]),
         min_compaction_lag_ms=int(topic_config["min.compaction.lag.ms"]),
         delete_retention_ms=int(topic_config["delete.retention.ms"]),
     )
+
+
+def _policy(value: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """cleanup.policy as parsed (a list) or as written ("compact,delete")."""
+    if isinstance(value, str):
+        value = value.split(",")
+    return tuple(item.strip() for item in value if item.strip())
 
 
 def parse_dir_name(name: str) -> TopicPartition | None:

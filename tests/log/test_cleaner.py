@@ -467,3 +467,20 @@ def test_segment_ms_closes_the_active_segment_so_it_can_be_cleaned(
     assert cleaner.clean_once() is not None
     assert len(read_all(log)) == 3 + 3  # one per key cleaned, plus the new active segment
     check_latest(log, latest)
+
+
+def test_the_log_manager_maps_cleanup_policy_to_the_log_config() -> None:
+    from isrlab.broker.config import BrokerConfig, parse_topic_configs
+    from isrlab.broker.log_manager import log_config_from
+
+    defaults = BrokerConfig().topic_defaults()
+    parsed = parse_topic_configs(
+        {"cleanup.policy": "compact", "delete.retention.ms": "7"}, defaults
+    )
+    config = log_config_from(parsed)
+    assert config.compact and not config.delete and config.delete_retention_ms == 7
+    assert log_config_from({**parsed, "cleanup.policy": "compact, delete"}).cleanup_policy == (
+        "compact",
+        "delete",
+    )
+    assert log_config_from(defaults).cleanup_policy == ("delete",)

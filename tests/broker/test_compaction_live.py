@@ -14,6 +14,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from isrlab.broker.log.checkpoint import OffsetCheckpointFile
 from isrlab.broker.log.cleaner import CLEANER_OFFSET_CHECKPOINT
+from isrlab.broker.log.log import Log, LogConfig
 
 pytestmark = pytest.mark.integration
 
@@ -57,16 +58,18 @@ def consume_all(bootstrap: str) -> list[tuple[int, bytes | None, bytes | None]]:
     return out
 
 
-def wait_for_cleaning(log_dir: Path, at_least: int, timeout: float = 30) -> int:
+def wait_for_cleaning(
+    log_dir: Path, at_least: int, timeout: float = 30, tp: tuple[str, int] = (TOPIC, 0)
+) -> int:
     checkpoint = OffsetCheckpointFile(log_dir / CLEANER_OFFSET_CHECKPOINT)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if checkpoint.path.exists():
-            cleaned = checkpoint.read().get((TOPIC, 0), 0)
+            cleaned = checkpoint.read().get(tp, 0)
             if cleaned >= at_least:
                 return cleaned
         time.sleep(0.1)
-    raise AssertionError(f"the cleaner did not clean {TOPIC}-0 up to {at_least} in {timeout} s")
+    raise AssertionError(f"the cleaner did not clean {tp} up to {at_least} in {timeout} s")
 
 
 def test_a_compacted_topic_keeps_the_latest_value_of_every_key(broker_factory) -> None:  # type: ignore[no-untyped-def]
@@ -180,3 +183,39 @@ def test_kill_9_while_the_cleaner_runs_loses_no_acknowledged_latest_value(broker
             if found_offset == offset:
                 assert found_value == value
     assert "Cleaned compacted-0" in broker.log_text()
+
+
+def test_consumer_offsets_is_compacted_and_the_committed_offset_survives(broker_factory) -> None:  # type: ignore[no-untyped-def]
+    """The group coordinator's __consumer_offsets is a compacted topic: 1,500 commits of one
+    group clean down to a handful of records, and the last commit is what a restart loads."""
+    broker = broker_factory(
+        {
+            "log.cleaner.backoff.ms": "100",
+            "offsets.topic.num.partitions": "1",
+            "offsets.topic.segment.bytes": "4096",
+        }
+    )
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic("t", 1, 1)])["t"].result(10)
+    consumer = Consumer(
+        {"bootstrap.servers": broker.bootstrap, "group.id": "g", "enable.auto.commit": False}
+    )
+    for i in range(1_500):
+        consumer.commit(offsets=[TopicPartition("t", 0, i)], asynchronous=False)
+    consumer.close()
+    cleaned = wait_for_cleaning(broker.log_dir, at_least=1_000, tp=("__consumer_offsets", 0))
+    broker.stop()
+    directory = broker.log_dir / "__consumer_offsets-0"
+    log = Log.open(directory, LogConfig(cleanup_policy=("compact",)))
+    try:
+        below = [h for s in log.segments if s.base_offset < cleaned for h in s.batches()]
+        assert sum(h.records_count for h in below) < 10
+    finally:
+        log.close()
+    broker.start()
+    consumer = Consumer(
+        {"bootstrap.servers": broker.bootstrap, "group.id": "g", "enable.auto.commit": False}
+    )
+    [committed] = consumer.committed([TopicPartition("t", 0)], timeout=20)
+    consumer.close()
+    assert committed.offset == 1_499

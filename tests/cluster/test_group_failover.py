@@ -162,3 +162,111 @@ def test_committed_offsets_survive_a_clean_coordinator_move(cluster_factory, n):
         timeout=40,
     )
     assert _committed(c.bootstrap) == 9
+
+
+def test_a_live_group_moves_to_the_new_coordinator(cluster_factory):
+    """Two subscribed members consume and commit; the coordinator is killed mid-run. The group
+    finds the new coordinator, rebalances, consumes everything produced, and no committed offset
+    it was told about goes backwards."""
+    from confluent_kafka import Producer
+
+    c = cluster_factory(
+        3,
+        {
+            "offsets.topic.num.partitions": str(OFFSETS_PARTITIONS),
+            "group.initial.rebalance.delay.ms": "0",
+            "min.insync.replicas": "2",
+        },
+    )
+    c.create_topic("in", 3, 3)
+    p = partition_for(GROUP, OFFSETS_PARTITIONS)
+    stop = threading.Event()
+    seen: set[bytes] = set()
+    acked_commits: dict[int, int] = {}  # partition -> highest acknowledged commit
+    regressions: list[str] = []
+    lock = threading.Lock()
+
+    def member(name: str) -> None:
+        cons = Consumer(
+            {
+                "bootstrap.servers": c.bootstrap,
+                "group.id": GROUP,
+                "client.id": name,
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest",
+                "session.timeout.ms": 6000,
+                "heartbeat.interval.ms": 500,
+            }
+        )
+
+        def on_assign(consumer, partitions):  # type: ignore[no-untyped-def]
+            got = consumer.committed(partitions, timeout=10)
+            with lock:
+                for tp in got:
+                    if tp.offset >= 0 and tp.offset < acked_commits.get(tp.partition, -1):
+                        regressions.append(
+                            f"{name}: in-{tp.partition} committed {tp.offset} < acknowledged "
+                            f"{acked_commits[tp.partition]}"
+                        )
+
+        cons.subscribe(["in"], on_assign=on_assign)
+        try:
+            while not stop.is_set():
+                msg = cons.poll(0.2)
+                if msg is None or msg.error():
+                    continue
+                with lock:
+                    seen.add(msg.value())
+                try:
+                    tp = TopicPartition("in", msg.partition(), msg.offset() + 1)
+                    cons.commit(offsets=[tp], asynchronous=False)
+                    with lock:
+                        prev = acked_commits.get(msg.partition(), -1)
+                        acked_commits[msg.partition()] = max(prev, msg.offset() + 1)
+                except KafkaException:
+                    pass  # not acknowledged: the coordinator moved or the group rebalanced
+        finally:
+            cons.close()
+
+    threads = [threading.Thread(target=member, args=(f"m{i}",), daemon=True) for i in range(2)]
+    for t in threads:
+        t.start()
+    producer = Producer({"bootstrap.servers": c.bootstrap, "acks": "all"})
+    sent: list[bytes] = []
+
+    def produce(n: int) -> None:
+        for _ in range(n):
+            v = f"v{len(sent)}".encode()
+            producer.produce("in", v, partition=len(sent) % 3)
+            sent.append(v)
+            time.sleep(0.005)
+        assert producer.flush(30) == 0
+
+    produce(300)
+    c.wait_for(lambda: len(seen) >= 300, what="the group consuming", timeout=60)
+    coordinator = c.partition("__consumer_offsets", p).leader
+    c.brokers[coordinator].kill9()
+    produce(300)
+    c.wait_for(
+        lambda: c.partition("__consumer_offsets", p).leader not in (coordinator, -1),
+        what="a new coordinator",
+        timeout=40,
+    )
+    c.wait_for(lambda: set(sent) <= seen, what="everything consumed after the move", timeout=90)
+    stop.set()
+    for t in threads:
+        t.join(30)
+    assert not regressions, regressions
+    assert acked_commits, "no commit was acknowledged"
+    final = _committed_all(c.bootstrap)
+    for part, off in acked_commits.items():
+        assert final.get(part, -1) >= off, (part, final, acked_commits)
+
+
+def _committed_all(bootstrap: str) -> dict[int, int]:
+    cons = _consumer(bootstrap)
+    try:
+        got = cons.committed([TopicPartition("in", i) for i in range(3)], timeout=20)
+        return {tp.partition: tp.offset for tp in got}
+    finally:
+        cons.close()

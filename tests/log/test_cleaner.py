@@ -212,8 +212,12 @@ def test_a_fetch_in_a_gap_returns_the_next_batch(
     assert first.last_offset >= gap
     following = next(o for o in offsets if o > gap)
     assert first.base_offset <= following <= first.last_offset
-    # The log start offset does not move and ListOffsets(earliest) answers it.
+    # The log start offset does not move and ListOffsets(earliest) answers it; by time, the
+    # first record kept with that timestamp or later.
     assert log.offset_for_timestamp(EARLIEST_TIMESTAMP) == (0, -1)
+    assert log.offset_for_timestamp(0) == (records[0][0], records[0][3])
+    late = max(r[3] for r in records)
+    assert log.offset_for_timestamp(late) == next((r[0], r[3]) for r in records if r[3] >= late)
     assert read_all(log, 0) == records
     # Reading from every offset, gap or not, gives the records from there on.
     for start in range(0, log.log_end_offset, 7):

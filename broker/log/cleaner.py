@@ -373,9 +373,9 @@ class Cleaner:
                 and len(offsets) + (source.next_base - source.base_offset) > self.map_entries
             ):
                 break
-            self._check_abort(plan.tp)
             position = 0
             while position < source.size:
+                self._check_abort(plan.tp)  # a stop waits for one read's work at most
                 data = os.pread(
                     source.fd, min(self.io_buffer_size, source.size - position), position
                 )
@@ -502,6 +502,7 @@ class Cleaner:
     ) -> None:
         position = 0
         while position < source.size:
+            self._check_abort(plan.tp)
             data = os.pread(source.fd, min(self.io_buffer_size, source.size - position), position)
             # Whole uncompressed batches in one call (C when built) ...
             consumed, kept, read, kept_records, rewritten = cleaner_records.filter_batches(

@@ -488,3 +488,21 @@ def test_the_log_manager_maps_cleanup_policy_to_the_log_config() -> None:
         "delete",
     )
     assert log_config_from(defaults).cleanup_policy == ("delete",)
+
+
+def test_a_stop_abandons_a_cleaning_and_leaves_no_cleaned_files(
+    open_log: Opener, tmp_path: Path, clock: FakeClock
+) -> None:
+    log = open_log(compact_config())
+    fill(log, rounds=20, keys=10)
+    before = read_all(log)
+    cleaner = cleaner_for(tmp_path, {TP: log}, clock)
+
+    def stop_midway(name: str) -> None:
+        if name == "mapped":
+            cleaner._stop.set()  # what LogCleaner.stop does, between the map and the rewrite
+
+    cleaner.cleaner.step = stop_midway
+    assert cleaner.clean_once() is None
+    assert not list(log.dir.glob("*.cleaned")) and read_all(log) == before
+    assert TP not in cleaner.checkpoints

@@ -50,11 +50,17 @@ def _extensions() -> list[Extension]:
                 optional=True,
             ),
             # The log cleaner's record scan (C); without it cleaner_records.py's Python twin.
-            Extension(
-                "isrlab.broker.log._cleaner_scan",
-                [CLEANER_SCAN],
-                extra_compile_args=["-O2"],
-                optional=True,
+            *(
+                [
+                    Extension(
+                        "isrlab.broker.log._cleaner_scan",
+                        [CLEANER_SCAN],
+                        extra_compile_args=["-O2"],
+                        optional=True,
+                    )
+                ]
+                if (ROOT / CLEANER_SCAN).exists()
+                else []
             ),
         ],
         compiler_directives={"language_level": 3},

@@ -23,7 +23,7 @@ from isrlab.broker.coordinator.group.records import (
     decode_value,
     iter_batch_records,
 )
-from tests.broker.test_group_clients import poll_until, read_all
+from tests.broker.test_group_clients import commit_message, poll_until, read_all
 from tests.cluster.conftest import Cluster, _segment_files
 
 pytestmark = pytest.mark.integration
@@ -210,7 +210,7 @@ def test_two_members_split_and_one_takes_over(cluster: Cluster) -> None:
 
     def keep(i: int, m: Any) -> None:
         reads.append((i, m.partition(), m.offset()))
-        consumers[i].commit(message=m, asynchronous=False)
+        commit_message(consumers[i], m)
 
     first = make(0)
     poll_until([first], lambda: owned[0] == {0, 1, 2, 3}, keep, 30, "the first member")

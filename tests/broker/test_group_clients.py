@@ -445,10 +445,24 @@ def test_two_members_split_the_partitions_and_one_takes_over_after_the_other_is_
     broker_factory: Any, tmp_path: Path
 ) -> None:
     b = group_broker(broker_factory)
-    partitions, per_partition = 4, 400
-    create_topic(b.bootstrap, "jobs", partitions)
+    create_topic(b.bootstrap, "jobs", 4)
+    take_over_after_kill(
+        b.bootstrap, "jobs", 4, lambda n: produce(b.bootstrap, "jobs", 4, n), tmp_path
+    )
 
-    other = MemberProcess(b.bootstrap, "workers", "jobs", tmp_path / "member.stderr")
+
+def take_over_after_kill(
+    bootstrap: str,
+    topic: str,
+    partitions: int,
+    produce_each: Callable[[int], None],
+    tmp: Path,
+    group: str = "workers",
+) -> None:
+    """Two members of `group` split `topic`; the other one (a subprocess) is killed
+    with SIGKILL mid-stream; this one takes everything over from the committed offsets."""
+    per_partition = 400
+    other = MemberProcess(bootstrap, group, topic, tmp / "member.stderr")
     try:
         # the other member joins first and owns everything until this one joins
         deadline = time.monotonic() + 30
@@ -468,8 +482,8 @@ def test_two_members_split_the_partitions_and_one_takes_over_after_the_other_is_
         def on_revoke(_c: Any, _tps: list[TopicPartition]) -> None:
             mine.clear()
 
-        c = consumer(b.bootstrap, "workers", **{"heartbeat.interval.ms": 500})
-        c.subscribe(["jobs"], on_assign=on_assign, on_revoke=on_revoke)
+        c = consumer(bootstrap, group, **{"heartbeat.interval.ms": 500})
+        c.subscribe([topic], on_assign=on_assign, on_revoke=on_revoke)
 
         def keep(_i: int, m: Any) -> None:
             reads.append((m.partition(), m.offset()))
@@ -484,7 +498,7 @@ def test_two_members_split_the_partitions_and_one_takes_over_after_the_other_is_
         theirs = other.assignment() or []
         assert not set(mine) & set(theirs)
         assert len(mine) == len(theirs) == partitions // 2  # range assignor, 2 members, 4 parts
-        produce(b.bootstrap, "jobs", partitions, per_partition)
+        produce_each(per_partition)
 
         # let the other member read and commit some of its records, then kill it mid-stream
         def other_committed_some() -> bool:
@@ -495,7 +509,7 @@ def test_two_members_split_the_partitions_and_one_takes_over_after_the_other_is_
         theirs = other.assignment() or []
         assert theirs and not set(theirs) & set(mine)
         # what the dead member committed, as the coordinator holds it (nobody else commits there)
-        at_kill = committed(b.bootstrap, "workers", "jobs", partitions)
+        at_kill = committed(bootstrap, group, topic, partitions)
         their_commits = {p: 0 for p in theirs}
         for row in other.rows:
             if row[0] == "committed":
@@ -527,7 +541,7 @@ def test_two_members_split_the_partitions_and_one_takes_over_after_the_other_is_
         }
         # and the survivor read each of its records once after the take-over
         assert len(after) == len(set(after))
-        assert committed(b.bootstrap, "workers", "jobs", partitions) == {
+        assert committed(bootstrap, group, topic, partitions) == {
             p: per_partition for p in range(partitions)
         }
         c.close()

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,7 +24,12 @@ from isrlab.broker.coordinator.group.records import (
     decode_value,
     iter_batch_records,
 )
-from tests.broker.test_group_clients import commit_message, poll_until, read_all
+from tests.broker.test_group_clients import (
+    commit_message,
+    poll_until,
+    read_all,
+    take_over_after_kill,
+)
 from tests.cluster.conftest import Cluster, _segment_files
 
 pytestmark = pytest.mark.integration
@@ -234,6 +240,17 @@ def test_two_members_split_and_one_takes_over(cluster: Cluster) -> None:
     assert sorted((p, o) for _i, p, o in reads) == [(p, o) for p in range(4) for o in range(15)]
     assert committed(c, group, "jobs", 4) == {p: 15 for p in range(4)}
     first.close()
+
+
+def test_the_survivor_takes_over_from_the_commits_after_the_other_member_is_killed(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    c = cluster
+    c.create_topic("tasks", 4, 3)
+    group, _ = group_away_from_broker_1(c, "workers")
+    take_over_after_kill(
+        bootstrap_first(c), "tasks", 4, lambda n: produce(c, "tasks", 4, n), tmp_path, group
+    )
 
 
 @pytest.mark.skipif(shutil.which("kcat") is None, reason="kcat is not installed")

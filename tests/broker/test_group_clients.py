@@ -799,3 +799,91 @@ def test_the_static_leader_restarting_causes_no_rebalance(
     assert (answer.error_code, bytes(answer.assignment)) == (0, b"L")
     for c in (leader_c, follower_c, restarted):
         c.close()
+
+
+def test_every_advertised_version_of_the_group_apis_serves_a_member(broker_factory: Any) -> None:
+    """Old and new clients alike: for each JoinGroup version 0..9 one member joins, syncs,
+    heartbeats, commits, fetches its offset and leaves, each API at a matching version
+    (SyncGroup 0-5, Heartbeat 0-4, OffsetCommit 2-8, OffsetFetch 1-8, LeaveGroup 0-5); then
+    FindCoordinator 0-4, DescribeGroups 0-5, ListGroups 0-4 and DeleteGroups 0-2."""
+    from kafka.protocol.admin import DeleteGroupsRequest, DescribeGroupsRequest, ListGroupsRequest
+    from kafka.protocol.consumer import (
+        HeartbeatRequest,
+        JoinGroupRequest,
+        LeaveGroupRequest,
+        OffsetCommitRequest,
+        OffsetFetchRequest,
+        SyncGroupRequest,
+    )
+    from kafka.protocol.metadata import FindCoordinatorRequest
+
+    b = group_broker(broker_factory)
+    create_topic(b.bootstrap, "t", 1)
+    c = RawClient(b.port)
+    for v in range(5):
+        r = c.call(FindCoordinatorRequest[v](key="g", key_type=0, coordinator_keys=["g"]))
+        found = r.coordinators[0] if v >= 4 else r
+        assert (found.error_code, found.node_id, found.port) == (0, 0, b.port), (v, r)
+    for jv in range(10):
+        g = f"g{jv}"
+        J = JoinGroupRequest[jv]
+        protocols = [J.JoinGroupRequestProtocol(name="range", metadata=b"m")]
+        join_kw = dict(group_id=g, session_timeout_ms=10_000, rebalance_timeout_ms=10_000,
+                       group_instance_id=None, protocol_type="consumer", protocols=protocols,
+                       reason=None)  # fmt: skip
+        r = c.call(J(member_id="", **join_kw))
+        if jv >= 4:  # KIP-394: the member id first
+            assert r.error_code == 79
+            r = c.call(J(member_id=r.member_id, **join_kw))
+        assert (r.error_code, r.generation_id, r.leader) == (0, 1, r.member_id), (jv, r)
+        S = SyncGroupRequest[min(jv, 5)]
+        s = c.call(
+            S(group_id=g, generation_id=1, member_id=r.member_id, group_instance_id=None,
+              protocol_type="consumer", protocol_name="range",
+              assignments=[S.SyncGroupRequestAssignment(member_id=r.member_id, assignment=b"a")])
+        )  # fmt: skip
+        assert (s.error_code, bytes(s.assignment)) == (0, b"a"), (jv, s)
+        hb = c.call(
+            HeartbeatRequest[min(jv, 4)](
+                group_id=g, generation_id=1, member_id=r.member_id, group_instance_id=None
+            )
+        )
+        assert hb.error_code == 0, (jv, hb)
+        C = OffsetCommitRequest[max(2, min(jv, 8))]
+        T = C.OffsetCommitRequestTopic
+        part = T.OffsetCommitRequestPartition(
+            partition_index=0, committed_offset=3 + jv, committed_leader_epoch=-1,
+            commit_timestamp=-1, committed_metadata=f"m{jv}",
+        )  # fmt: skip
+        oc = c.call(
+            C(group_id=g, generation_id_or_member_epoch=1, member_id=r.member_id,
+              group_instance_id=None, retention_time_ms=-1, topics=[T(name="t", partitions=[part])])
+        )  # fmt: skip
+        assert [p.error_code for t in oc.topics for p in t.partitions] == [0], (jv, oc)
+        F = OffsetFetchRequest[max(1, min(jv, 8))]
+        if min(jv, 8) >= 8:
+            fetched = c.call(
+                F(groups=[F.OffsetFetchRequestGroup(group_id=g, topics=None)], require_stable=False)
+            ).groups[0]
+        else:
+            topic = F.OffsetFetchRequestTopic(name="t", partition_indexes=[0])
+            fetched = c.call(F(group_id=g, topics=[topic], require_stable=False))
+        (p,) = fetched.topics[0].partitions
+        assert (p.committed_offset, p.metadata, p.error_code) == (3 + jv, f"m{jv}", 0), (jv, p)
+        L = LeaveGroupRequest[min(jv, 5)]
+        if min(jv, 5) >= 3:
+            who = L.MemberIdentity(member_id=r.member_id, group_instance_id=None, reason=None)
+            left = c.call(L(group_id=g, members=[who]))
+        else:
+            left = c.call(L(group_id=g, member_id=r.member_id))
+        assert left.error_code == 0, (jv, left)
+    for v in range(6):
+        d = c.call(DescribeGroupsRequest[v](groups=["g1"], include_authorized_operations=True))
+        assert (d.groups[0].error_code, d.groups[0].group_state) == (0, "Empty"), (v, d)
+    for v in range(5):
+        listed = c.call(ListGroupsRequest[v](states_filter=[], types_filter=[]))
+        assert sorted(x.group_id for x in listed.groups) == [f"g{i}" for i in range(10)], v
+    for v in range(3):
+        deleted = c.call(DeleteGroupsRequest[v](groups_names=[f"g{v}"]))
+        assert [(x.group_id, x.error_code) for x in deleted.results] == [(f"g{v}", 0)], v
+    c.close()

@@ -887,3 +887,38 @@ def test_every_advertised_version_of_the_group_apis_serves_a_member(broker_facto
         deleted = c.call(DeleteGroupsRequest[v](groups_names=[f"g{v}"]))
         assert [(x.group_id, x.error_code) for x in deleted.results] == [(f"g{v}", 0)], v
     c.close()
+
+
+def test_a_member_rides_through_a_broker_restart_without_a_rebalance(tmp_path: Path) -> None:
+    """The coordinator restarts (same address, same log dir) under a live member: it loads the
+    Stable group with its members from __consumer_offsets, so the member's heartbeats (same
+    member id and generation) are accepted: no revocation, no new assignment, it reads on."""
+    from tests.broker.conftest import free_port
+
+    port = free_port()
+    b = BrokerProcess(tmp_path / "logs", port, GROUP_BROKER)
+    b.start()
+    events: list[str] = []
+    try:
+        create_topic(b.bootstrap, "steady", 2)
+        produce(b.bootstrap, "steady", 2, 5)
+        c = consumer(b.bootstrap, "steady-group", **{"session.timeout.ms": 30000})
+        c.subscribe(
+            ["steady"],
+            on_assign=lambda _c, _tps: events.append("assign"),
+            on_revoke=lambda _c, _tps: events.append("revoke"),
+        )
+        read_all(c, 10)
+        assert events == ["assign"]
+        b.stop()
+        b = BrokerProcess(tmp_path / "logs", port, GROUP_BROKER)
+        b.start()
+        produce(b.bootstrap, "steady", 2, 1)
+        got = read_all(c, 2, timeout=40)
+        assert sorted((p, o) for p, o, _ in got) == [(0, 5), (1, 5)]
+        c.commit(asynchronous=False)
+        assert events == ["assign"]  # the group never rebalanced
+        assert committed(b.bootstrap, "steady-group", "steady", 2) == {0: 6, 1: 6}
+        c.close()
+    finally:
+        b.stop()

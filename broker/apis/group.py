@@ -260,6 +260,7 @@ async def handle_offset_commit(server: KafkaServer, request: Request) -> Respons
             member_id=req.member_id or "",
             group_instance_id=getattr(req, "group_instance_id", None),
             offsets=offsets,
+            retention_ms=_retention(getattr(req, "retention_time_ms", -1)),
         )
         service = server.group_coordinator
         res: CommitResult = await service.call(service.core.commit_offsets, core_req)
@@ -277,6 +278,10 @@ async def handle_offset_commit(server: KafkaServer, request: Request) -> Respons
         topics=[T(name=name, partitions=parts) for name, parts in topics.items()],
     )
     return encode_response(resp, v, request.correlation_id)
+
+
+def _retention(value: int | None) -> int:
+    return -1 if value is None or value < 0 else value
 
 
 async def _fetch_group(

@@ -295,7 +295,7 @@ def test_a_failed_commit_write_is_an_error_not_an_acknowledgement():
     h = Harness()
     ref = h.commit({("t", 0): 5})
     h.ack_all(ErrorCode.REQUEST_TIMED_OUT)
-    assert h.replies[ref].errors[("t", 0)] == ErrorCode.COORDINATOR_NOT_AVAILABLE
+    assert h.replies[ref].errors[("t", 0)] == ErrorCode.REQUEST_TIMED_OUT
     assert h.fetch() == {}
 
 
@@ -488,3 +488,18 @@ def test_every_request_is_answered_once_time_and_writes_complete():
     h.advance(400_000)
     h.ack_all()
     assert all(r in h.replies for r in refs)
+
+
+def test_commit_retention_time_sets_an_expire_timestamp_kafka_honours():
+    """OffsetCommit v2-v4 retention_time_ms: the offset expires that long after the commit,
+    whatever the group's state, and the record carries it (OffsetCommitValue v1)."""
+    h = Harness(GroupConfig(num_partitions=1, initial_rebalance_delay_ms=0,
+                            offsets_retention_check_interval_ms=1_000))  # fmt: skip
+    req = CommitRequest(G, -1, "", None, {("t", 0): (3, -1, "")}, retention_ms=5_000)
+    h.call(h.core.commit_offsets, req)
+    h.ack_all()
+    assert h.log[-1][1].expire_timestamp == h.now + 5_000
+    h.advance(4_000)
+    assert h.fetch() == {("t", 0): 3}
+    h.advance(2_000)
+    assert h.fetch() == {}

@@ -150,6 +150,9 @@ class CommitRequest:
     member_id: str
     group_instance_id: str | None
     offsets: dict[TopicPartition, tuple[int, int, str | None]]  # offset, leader epoch, metadata
+    #: OffsetCommit v2-v4 `retention_time_ms`: -1 for the broker's retention, else the offsets
+    #: expire this long after the commit (Kafka's expire timestamp, OffsetCommitValue v1)
+    retention_ms: int = -1
 
 
 @dataclass
@@ -795,7 +798,8 @@ class GroupCoordinator:
             if len(md.encode("utf-8")) > self.config.offset_metadata_max_bytes:
                 errors[tp] = ErrorCode.OFFSET_METADATA_TOO_LARGE
             else:
-                accepted[tp] = CommittedOffset(offset, epoch, md, now)
+                expire = now + req.retention_ms if req.retention_ms >= 0 else None
+                accepted[tp] = CommittedOffset(offset, epoch, md, now, expire)
         if not accepted:
             return [Reply(ref, CommitResult(errors))]
         token = next(self._tokens)
@@ -809,7 +813,9 @@ class GroupCoordinator:
         entries: list[tuple[Key, Value | None]] = [
             (
                 OffsetKey(group.group_id, tp[0], tp[1]),
-                OffsetValue(c.offset, c.leader_epoch, c.metadata, c.commit_timestamp),
+                OffsetValue(
+                    c.offset, c.leader_epoch, c.metadata, c.commit_timestamp, c.expire_timestamp
+                ),
             )
             for tp, c in accepted.items()
         ]
@@ -1146,16 +1152,19 @@ def _store_group_error(error: ErrorCode) -> ErrorCode:
 
 
 def _commit_error(error: ErrorCode) -> ErrorCode:
-    """How Kafka maps an append error to what a group client sees."""
+    """How Kafka maps an offset commit's append error to what the client sees (a timeout
+    passes through: the commit may still be written)."""
     if error in (
         ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
         ErrorCode.NOT_ENOUGH_REPLICAS,
         ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
-        ErrorCode.REQUEST_TIMED_OUT,
-        ErrorCode.KAFKA_STORAGE_ERROR,
     ):
         return ErrorCode.COORDINATOR_NOT_AVAILABLE
-    if error in (ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.FENCED_LEADER_EPOCH):
+    if error in (
+        ErrorCode.NOT_LEADER_OR_FOLLOWER,
+        ErrorCode.FENCED_LEADER_EPOCH,
+        ErrorCode.KAFKA_STORAGE_ERROR,
+    ):
         return ErrorCode.NOT_COORDINATOR
     if error in (
         ErrorCode.MESSAGE_TOO_LARGE,

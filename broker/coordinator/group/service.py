@@ -42,6 +42,7 @@ from isrlab.broker.coordinator.group.records import (
     iter_batch_records,
 )
 from isrlab.broker.errors import ErrorCode, KafkaError
+from isrlab.broker.log.record_batch import iter_batches
 
 if TYPE_CHECKING:
     from isrlab.broker.partition import HostedPartition
@@ -201,24 +202,39 @@ class GroupCoordinatorService:
                 data = lg.read(offset, LOAD_READ_BYTES, max_offset=end).read_bytes()
                 if not data:
                     break
-                last = offset
-                for rec_offset, key, value in iter_batch_records(data):
-                    last = rec_offset
-                    if key is None:
-                        bad += 1
-                        continue
+                nxt = offset
+                for header in iter_batches(data):
+                    nxt = header.next_offset
+                    batch = data[header.position : header.end_position]
                     try:
-                        k = decode_key(key)
-                        entries.append((k, decode_value(k, value)))
-                    except RecordFormatError:
-                        bad += 1
-                offset = max(last + 1, _next_batch_offset(data, offset))
+                        records = list(iter_batch_records(batch))
+                    except RecordFormatError as e:  # a damaged batch: skipped, the rest loads
+                        log.error("%s-%d: skipping a batch: %s", OFFSETS_TOPIC, p, e)
+                        bad += max(header.records_count, 1)
+                        continue
+                    for _, key, value in records:
+                        try:
+                            if key is None:
+                                raise RecordFormatError("no key")
+                            k = decode_key(key)
+                            entries.append((k, decode_value(k, value)))
+                        except RecordFormatError:
+                            bad += 1
+                if nxt <= offset:
+                    break
+                offset = nxt
                 await asyncio.sleep(0)  # a big partition must not stall the broker
         except Exception as e:
-            log.error("group coordinator: loading %s-%d failed: %s", OFFSETS_TOPIC, p, e)
-            if self.core.loading.get(p) == epoch:
-                self._run(self.core.unload(p))
-            return
+            # As Kafka does: the partition is served with what could be loaded (the groups are
+            # not left without a coordinator until the next leader change).
+            log.error(
+                "group coordinator: loading %s-%d stopped at offset %d: %s; serving what was "
+                "loaded",
+                OFFSETS_TOPIC,
+                p,
+                offset,
+                e,
+            )
         if bad:
             log.warning(
                 "%s-%d: %d record(s) that are not group records skipped", OFFSETS_TOPIC, p, bad
@@ -262,12 +278,3 @@ class GroupCoordinatorService:
                     log.warning("could not create %s: %s", OFFSETS_TOPIC, e)
                     return ErrorCode.COORDINATOR_NOT_AVAILABLE
         return ErrorCode.NONE
-
-
-def _next_batch_offset(data: bytes, fallback: int) -> int:
-    from isrlab.broker.log.record_batch import iter_batches
-
-    nxt = fallback
-    for header in iter_batches(data):
-        nxt = header.next_offset
-    return nxt

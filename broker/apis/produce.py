@@ -29,6 +29,10 @@ log = logging.getLogger(__name__)
 _rejections = RateLimitedLog(log)
 
 
+#: topics only the broker's coordinators append to
+INTERNAL_TOPICS = frozenset({"__consumer_offsets"})
+
+
 async def handle_produce(server: KafkaServer, request: Request) -> list[bytes | FileRegion] | None:
     req = request.body
     acks = req.acks
@@ -45,8 +49,14 @@ async def handle_produce(server: KafkaServer, request: Request) -> list[bytes | 
         for p_i, p in enumerate(topic.partition_data):
             tp = (topic.name, p.index)
             records = p.records
-            if records is None or len(records) == 0:
-                res: Any = AppendResult(ErrorCode.INVALID_RECORD, message="no records")
+            if topic.name in INTERNAL_TOPICS:
+                # Kafka: only the coordinators write their internal topics
+                res: Any = AppendResult(
+                    ErrorCode.INVALID_TOPIC_EXCEPTION,
+                    message=f"cannot append to internal topic {topic.name}",
+                )
+            elif records is None or len(records) == 0:
+                res = AppendResult(ErrorCode.INVALID_RECORD, message="no records")
             elif len(records) > server.config["message.max.bytes"] + 61:
                 res = AppendResult(
                     ErrorCode.MESSAGE_TOO_LARGE, message="batch over message.max.bytes"

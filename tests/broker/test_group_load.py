@@ -49,3 +49,22 @@ def test_a_corrupt_batch_in_the_middle_loses_only_its_own_records(broker_factory
         c.close()
     assert seen == {"g0": -1001, **{g: 100 + i for i, g in enumerate(GROUPS) if i}}
     assert "skipping a batch" in b.log_text()
+
+
+def test_clients_cannot_write_the_offsets_topic(broker_factory):
+    """Only the coordinator appends to __consumer_offsets (Kafka refuses producers with
+    INVALID_TOPIC_EXCEPTION): a stray record there would be loaded as group state."""
+    from confluent_kafka import KafkaError, Producer
+
+    b = broker_factory(OVERRIDES)
+    c = _consumer(b.bootstrap, "g")  # creates the topic through FindCoordinator
+    c.commit(offsets=[TopicPartition("__consumer_offsets", 0, 1)], asynchronous=False)
+    c.close()
+    errors: list[KafkaError] = []
+    p = Producer({"bootstrap.servers": b.bootstrap, "message.timeout.ms": 10000})
+    p.produce(
+        "__consumer_offsets", b"v", key=b"k", partition=0, on_delivery=lambda e, m: errors.append(e)
+    )
+    p.flush(15)
+    assert errors and errors[0] is not None
+    assert errors[0].code() == KafkaError.TOPIC_EXCEPTION, errors

@@ -37,9 +37,10 @@ callbacks, and the next completion after a rebalance carries `rebalance`: {"gene
 revoked since the previous completion (lost partitions count as revoked), the generation
 (`generation_of`), and, per assigned key, the group's committed offset the client fetched in
 the assign callback (null: none). An `assign` after a `subscribe` leaves the group by closing
-the consumer and assigns on a new one. `commit` commits, synchronously, the next offset to read
-of every key the process owns and has polled (the completion's value names them; the invoke
-cannot know them); it is `fail` when the coordinator refused it before appending
+the consumer and assigns on a new one; a `subscribe` that replaces an assignment records the
+assigned keys as revoked (their positions are gone). `commit` commits, synchronously, the
+next offset to read of every key the process owns and has polled (the completion's value
+names them; the invoke cannot know them); it is `fail` when the coordinator refused it before appending
 (`DEFINITE_COMMIT_ERRORS`) or nothing was sent, `info` otherwise.
 
 Every completion carries `node`. A sample (test['watermark_p'], default 0.1) of ok send,
@@ -631,6 +632,10 @@ class QueueClient:
                 consumer.incremental_unassign(
                     [TopicPartition(*parse_key(k)) for k in self.assigned]
                 )
+                # The manual assignment is gone, positions with it: the completion says so
+                # as a revocation (what the process then reads comes from the group's
+                # assignments, each recorded as it arrives).
+                self._pending_rebalance(consumer)["revoked"].update(self.assigned)
                 self.assigned = set()
                 self.next_offsets = {}
             # What the group assigns arrives in the rebalance callbacks, during later polls.

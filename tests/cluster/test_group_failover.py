@@ -49,6 +49,14 @@ def _commit(bootstrap: str, offset: int) -> bool:
         c.close()
 
 
+def _high_watermark(bootstrap: str, p: int) -> int:
+    c = _consumer(bootstrap)
+    try:
+        return c.get_watermark_offsets(TopicPartition("__consumer_offsets", p), timeout=5)[1]
+    finally:
+        c.close()
+
+
 class _BackgroundCommit(threading.Thread):
     """A commit that may hang (its coordinator cannot replicate): the test goes on meanwhile and
     reads `acked` at the end."""
@@ -93,8 +101,11 @@ def _scenario(cluster_factory, required_acks: str) -> tuple[bool, bool, int]:  #
     assert _commit(c.bootstrap, 10)
     p = partition_for(GROUP, OFFSETS_PARTITIONS)
     c.wait_for(
-        lambda: len(c.partition("__consumer_offsets", p).isrs) == 3,
-        what="the offsets partition fully in sync",
+        lambda: (
+            len(c.partition("__consumer_offsets", p).isrs) == 3
+            and _high_watermark(c.bootstrap, p) >= 1
+        ),
+        what="the commit of 10 on every replica (the high watermark past it)",
     )
     coordinator = c.partition("__consumer_offsets", p).leader
     assert _committed(c.bootstrap) == 10
@@ -153,7 +164,13 @@ def test_committed_offsets_survive_a_clean_coordinator_move(cluster_factory, n):
     for offset in (5, 7, 9):
         assert _commit(c.bootstrap, offset)
     p = partition_for(GROUP, OFFSETS_PARTITIONS)
-    c.wait_for(lambda: len(c.partition("__consumer_offsets", p).isrs) == 3, what="in sync")
+    c.wait_for(
+        lambda: (
+            len(c.partition("__consumer_offsets", p).isrs) == 3
+            and _high_watermark(c.bootstrap, p) >= 3
+        ),
+        what="the commits on every replica",
+    )
     coordinator = c.partition("__consumer_offsets", p).leader
     c.brokers[coordinator].kill9()
     c.wait_for(

@@ -392,13 +392,41 @@ def test_only_subscribed_processes_commit() -> None:
     assert not [op for t, _, op in ops if t >= 0.05 * NS and op["f"] == "commit"]
 
 
-def test_a_process_that_ends_with_info_commits_no_more() -> None:
-    def reply(op: Op, p: int | str) -> Op:
-        return {**op, "type": "info" if op["f"] == "commit" else "ok"}
+def test_a_subscribed_process_commits_only_what_it_has_read() -> None:
+    # polls read a record except every third one, which carries a rebalance and reads nothing;
+    # a commit is an info every other time (it ends the process)
+    polls = commits = 0
 
-    w = QueueWorkload({"keys": KEYS, "subscribe": True, "commit_p": 1.0})
-    gen = g.limit(6, w.generator())
-    ops = [(op["process"], op["f"]) for _, _, op in drive(gen, [0], reply=reply)]
-    # each new process subscribes before it commits; an info commit ends the process
-    expected = [(p, f) for p in (0, 1, 2) for f in ("subscribe", "commit")]
-    assert ops == expected
+    def reply(op: Op, p: int | str) -> Op:
+        nonlocal polls, commits
+        if op["f"] == "poll":
+            polls += 1
+            if polls % 3 == 0:
+                reb = {"generation": polls, "assigned": ["t0/0"], "revoked": ["t0/0"]}
+                return {**op, "type": "ok", "value": [["poll", {}]], "rebalance": reb}
+            return {**op, "type": "ok", "value": [["poll", {"t0/0": [[polls, polls]]}]]}
+        if op["f"] == "commit":
+            commits += 1
+            return {**op, "type": "info" if commits % 2 == 0 else "ok"}
+        return {**op, "type": "ok"}
+
+    w = QueueWorkload({"keys": KEYS, "subscribe": True, "commit_p": 1.0, "send_p": 0.0})
+    ops = [op for _, _, op in drive(g.limit(300, w.generator()), [0], reply=reply)]
+    read_since: dict[int | str, bool] = {}
+    seen = n = 0
+    for op in ops:
+        p, f = op["process"], op["f"]
+        if f == "subscribe":
+            read_since[p] = False
+        elif f == "commit":
+            assert read_since[p], "a commit with nothing read since the last (re)assignment"
+            seen += 1
+        elif f == "poll":
+            n += 1  # the reply above, replayed: every third poll rebalances, reads nothing
+            read_since[p] = n % 3 != 0
+    assert seen > 20 and n > seen / 2
+    # an info commit ends its process: the next process subscribes first
+    procs = [op["process"] for op in ops]
+    assert len(set(procs)) > 5 and all(
+        next(o["f"] for o in ops if o["process"] == q) == "subscribe" for q in set(procs)
+    )

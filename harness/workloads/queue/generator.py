@@ -56,6 +56,11 @@ def _max_offsets(event: Op, polls: bool = True, sends: bool = True) -> dict[str,
     return out
 
 
+def _read_something(event: Op) -> bool:
+    """Whether a completion's polls read any record."""
+    return event.get("f") in codec.DATA_FS and any(True for _ in codec.reads_in(event["value"]))
+
+
 class QueueWorkload:
     """The Kafka queue workload's generators and the state they share.
 
@@ -96,8 +101,10 @@ class QueueWorkload:
         self.sent: dict[str, int] = {}
         self.polled: dict[str, int] = {}
         self._assigned_processes: set[int | str] = set()
-        # Processes whose last ok (re)assignment was a subscribe: the ones that may commit.
+        # Processes whose last ok (re)assignment was a subscribe: the ones that may commit,
+        # once they have read something since their last (re)assignment or rebalance.
         self._subscribed: set[int | str] = set()
+        self._unread: set[int | str] = set()
 
     # -- ops ---------------------------------------------------------------------------
 
@@ -155,7 +162,12 @@ class QueueWorkload:
             return self.assign_op(ctx.rng)
         if ctx.rng.random() < self.assign_p:
             return self.assign_op(ctx.rng)
-        if self.commit_p and ctx.process in self._subscribed and ctx.rng.random() < self.commit_p:
+        if (
+            self.commit_p
+            and ctx.process in self._subscribed
+            and ctx.process not in self._unread
+            and ctx.rng.random() < self.commit_p
+        ):
             return self.commit_op()
         return self.txn_op(ctx.rng)
 
@@ -170,6 +182,14 @@ class QueueWorkload:
                 self._subscribed.add(ctx.process)
             else:
                 self._subscribed.discard(ctx.process)
+        if t in ("ok", "info", "fail") and ctx.process in self._subscribed:
+            if f in codec.ASSIGN_FS:
+                self._unread.add(ctx.process)
+            elif t == "ok" and _read_something(event):
+                self._unread.discard(ctx.process)  # (reads after the op's rebalance, if any)
+            elif event.get("rebalance"):
+                # what it read before is not what it owns now: nothing to commit yet
+                self._unread.add(ctx.process)
         if t != "ok":
             return
         for k, off in _max_offsets(event).items():

@@ -37,7 +37,7 @@ def join_request(
     group: str,
     member_id: str = "",
     *,
-    session_timeout_ms: int = 10_000,
+    session_timeout_ms: int = 60_000,  # a loaded machine must not expire a test member
     rebalance_timeout_ms: int = 10_000,
     protocol_type: str = "consumer",
     protocols: list[tuple[str, bytes]] | None = None,

@@ -1126,50 +1126,51 @@ class GroupCoordinator:
         return effects
 
 
-def _store_group_error(error: ErrorCode) -> ErrorCode:
-    """How Kafka's storeGroup maps an append error for the members in SyncGroup."""
-    if error in (
-        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
-        ErrorCode.NOT_ENOUGH_REPLICAS,
-        ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
-    ):
+_UNAVAILABLE = (
+    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+    ErrorCode.NOT_ENOUGH_REPLICAS,
+    ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+)
+_MOVED = (
+    ErrorCode.NOT_LEADER_OR_FOLLOWER,
+    ErrorCode.FENCED_LEADER_EPOCH,
+    ErrorCode.KAFKA_STORAGE_ERROR,
+)
+_TOO_LARGE = (
+    ErrorCode.MESSAGE_TOO_LARGE,
+    ErrorCode.RECORD_LIST_TOO_LARGE,
+    ErrorCode.INVALID_FETCH_SIZE,
+)
+
+
+def _append_error(error: ErrorCode, *, timed_out: ErrorCode, too_large: ErrorCode) -> ErrorCode:
+    """How Kafka maps an append error to __consumer_offsets for a group client: the same for
+    a group record and an offset commit except for a timeout and a record too large."""
+    if error in _UNAVAILABLE:
         return ErrorCode.COORDINATOR_NOT_AVAILABLE
-    if error in (
-        ErrorCode.NOT_LEADER_OR_FOLLOWER,
-        ErrorCode.FENCED_LEADER_EPOCH,
-        ErrorCode.KAFKA_STORAGE_ERROR,
-    ):
+    if error in _MOVED:
         return ErrorCode.NOT_COORDINATOR
     if error == ErrorCode.REQUEST_TIMED_OUT:
-        return ErrorCode.REBALANCE_IN_PROGRESS
-    if error in (
-        ErrorCode.MESSAGE_TOO_LARGE,
-        ErrorCode.RECORD_LIST_TOO_LARGE,
-        ErrorCode.INVALID_FETCH_SIZE,
-    ):
-        return ErrorCode.UNKNOWN_SERVER_ERROR
+        return timed_out
+    if error in _TOO_LARGE:
+        return too_large
     return error
+
+
+def _store_group_error(error: ErrorCode) -> ErrorCode:
+    """Kafka's storeGroup mapping, for the members waiting in SyncGroup."""
+    return _append_error(
+        error,
+        timed_out=ErrorCode.REBALANCE_IN_PROGRESS,
+        too_large=ErrorCode.UNKNOWN_SERVER_ERROR,
+    )
 
 
 def _commit_error(error: ErrorCode) -> ErrorCode:
-    """How Kafka maps an offset commit's append error to what the client sees (a timeout
-    passes through: the commit may still be written)."""
-    if error in (
-        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
-        ErrorCode.NOT_ENOUGH_REPLICAS,
-        ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
-    ):
-        return ErrorCode.COORDINATOR_NOT_AVAILABLE
-    if error in (
-        ErrorCode.NOT_LEADER_OR_FOLLOWER,
-        ErrorCode.FENCED_LEADER_EPOCH,
-        ErrorCode.KAFKA_STORAGE_ERROR,
-    ):
-        return ErrorCode.NOT_COORDINATOR
-    if error in (
-        ErrorCode.MESSAGE_TOO_LARGE,
-        ErrorCode.RECORD_LIST_TOO_LARGE,
-        ErrorCode.INVALID_FETCH_SIZE,
-    ):
-        return ErrorCode.INVALID_COMMIT_OFFSET_SIZE
-    return error
+    """Kafka's storeOffsets mapping (a timeout passes through: the commit may still be
+    written)."""
+    return _append_error(
+        error,
+        timed_out=ErrorCode.REQUEST_TIMED_OUT,
+        too_large=ErrorCode.INVALID_COMMIT_OFFSET_SIZE,
+    )

@@ -36,8 +36,9 @@ callbacks, and the next completion after a rebalance carries `rebalance`: {"gene
 "assigned", "revoked", "committed"} (docs/history-format.md): the keys the group assigned and
 revoked since the previous completion (lost partitions count as revoked), the generation
 (`generation_of`), and, per assigned key, the group's committed offset the client fetched in
-the assign callback (null: none). An `assign` after a `subscribe` leaves the group by closing
-the consumer and assigns on a new one; a `subscribe` that replaces an assignment records the
+the assign callback (null: none). An `assign` after a `subscribe` drops the member (see
+`_close_consumer`: group members are never closed, they time out) and assigns on a new
+consumer; a `subscribe` that replaces an assignment records the
 assigned keys as revoked (their positions are gone). `commit` commits, synchronously, the
 next offset to read of every key the process owns and has polled (the completion's value
 names them; the invoke cannot know them); it is `fail` when the coordinator refused it before appending
@@ -268,6 +269,7 @@ class QueueClient:
         self._rebalance: dict[str, Any] | None = None
         self._rebalance_count = 0
         self._topics: list[str] = []  # the subscription (while subscribed)
+        self._grouped = False  # the consumer has subscribed (has group callbacks)
         self._producer_id = -1
         self._producer_epoch = -1
 
@@ -400,13 +402,29 @@ class QueueClient:
             except (KafkaException, RuntimeError) as e:
                 log.debug("closing producer: %s", e)
         if consumer is not None:
+            self._close_consumer(consumer)
+        self.assigned = set()
+        self.subscribed = False
+        self.next_offsets = {}
+
+    def _close_consumer(self, consumer: Consumer) -> None:
+        """Close an assign-only consumer; drop a group member without closing it.
+
+        Closing a member runs its rebalance callbacks inside close(), where confluent-kafka's
+        automatic unassign after the callback can wait forever on librdkafka (seen: a crash op
+        holding the GIL for good, every other process stopped with it). Dropped, the member
+        leaves nothing to call back (rd_kafka_destroy without consumer close): it stays in
+        the group until its session times out, as a crashed client does, and the keys it
+        held are recorded here as revoked."""
+        if not self._grouped:
             try:
                 consumer.close()
             except (KafkaException, RuntimeError) as e:
                 log.debug("closing consumer: %s", e)
-        self.assigned = set()
-        self.subscribed = False
-        self.next_offsets = {}
+            return
+        if self.assigned:
+            self._pending_rebalance(consumer)["revoked"].update(self.assigned)
+        self._grouped = False
 
     def _on_error(self, err: KafkaError) -> None:
         if err.fatal():
@@ -587,18 +605,16 @@ class QueueClient:
     def _leave_group_and_assign(self, op: Op, wanted: set[str], from_beginning: bool) -> Op:
         """assign after subscribe: librdkafka revokes a subscription's partitions only in a
         later poll, whose automatic unassign would undo a manual assignment made meanwhile, so
-        the consumer leaves the group by closing (its revoke callback runs in close) and a new
-        one assigns. Keys that stay resume at the next offset this process's polls reached
+        the member is dropped (`_close_consumer`; its keys recorded as revoked) and a new
+        consumer assigns. Keys that stay resume at the next offset this process's polls reached
         (else the group's committed offset, where the old consumer would have started)."""
         keep = set() if from_beginning else self.assigned & wanted
         resume = {k: self.next_offsets.get(k, OFFSET_STORED) for k in keep}
         consumer, self.consumer = self.consumer, None
         self.subscribed = False
-        try:
-            assert consumer is not None
-            consumer.close()
-        except (KafkaException, RuntimeError) as e:
-            log.debug("process %s: leaving the group: %s", self.process, e)
+        assert consumer is not None
+        self._close_consumer(consumer)
+        del consumer  # (the last reference: destroyed here, before the new consumer)
         self.assigned = set()
         self.next_offsets = {k: off for k, off in resume.items() if off >= 0}
         try:
@@ -639,6 +655,7 @@ class QueueClient:
                 self.assigned = set()
                 self.next_offsets = {}
             # What the group assigns arrives in the rebalance callbacks, during later polls.
+            self._grouped = True
             consumer.subscribe(
                 topics,
                 on_assign=self._on_assign,

@@ -160,12 +160,21 @@ class ClusterKafkaServer(KafkaServer):
     async def _reregister(self) -> None:
         if self.stopping:
             return
-        exists = await asyncio.to_thread(self.zk.zk.exists, f"/brokers/ids/{self.broker_id}")
-        if not exists:
-            log.warning(
-                "broker %d: ZooKeeper session was renewed; registering again", self.broker_id
+        # Not decided by reading /brokers/ids/<id> first: after a partition a ZooKeeper follower
+        # can still show the expired session's znode, and the broker would stay unregistered
+        # (the controller then counts it dead for good: partitions whose ISR is this broker
+        # stay offline). register_broker creates it unless this very session holds it.
+        try:
+            created = await asyncio.to_thread(
+                self.zk.register_broker, self.broker_id, *self._advertised
             )
-            await asyncio.to_thread(self.zk.register_broker, self.broker_id, *self._advertised)
+        except Exception as e:  # the session was lost again: the next CONNECTED retries
+            log.warning("broker %d: registering again failed: %s", self.broker_id, e)
+            return
+        if created:
+            log.warning(
+                "broker %d: ZooKeeper session was renewed; registered again", self.broker_id
+            )
 
     def _lookup_brokers(self, ids: list[int]) -> dict[int, tuple[str, int]]:
         out = {}

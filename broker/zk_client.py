@@ -76,7 +76,15 @@ class KafkaZkClient:
 
     # ----- brokers --------------------------------------------------------------------------
 
-    def register_broker(self, broker_id: int, host: str, port: int) -> None:
+    def register_broker(self, broker_id: int, host: str, port: int) -> bool:
+        """Create this broker's ephemeral `/brokers/ids/<id>` in the current session; True if
+        it was created now, False if the session already holds it.
+
+        A registration that exists belongs to this session (nothing to do), or to an older
+        session of ours that has not expired yet, or to another live broker: waited for, then
+        refused. Never decided by a plain read (a ZooKeeper follower may still show a znode
+        whose session the leader already expired): the create goes through the leader, and the
+        owner check follows a sync."""
         data = {
             "version": 5,
             "host": host,
@@ -87,21 +95,22 @@ class KafkaZkClient:
             "timestamp": str(int(time.time() * 1000)),
         }
         path = f"/brokers/ids/{broker_id}"
-        try:
-            self.zk.create(path, json.dumps(data).encode(), ephemeral=True)
-        except NodeExistsError:
-            # Our own previous session may not have expired yet: wait for it, then retry.
-            deadline = time.monotonic() + self.zk._session_timeout / 1000 + 5
-            while time.monotonic() < deadline:
-                time.sleep(0.5)
-                try:
-                    self.zk.create(path, json.dumps(data).encode(), ephemeral=True)
-                    return
-                except NodeExistsError:
-                    continue
-            raise RuntimeError(
-                f"broker id {broker_id} is already registered in ZooKeeper by a live broker"
-            ) from None
+        deadline = time.monotonic() + self.zk._session_timeout / 1000 + 5
+        while True:
+            try:
+                self.zk.create(path, json.dumps(data).encode(), ephemeral=True)
+                return True
+            except NodeExistsError:
+                self.zk.sync(path)
+                stat = self.zk.exists(path)
+                if stat is not None and stat.ephemeralOwner == self.zk.client_id[0]:
+                    return False
+            if time.monotonic() >= deadline:
+                raise RuntimeError(
+                    f"broker id {broker_id} is already registered in ZooKeeper by a live broker"
+                )
+            # an older session of ours that has not expired yet: wait for it
+            time.sleep(0.5)
 
     def broker_ids(self) -> list[int]:
         return sorted(int(c) for c in self.zk.get_children("/brokers/ids"))

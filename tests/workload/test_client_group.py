@@ -323,6 +323,38 @@ def test_commit_with_per_partition_errors() -> None:
     assert done["type"] == "ok" and "error" not in done
 
 
+class _StuckCommitConsumer:
+    """librdkafka's synchronous commit with no coordinator: it does not return."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.release = threading.Event()
+
+    def commit(self, offsets: list[TopicPartition], asynchronous: bool) -> Any:
+        self.release.wait(30)
+        return None
+
+
+def test_a_commit_that_never_returns_is_an_info_after_the_op_timeout() -> None:
+    """Seen on the embedded cluster: commits sent while the coordinator was partitioned away
+    blocked their processes for good, and the run never reached its final phase."""
+    c = QueueClient({"group": "g", "op_timeout_ms": 300}, "x:9092", 0)
+    stuck = _StuckCommitConsumer()
+    c.consumer = stuck  # type: ignore[assignment]
+    c.producer = object()  # type: ignore[assignment]
+    c.subscribed = True
+    c.assigned = {"t/0"}
+    c.next_offsets = {"t/0": 5}
+    try:
+        done = c.invoke(COMMIT)
+    finally:
+        stuck.release.set()
+    assert done["type"] == "info"
+    assert done["error"] == ["commit", "timeout"]
+    assert done["value"] == [["commit", {"t/0": 5}]]
+
+
 def test_find_coordinator_names_the_broker(group_broker: BrokerProcess) -> None:
     import time
 

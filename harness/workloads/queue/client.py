@@ -66,6 +66,7 @@ from __future__ import annotations
 import logging
 import random
 import struct
+import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -555,7 +556,12 @@ class QueueClient:
             return {**op, "type": "fail", "value": value, "error": "nothing-to-commit"}
         tps = [TopicPartition(*parse_key(k), off) for k, off in offsets.items()]
         try:
-            result = consumer.commit(offsets=tps, asynchronous=False)
+            result = self._commit_within(consumer, tps, self.op_timeout)
+        except TimeoutError:
+            # librdkafka's synchronous commit waits for a coordinator without end (seen: a
+            # commit sent while the coordinator was partitioned away blocked its process for
+            # good, and the run never reached its final phase). Unknown: it may still be done.
+            return {**op, "type": "info", "value": value, "error": ["commit", "timeout"]}
         except KafkaException as e:
             err: KafkaError = e.args[0]
             kind = "fail" if err.code() in DEFINITE_COMMIT_ERRORS else "info"
@@ -567,6 +573,30 @@ class QueueClient:
         kind = "fail" if definite and len(errors) == len(tps) else "info"
         names = sorted({error_name(e) for e in errors})
         return {**op, "type": kind, "value": value, "error": ["commit", *names]}
+
+    def _commit_within(
+        self, consumer: Consumer, tps: list[TopicPartition], timeout: float
+    ) -> list[TopicPartition] | None:
+        """``consumer.commit(offsets=tps, asynchronous=False)``, given up after ``timeout``
+        seconds (TimeoutError): the call goes on in its own thread, which is left behind; the
+        info completion makes the interpreter replace this process's client."""
+        box: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                box["result"] = consumer.commit(offsets=tps, asynchronous=False)
+            except BaseException as e:  # handed to the caller
+                box["error"] = e
+
+        worker = threading.Thread(target=run, name=f"isrlab-commit-{self.process}", daemon=True)
+        worker.start()
+        worker.join(timeout)
+        if worker.is_alive():
+            raise TimeoutError
+        if "error" in box:
+            raise box["error"]
+        result: list[TopicPartition] | None = box.get("result")
+        return result
 
     def _assign(self, op: Op, from_beginning: bool) -> Op:
         consumer = self.consumer

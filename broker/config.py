@@ -458,8 +458,82 @@ CONFIG_DEFS: dict[str, ConfigDef] = {
             "transactional.id.expiration.ms",
             "long",
             7 * DAY_MS,
-            "Forget idle transactional ids after this long.",
+            "The transaction coordinator forgets a transactional id that has had no transaction "
+            "for this long (its state record is deleted).",
             _at_least(1),
+        ),
+        ConfigDef(
+            "transaction.state.log.num.partitions",
+            "int",
+            50,
+            "Partitions of __transaction_state (fixed once the topic exists): the coordinator of "
+            "a transactional id is the leader of partition abs(hash(id)) % this.",
+            _at_least(1),
+        ),
+        ConfigDef(
+            "transaction.state.log.replication.factor",
+            "int",
+            3,
+            "Replication factor of __transaction_state (capped at the live brokers when the "
+            "topic is created on the first FindCoordinator for a transactional id).",
+            _at_least(1),
+        ),
+        ConfigDef(
+            "transaction.state.log.min.isr",
+            "int",
+            2,
+            "min.insync.replicas of __transaction_state (capped at its replication factor).",
+            _at_least(1),
+        ),
+        ConfigDef(
+            "transaction.state.log.segment.bytes",
+            "int",
+            104857600,
+            "segment.bytes of __transaction_state.",
+            _at_least(1024),
+        ),
+        ConfigDef(
+            "transaction.max.timeout.ms",
+            "int",
+            900000,
+            "Largest transaction.timeout.ms a producer may ask for (else "
+            "INVALID_TRANSACTION_TIMEOUT).",
+            _at_least(1),
+        ),
+        ConfigDef(
+            "transaction.abort.timed.out.transaction.cleanup.interval.ms",
+            "int",
+            10000,
+            "How often the coordinator looks for transactions past their timeout (and aborts "
+            "them, fencing the producer's epoch).",
+            _at_least(1),
+        ),
+        ConfigDef(
+            "transaction.remove.expired.transaction.cleanup.interval.ms",
+            "int",
+            3600000,
+            "How often the coordinator looks for transactional ids to expire.",
+            _at_least(1),
+        ),
+        ConfigDef(
+            "transaction.partition.verification.enable",
+            "bool",
+            True,
+            "KIP-890 part 1: before appending a transactional batch for a producer with no "
+            "transaction open in the partition, the leader asks the coordinator whether the "
+            "partition was added to an ongoing transaction (else INVALID_TXN_STATE). false is "
+            "the historic, unsafe behaviour before Kafka 3.6: a produce delayed past its "
+            "transaction's end opens a hanging transaction.",
+        ),
+        ConfigDef(
+            "transaction.marker.required.acks",
+            "int",
+            -1,
+            "HISTORIC FAILURE SWITCH at 1 (isrlab's own key, unsafe): a partition leader "
+            "answers WriteTxnMarkers once it appended the marker, before its followers have it, "
+            "so the coordinator completes a transaction whose marker a leader failover can "
+            "still lose. -1 (Kafka's behaviour): once the ISR has it.",
+            _one_of_int(-1, 1),
         ),
         ConfigDef(
             "producer.id.expiration.ms",

@@ -36,7 +36,7 @@ from isrlab.broker.log.errors import (
     LogError,
     OffsetOutOfRangeError,
 )
-from isrlab.broker.log.log import FetchDataInfo, Log
+from isrlab.broker.log.log import AppendOrigin, FetchDataInfo, Log
 from isrlab.broker.log.producer_state import (
     DuplicateBatch,
     ProducerStateError,
@@ -74,6 +74,9 @@ class LogAdapter:
         self.log = log_
         self.owner = owner
         self._hw_checkpoint = hw_checkpoint
+        #: who the leader append in progress is from: the core's on_produce is synchronous, so
+        #: HostedPartition.append sets this for the duration of the call
+        self.origin = AppendOrigin.CLIENT
 
     @property
     def log_start_offset(self) -> int:
@@ -117,19 +120,28 @@ class LogAdapter:
     def append_as_leader(self, records: Any, leader_epoch: int) -> tuple[int, int]:
         """Validate one produced batch, check its producer sequence and append it; raises
         InvalidRecordError / ProducerStateError / a storage error when refused, returns the
-        original offsets of a duplicate without appending."""
+        original offsets of a duplicate without appending.
+
+        ``self.origin`` says who appends: a client (control batches refused, sequences
+        checked) or the broker's own coordinators (transaction markers and transactional
+        offset commits: producer epochs checked, no sequences)."""
+        origin = self.origin
         headers = validate(records)
         if len(headers) != 1:
             raise InvalidRecordError(
                 "a produce request must carry exactly one record batch per partition, "
                 f"not {len(headers)}"
             )
+        if origin is AppendOrigin.CLIENT and headers[0].is_control:
+            raise InvalidRecordError(
+                "the batch is a control batch (a transaction marker); clients may not write those"
+            )
         producer_state = self.owner.producer_state
         try:
-            producer_state.check(headers[0])
+            producer_state.check(headers[0], origin=origin)
         except DuplicateBatch as dup:
             return dup.first_offset, dup.last_offset
-        info = self.log.append_as_leader(records, leader_epoch)
+        info = self.log.append_as_leader(records, leader_epoch, origin=origin)
         producer_state.update(replace(headers[0], base_offset=info.first_offset))
         return info.first_offset, info.last_offset
 
@@ -310,19 +322,31 @@ class HostedPartition:
     # ----- produce --------------------------------------------------------------------------
 
     def append(
-        self, records: memoryview, acks: int, timeout_ms: int
+        self,
+        records: memoryview,
+        acks: int,
+        timeout_ms: int,
+        *,
+        origin: str | AppendOrigin = AppendOrigin.CLIENT,
     ) -> AppendResult | asyncio.Future[AppendResult]:
         """Produce to this partition: the core admits, appends (through `LogAdapter`) and
-        answers; the result is ready now or, for acks=all, when the core completes it."""
+        answers; the result is ready now or, for acks=all, when the core completes it.
+
+        ``origin``: "client" (a Produce request) or "coordinator" (the broker's transaction
+        or group coordinator: transaction markers, transactional offset commits)."""
+        origin = AppendOrigin(origin)  # ValueError for anything else: a caller's bug
         request_id = next(self._ids)
         fut: asyncio.Future[AppendResult] = asyncio.get_running_loop().create_future()
         self._produce_futures[request_id] = fut
         leo = self.log.log_end_offset
+        self.adapter.origin = origin
         try:
             actions = self.core.on_produce(request_id, records, acks, timeout_ms, now_ms())
         except (ProducerStateError, LogError, OSError) as e:
             del self._produce_futures[request_id]
             return self._refused(e)
+        finally:
+            self.adapter.origin = AppendOrigin.CLIENT
         if self.log.log_end_offset != leo:
             self.io.data_changed(self)
         self.dispatch(actions)

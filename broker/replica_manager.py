@@ -181,12 +181,21 @@ class ReplicaManager:
     # ----- produce / fetch ------------------------------------------------------------------
 
     def append(
-        self, tp: TopicPartition, records: memoryview, acks: int, timeout_ms: int
+        self,
+        tp: TopicPartition,
+        records: memoryview,
+        acks: int,
+        timeout_ms: int,
+        *,
+        origin: str = "client",
     ) -> AppendResult | asyncio.Future[AppendResult]:
+        """Append to a partition led here. ``origin`` "client": a Produce request (producer
+        sequences checked, control batches refused with INVALID_RECORD); "coordinator": the
+        broker's own coordinators (transaction markers, transactional offset commits)."""
         hp = self.partitions.get(tp)
         if hp is None:
             return AppendResult(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
-        return hp.append(records, acks, timeout_ms)
+        return hp.append(records, acks, timeout_ms, origin=origin)
 
     def read(self, tp: TopicPartition, fetch_offset: int, max_bytes: int, **kw: Any) -> ReadResult:
         hp = self.partitions.get(tp)

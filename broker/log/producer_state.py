@@ -31,6 +31,7 @@ from typing import Any
 
 import crc32c
 
+from isrlab.broker.log.log import AppendOrigin
 from isrlab.broker.log.record_batch import BatchHeader
 
 RETAINED_BATCHES = 5
@@ -110,9 +111,11 @@ class ProducerStateManager:
 
     # ----- append path -----------------------------------------------------------------------
 
-    def check(self, batch: BatchHeader) -> None:
-        """Validate a client batch before a leader append; raise DuplicateBatch or
-        ProducerStateError. Batches without a producer id are not checked."""
+    def check(self, batch: BatchHeader, origin: AppendOrigin = AppendOrigin.CLIENT) -> None:
+        """Validate a batch before a leader append; raise DuplicateBatch or
+        ProducerStateError. Batches without a producer id are not checked; the batches of the
+        broker's coordinators (``AppendOrigin.COORDINATOR``) have their epoch checked but no
+        sequence."""
         pid = batch.producer_id
         if pid < 0 or batch.is_control:
             return
@@ -124,6 +127,8 @@ class ProducerStateManager:
                 INVALID_PRODUCER_EPOCH,
                 f"producer {pid}: epoch {batch.producer_epoch} is older than {entry.epoch}",
             )
+        if origin is AppendOrigin.COORDINATOR:
+            return
         first, last = batch.base_sequence, batch.last_sequence
         if batch.producer_epoch == entry.epoch:
             for b in entry.batches:

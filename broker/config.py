@@ -526,6 +526,15 @@ CONFIG_DEFS: dict[str, ConfigDef] = {
             "transaction's end opens a hanging transaction.",
         ),
         ConfigDef(
+            "transaction.producer.epoch.fencing.enable",
+            "bool",
+            True,
+            "HISTORIC FAILURE SWITCH at false (isrlab's own key, unsafe; also a topic config): "
+            "a partition leader accepts batches and transaction markers of a producer epoch "
+            "older than the one it knows instead of refusing them with INVALID_PRODUCER_EPOCH, "
+            "so a fenced zombie producer still writes. true: Kafka's behaviour.",
+        ),
+        ConfigDef(
             "transaction.marker.required.acks",
             "int",
             -1,
@@ -576,6 +585,7 @@ TOPIC_CONFIG_KEYS: dict[str, str] = {
     "min.cleanable.dirty.ratio": "log.cleaner.min.cleanable.ratio",
     "min.compaction.lag.ms": "log.cleaner.min.compaction.lag.ms",
     "delete.retention.ms": "log.cleaner.delete.retention.ms",
+    "transaction.producer.epoch.fencing.enable": "transaction.producer.epoch.fencing.enable",
 }
 
 

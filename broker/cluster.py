@@ -108,6 +108,7 @@ class ClusterKafkaServer(KafkaServer):
         self.log_manager.checkpoint()
         self.log_manager.start_schedulers()
         self.group_coordinator.start()
+        self.txn_coordinator.start()
         self.replica_manager.start()
         await self.socket_server.start()
         host, port = self.config.advertised()

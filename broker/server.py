@@ -35,7 +35,6 @@ from typing import Any
 from isrlab.broker.apis.admin import (
     handle_create_topics,
     handle_delete_topics,
-    handle_init_producer_id,
 )
 from isrlab.broker.apis.fetch import handle_fetch
 from isrlab.broker.apis.group import (
@@ -50,12 +49,24 @@ from isrlab.broker.apis.group import (
     handle_offset_delete,
     handle_offset_fetch,
     handle_sync_group,
+    handle_txn_offset_commit,
 )
 from isrlab.broker.apis.metadata import handle_api_versions, handle_metadata
 from isrlab.broker.apis.offsets import handle_list_offsets, handle_offset_for_leader_epoch
 from isrlab.broker.apis.produce import handle_produce
+from isrlab.broker.apis.txn import (
+    handle_add_offsets_to_txn,
+    handle_add_partitions_to_txn,
+    handle_describe_producers,
+    handle_describe_transactions,
+    handle_end_txn,
+    handle_init_producer_id,
+    handle_list_transactions,
+    handle_write_txn_markers,
+)
 from isrlab.broker.config import BrokerConfig, parse_topic_configs
 from isrlab.broker.coordinator.group.service import GroupCoordinatorService
+from isrlab.broker.coordinator.transaction.service import TransactionCoordinatorService
 from isrlab.broker.errors import ErrorCode, KafkaError
 from isrlab.broker.log.errors import KafkaStorageError
 from isrlab.broker.log_manager import LogManager
@@ -200,12 +211,23 @@ class KafkaServer:
             20: handle_delete_topics,
             22: handle_init_producer_id,
             23: handle_offset_for_leader_epoch,
+            24: handle_add_partitions_to_txn,
+            25: handle_add_offsets_to_txn,
+            26: handle_end_txn,
+            27: handle_write_txn_markers,
+            28: handle_txn_offset_commit,
             42: handle_delete_groups,
             47: handle_offset_delete,
+            61: handle_describe_producers,
+            65: handle_describe_transactions,
+            66: handle_list_transactions,
         }
         self.group_coordinator = GroupCoordinatorService(self)
         self.replica_manager.role_listeners.append(self.group_coordinator.on_role_change)
         self.replica_manager.removal_listeners.append(self.group_coordinator.on_partition_removed)
+        self.txn_coordinator = TransactionCoordinatorService(self)
+        self.replica_manager.role_listeners.append(self.txn_coordinator.on_role_change)
+        self.replica_manager.removal_listeners.append(self.txn_coordinator.on_partition_removed)
         self._stopped = asyncio.Event()
 
     # ----- lifecycle -------------------------------------------------------------------------
@@ -264,6 +286,7 @@ class KafkaServer:
             )
         self.log_manager.start_schedulers()
         self.group_coordinator.start()
+        self.txn_coordinator.start()
         self.replica_manager.start()
         await self.socket_server.start()
 
@@ -282,6 +305,7 @@ class KafkaServer:
             self.replica_manager.notifier.notify()
             await self._stop_step("stop the socket server", self.socket_server.stop)
             await self._stop_step("stop the group coordinator", self.group_coordinator.stop)
+            await self._stop_step("stop the transaction coordinator", self.txn_coordinator.stop)
             await self._stop_step("stop replication", self.replica_manager.stop)
             self.stop_failures += self.replica_manager.stop_failures
             await self._stop_step("stop the log schedulers", self.log_manager.stop_schedulers)

@@ -16,6 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 from kafka.protocol.producer import ProduceResponse
 
+from isrlab.broker.apis.txn import (
+    guard_holds,
+    transactional_producer,
+    verify_transactional_produce,
+)
 from isrlab.broker.errors import ErrorCode
 from isrlab.broker.network.codec import FileRegion, Request, encode_response
 from isrlab.broker.partition import AppendResult
@@ -30,7 +35,7 @@ _rejections = RateLimitedLog(log)
 
 
 #: topics only the broker's coordinators append to
-INTERNAL_TOPICS = frozenset({"__consumer_offsets"})
+INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state"})
 
 
 async def handle_produce(server: KafkaServer, request: Request) -> list[bytes | FileRegion] | None:
@@ -62,7 +67,9 @@ async def handle_produce(server: KafkaServer, request: Request) -> list[bytes | 
                     ErrorCode.MESSAGE_TOO_LARGE, message="batch over message.max.bytes"
                 )
             else:
-                res = server.produce_to_partition(tp, memoryview(records), acks, req.timeout_ms)
+                res = await _produce_one(
+                    server, tp, getattr(req, "transactional_id", None), records, acks, req
+                )
             results[t_i][1].append((p.index, AppendResult()))
             pending.append((t_i, p_i, res))
     for t_i, p_i, res in pending:
@@ -82,6 +89,35 @@ async def handle_produce(server: KafkaServer, request: Request) -> list[bytes | 
     if acks == 0:
         return None
     return _encode(request, results)
+
+
+async def _produce_one(
+    server: KafkaServer,
+    tp: tuple[str, int],
+    transactional_id: str | None,
+    records: Any,
+    acks: int,
+    req: Any,
+) -> AppendResult | asyncio.Future[AppendResult]:
+    """Append one partition's batch; a transactional batch is verified with its coordinator
+    first (KIP-890, see broker/apis/txn.py) and appended only if no marker for its producer
+    landed in the partition meanwhile."""
+    data = memoryview(records)
+    error, guard = await verify_transactional_produce(server, tp, transactional_id, data)
+    if error != ErrorCode.NONE:
+        return AppendResult(error, message=f"transaction verification: {error.name}")
+    producer = transactional_producer(data) if guard is not None else None
+    if producer is not None and not guard_holds(server, tp, producer[0], guard):
+        return AppendResult(
+            ErrorCode.INVALID_TXN_STATE,
+            message="the transaction ended while this produce was being verified",
+        )
+    res = server.produce_to_partition(tp, data, acks, req.timeout_ms)
+    if producer is not None:
+        hp = server.replica_manager.partitions.get(tp)
+        if hp is not None and hp.verification_guards.get(producer[0]) is guard:
+            del hp.verification_guards[producer[0]]
+    return res
 
 
 def _encode(

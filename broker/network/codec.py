@@ -29,6 +29,11 @@ from kafka.protocol.admin import (
     DescribeGroupsRequest,
     ListGroupsRequest,
 )
+from kafka.protocol.admin.transactions import (
+    DescribeProducersRequest,
+    DescribeTransactionsRequest,
+    ListTransactionsRequest,
+)
 from kafka.protocol.consumer import (
     FetchRequest,
     HeartbeatRequest,
@@ -43,7 +48,14 @@ from kafka.protocol.consumer import (
 )
 from kafka.protocol.metadata import ApiVersionsRequest, FindCoordinatorRequest, MetadataRequest
 from kafka.protocol.producer import ProduceRequest
-from kafka.protocol.producer.transaction import InitProducerIdRequest
+from kafka.protocol.producer.transaction import (
+    AddOffsetsToTxnRequest,
+    AddPartitionsToTxnRequest,
+    EndTxnRequest,
+    InitProducerIdRequest,
+    TxnOffsetCommitRequest,
+    WriteTxnMarkersRequest,
+)
 
 # api_key -> (request class, min version, max version). Exactly what the broker implements.
 SUPPORTED: dict[int, tuple[Any, int, int]] = {
@@ -65,8 +77,16 @@ SUPPORTED: dict[int, tuple[Any, int, int]] = {
     20: (DeleteTopicsRequest, 1, 5),
     22: (InitProducerIdRequest, 0, 4),
     23: (OffsetForLeaderEpochRequest, 2, 4),
+    24: (AddPartitionsToTxnRequest, 0, 4),
+    25: (AddOffsetsToTxnRequest, 0, 3),
+    26: (EndTxnRequest, 0, 3),
+    27: (WriteTxnMarkersRequest, 1, 1),
+    28: (TxnOffsetCommitRequest, 0, 3),
     42: (DeleteGroupsRequest, 0, 2),
     47: (OffsetDeleteRequest, 0, 0),
+    61: (DescribeProducersRequest, 0, 0),
+    65: (DescribeTransactionsRequest, 0, 0),
+    66: (ListTransactionsRequest, 0, 1),
 }
 
 API_NAMES: dict[int, str] = {k: v[0].__name__.removesuffix("Request") for k, v in SUPPORTED.items()}

@@ -1,0 +1,170 @@
+"""What the coordinators' asyncio shells share (group and transaction coordinator).
+
+A coordinator is a sans-IO core (requests in, effects out, time only through `tick`) and a shell
+that carries out its effects. Both shells
+- turn a request into a `ref` with a future, which the core answers with a `Reply(ref, ...)`
+  effect (at once or later) — `call`;
+- wake the core at its next deadline (at most every `TICK_MS`) — the timer loop;
+- read a partition of their internal topic from its log start to its log end when this broker
+  becomes its leader, to load the core's state — `read_batches`;
+- create their internal topic on the first FindCoordinator, as Kafka does — `ensure_topic`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from isrlab.broker.errors import ErrorCode, KafkaError
+from isrlab.broker.log.record_batch import BatchHeader, iter_batches
+
+if TYPE_CHECKING:
+    from isrlab.broker.partition import HostedPartition
+    from isrlab.broker.server import KafkaServer
+
+log = logging.getLogger(__name__)
+
+#: bytes read per step while loading a partition
+LOAD_READ_BYTES = 1 << 20
+#: the timer's resolution: deadlines of the cores (heartbeat expiry, rebalance and transaction
+#: timeouts) are noticed within this long (Kafka's purgatories tick at a similar grain)
+TICK_MS = 100
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Core(Protocol):
+    def next_deadline(self) -> int | None: ...
+
+    def tick(self, now: int) -> list[Any]: ...
+
+
+class CoordinatorShell:
+    #: the internal topic whose partitions this coordinator leads
+    topic: str = ""
+
+    def __init__(self, server: KafkaServer, core: Core, name: str):
+        self.server = server
+        self._core = core
+        self.name = name
+        self._refs = itertools.count(1)
+        self._waiting: dict[int, asyncio.Future[Any]] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._create_lock = asyncio.Lock()
+
+    # ----- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._timer_loop())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        for t in list(self._tasks):
+            t.cancel()
+        for fut in self._waiting.values():
+            if not fut.done():
+                fut.set_exception(KafkaError(ErrorCode.COORDINATOR_NOT_AVAILABLE, "stopping"))
+        self._waiting.clear()
+
+    async def _timer_loop(self) -> None:
+        """Requests do not wake this loop (a scan of the core's state per request would cost
+        the event loop dearly); it sleeps until the core's next deadline, at most TICK_MS."""
+        while True:
+            deadline = self._core.next_deadline()
+            wait = TICK_MS / 1000 if deadline is None else (deadline - now_ms()) / 1000
+            await asyncio.sleep(min(max(wait, 0.0), TICK_MS / 1000))
+            try:
+                self._run(self._core.tick(now_ms()))
+            except Exception:  # pragma: no cover - a bug; the coordinator keeps serving
+                log.exception("%s tick failed", self.name)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # ----- requests --------------------------------------------------------------------------
+
+    def _run(self, effects: list[Any]) -> None:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def _resolve(self, ref: Any, result: Any) -> None:
+        fut = self._waiting.pop(ref, None)
+        if fut is not None and not fut.done():
+            fut.set_result(result)
+
+    async def call(self, method: Callable[..., list[Any]], *args: Any) -> Any:
+        """Ask the core; wait for its answer to this request (now or later)."""
+        ref = next(self._refs)
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._waiting[ref] = fut
+        try:
+            self._run(method(now_ms(), ref, *args))
+            return await fut
+        finally:
+            self._waiting.pop(ref, None)
+
+    # ----- the internal topic ----------------------------------------------------------------
+
+    async def read_batches(self, hp: HostedPartition) -> AsyncIterator[tuple[BatchHeader, bytes]]:
+        """Every batch of the partition from its log start to its log end (as Kafka loads a
+        coordinator partition: what a leader holds past the high watermark is replicated before
+        anything written after it can be acknowledged). Yields to the event loop between reads."""
+        lg = hp.log
+        offset = lg.log_start_offset
+        end = lg.log_end_offset
+        while offset < end:
+            data = lg.read(offset, LOAD_READ_BYTES, max_offset=end).read_bytes()
+            if not data:
+                break
+            nxt = offset
+            for header in iter_batches(data):
+                nxt = header.next_offset
+                yield header, data[header.position : header.end_position]
+            if nxt <= offset:
+                break
+            offset = nxt
+            await asyncio.sleep(0)  # a big partition must not stall the broker
+
+    async def ensure_topic(
+        self, partitions: int, replication_factor: int, configs: dict[str, str]
+    ) -> ErrorCode:
+        """Create the internal topic if it does not exist yet. NONE once it exists;
+        COORDINATOR_NOT_AVAILABLE meanwhile. The replication factor is capped at the live
+        brokers, as a one-broker test cluster must still get a coordinator."""
+        if self.topic in self.server.topics_snapshot():
+            return ErrorCode.NONE
+        async with self._create_lock:
+            if self.topic in self.server.topics_snapshot():
+                return ErrorCode.NONE
+            rf = max(min(replication_factor, len(self.server.live_brokers())), 1)
+            try:
+                await self.server.create_topic(self.topic, partitions, rf, None, configs)
+            except KafkaError as e:
+                if e.code != ErrorCode.TOPIC_ALREADY_EXISTS:
+                    log.warning("could not create %s: %s", self.topic, e)
+                    return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        return ErrorCode.NONE
+
+    def coordinator_address(self, partition: int) -> tuple[int, str, int] | None:
+        return coordinator_address(self.server, self.topic, partition)
+
+
+def coordinator_address(
+    server: KafkaServer, topic: str, partition: int
+) -> tuple[int, str, int] | None:
+    """(broker id, host, port) of the leader of an internal topic's partition, None if it has
+    no live leader."""
+    leader = server.partition_metadata((topic, partition)).leader
+    address = server.live_brokers().get(leader) if leader >= 0 else None
+    if address is None:
+        return None
+    return leader, address[0], address[1]

@@ -1,9 +1,9 @@
-"""CreateTopics, DeleteTopics and InitProducerId.
+"""CreateTopics and DeleteTopics.
 
 CreateTopics validates the name, the partition count, the replication factor against the live
 brokers, explicit assignments and topic configs, each failure answered per topic with Kafka's error
 code and a message; `validate_only` checks without creating. DeleteTopics removes the topic and its
-partition logs. InitProducerId hands an idempotent producer a fresh producer id (epoch 0).
+partition logs. (InitProducerId is in broker/apis/txn.py.)
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from kafka.protocol.admin import (
     CreateTopicsResponse,
     DeleteTopicsResponse,
 )
-from kafka.protocol.producer.transaction import InitProducerIdResponse
 
 from isrlab.broker.config import ConfigError, parse_topic_configs
 from isrlab.broker.errors import ErrorCode, KafkaError
@@ -90,23 +89,3 @@ async def handle_delete_topics(server: KafkaServer, request: Request) -> list[by
             code, message = e.code, e.message or e.code.name
         results.append(R(name=name, error_code=int(code), error_message=message))
     return encode_response(cls(throttle_time_ms=0, responses=results), v, request.correlation_id)
-
-
-async def handle_init_producer_id(
-    server: KafkaServer, request: Request
-) -> list[bytes | FileRegion]:
-    v = request.api_version
-    req = request.body
-    cls = InitProducerIdResponse[v]
-    if req.transactional_id:
-        # Transactions are not implemented yet: a non-retriable error, so the client stops.
-        resp = cls(
-            throttle_time_ms=0,
-            error_code=int(ErrorCode.INVALID_REQUEST),
-            producer_id=-1,
-            producer_epoch=-1,
-        )
-    else:
-        pid = await server.allocate_producer_id()
-        resp = cls(throttle_time_ms=0, error_code=0, producer_id=pid, producer_epoch=0)
-    return encode_response(resp, v, request.correlation_id)

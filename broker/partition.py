@@ -38,9 +38,11 @@ from isrlab.broker.log.errors import (
 )
 from isrlab.broker.log.log import AppendOrigin, FetchDataInfo, Log
 from isrlab.broker.log.producer_state import (
+    CompletedTxn,
     DuplicateBatch,
     ProducerStateError,
     ProducerStateManager,
+    batch_marker,
 )
 from isrlab.broker.log.record_batch import iter_batches, validate
 from isrlab.broker.rate_limited_log import RateLimitedLog
@@ -59,6 +61,9 @@ from isrlab.broker.replication import (
 )
 
 log = logging.getLogger(__name__)
+#: topic (and broker default) config key of the historic switch: false accepts batches and
+#: markers of zombie producers (an older epoch) instead of INVALID_PRODUCER_EPOCH
+EPOCH_FENCING_KEY = "transaction.producer.epoch.fencing.enable"
 # a full disk fails every append: one line per partition and 10 s, with the count dropped
 _storage_errors = RateLimitedLog(log)
 
@@ -92,7 +97,13 @@ class LogAdapter:
 
     @hw_checkpoint.setter
     def hw_checkpoint(self, value: int) -> None:
+        # the core sets this whenever the HW moves: completed transactions whose marker is
+        # now below it stop holding the LSO back
         self._hw_checkpoint = value
+        self.owner.producer_state.on_high_watermark_updated(value)
+
+    def first_unstable_offset(self) -> int | None:
+        return self.owner.producer_state.first_unstable_offset()
 
     def latest_epoch(self) -> int:
         latest = self.log.leader_epoch_cache.latest_epoch
@@ -132,22 +143,35 @@ class LogAdapter:
                 "a produce request must carry exactly one record batch per partition, "
                 f"not {len(headers)}"
             )
-        if origin is AppendOrigin.CLIENT and headers[0].is_control:
+        header = headers[0]
+        if origin is AppendOrigin.CLIENT and header.is_control:
             raise InvalidRecordError(
                 "the batch is a control batch (a transaction marker); clients may not write those"
             )
+        marker = batch_marker(records, header)  # InvalidRecordError if malformed
+        if header.is_control and (marker is None or header.producer_id < 0):
+            raise InvalidRecordError(
+                "a control batch must be a transaction marker (ABORT or COMMIT) of a producer"
+            )
         producer_state = self.owner.producer_state
         try:
-            producer_state.check(headers[0], origin=origin)
+            producer_state.check(header, origin=origin, marker=marker)
         except DuplicateBatch as dup:
             return dup.first_offset, dup.last_offset
         info = self.log.append_as_leader(records, leader_epoch, origin=origin)
-        producer_state.update(replace(headers[0], base_offset=info.first_offset))
+        producer_state.apply(
+            records, [replace(header, base_offset=info.first_offset)], self._index_aborted
+        )
         return info.first_offset, info.last_offset
 
     def append_as_follower(self, records: Any) -> None:
         self.log.append_as_follower(records)
-        self.owner.producer_state.update_all(iter_batches(records))
+        self.owner.producer_state.apply(records, iter_batches(records), self._index_aborted)
+
+    def _index_aborted(self, txn: CompletedTxn, last_stable_offset: int) -> None:
+        self.log.append_aborted_txn(
+            txn.producer_id, txn.first_offset, txn.last_offset, last_stable_offset
+        )
 
 
 class PartitionIO(Protocol):
@@ -183,6 +207,9 @@ class ReadResult:
     last_stable_offset: int = -1
     log_start_offset: int = -1
     data: FetchDataInfo | None = None
+    #: read_committed: (producer id, first offset) of the aborted transactions overlapping
+    #: the data (FetchResponse v4+ aborted_transactions); None for read_uncommitted
+    aborted_transactions: list[tuple[int, int]] | None = None
 
     @property
     def size(self) -> int:
@@ -206,10 +233,17 @@ class HostedPartition:
         self.broker_id = broker_id
         self.config = config
         self.io = io
-        self.producer_state = ProducerStateManager(log_.dir)
+        self.producer_state = ProducerStateManager(
+            log_.dir, epoch_fencing=bool(config.get(EPOCH_FENCING_KEY, True))
+        )
+        log_.on_roll = self._on_roll
+        #: KIP-890 verification in flight per producer id (broker/apis/txn.py): a marker for the
+        #: producer removes its entry, so a produce verified before the marker is not appended
+        self.verification_guards: dict[int, object] = {}
         self.reload_producer_state()
         self.adapter = LogAdapter(log_, self, hw_checkpoint)
         self.core = Partition(TopicPartition(*tp), broker_id, self.adapter, replication)
+        self.producer_state.on_high_watermark_updated(self.core.high_watermark)
         self.replicas: list[int] = [broker_id]
         self._ids = itertools.count(1)
         self._produce_futures: dict[int, asyncio.Future[AppendResult]] = {}
@@ -274,16 +308,22 @@ class HostedPartition:
             self.io.role_changed(self)
 
     def reload_producer_state(self) -> None:
-        """Newest snapshot, then replay the log past it (after open or truncation)."""
-        lg = self.log
-        offset = self.producer_state.load_latest_snapshot(lg.log_start_offset, lg.log_end_offset)
-        while offset < lg.log_end_offset:
-            data = lg.read(offset, 8 << 20, min_one_message=True)
-            if data.size == 0:
-                break
-            headers = list(iter_batches(data.read_bytes()))
-            self.producer_state.update_all(headers)
-            offset = headers[-1].next_offset
+        """Newest snapshot, then replay the log past it (after open or truncation); the
+        .txnindex files recovery rescanned are rebuilt on the way."""
+        self.producer_state.load(self.log)
+        core = getattr(self, "core", None)
+        if core is not None:
+            self.producer_state.on_high_watermark_updated(core.high_watermark)
+
+    def _on_roll(self, new_base: int) -> None:
+        """Snapshot the producer state at every new segment (Kafka does too), so a reload
+        replays at most the active segment."""
+        try:
+            self.producer_state.take_snapshot()
+        except OSError as e:
+            log.warning(
+                "%s: could not write the producer snapshot at %d: %s", self.name, new_base, e
+            )
 
     # ----- actions --------------------------------------------------------------------------
 
@@ -404,8 +444,18 @@ class HostedPartition:
                 max_offset=resp.records_end,
                 min_one_message=min_one_message,
             )
+            if read_committed and replica_id < 0:
+                upper = res.data.upper_bound_offset
+                res.aborted_transactions = (
+                    self.log.collect_aborted_transactions(fetch_offset, upper)
+                    if upper > fetch_offset
+                    else []
+                )
         except OffsetOutOfRangeError:  # retention moved the log start since the core answered
             res.error = ErrorCode.OFFSET_OUT_OF_RANGE
+        except (KafkaStorageError, OSError) as e:  # an unreadable .txnindex
+            _storage_errors.error(self.name, "read of %s failed: %s", self.name, e)
+            res.error, res.data = ErrorCode.KAFKA_STORAGE_ERROR, None
         return res
 
     # ----- follower responses ---------------------------------------------------------------

@@ -1,7 +1,8 @@
 """Fetch: serve stored batches unchanged, zero-copy, with long polling.
 
 Consumers (replica_id -1) read below the high watermark (read_uncommitted) or the last stable offset
-(read_committed); followers (replica_id >= 0) read up to the log end offset, and their fetch offset
+(read_committed, with the aborted transactions overlapping the data from the segments' .txnindex
+files, so the consumer can drop those records); followers (replica_id >= 0) read up to the log end offset, and their fetch offset
 is their acknowledgement. Those bounds, the offset range and the leader epoch check are the
 replication core's answer (`Partition.on_fetch`); this handler serves what it names.
 `max_wait_ms`/`min_bytes` make the request wait until enough data is fetchable or the time is up;
@@ -75,6 +76,15 @@ async def handle_fetch(server: KafkaServer, request: Request) -> list[bytes | Fi
     return _encode(server, request, results)
 
 
+def _aborted(cls: Any, res: ReadResult) -> list[Any]:
+    """The aborted transactions of a read_committed partition (FetchResponse v4+)."""
+    Aborted = cls.FetchableTopicResponse.PartitionData.AbortedTransaction
+    return [
+        Aborted(producer_id=pid, first_offset=first)
+        for pid, first in (res.aborted_transactions or [])
+    ]
+
+
 def _encode(
     server: KafkaServer, request: Request, results: list[tuple[str, list[tuple[int, ReadResult]]]]
 ) -> list[bytes | FileRegion]:
@@ -105,7 +115,7 @@ def _encode(
                     high_watermark=res.high_watermark,
                     last_stable_offset=res.last_stable_offset,
                     log_start_offset=res.log_start_offset,
-                    aborted_transactions=[] if read_committed else None,
+                    aborted_transactions=_aborted(cls, res) if read_committed else None,
                     preferred_read_replica=-1,
                     records=records,
                 )

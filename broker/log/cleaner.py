@@ -75,6 +75,7 @@ from isrlab.broker.log.segment import (
     offset_index_path,
     time_index_path,
 )
+from isrlab.broker.log.txn_index import txn_index_path
 
 logger = logging.getLogger(__name__)
 
@@ -448,6 +449,7 @@ class Cleaner:
             log_path(directory, base, CLEANED_SUFFIX),
             offset_index_path(directory, base, CLEANED_SUFFIX),
             time_index_path(directory, base, CLEANED_SUFFIX),
+            txn_index_path(directory, base, CLEANED_SUFFIX),
         ):
             path.unlink(missing_ok=True)
         cleaned = LogSegment(
@@ -466,6 +468,11 @@ class Cleaner:
                 stats.bytes_read += source.size
                 stats.segments_in += 1
             out.flush()
+            # Control batches (markers) are always kept, so the aborted transactions the old
+            # segments indexed still hold; the cleaned segment takes them over.
+            for source in group:
+                for aborted in source.segment.txn_index.entries:
+                    cleaned.txn_index.append(aborted)
             stats.bytes_written += cleaned.size
             # Finish the segment as a roll would (final time index entry, trimmed indexes),
             # make it durable, and give it the old segments' modification time, as Kafka does.

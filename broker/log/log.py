@@ -11,6 +11,8 @@ Directory layout::
       00000000000000000000.log        record batches, exactly as served to fetchers
       00000000000000000000.index      offset -> position, sparse
       00000000000000000000.timeindex  timestamp -> offset, sparse
+      00000000000000000000.txnindex   aborted transactions whose marker is in the segment
+                                      (only once there is one; see broker.log.txn_index)
       00000000000000004096.log ...    next segment, named by its base offset
       leader-epoch-checkpoint         (epoch, start offset) pairs
       .kafka_cleanshutdown            present only between a clean close and the next open
@@ -49,7 +51,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from isrlab.broker.log import recovery
@@ -78,6 +80,12 @@ from isrlab.broker.log.segment import (
     log_path,
     offset_index_path,
     time_index_path,
+)
+from isrlab.broker.log.txn_index import (
+    TXN_INDEX_SUFFIX,
+    AbortedTxn,
+    CorruptTxnIndexError,
+    txn_index_path,
 )
 
 logger = logging.getLogger(__name__)
@@ -144,6 +152,9 @@ class FetchDataInfo:
 
     regions: list[FileRegion] = field(default_factory=list)
     fetch_offset: int = -1
+    #: the offset of the first batch after the data (a read_committed fetch's bound for the
+    #: aborted transactions it returns); -1 when nothing was read
+    upper_bound_offset: int = -1
 
     @property
     def size(self) -> int:
@@ -189,6 +200,12 @@ class Log:
         self._last_flush_ms = self._now_ms()
         self._pending_deletes: list[tuple[int, LogSegment]] = []
         self._closed = False
+        #: the offset from which the .txnindex files must be rebuilt by replaying producer
+        #: state (segments recovery rescanned), None when they are complete
+        self.txn_index_rebuild_from: int | None = None
+        #: called with the new segment's base offset when the log rolls (before anything is
+        #: appended to it): the partition snapshots its producer state there, as Kafka does
+        self.on_roll: Callable[[int], None] | None = None
 
     # -- opening -----------------------------------------------------------------------------
 
@@ -214,6 +231,7 @@ class Log:
         segments: list[LogSegment] = []
         try:
             recovered = False
+            rebuild_txn_from: int | None = None
             # has_records_after[i]: a segment after the i-th one holds records
             has_records_after = [False] * len(base_offsets)
             for i in range(len(base_offsets) - 2, -1, -1):
@@ -238,8 +256,17 @@ class Log:
                     later_has_records=has_records_after[position],
                 )
                 if truncated is None:
+                    try:
+                        segment.txn_index.sanity_check()
+                    except CorruptTxnIndexError as exc:
+                        logger.warning("%s; rebuilding it from the producer state", exc)
+                        segment.txn_index.reset()
+                        if rebuild_txn_from is None:
+                            rebuild_txn_from = base_offset
                     continue
                 recovered = True
+                if rebuild_txn_from is None:
+                    rebuild_txn_from = base_offset
                 if truncated > 0 and next_base is not None and segment.next_offset < next_base:
                     # Only empty segments follow (recovery refuses otherwise): drop them so the
                     # log continues right after the last valid batch.
@@ -248,6 +275,7 @@ class Log:
                             log_path(directory, later),
                             offset_index_path(directory, later),
                             time_index_path(directory, later),
+                            txn_index_path(directory, later),
                         ):
                             path.unlink(missing_ok=True)
                     break
@@ -284,6 +312,10 @@ class Log:
                 log._recovery_point = min(recovery_point, log.log_end_offset)
                 log.flush()
             log._recovery_point = log.log_end_offset
+            if rebuild_txn_from is not None:
+                log.txn_index_rebuild_from = max(
+                    min(rebuild_txn_from, log.log_end_offset), log.log_start_offset
+                )
             cache.truncate_from_end(log.log_end_offset)
             cache.truncate_from_start(log.log_start_offset)
             return log
@@ -518,6 +550,8 @@ class Log:
         self._bases.append(new_base)
         old.flush()  # its data, final time index entry and trimmed indexes are now durable
         self.flush(new_base)
+        if self.on_roll is not None:
+            self.on_roll(new_base)
         return segment
 
     # -- reading -----------------------------------------------------------------------------
@@ -549,6 +583,7 @@ class Log:
             return result
         remaining = max_bytes
         first = max(bisect.bisect_right(self._bases, start_offset) - 1, 0)
+        last: tuple[LogSegment, FileRegion] | None = None
         for segment in self._segments[first:]:
             if max_offset is not None and segment.base_offset >= max_offset:
                 break
@@ -563,10 +598,50 @@ class Log:
             if region.size == 0:
                 break  # out of budget or at max_offset
             result.regions.append(region)
+            last = (segment, region)
             remaining -= region.size
             if remaining <= 0 or region.position + region.size < segment.size:
                 break  # a batch did not fit: later segments must not be read past it
+        if last is not None:
+            segment, region = last
+            following = segment.offset_at_position(region.position + region.size)
+            return replace(result, upper_bound_offset=following)
         return result
+
+    # -- transactions ------------------------------------------------------------------------
+
+    def append_aborted_txn(
+        self, producer_id: int, first_offset: int, last_offset: int, last_stable_offset: int
+    ) -> None:
+        """Index an aborted transaction in the segment holding its marker (``last_offset``)."""
+        self._ensure_open()
+        position = max(bisect.bisect_right(self._bases, last_offset) - 1, 0)
+        self._segments[position].txn_index.append(
+            AbortedTxn(producer_id, first_offset, last_offset, last_stable_offset)
+        )
+
+    def truncate_txn_indexes(self, offset: int) -> None:
+        """Drop the .txnindex entries of markers at or past ``offset`` (before a rebuild)."""
+        self._ensure_open()
+        for segment in self._segments:
+            if segment.next_offset > offset or segment.base_offset >= offset:
+                segment.txn_index.truncate_to(offset)
+
+    def collect_aborted_transactions(
+        self, start_offset: int, upper_bound_offset: int
+    ) -> list[tuple[int, int]]:
+        """(producer id, first offset) of every aborted transaction overlapping
+        [start_offset, upper_bound_offset), from the segment holding ``start_offset`` on, as
+        Kafka's UnifiedLog.collectAbortedTransactions (what a read_committed fetch returns)."""
+        self._ensure_open()
+        out: list[tuple[int, int]] = []
+        first = max(bisect.bisect_right(self._bases, start_offset) - 1, 0)
+        for segment in self._segments[first:]:
+            found, complete = segment.txn_index.collect_aborted(start_offset, upper_bound_offset)
+            out.extend((t.producer_id, t.first_offset) for t in found)
+            if complete:
+                break
+        return out
 
     def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None:
         """ListOffsets: (offset, timestamp) of the earliest record with timestamp >= ``timestamp``.
@@ -947,8 +1022,8 @@ def _complete_swaps(directory: Path) -> set[int]:
     A ``<base>.log.swap`` is a whole, flushed cleaned segment (the cleaner fsyncs it before
     the rename) that replaces every segment whose base offset lies in [base, its next offset):
     those are deleted (they may still be there, or already ``.deleted``), and the ``.swap``
-    takes its final name. Its swapped index files are dropped: the indexes are rebuilt from the
-    log. An empty ``.swap`` (the cleaning kept nothing of its group) replaces the segment of its
+    takes its final name. Its swapped offset and time indexes are dropped (rebuilt from the
+    log); its ``.txnindex``, if any, is kept. An empty ``.swap`` (the cleaning kept nothing of its group) replaces the segment of its
     own base offset, so the log keeps its first offsets. A ``.swap`` that is not whole valid
     batches is no finished cleaning: it is deleted and the old segments stay. Returns the bases
     of the completed swaps.
@@ -970,11 +1045,16 @@ def _complete_swaps(directory: Path) -> set[int]:
                 len(other_stem) == 20
                 and other_stem.isdigit()
                 and base <= int(other_stem) < max(next_offset, base + 1)
-                and f".{suffix}" in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX)
+                and f".{suffix}" in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX)
             ):
                 other.unlink()
         for index in (offset_index_path(directory, base), time_index_path(directory, base)):
             index.unlink(missing_ok=True)
+        # the cleaned segment's .txnindex (the aborted transactions of the segments it
+        # replaces) cannot be rebuilt from its batches alone: it is kept
+        swapped_txn_index = txn_index_path(directory, base, SWAP_SUFFIX)
+        if swapped_txn_index.exists():
+            os.replace(swapped_txn_index, txn_index_path(directory, base))
         os.replace(path, log_path(directory, base))
         logger.info(
             "Completed an interrupted log cleaning swap of segment %d in %s", base, directory
@@ -1004,7 +1084,7 @@ def _remove_strays_and_list_segments(directory: Path) -> list[int]:
             continue
         if suffix == LOG_SUFFIX:
             logs.add(int(stem))
-        elif suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+        elif suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX):
             indexes.append((path, stem))
     for path, stem in indexes:
         if int(stem) not in logs:

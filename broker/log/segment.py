@@ -54,6 +54,7 @@ from isrlab.broker.log.record_batch import (
     iter_batches,
 )
 from isrlab.broker.log.time_index import TimeIndex
+from isrlab.broker.log.txn_index import TransactionIndex, txn_index_path
 
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
@@ -193,6 +194,10 @@ class LogSegment:
         self._log_file: BinaryIO | None = None
         self._offset_index: OffsetIndex | None = None
         self._time_index: TimeIndex | None = None
+        #: aborted transactions whose marker is in this segment (the .txnindex file)
+        self.txn_index = TransactionIndex(
+            txn_index_path(directory, base_offset, file_suffix), base_offset
+        )
         self._closed = False
         # A new segment is the log's active one: its files are created now and stay open. An
         # existing one opens them when first used (see the module docstring); the log pins the
@@ -380,6 +385,12 @@ class LogSegment:
             yield header
             position += header.size
 
+    def offset_at_position(self, position: int) -> int:
+        """The base offset of the batch at ``position`` (a batch boundary), or the segment's
+        next offset at its end."""
+        header = next(self._iter_headers(position), None)
+        return header.base_offset if header is not None else self.next_offset
+
     def batches(self, start_position: int = 0) -> Iterator[BatchHeader]:
         """Every whole batch's header from ``start_position`` to the end of the file."""
         return self._iter_headers(start_position)
@@ -559,6 +570,9 @@ class LogSegment:
         self._forget_recent()
         self.offset_index.reset()
         self.time_index.reset()
+        # the aborted transactions are derived from producer state: the log rebuilds them by
+        # replaying from this segment (Log.txn_index_rebuild_from)
+        self.txn_index.reset()
         self.offset_index.resize(self.max_index_size)
         self.time_index.resize(self.max_index_size)
         self._bytes_since_last_index_entry = 0
@@ -618,6 +632,7 @@ class LogSegment:
         self._forget_recent()
         self.offset_index.truncate_to(offset)
         self.time_index.truncate_to(offset)
+        self.txn_index.truncate_to(offset)
         # Kafka keeps the preallocated size so the segment can take appends again.
         self.offset_index.resize(self.max_index_size)
         self.time_index.resize(self.max_index_size)
@@ -669,11 +684,12 @@ class LogSegment:
         return self.offset_index.is_full or self.time_index.is_full
 
     def flush(self) -> None:
-        """fsync the ``.log`` file and both indexes."""
+        """fsync the ``.log`` file and its indexes."""
         try:
             os.fsync(self._file.fileno())
             self.offset_index.flush()
             self.time_index.flush()
+            self.txn_index.flush()
         except OSError as exc:
             raise KafkaStorageError(f"cannot flush segment {self._path}: {exc}") from exc
 
@@ -701,7 +717,8 @@ class LogSegment:
         self._closed = True
 
     def change_file_suffix(self, new_suffix: str) -> None:
-        """Rename the three files from the current suffix to ``new_suffix`` (e.g. ``.deleted``)."""
+        """Rename the files (log, indexes, .txnindex if any) from the current suffix to
+        ``new_suffix`` (e.g. ``.deleted``)."""
         new_log = log_path(self.dir, self.base_offset, new_suffix)
         os.replace(self._path, new_log)
         self._path = new_log
@@ -722,6 +739,7 @@ class LogSegment:
             else:
                 with contextlib.suppress(FileNotFoundError):
                     os.replace(old, new)
+        self.txn_index.rename_to(txn_index_path(self.dir, self.base_offset, new_suffix))
         self._suffix = new_suffix
 
     def delete(self) -> None:
@@ -730,6 +748,7 @@ class LogSegment:
         self._path.unlink(missing_ok=True)
         offset_index_path(self.dir, self.base_offset, self._suffix).unlink(missing_ok=True)
         time_index_path(self.dir, self.base_offset, self._suffix).unlink(missing_ok=True)
+        self.txn_index.delete()
 
     def __repr__(self) -> str:
         return f"LogSegment(base_offset={self.base_offset}, size={self._size}, path={self._path})"

@@ -29,7 +29,7 @@ from isrlab.broker.replication.partition import (
     valid_acks,
 )
 from isrlab.broker.replication.replica import Replica
-from isrlab.broker.replication.replica_log import MemoryLog, ReplicaLog
+from isrlab.broker.replication.replica_log import MemoryLog, ReplicaLog, TxnValue
 from isrlab.broker.replication.state import (
     NO_LEADER,
     LeaderAndIsr,
@@ -60,6 +60,7 @@ __all__ = [
     "SendOffsetsForLeaderEpoch",
     "TopicPartition",
     "TruncationMode",
+    "TxnValue",
     "WriteStateZnode",
     "follower_error",
     "partition_state_path",

@@ -160,9 +160,14 @@ class Partition:
 
     @property
     def last_stable_offset(self) -> int:
-        """LSO = min(first offset of the oldest open transaction, HW); without transactions
-        nothing below the HW is open, so it is the HW."""
-        return self._hw
+        """LSO = min(the log's first unstable offset, HW), the first unstable offset raised
+        to the log start (Kafka's UnifiedLog.lastStableOffset): the oldest transaction that
+        is open, or whose marker is not yet below the HW. Without one it is the HW. So
+        log start <= LSO <= HW whenever log start <= HW."""
+        first_unstable = self.log.first_unstable_offset()
+        if first_unstable is None:
+            return self._hw
+        return min(max(first_unstable, self.log.log_start_offset), self._hw)
 
     @property
     def log_end_offset(self) -> int:

@@ -33,6 +33,27 @@ Record = tuple[Any, int]
 """A MemoryLog record: (value, leader epoch it was written in)."""
 
 
+class TxnValue(int):
+    """A MemoryLog value that belongs to a transaction: an int (so it compares like any other
+    value) carrying the producer id and, for a transaction marker, "commit" or "abort"
+    (None: transactional data). Opens the producer's transaction or closes it."""
+
+    producer_id: int
+    marker: str | None
+
+    def __new__(cls, value: int, producer_id: int, marker: str | None = None) -> TxnValue:
+        if marker not in (None, "commit", "abort"):
+            raise ValueError(f"a transaction marker is commit or abort, not {marker!r}")
+        obj = super().__new__(cls, value)
+        obj.producer_id = producer_id
+        obj.marker = marker
+        return obj
+
+    def __repr__(self) -> str:
+        what = self.marker or "data"
+        return f"TxnValue({int(self)}, pid={self.producer_id}, {what})"
+
+
 class ReplicaLog(Protocol):
     """The log operations the replication core uses (adapt ``broker.log.log.Log`` to this)."""
 
@@ -78,9 +99,16 @@ class ReplicaLog(Protocol):
         """Append records fetched from the leader, keeping their offsets and epochs."""
         ...
 
+    def first_unstable_offset(self) -> int | None:
+        """The first offset of the oldest transaction still open or whose marker the high
+        watermark has not passed (the log learns the HW through ``hw_checkpoint``), None if
+        there is none: the LSO is min(this, HW)."""
+        ...
+
 
 class MemoryLog:
-    """An in-memory :class:`ReplicaLog` of ``(value, epoch)`` records with a page-cache model."""
+    """An in-memory :class:`ReplicaLog` of ``(value, epoch)`` records with a page-cache model;
+    :class:`TxnValue` values model transactions (data and markers) for the LSO."""
 
     def __init__(self) -> None:
         self._start = 0
@@ -167,6 +195,34 @@ class MemoryLog:
             if not self._epochs or epoch > self._epochs[-1][0]:
                 self._epochs.append((epoch, offset))
             self._records.append((value, epoch))
+
+    # -- transactions --------------------------------------------------------------------
+    def open_transactions(self) -> dict[int, int]:
+        """producer id -> first offset of its transaction without a marker in this log."""
+        ongoing: dict[int, int] = {}
+        for offset, (value, _) in enumerate(self._records, self._start):
+            if isinstance(value, TxnValue):
+                if value.marker is None:
+                    ongoing.setdefault(value.producer_id, offset)
+                else:
+                    ongoing.pop(value.producer_id, None)
+        return ongoing
+
+    def first_unstable_offset(self) -> int | None:
+        """Kafka's semantics over the records: the first offset of the oldest transaction
+        that is open, or whose marker is at or past the HW the core last set."""
+        ongoing: dict[int, int] = {}
+        unstable: list[int] = []
+        for offset, (value, _) in enumerate(self._records, self._start):
+            if not isinstance(value, TxnValue):
+                continue
+            if value.marker is None:
+                ongoing.setdefault(value.producer_id, offset)
+                continue
+            first = ongoing.pop(value.producer_id, None)
+            if first is not None and offset >= self._hw_checkpoint:
+                unstable.append(first)
+        return min([*unstable, *ongoing.values()], default=None)
 
     # -- reads ---------------------------------------------------------------------------
     def read(self, start: int, end: int) -> list[Record]:

@@ -82,10 +82,12 @@ def read_all(bootstrap: str, topic: str, isolation: str, partitions: int = 1) ->
     return values
 
 
-def produce_txn(p: Producer, topic: str, values: list[bytes], commit: bool) -> None:
+def produce_txn(
+    p: Producer, topic: str, values: list[bytes], commit: bool, partition: int = 0
+) -> None:
     p.begin_transaction()
     for v in values:
-        p.produce(topic, value=v)
+        p.produce(topic, value=v, partition=partition)
     p.flush(10)
     if commit:
         p.commit_transaction(20)

@@ -1,5 +1,6 @@
 """Consumer-group APIs: FindCoordinator, JoinGroup, SyncGroup, Heartbeat, LeaveGroup,
-OffsetCommit, OffsetFetch, ListGroups, DescribeGroups, DeleteGroups, OffsetDelete.
+OffsetCommit, OffsetFetch, ListGroups, DescribeGroups, DeleteGroups, OffsetDelete, and
+TxnOffsetCommit (offsets sent to a transaction).
 
 Each handler turns the request schema into the coordinator core's request, asks the shell
 (`GroupCoordinatorService.call`), and encodes the answer for the request's version. The decisions
@@ -28,6 +29,7 @@ from kafka.protocol.consumer import (
     SyncGroupResponse,
 )
 from kafka.protocol.metadata import FindCoordinatorResponse
+from kafka.protocol.producer.transaction import TxnOffsetCommitResponse
 
 from isrlab.broker.coordinator.group.coordinator import (
     CommitRequest,
@@ -40,6 +42,7 @@ from isrlab.broker.coordinator.group.coordinator import (
     OffsetFetchResult,
     SyncRequest,
     SyncResult,
+    TxnCommitRequest,
 )
 from isrlab.broker.coordinator.group.service import OFFSETS_TOPIC
 from isrlab.broker.errors import ErrorCode
@@ -285,19 +288,22 @@ def _retention(value: int | None) -> int:
 
 
 async def _fetch_group(
-    server: KafkaServer, group_id: str, topics: list[Any] | None
+    server: KafkaServer, group_id: str, topics: list[Any] | None, require_stable: bool
 ) -> tuple[ErrorCode, list[tuple[str, int, int, int, str | None, ErrorCode]]]:
     partitions = (
         None if topics is None else [(t.name, p) for t in topics for p in t.partition_indexes]
     )
     service = server.group_coordinator
-    res: OffsetFetchResult = await service.call(service.core.fetch_offsets, group_id, partitions)
+    res: OffsetFetchResult = await service.call(
+        service.core.fetch_offsets, group_id, partitions, require_stable
+    )
     if res.error:
         return res.error, []
     rows: list[tuple[str, int, int, int, str | None, ErrorCode]] = []
     for (topic, p), c in res.offsets.items():
         if c is None:
-            rows.append((topic, p, -1, -1, "", ErrorCode.NONE))
+            err = res.errors.get((topic, p), ErrorCode.NONE)
+            rows.append((topic, p, -1, -1, "", err))
         else:
             rows.append((topic, p, c.offset, c.leader_epoch, c.metadata, ErrorCode.NONE))
     return ErrorCode.NONE, rows
@@ -307,13 +313,16 @@ async def handle_offset_fetch(server: KafkaServer, request: Request) -> Response
     v = request.api_version
     req = request.body
     cls = OffsetFetchResponse[v]
+    # v7+ (KIP-447): UNSTABLE_OFFSET_COMMIT for a partition with a commit in flight or a
+    # transactional commit whose transaction has not ended
+    require_stable = bool(getattr(req, "require_stable", False)) if v >= 7 else False
     if v >= 8:
         G = cls.OffsetFetchResponseGroup
         T = G.OffsetFetchResponseTopics
         P = T.OffsetFetchResponsePartitions
         groups = []
         for g in req.groups:
-            err, rows = await _fetch_group(server, g.group_id, g.topics)
+            err, rows = await _fetch_group(server, g.group_id, g.topics, require_stable)
             by_topic: dict[str, list[Any]] = {}
             for topic, p, off, ep, md, e in rows:
                 by_topic.setdefault(topic, []).append(
@@ -336,7 +345,7 @@ async def handle_offset_fetch(server: KafkaServer, request: Request) -> Response
     else:
         T1 = cls.OffsetFetchResponseTopic
         P1 = T1.OffsetFetchResponsePartition
-        err, rows = await _fetch_group(server, req.group_id, req.topics)
+        err, rows = await _fetch_group(server, req.group_id, req.topics, require_stable)
         by_topic1: dict[str, list[Any]] = {}
         for topic, p, off, ep, md, e in rows:
             by_topic1.setdefault(topic, []).append(
@@ -353,6 +362,68 @@ async def handle_offset_fetch(server: KafkaServer, request: Request) -> Response
             topics=[T1(name=n, partitions=ps) for n, ps in by_topic1.items()],
             error_code=int(err),
         )
+    return encode_response(resp, v, request.correlation_id)
+
+
+async def handle_txn_offset_commit(server: KafkaServer, request: Request) -> Response:
+    """TxnOffsetCommit v0-3: offsets a transactional producer sends to its transaction
+    (Kafka's handleTxnOffsetCommitRequest). Unknown topics or partitions are answered
+    UNKNOWN_TOPIC_OR_PARTITION here; the rest goes to the coordinator, whose transactional
+    append lets the partition check the producer (INVALID_PRODUCER_EPOCH, PRODUCER_FENCED, and
+    with verification that the producer added the offsets partition to its transaction)."""
+    v = request.api_version
+    req = request.body
+    errors: dict[tuple[str, int], ErrorCode] = {}
+    offsets: dict[tuple[str, int], tuple[int, int, str | None]] = {}
+    order: list[tuple[str, int]] = []
+    for t in req.topics:
+        for p in t.partitions:
+            tp = (t.name, p.partition_index)
+            order.append(tp)
+            if not _partition_exists(server, t.name, p.partition_index):
+                errors[tp] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+            else:
+                epoch = getattr(p, "committed_leader_epoch", -1) if v >= 2 else -1
+                offsets[tp] = (
+                    p.committed_offset,
+                    -1 if epoch is None else epoch,
+                    p.committed_metadata,
+                )
+    if offsets:
+        generation = getattr(req, "generation_id", -1) if v >= 3 else -1
+        core_req = TxnCommitRequest(
+            transactional_id=req.transactional_id or "",
+            producer_id=req.producer_id,
+            producer_epoch=req.producer_epoch,
+            group_id=req.group_id or "",
+            generation=-1 if generation is None else generation,
+            member_id=(getattr(req, "member_id", "") or "") if v >= 3 else "",
+            group_instance_id=getattr(req, "group_instance_id", None) if v >= 3 else None,
+            offsets=offsets,
+        )
+        service = server.group_coordinator
+        res: CommitResult = await service.call(service.core.txn_offset_commit, core_req)
+        errors.update(res.errors)
+    if v < 2:
+        # Kafka: clients before 2.3 (TxnOffsetCommit < v2) do not retry a loading coordinator
+        errors = {
+            tp: ErrorCode.COORDINATOR_NOT_AVAILABLE
+            if e == ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
+            else e
+            for tp, e in errors.items()
+        }
+    cls = TxnOffsetCommitResponse[v]
+    T = cls.TxnOffsetCommitResponseTopic
+    P = T.TxnOffsetCommitResponsePartition
+    topics: dict[str, list[Any]] = {}
+    for tp in order:
+        topics.setdefault(tp[0], []).append(
+            P(partition_index=tp[1], error_code=int(errors.get(tp, ErrorCode.NONE)))
+        )
+    resp = cls(
+        throttle_time_ms=0,
+        topics=[T(name=name, partitions=parts) for name, parts in topics.items()],
+    )
     return encode_response(resp, v, request.correlation_id)
 
 

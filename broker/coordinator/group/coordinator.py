@@ -12,11 +12,20 @@ Which groups this broker coordinates: the groups whose `partition_for(group)` pa
 `__consumer_offsets` it leads. `begin_load` marks such a partition as loading (requests get
 COORDINATOR_LOAD_IN_PROGRESS), `complete_load` replays its records (latest value per key wins, a
 null value deletes) into groups and offsets, `unload` drops them again when leadership moves.
+
+Transactional offset commits (TxnOffsetCommit, KIP-98/KIP-447) are written as a transactional
+batch (`Append.producer`) and stay pending per (group, producer id) until the transaction's
+marker is written to the group's partition: the shell then calls `complete_txn`, which makes them
+the committed offsets (commit; unless a plain commit whose record is later in the log already
+replaced them) or drops them (abort). OffsetFetch with require_stable answers
+UNSTABLE_OFFSET_COMMIT for a partition with a commit pending. A load holds the records of
+transactional batches per producer until that producer's marker (`TxnMarker`) in the log.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -40,6 +49,10 @@ from isrlab.broker.errors import ErrorCode
 TopicPartition = tuple[str, int]
 Key = OffsetKey | GroupMetadataKey
 Value = OffsetValue | GroupValue
+
+log = logging.getLogger(__name__)
+#: (group, topic, partition): an offset while loading
+_OffsetId = tuple[str, str, int]
 
 
 def java_string_hash(s: str) -> int:
@@ -155,6 +168,22 @@ class CommitRequest:
     retention_ms: int = -1
 
 
+@dataclass(frozen=True)
+class TxnCommitRequest:
+    """TxnOffsetCommit: offsets sent to a transaction (Kafka's handleTxnCommitOffsets).
+    `generation`, `member_id` and `group_instance_id` come with v3+ (KIP-447); older versions
+    send -1, "" and None, and the group membership is not checked."""
+
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    group_id: str
+    generation: int
+    member_id: str
+    group_instance_id: str | None
+    offsets: dict[TopicPartition, tuple[int, int, str | None]]  # offset, leader epoch, metadata
+
+
 @dataclass
 class CommitResult:
     errors: dict[TopicPartition, ErrorCode]
@@ -164,6 +193,38 @@ class CommitResult:
 class OffsetFetchResult:
     error: ErrorCode
     offsets: dict[TopicPartition, CommittedOffset | None]
+    #: partitions answered with an error instead of an offset (UNSTABLE_OFFSET_COMMIT under
+    #: require_stable); their entry in `offsets` is None
+    errors: dict[TopicPartition, ErrorCode] = field(default_factory=dict)
+
+
+# ----- loading -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LoadedRecord:
+    """One record of `__consumer_offsets` read while loading. `offset` is the first offset of
+    its batch (Kafka's appendedBatchOffset: which of two commits is newer); `producer_id` >= 0
+    when the batch is transactional (the record is pending until that producer's marker)."""
+
+    key: Key
+    value: Value | None
+    offset: int = -1
+    producer_id: int = -1
+
+
+@dataclass(frozen=True)
+class TxnMarker:
+    """A transaction marker (control batch) read while loading: the producer's pending records
+    in this partition are committed or dropped."""
+
+    producer_id: int
+    commit: bool
+
+
+#: What `complete_load` replays, in log order. A bare (key, value) is a plain record of unknown
+#: offset.
+LoadItem = LoadedRecord | TxnMarker | tuple[Key, Value | None]
 
 
 @dataclass
@@ -198,11 +259,15 @@ class Reply:
 @dataclass(frozen=True)
 class Append:
     """Write these records to partition `partition` of __consumer_offsets (acks=all), then call
-    `on_append_done(token, error)`."""
+    `on_append_done(token, error, offset)` with the offset of the batch's first record.
+    `producer` (producer id, epoch): a transactional batch of that producer (TxnOffsetCommit),
+    appended with the coordinator's origin so the partition checks the producer's epoch and
+    that its transaction includes the partition."""
 
     partition: int
     entries: list[tuple[Key, Value | None]]
     token: int
+    producer: tuple[int, int] | None = None
 
 
 Effect = Reply | Append
@@ -210,12 +275,17 @@ Effect = Reply | Append
 
 @dataclass
 class _PendingAppend:
-    kind: str  # "sync", "commit", "delete", "store"
+    kind: str  # "sync", "commit", "offset-delete", "group-delete", "store"
     group_id: str
     partition: int
     ref: Any = None
     generation: int = -1
     offsets: dict[TopicPartition, CommittedOffset] = field(default_factory=dict)
+    #: a transactional commit's producer id (-1: a plain commit)
+    producer_id: int = -1
+    #: the pending offsets of the same transaction this commit replaced, restored if its
+    #: write fails (their records are in the log, pending on the same marker)
+    replaced: dict[TopicPartition, CommittedOffset] = field(default_factory=dict)
 
 
 class GroupCoordinator:
@@ -240,6 +310,9 @@ class GroupCoordinator:
         self._offset_deletes: dict[int, tuple[ErrorCode, dict[TopicPartition, ErrorCode]]] = {}
         #: DeleteGroups: request ref -> (answer so far, tokens of tombstone appends not yet done)
         self._group_deletes: dict[Any, tuple[dict[str, ErrorCode], set[int]]] = {}
+        #: transactions completed (`complete_txn`) while a partition was loading, applied once
+        #: its load is done: (producer id, commit)
+        self._completed_while_loading: dict[int, list[tuple[int, bool]]] = {}
 
     # ----- ownership -----------------------------------------------------------------------
 
@@ -259,24 +332,50 @@ class GroupCoordinator:
         effects = self._drop_partition(partition) if partition in self.owned else []
         self.owned.pop(partition, None)
         self.loading[partition] = epoch
+        self._completed_while_loading[partition] = []
         return effects
 
     def complete_load(
-        self, partition: int, epoch: int, entries: Iterable[tuple[Key, Value | None]], now: int
+        self, partition: int, epoch: int, items: Iterable[LoadItem], now: int
     ) -> None:
-        """Replay the partition's records (oldest first). Ignored if the load was overtaken by
-        a newer leadership change."""
+        """Replay the partition's records (oldest first), as Kafka's doLoadGroupsAndOffsets:
+        latest value per key wins; the offsets of a transactional batch are held per producer
+        until that producer's marker (commit: they replace the loaded offset unless its record
+        is newer; abort: dropped); those without a marker at the log end stay pending (a later
+        `complete_txn` resolves them). Ignored if the load was overtaken by a newer leadership
+        change."""
         if self.loading.get(partition) != epoch:
             return
-        offsets: dict[tuple[str, str, int], OffsetValue] = {}
+        offsets: dict[_OffsetId, CommittedOffset] = {}
+        pending: dict[int, dict[_OffsetId, CommittedOffset]] = {}
         groups: dict[str, GroupValue] = {}
-        for key, value in entries:
+        for item in items:
+            if isinstance(item, TxnMarker):
+                txn = pending.pop(item.producer_id, {})
+                if item.commit:
+                    for k, c in txn.items():
+                        current = offsets.get(k)
+                        if current is None or current.older_than(c):
+                            offsets[k] = c
+                continue
+            if isinstance(item, LoadedRecord):
+                key, value, at, producer_id = item.key, item.value, item.offset, item.producer_id
+            else:
+                (key, value), at, producer_id = item, -1, -1
             if isinstance(key, OffsetKey):
                 k = (key.group, key.topic, key.partition)
+                target = offsets if producer_id < 0 else pending.setdefault(producer_id, {})
                 if value is None:
-                    offsets.pop(k, None)
+                    target.pop(k, None)
                 elif isinstance(value, OffsetValue):
-                    offsets[k] = value
+                    target[k] = CommittedOffset(
+                        value.offset,
+                        value.leader_epoch,
+                        value.metadata,
+                        value.commit_timestamp,
+                        value.expire_timestamp,
+                        append_offset=at,
+                    )
             else:
                 if value is None:
                     groups.pop(key.group, None)
@@ -284,20 +383,28 @@ class GroupCoordinator:
                     groups[key.group] = value
         for group_id, gv in groups.items():
             self.groups[group_id] = self._group_from_record(group_id, gv, now)
-        for (group_id, topic, p), ov in offsets.items():
+
+        def group_of(group_id: str) -> Group:
             group = self.groups.get(group_id)
             if group is None:
                 group = self.groups[group_id] = Group(group_id, state_timestamp=now)
-            group.offsets[(topic, p)] = CommittedOffset(
-                ov.offset, ov.leader_epoch, ov.metadata, ov.commit_timestamp, ov.expire_timestamp
-            )
+            return group
+
+        for (group_id, topic, p), c in offsets.items():
+            group_of(group_id).offsets[(topic, p)] = c
+        for producer_id, txn in pending.items():
+            for (group_id, topic, p), c in txn.items():
+                group_of(group_id).pending_txn_offsets.setdefault(producer_id, {})[(topic, p)] = c
         del self.loading[partition]
         self.owned[partition] = epoch
+        for producer_id, commit in self._completed_while_loading.pop(partition, []):
+            self._complete_txn_in(partition, producer_id, commit)
 
     def unload(self, partition: int) -> list[Effect]:
         """Leadership of the partition moved away: forget its groups, answer their waiting
         requests with NOT_COORDINATOR (the clients find the new coordinator)."""
         self.loading.pop(partition, None)
+        self._completed_while_loading.pop(partition, None)
         effects = self._drop_partition(partition)
         self.owned.pop(partition, None)
         return effects
@@ -821,9 +928,115 @@ class GroupCoordinator:
         ]
         return [Append(p, entries, token)]
 
-    def fetch_offsets(
-        self, now: int, ref: Any, group_id: str, partitions: list[TopicPartition] | None
+    def txn_offset_commit(self, now: int, ref: Any, req: TxnCommitRequest) -> list[Effect]:
+        """TxnOffsetCommit (Kafka's handleTxnCommitOffsets): the offsets are written as a
+        transactional batch of the producer and stay pending until `complete_txn`. A member
+        (v3+: a generation >= 0, a member id or an instance id) must be the group's current
+        one, in its generation; without them any producer may commit (older clients send
+        none). Answers `ref` with a CommitResult once the batch is acknowledged."""
+
+        def fail(code: ErrorCode) -> list[Effect]:
+            return [Reply(ref, CommitResult({tp: code for tp in req.offsets}))]
+
+        if not req.group_id:
+            return fail(ErrorCode.INVALID_GROUP_ID)
+        err = self.coordinator_error(req.group_id)
+        if err:
+            return fail(err)
+        # a group Kafka would create Empty; kept only once a commit is accepted
+        group = self.groups.get(req.group_id) or Group(req.group_id, state_timestamp=now)
+        if group.is_(GroupState.DEAD):
+            return fail(ErrorCode.COORDINATOR_NOT_AVAILABLE)
+        if req.generation < 0 and group.is_(GroupState.EMPTY):
+            pass  # an admin client, or a producer without group management
+        elif req.generation >= 0 or req.member_id or req.group_instance_id is not None:
+            err = self._member_error(group, req.member_id, req.group_instance_id)
+            if err:
+                return fail(err)
+            if req.generation != group.generation:
+                return fail(ErrorCode.ILLEGAL_GENERATION)
+        errors: dict[TopicPartition, ErrorCode] = {}
+        accepted: dict[TopicPartition, CommittedOffset] = {}
+        for tp, (offset, epoch, metadata) in req.offsets.items():
+            md = metadata or ""
+            if len(md.encode("utf-8")) > self.config.offset_metadata_max_bytes:
+                errors[tp] = ErrorCode.OFFSET_METADATA_TOO_LARGE
+            else:
+                accepted[tp] = CommittedOffset(offset, epoch, md, now)
+        if not accepted:
+            return [Reply(ref, CommitResult(errors))]
+        self.groups.setdefault(group.group_id, group)
+        token = next(self._tokens)
+        p = self.partition_for(group.group_id)
+        # prepareTxnOffsetCommit: pending before the write, so a fetch requiring stable offsets
+        # waits for it, and a commit that replaces one of this transaction's replaces it here
+        txn = group.pending_txn_offsets.setdefault(req.producer_id, {})
+        replaced = {tp: txn[tp] for tp in accepted if tp in txn}
+        txn.update(accepted)
+        self._appends[token] = _PendingAppend(
+            "commit", group.group_id, p, ref=ref, offsets=accepted, producer_id=req.producer_id,
+            replaced=replaced,
+        )  # fmt: skip
+        self._commit_errors[token] = errors
+        entries: list[tuple[Key, Value | None]] = [
+            (
+                OffsetKey(group.group_id, tp[0], tp[1]),
+                OffsetValue(c.offset, c.leader_epoch, c.metadata, c.commit_timestamp),
+            )
+            for tp, c in accepted.items()
+        ]
+        return [Append(p, entries, token, producer=(req.producer_id, req.producer_epoch))]
+
+    def complete_txn(
+        self, now: int, producer_id: int, partitions: list[int], commit: bool
     ) -> list[Effect]:
+        """A transaction marker of `producer_id` was written to these partitions of
+        __consumer_offsets (Kafka's scheduleHandleTxnCompletion): the producer's pending
+        offsets in the groups of those partitions become committed (unless a plain commit
+        whose record is later in the log replaced them) or are dropped. Call it before
+        answering the WriteTxnMarkers request: a partition still loading applies it once
+        loaded, in case its load read the log before the marker."""
+        for p in set(partitions):
+            if p in self.loading:
+                self._completed_while_loading.setdefault(p, []).append((producer_id, commit))
+            elif p in self.owned:
+                self._complete_txn_in(p, producer_id, commit)
+        return []
+
+    def _complete_txn_in(self, partition: int, producer_id: int, commit: bool) -> None:
+        for group in self.groups.values():
+            if group.is_(GroupState.DEAD) or self.partition_for(group.group_id) != partition:
+                continue
+            txn = group.pending_txn_offsets.pop(producer_id, None)
+            if not txn or not commit:
+                continue
+            for tp, c in txn.items():
+                if c.append_offset < 0:
+                    # its write is not acknowledged yet: a client that ended its transaction
+                    # before its TxnOffsetCommit was answered. Kafka refuses to complete it
+                    # (IllegalStateException) and the offset is dropped; so here.
+                    log.warning(
+                        "group %s: transactional commit of %s-%d by producer %d ended before "
+                        "its write was acknowledged; dropped",
+                        group.group_id,
+                        tp[0],
+                        tp[1],
+                        producer_id,
+                    )
+                    continue
+                group.commit_offset(tp, c)
+
+    def fetch_offsets(
+        self,
+        now: int,
+        ref: Any,
+        group_id: str,
+        partitions: list[TopicPartition] | None,
+        require_stable: bool = False,
+    ) -> list[Effect]:
+        """OffsetFetch. `require_stable` (v7+, KIP-447): a partition with a commit not yet
+        acknowledged or a transactional commit not yet ended answers UNSTABLE_OFFSET_COMMIT
+        (the client retries) instead of an offset that may be about to change."""
         err = self.coordinator_error(group_id)
         if err:
             return [Reply(ref, OffsetFetchResult(err, {}))]
@@ -833,7 +1046,13 @@ class GroupCoordinator:
             result: dict[TopicPartition, CommittedOffset | None] = dict(known)
         else:
             result = {tp: known.get(tp) for tp in partitions}
-        return [Reply(ref, OffsetFetchResult(ErrorCode.NONE, result))]
+        errors: dict[TopicPartition, ErrorCode] = {}
+        if require_stable and group is not None and not group.is_(GroupState.DEAD):
+            for tp in result:
+                if group.has_pending_commit(tp):
+                    result[tp] = None
+                    errors[tp] = ErrorCode.UNSTABLE_OFFSET_COMMIT
+        return [Reply(ref, OffsetFetchResult(ErrorCode.NONE, result, errors))]
 
     def delete_offsets(
         self, now: int, ref: Any, group_id: str, partitions: list[TopicPartition]
@@ -862,6 +1081,10 @@ class GroupCoordinator:
                     deleted.append(tp)
         for tp in deleted:
             del group.offsets[tp]
+        for tp, e in errors.items():
+            if e == ErrorCode.NONE:  # Kafka's removeOffsets drops a pending commit too
+                for producer_id in list(group.pending_txn_offsets):
+                    group.remove_pending_txn_offset(producer_id, tp)
         if not deleted:
             return [Reply(ref, (ErrorCode.NONE, errors))]
         token = next(self._tokens)
@@ -907,7 +1130,11 @@ class GroupCoordinator:
 
     # ----- appends done --------------------------------------------------------------------
 
-    def on_append_done(self, now: int, token: int, error: ErrorCode) -> list[Effect]:
+    def on_append_done(
+        self, now: int, token: int, error: ErrorCode, offset: int = -1
+    ) -> list[Effect]:
+        """The append `token` is acknowledged (or failed with `error`); `offset` is where its
+        first record is in the log (-1: unknown; then the commit acknowledged last wins)."""
         pa = self._appends.pop(token, None)
         if pa is None:
             return []  # the partition was unloaded meanwhile; already answered
@@ -937,7 +1164,12 @@ class GroupCoordinator:
             errors = self._commit_errors.pop(token, {})
             if group is not None and not group.is_(GroupState.DEAD):
                 for tp, c in pa.offsets.items():
-                    group.offsets[tp] = c
+                    c.append_offset = offset
+                    if pa.producer_id >= 0:
+                        # onTxnOffsetCommitAppend: it stays pending; its place in the log is
+                        # known now (if the transaction has not already dropped it)
+                        continue
+                    group.commit_offset(tp, c)
                     group.pending_commits[tp] -= 1
                     if group.pending_commits[tp] <= 0:
                         del group.pending_commits[tp]
@@ -974,7 +1206,27 @@ class GroupCoordinator:
                 return effects
             return []
         if pa.kind == "commit":
-            if group is not None:
+            if group is not None and pa.producer_id >= 0:
+                # failPendingTxnOffsetCommit, unless a later commit of the same transaction
+                # replaced it meanwhile. Unlike Kafka, the commit it replaced is pending again:
+                # that record is in the log and its marker will commit or abort it.
+                txn = group.pending_txn_offsets.get(pa.producer_id, {})
+                for tp, c in pa.offsets.items():
+                    prev = pa.replaced.get(tp)
+                    if txn.get(tp) is c:
+                        if prev is not None:
+                            txn[tp] = prev
+                        else:
+                            group.remove_pending_txn_offset(pa.producer_id, tp)
+                        continue
+                    # a later commit replaced it: that one falls back to what this one replaced
+                    for other in self._appends.values():
+                        if other.group_id == pa.group_id and other.replaced.get(tp) is c:
+                            if prev is None:
+                                del other.replaced[tp]
+                            else:
+                                other.replaced[tp] = prev
+            elif group is not None:
                 for tp in pa.offsets:
                     group.pending_commits[tp] -= 1
                     if group.pending_commits[tp] <= 0:
@@ -1114,7 +1366,7 @@ class GroupCoordinator:
             for tp in expired:
                 del group.offsets[tp]
                 entries.append((OffsetKey(group.group_id, tp[0], tp[1]), None))
-            if group.is_(GroupState.EMPTY) and not group.offsets and not group.pending_commits:
+            if group.is_(GroupState.EMPTY) and not group.has_offsets():
                 group.transition(GroupState.DEAD, now)
                 del self.groups[group.group_id]
                 entries.append((GroupMetadataKey(group.group_id), None))

@@ -93,6 +93,18 @@ class CommittedOffset:
     metadata: str
     commit_timestamp: int
     expire_timestamp: int | None = None
+    #: where the commit's batch starts in __consumer_offsets (Kafka's appendedBatchOffset);
+    #: -1 while its append is in flight, or when unknown
+    append_offset: int = -1
+
+    def older_than(self, other: CommittedOffset) -> bool:
+        """Kafka's CommitRecordMetadataAndOffset.olderThan: a commit replaces another only if
+        its record comes later in the log. A transactional commit is made visible by its marker,
+        possibly after a later plain commit, which must keep winning. Without both offsets
+        (a caller that does not report them) the commit applied last wins."""
+        if self.append_offset < 0 or other.append_offset < 0:
+            return True
+        return self.append_offset < other.append_offset
 
 
 @dataclass
@@ -112,6 +124,11 @@ class Group:
     offsets: dict[tuple[str, int], CommittedOffset] = field(default_factory=dict)
     #: commits written but not yet acknowledged: (topic, partition) -> how many in flight
     pending_commits: Counter[tuple[str, int]] = field(default_factory=Counter)
+    #: transactional offset commits (TxnOffsetCommit) waiting for their transaction's marker:
+    #: producer id -> (topic, partition) -> offset (Kafka's pendingTransactionalOffsetCommits)
+    pending_txn_offsets: dict[int, dict[tuple[str, int], CommittedOffset]] = field(
+        default_factory=dict
+    )
     #: when the rebalance in progress ends anyway (ms); None outside PreparingRebalance
     rebalance_deadline: int | None = None
     #: group.initial.rebalance.delay.ms: an empty group's first rebalance waits until no new
@@ -136,6 +153,35 @@ class Group:
 
     def can_rebalance(self) -> bool:
         return self.state in VALID_PREVIOUS[GroupState.PREPARING_REBALANCE]
+
+    # ----- offsets -------------------------------------------------------------------------
+
+    def has_pending_commit(self, tp: tuple[str, int]) -> bool:
+        """A commit of `tp` not yet acknowledged, or a transactional one whose transaction
+        has not ended (Kafka's hasPendingOffsetCommitsForTopicPartition)."""
+        return tp in self.pending_commits or any(
+            tp in offsets for offsets in self.pending_txn_offsets.values()
+        )
+
+    def has_offsets(self) -> bool:
+        """Kafka's hasOffsets: an Empty group without any is removed."""
+        return bool(self.offsets or self.pending_commits or self.pending_txn_offsets)
+
+    def commit_offset(self, tp: tuple[str, int], c: CommittedOffset) -> bool:
+        """Make `c` the committed offset of `tp` unless the current one's record is newer
+        in the log. True if it was applied."""
+        current = self.offsets.get(tp)
+        if current is None or current.older_than(c):
+            self.offsets[tp] = c
+            return True
+        return False
+
+    def remove_pending_txn_offset(self, producer_id: int, tp: tuple[str, int]) -> None:
+        offsets = self.pending_txn_offsets.get(producer_id)
+        if offsets is not None:
+            offsets.pop(tp, None)
+            if not offsets:
+                del self.pending_txn_offsets[producer_id]
 
     # ----- members -------------------------------------------------------------------------
 

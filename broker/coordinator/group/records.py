@@ -523,20 +523,30 @@ def decode_consumer_assignment(
 # --------------------------------------------------------------------------- batches
 
 
-def build_batch(entries: list[tuple[bytes, bytes | None]], timestamp_ms: int) -> bytes:
-    """One RecordBatch v2 (magic 2, no compression, no producer id, CreateTime
-    ``timestamp_ms``) holding ``entries`` as (key, value) records at offsets 0..n-1; the log
-    assigns the real offsets when it appends the batch."""
+def build_batch(
+    entries: list[tuple[bytes, bytes | None]],
+    timestamp_ms: int,
+    *,
+    producer: tuple[int, int] | None = None,
+) -> bytes:
+    """One RecordBatch v2 (magic 2, no compression, CreateTime ``timestamp_ms``) holding
+    ``entries`` as (key, value) records at offsets 0..n-1; the log assigns the real offsets when
+    it appends the batch. Without ``producer`` the batch has no producer id (group records,
+    plain offset commits); with ``producer`` = (producer id, epoch) it is a transactional batch
+    of that producer with sequence -1, as Kafka writes a TxnOffsetCommit."""
     from kafka.record.default_records import DefaultRecordBatchBuilder
 
     if not entries:
         raise RecordFormatError("a record batch needs at least one record")
+    producer_id, producer_epoch = producer if producer is not None else (-1, -1)
+    if producer is not None and not (0 <= producer_id < 1 << 63 and 0 <= producer_epoch < 1 << 15):
+        raise RecordFormatError(f"not a producer id and epoch: {producer!r}")
     builder = DefaultRecordBatchBuilder(
         magic=2,
         compression_type=0,
-        is_transactional=False,
-        producer_id=-1,
-        producer_epoch=-1,
+        is_transactional=producer is not None,
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
         base_sequence=-1,
         batch_size=(1 << 31) - 1,
     )
@@ -544,6 +554,39 @@ def build_batch(entries: list[tuple[bytes, bytes | None]], timestamp_ms: int) ->
         if builder.append(offset, timestamp_ms, key, value, []) is None:  # pragma: no cover
             raise RecordFormatError("record batch over 2 GiB")
     return bytes(builder.build())
+
+
+#: ControlRecordType of a transaction marker's key (int16 version, int16 type)
+CONTROL_ABORT = 0
+CONTROL_COMMIT = 1
+
+
+def control_record_type(batch: bytes | bytearray | memoryview) -> int:
+    """The type of the control record in a control batch (one RecordBatch v2): 0 ABORT, 1 COMMIT,
+    other values for control records that are not transaction markers. RecordFormatError if
+    the batch is not a readable control batch."""
+    from kafka.record.default_records import DefaultRecordBatch
+
+    data = bytes(batch)
+    try:
+        headers = list(iter_batches(data))
+        if len(headers) != 1 or not headers[0].is_control:
+            raise RecordFormatError("not one control batch")
+        check_crc(data, headers[0])
+        record = next(iter(DefaultRecordBatch(data)), None)
+    except LogError as exc:
+        raise RecordFormatError(f"not a valid record batch: {exc}") from None
+    except RecordFormatError:
+        raise
+    except Exception as exc:  # records cut short
+        raise RecordFormatError(f"cannot read the control record: {exc}") from None
+    key = None if record is None else record.key
+    if key is None or len(key) < 4:
+        raise RecordFormatError("a control record's key is int16 version + int16 type")
+    version, kind = struct.unpack_from(">hh", bytes(key))
+    if version < 0:
+        raise RecordFormatError(f"control record key version {version}")
+    return int(kind)
 
 
 def iter_batch_records(

@@ -3,7 +3,12 @@
 - A request becomes a `ref` with a future; the core's `Reply(ref, ...)` resolves it.
 - An `Append` is written to `__consumer_offsets` through the ReplicaManager like any produce,
   with acks=all (or acks=1 under the historic switch `offsets.commit.required.acks=1`), and
-  the core hears `on_append_done` when the write is acknowledged or failed.
+  the core hears `on_append_done` (with the batch's offset) when the write is acknowledged or
+  failed. A transactional offset commit (`Append.producer`) is a transactional batch of the
+  producer, appended with the coordinator's origin: the partition checks its producer epoch.
+- Transactions: `complete_txn` is called by the transaction marker path once a marker is
+  written to partitions of `__consumer_offsets`; the core commits or drops the producer's
+  pending offsets there.
 - Time: one task wakes at the core's next deadline (heartbeat expiry, rebalance timeout,
   initial delay, offset retention) and calls `tick`.
 - Leadership: the ReplicaManager tells this shell when a replica of `__consumer_offsets`
@@ -27,13 +32,19 @@ from isrlab.broker.coordinator.group.coordinator import (
     GroupConfig,
     GroupCoordinator,
     Key,
+    LoadedRecord,
+    LoadItem,
     Reply,
+    TxnMarker,
     Value,
 )
 from isrlab.broker.coordinator.group.records import (
+    CONTROL_ABORT,
+    CONTROL_COMMIT,
     OffsetValue,
     RecordFormatError,
     build_batch,
+    control_record_type,
     decode_key,
     decode_value,
     encode_group_value,
@@ -154,18 +165,43 @@ class GroupCoordinatorService:
     async def _append(self, a: Append) -> None:
         tp = (OFFSETS_TOPIC, a.partition)
         error = ErrorCode.NONE
+        offset = -1
         try:
-            batch = build_batch([encode_entry(k, v) for k, v in a.entries], now_ms())
-            result = self.server.replica_manager.append(
-                tp, memoryview(batch), self.required_acks, self.commit_timeout_ms
+            batch = build_batch(
+                [encode_entry(k, v) for k, v in a.entries], now_ms(), producer=a.producer
             )
+            rm = self.server.replica_manager
+            if a.producer is not None:
+                # the partition checks the producer's epoch (and, with verification, that the
+                # producer added this partition to its transaction)
+                result = rm.append(
+                    tp,
+                    memoryview(batch),
+                    self.required_acks,
+                    self.commit_timeout_ms,
+                    origin="coordinator",
+                )
+            else:
+                result = rm.append(
+                    tp, memoryview(batch), self.required_acks, self.commit_timeout_ms
+                )
             if isinstance(result, asyncio.Future):
                 result = await result
             error = result.error
+            offset = result.base_offset
         except RecordFormatError as e:
             log.error("group coordinator: cannot encode records for %s: %s", tp, e)
             error = ErrorCode.UNKNOWN_SERVER_ERROR
-        self._run(self.core.on_append_done(now_ms(), a.token, error))
+        self._run(self.core.on_append_done(now_ms(), a.token, error, offset))
+
+    # ----- transactions ----------------------------------------------------------------------
+
+    def complete_txn(self, producer_id: int, partitions: list[int], commit: bool) -> None:
+        """A transaction marker of `producer_id` (COMMIT if `commit`, else ABORT) is written to
+        these partitions of __consumer_offsets: the producer's offsets pending in their groups
+        become the committed offsets, or are dropped. Call it once the marker is written,
+        before answering WriteTxnMarkers."""
+        self._run(self.core.complete_txn(now_ms(), producer_id, partitions, commit))
 
     # ----- leadership of __consumer_offsets partitions ---------------------------------------
 
@@ -192,7 +228,7 @@ class GroupCoordinatorService:
         log is loaded (as Kafka does): what it holds past the high watermark is replicated before
         anything written after it can be acknowledged."""
         start = time.monotonic()
-        entries: list[tuple[Key, Value | None]] = []
+        entries: list[LoadItem] = []
         lg = hp.log
         offset = lg.log_start_offset
         end = lg.log_end_offset
@@ -206,18 +242,32 @@ class GroupCoordinatorService:
                 for header in iter_batches(data):
                     nxt = header.next_offset
                     batch = data[header.position : header.end_position]
+                    if header.is_control:
+                        try:
+                            kind = control_record_type(batch)
+                        except RecordFormatError as e:
+                            log.error("%s-%d: skipping a control batch: %s", OFFSETS_TOPIC, p, e)
+                            bad += 1
+                            continue
+                        if kind in (CONTROL_ABORT, CONTROL_COMMIT):
+                            entries.append(TxnMarker(header.producer_id, kind == CONTROL_COMMIT))
+                        continue
                     try:
                         records = list(iter_batch_records(batch))
                     except RecordFormatError as e:  # a damaged batch: skipped, the rest loads
                         log.error("%s-%d: skipping a batch: %s", OFFSETS_TOPIC, p, e)
                         bad += max(header.records_count, 1)
                         continue
+                    producer_id = header.producer_id if header.is_transactional else -1
+                    first = records[0][0] if records else header.base_offset
                     for _, key, value in records:
                         try:
                             if key is None:
                                 raise RecordFormatError("no key")
                             k = decode_key(key)
-                            entries.append((k, decode_value(k, value)))
+                            entries.append(
+                                LoadedRecord(k, decode_value(k, value), first, producer_id)
+                            )
                         except RecordFormatError:
                             bad += 1
                 if nxt <= offset:

@@ -1,0 +1,160 @@
+"""Transactions on a 3-broker cluster, as users use them: the transaction coordinator is whichever
+broker leads the transactional id's partition of __transaction_state (replication factor 3,
+min ISR 2), the markers go to partition leaders on other brokers, and the coordinator is killed
+in the middle of a transaction."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+
+from isrlab.broker.coordinator.group.coordinator import partition_for
+from tests.cluster.conftest import Cluster
+
+pytestmark = pytest.mark.integration
+
+TXN_PARTITIONS = 3
+TXN_TOPIC = "__transaction_state"
+
+
+@pytest.fixture(scope="module")
+def cluster(zookeeper: Any, tmp_path_factory: Any) -> Iterator[Cluster]:
+    c = Cluster(
+        zookeeper,
+        tmp_path_factory.mktemp("txn"),
+        3,
+        {
+            "transaction.state.log.num.partitions": str(TXN_PARTITIONS),
+            "offsets.topic.num.partitions": "3",
+            "group.initial.rebalance.delay.ms": "0",
+            "replica.fetch.wait.max.ms": "100",
+        },
+    )
+    c.start()
+    yield c
+    c.stop()
+
+
+def txn_leaders(c: Cluster) -> dict[int, int]:
+    """{partition: leader} of __transaction_state once it exists with 3 in-sync replicas
+    (the first InitProducerId's FindCoordinator creates it)."""
+    probe = Producer({"bootstrap.servers": c.bootstrap, "transactional.id": "probe"})
+    probe.init_transactions(60)
+
+    def leaders() -> dict[int, int] | None:
+        md = c.admin().list_topics(TXN_TOPIC, timeout=10).topics[TXN_TOPIC]
+        if md.error is not None or len(md.partitions) != TXN_PARTITIONS:
+            return None
+        if any(p.leader < 0 or len(p.isrs) != 3 for p in md.partitions.values()):
+            return None
+        return {p: m.leader for p, m in md.partitions.items()}
+
+    return c.wait_for(leaders, timeout=60, what="__transaction_state with 3 in-sync replicas")
+
+
+def txn_id_away_from(c: Cluster, broker: int, prefix: str) -> tuple[str, int]:
+    """A transactional id whose coordinator is not `broker`, and that coordinator."""
+    leaders = txn_leaders(c)
+    for i in range(1000):
+        tid = f"{prefix}-{i}"
+        leader = leaders[partition_for(tid, TXN_PARTITIONS)]
+        if leader != broker:
+            return tid, leader
+    raise AssertionError(f"every partition of {TXN_TOPIC} is led by broker {broker}: {leaders}")
+
+
+def read_committed(c: Cluster, topic: str, partitions: int, timeout: float = 60) -> list[bytes]:
+    """Every value a read_committed consumer gets until it reaches the end of each partition."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": c.bootstrap,
+            "group.id": f"reader-{uuid.uuid4().hex[:6]}",
+            "isolation.level": "read_committed",
+            "enable.partition.eof": True,
+            "enable.auto.commit": False,
+        }
+    )
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    out: list[bytes] = []
+    eof: set[int] = set()
+    deadline = time.monotonic() + timeout
+    try:
+        while len(eof) < partitions:
+            assert time.monotonic() < deadline, f"stuck below the LSO: eof on {eof}"
+            m = consumer.poll(0.5)
+            if m is None:
+                continue
+            if m.error():
+                if m.error().code() == KafkaError._PARTITION_EOF:
+                    eof.add(m.partition())
+                    continue
+                raise KafkaException(m.error())
+            out.append(m.value())
+    finally:
+        consumer.close()
+    return out
+
+
+def test_markers_reach_leaders_on_other_brokers(cluster: Cluster) -> None:
+    c = cluster
+    c.create_topic("spread", 3, 3)
+    tid, _coordinator = txn_id_away_from(c, 1, "spread")
+    p = Producer(
+        {"bootstrap.servers": c.brokers[1].bootstrap, "transactional.id": tid, "linger.ms": 5}
+    )
+    p.init_transactions(60)
+    p.begin_transaction()
+    for part in range(3):
+        p.produce("spread", value=f"c{part}".encode(), partition=part)
+    p.commit_transaction(60)
+    p.begin_transaction()
+    for part in range(3):
+        p.produce("spread", value=f"a{part}".encode(), partition=part)
+    p.flush(30)
+    p.abort_transaction(60)
+    assert sorted(read_committed(c, "spread", 3)) == [b"c0", b"c1", b"c2"]
+
+
+def test_coordinator_killed_mid_transaction(cluster: Cluster) -> None:
+    """kill -9 the coordinator with a transaction open on every partition: a new coordinator
+    loads the transaction from __transaction_state and the producer commits through it. Each
+    transaction is all or nothing for read_committed, and every committed one is there."""
+    c = cluster
+    c.create_topic("killed", 3, 3)
+    tid, coordinator = txn_id_away_from(c, 1, "killed")
+    p = Producer(
+        {
+            "bootstrap.servers": c.brokers[1].bootstrap,
+            "transactional.id": tid,
+            "linger.ms": 5,
+            "transaction.timeout.ms": 60000,
+        }
+    )
+    p.init_transactions(60)
+    committed: list[list[bytes]] = []
+    aborted: list[list[bytes]] = []
+    for n in range(4):
+        values = [f"t{n}-p{part}".encode() for part in range(3)]
+        p.begin_transaction()
+        for part, v in enumerate(values):
+            p.produce("killed", value=v, partition=part)
+        p.flush(30)
+        if n == 1:
+            c.brokers[coordinator].kill9()
+        try:
+            p.commit_transaction(90)
+            committed.append(values)
+        except KafkaException as e:
+            err = e.args[0]
+            assert err.txn_requires_abort(), err
+            p.abort_transaction(90)
+            aborted.append(values)
+    c.brokers[coordinator].start()
+    got = read_committed(c, "killed", 3)
+    assert sorted(got) == sorted(v for t in committed for v in t)
+    assert committed, "no transaction committed around the coordinator's death"

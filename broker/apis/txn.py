@@ -347,7 +347,12 @@ async def verify_transactional_produce(
     if hp is None or not hp.is_leader:
         return ErrorCode.NONE, None
     pid, epoch = producer
-    if hp.producer_state.has_ongoing_txn(pid, epoch):
+    state = hp.producer_state
+    if state.has_ongoing_txn(pid, epoch):
+        return ErrorCode.NONE, None
+    if not state.epoch_fencing and _open_at_any_epoch(state, pid):
+        # historic switch transaction.producer.epoch.fencing.enable=false: a zombie's batch
+        # joins the transaction its producer id has open here, whatever its epoch
         return ErrorCode.NONE, None
     if not transactional_id:
         return ErrorCode.INVALID_TXN_STATE, None
@@ -359,6 +364,11 @@ async def verify_transactional_produce(
             del hp.verification_guards[pid]
         return error, None
     return ErrorCode.NONE, guard
+
+
+def _open_at_any_epoch(state: Any, pid: int) -> bool:
+    entry = state.producers.get(pid)
+    return entry is not None and entry.current_txn_first_offset >= 0
 
 
 def guard_holds(server: KafkaServer, tp: TopicPartition, pid: int, guard: object | None) -> bool:
@@ -558,17 +568,13 @@ async def handle_describe_producers(server: KafkaServer, request: Request) -> Re
                         active_producers=[
                             S(
                                 producer_id=e.producer_id,
-                                producer_epoch=e.epoch,
-                                last_sequence=e.last_seq,
+                                producer_epoch=e.producer_epoch,
+                                last_sequence=e.last_sequence,
                                 last_timestamp=e.last_timestamp,
                                 coordinator_epoch=e.coordinator_epoch,
-                                current_txn_start_offset=(
-                                    -1
-                                    if e.current_txn_first_offset is None
-                                    else e.current_txn_first_offset
-                                ),
+                                current_txn_start_offset=e.current_txn_start_offset,
                             )
-                            for e in hp.producer_state.producers.values()
+                            for e in hp.producer_state.active_producers()
                         ],
                     )
                 )

@@ -273,3 +273,49 @@ def test_without_verification_a_late_produce_hangs_the_partition(broker_factory:
     produce_txn(p, "t", [b"later"], commit=True)
     assert read_all(b.bootstrap, "t", "read_committed", partitions=2) == []
     assert b"later" in read_all(b.bootstrap, "t", "read_uncommitted", partitions=2)
+
+
+@pytest.mark.parametrize(
+    ("fencing", "verification"), [("true", "true"), ("true", "false"), ("false", "true")]
+)
+def test_zombie_write_after_a_new_producer_took_over(
+    broker_factory: Any, fencing: str, verification: str
+) -> None:
+    """A zombie (the old epoch of a transactional id) writes while the new producer's
+    transaction is open in the same partition. With epoch fencing (the default) the write is
+    refused and the new transaction commits only its own record. With the historic switch
+    transaction.producer.epoch.fencing.enable=false the zombie's record is accepted and
+    committed by the new producer's commit marker: a write the zombie never committed becomes
+    visible (in a consume-transform-produce copier: a duplicate). Without KIP-890 verification
+    the partition's own epoch check is what refuses the zombie."""
+    b = txn_broker(
+        broker_factory,
+        **{
+            "transaction.producer.epoch.fencing.enable": fencing,
+            "transaction.partition.verification.enable": verification,
+        },
+    )
+    create_topic(b.bootstrap, "t", 1)
+    c = RawClient(b.port)
+    try:
+        assert find_txn_coordinator(c, "z").error_code == 0
+        pid, old = init_pid(c, "z")
+        assert add_partitions(c, "z", pid, old, "t", [0]) == {0: E.NONE}
+        assert txn_produce(c, "t", "z", pid, old, 0, [b"zombie-1"]) == E.NONE
+        pid2, new = init_pid(c, "z")  # fences the zombie and aborts its transaction
+        assert pid2 == pid and new > old
+        assert add_partitions(c, "z", pid, new, "t", [0]) == {0: E.NONE}
+        assert txn_produce(c, "t", "z", pid, new, 0, [b"new"]) == E.NONE
+        zombie = txn_produce(c, "t", "z", pid, old, 1, [b"zombie-2"])
+        assert end_txn(c, "z", pid, new, commit=True) == E.NONE
+    finally:
+        c.close()
+    deadline = time.monotonic() + 10
+    expected = [b"new"] if fencing == "true" else [b"new", b"zombie-2"]
+    while (got := read_all(b.bootstrap, "t", "read_committed")) != expected:
+        assert time.monotonic() < deadline, got
+        time.sleep(0.2)
+    if fencing == "true":
+        assert zombie in (E.INVALID_PRODUCER_EPOCH, E.PRODUCER_FENCED)
+    else:
+        assert zombie == E.NONE

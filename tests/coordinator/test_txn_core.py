@@ -100,7 +100,9 @@ class Harness:
 
     def advance(self, ms: int) -> None:
         self.now += ms
+        self.acting = "tick"
         self.run(self.core.tick(self.now))
+        self.acting = "other"
 
     def init(self, txn: str = T, timeout: int = 60_000, pid: int = -1, epoch: int = -1) -> int:
         return self.call(
@@ -691,6 +693,8 @@ class TxnMachine(RuleBasedStateMachine):
         #: ids whose coordinator view may differ from the log (a write that timed out but
         #: was written): the view-equals-log check skips them until a reload
         self.diverged: set[str] = set()
+        #: what the machine is doing: "init", "tick" or "other"
+        self.acting = "other"
         for p in (0, 1):
             self.core.begin_load(p, 0)
             self.run(self.core.complete_load(p, 0, [], self.now))
@@ -706,6 +710,18 @@ class TxnMachine(RuleBasedStateMachine):
                 self.on_reply(e.ref, e.result)
             elif isinstance(e, AppendTxnLog):
                 v = e.value
+                if (
+                    v is not None
+                    and v.state == TxnState.PREPARE_ABORT
+                    and self.acting in ("init", "tick")
+                    and self.issued.get(e.transactional_id, (-1, -1))[0] == v.producer_id
+                ):
+                    # the coordinator's own abort (an InitProducerId fence, a timeout) fences
+                    # the producer: its epoch is above any given out
+                    assert v.producer_epoch > self.issued[e.transactional_id][1], (
+                        f"{e.transactional_id}: abort at epoch {v.producer_epoch} does not fence "
+                        f"{self.issued[e.transactional_id]}"
+                    )
                 if v is not None and v.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
                     self.markers_written[e.transactional_id] = None
                 if v is not None and v.state in (TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT):
@@ -749,13 +765,20 @@ class TxnMachine(RuleBasedStateMachine):
             )
         if kind == "end" and result == E.NONE:
             meta = self.core.txns.get(txn)
-            if meta is not None and meta.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
+            done = TxnState.COMPLETE_COMMIT if req.commit else TxnState.COMPLETE_ABORT
+            if meta is None or meta.state != done or meta.pending is not None:
+                # the outcome is promised to the client until the transaction is complete
+                assert self.promised.get(txn, req.commit) == req.commit, (
+                    f"{txn}: EndTxn(commit={req.commit}) acknowledged after the opposite was"
+                )
                 self.promised[txn] = req.commit
 
     def request(self, kind: str, method: Any, req: Any) -> None:
         ref = next(self.refs)
         self.requests[ref] = (kind, req)
+        self.acting = "init" if kind == "init" else "other"
         self.run(method(self.now, ref, req))
+        self.acting = "other"
 
     def forget_completed_promises(self) -> None:
         for txn in list(self.promised):
@@ -801,10 +824,19 @@ class TxnMachine(RuleBasedStateMachine):
         pid, epoch = self.credentials(txn, zombie, data)
         self.request("end", self.core.end_txn, EndTxnRequest(txn, pid, epoch, commit))
 
-    @rule(txn=st.sampled_from(IDS), commit=st.booleans(), tp=st.sampled_from(TPS))
-    def producer_makes_progress(self, txn: str, commit: bool, tp: tuple[str, int]) -> None:
-        """The newest producer of the id takes its next step, and its writes (only those)
-        succeed at once: keeps the machine moving through whole transactions."""
+    @rule(
+        txn=st.sampled_from(IDS),
+        commit=st.booleans(),
+        tp=st.sampled_from(TPS),
+        outcome=st.sampled_from([E.NONE, E.NONE, E.NONE, E.NOT_ENOUGH_REPLICAS, None]),
+    )
+    def producer_makes_progress(
+        self, txn: str, commit: bool, tp: tuple[str, int], outcome: E | None
+    ) -> None:
+        """The newest producer of the id takes its next step, whose write (only that one)
+        is done at once with ``outcome`` (None: left in flight), and if it succeeds so are the
+        markers and the Complete* record: keeps the machine moving through whole
+        transactions, and through failures where they matter."""
         meta = self.core.txns.get(txn)
         before = {a.token for a in self.appends}
         if txn not in self.producer or meta is None:
@@ -820,9 +852,11 @@ class TxnMachine(RuleBasedStateMachine):
             else:
                 req = AddPartitionsRequest(txn, pid, epoch, (tp,))
                 self.request("add", self.core.add_partitions, req)
+        if outcome is None:
+            return
         mine = [a for a in self.appends if a.token not in before]
         self.appends = [a for a in self.appends if a.token in before]
-        self.complete(mine, E.NONE)
+        self.complete(mine, outcome)
         while self.markers and self.markers[-1].transactional_id == txn:
             self.markers_done(len(self.markers) - 1)
             mine = [a for a in self.appends if a.token not in before]
@@ -862,7 +896,9 @@ class TxnMachine(RuleBasedStateMachine):
     @rule(ms=st.sampled_from([100, 1_000, 6_000, 61_000]))
     def time_passes(self, ms: int) -> None:
         self.now += ms
+        self.acting = "tick"
         self.run(self.core.tick(self.now))
+        self.acting = "other"
 
     @rule(partition=st.sampled_from([0, 1]), keep_unacked=st.booleans())
     def failover(self, partition: int, keep_unacked: bool) -> None:

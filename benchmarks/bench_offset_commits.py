@@ -21,12 +21,8 @@ this process, one client each), each next to as many concurrent producers.
 from __future__ import annotations
 
 import argparse
-import gc
 import os
-import socket
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -38,87 +34,31 @@ sys.path.insert(0, str(ROOT))
 from confluent_kafka import (  # noqa: E402
     Consumer,
     ConsumerGroupState,
-    KafkaException,
     Producer,
     TopicPartition,
 )
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
+from benchmarks._cluster import progress, running_cluster  # noqa: E402
 from isrlab.broker.coordinator.group.records import (  # noqa: E402
     OffsetKey,
     OffsetValue,
     encode_key,
     encode_offset_value,
 )
-from isrlab.harness.zookeeper import LocalZooKeeper  # noqa: E402
 
 GROUP = "bench-commits"
 COMMIT_TOPIC = "bench-committed"  # the partitions the group consumes and commits
 PRODUCE_TOPIC = "bench-produced"
 
 
-def free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def start_cluster(
-    base: Path, zk: LocalZooKeeper, procs: list[subprocess.Popen[bytes]], admins: list[AdminClient]
-) -> str:
-    addrs = []
-    for i in (1, 2, 3):
-        host = f"127.0.0.{i}"
-        port = free_port(host)
-        addrs.append(f"{host}:{port}")
-        log = open(base / f"broker{i}.log", "wb")  # noqa: SIM115 - lives with the process
-        procs.append(
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "isrlab.broker",
-                    "start",
-                    "-o",
-                    f"broker.id={i}",
-                    "-o",
-                    f"listeners=PLAINTEXT://{host}:{port}",
-                    "-o",
-                    f"log.dirs={base}/b{i}",
-                    "-o",
-                    f"zookeeper.connect={zk.connect}/bench",
-                    "-o",
-                    "log.level=WARNING",
-                    "-o",
-                    "offsets.topic.replication.factor=3",
-                    "-o",
-                    "offsets.commit.required.acks=-1",
-                    "-o",
-                    # joins are not measured here: no initial delay before the first rebalance
-                    "group.initial.rebalance.delay.ms=0",
-                ],
-                cwd=ROOT,
-                stdout=log,
-                stderr=log,
-            )
-        )
-    bootstrap = ",".join(addrs)
-    # log_level 2: this client's errors reach us as exceptions; its logs are muted because
-    # confluent-kafka keeps an AdminClient that answered a future alive until the process
-    # exits, and it would log every refused reconnect once the brokers stop
-    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 2})
-    admins.append(admin)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if any(p.poll() is not None for p in procs):
-            raise RuntimeError(f"a broker exited; see {base}/broker*.log")
-        try:
-            if len(admin.list_topics(timeout=2).brokers) == 3:
-                return bootstrap
-        except KafkaException:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError("cluster did not come up")
+#: __consumer_offsets with replication factor 3 and acks=all commits; joins are not measured
+#: here: no initial delay before the first rebalance
+BROKER = {
+    "offsets.topic.replication.factor": "3",
+    "offsets.commit.required.acks": "-1",
+    "group.initial.rebalance.delay.ms": "0",
+}
 
 
 def record_sizes(partition: int) -> tuple[int, int]:
@@ -248,10 +188,6 @@ def produces(
     return run_threads(len(producers), seconds, step)
 
 
-def progress(what: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {what}", file=sys.stderr, flush=True)
-
-
 def close_clients(members: list[tuple[Consumer, list[int]]], producers: list[Producer]) -> None:
     for c, _ in members:
         c.close()
@@ -284,18 +220,17 @@ def main() -> None:
     key_len, value_len = record_sizes(0)
     key, value = b"k" * key_len, b"v" * value_len
     rows = []
-    with tempfile.TemporaryDirectory(prefix="bench-commits-") as d:
-        base = Path(d)
-        zk = LocalZooKeeper(base / "zk").start()
-        procs: list[subprocess.Popen[bytes]] = []
-        members: list[tuple[Consumer, list[int]]] = []
-        producers: list[Producer] = []
-        admins: list[AdminClient] = []  # one, dropped before the brokers stop
+    members: list[tuple[Consumer, list[int]]] = []
+    producers: list[Producer] = []
+    progress("starting ZooKeeper and 3 brokers")
+    with running_cluster("bench-commits-", BROKER) as cluster:
+        bootstrap = cluster.bootstrap
+        progress("cluster is up")
+        # log_level 2: this client's errors reach us as exceptions; its logs are muted because
+        # confluent-kafka keeps an AdminClient that answered a future alive until the process
+        # exits, and it would log every refused reconnect once the brokers stop
+        admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 2})
         try:
-            progress("ZooKeeper is up; starting 3 brokers")
-            bootstrap = start_cluster(base, zk, procs, admins)
-            progress("cluster is up")
-            admin = admins[0]
             for name, parts in [(COMMIT_TOPIC, most), (PRODUCE_TOPIC, 1)]:
                 admin.create_topics([NewTopic(name, parts, 3)])[name].result(30)
             offset = 0
@@ -351,18 +286,7 @@ def main() -> None:
             leaders = sorted({p.leader for p in md.partitions.values()})
         finally:
             close_clients(members, producers)
-            admin = None
-            admins.clear()
-            gc.collect()  # librdkafka clients go before the brokers (else they log refusals)
-            for pr in procs:
-                pr.terminate()
-            for pr in procs:
-                try:
-                    pr.wait(30)
-                except subprocess.TimeoutExpired:
-                    pr.kill()
-                    pr.wait()
-            zk.stop()
+            del admin  # collected with the other clients before the brokers stop
 
     load = os.getloadavg()[0]
     print(

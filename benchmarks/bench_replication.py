@@ -11,10 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -24,56 +21,7 @@ sys.path.insert(0, str(ROOT))
 from confluent_kafka import Producer  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
-from isrlab.harness.zookeeper import LocalZooKeeper  # noqa: E402
-
-
-def free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def start_cluster(base: Path, zk: LocalZooKeeper) -> tuple[list[subprocess.Popen[bytes]], str]:
-    procs, addrs = [], []
-    for i in (1, 2, 3):
-        host = f"127.0.0.{i}"
-        port = free_port(host)
-        addrs.append(f"{host}:{port}")
-        log = open(base / f"broker{i}.log", "wb")  # noqa: SIM115 - lives with the process
-        procs.append(
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "isrlab.broker",
-                    "start",
-                    "-o",
-                    f"broker.id={i}",
-                    "-o",
-                    f"listeners=PLAINTEXT://{host}:{port}",
-                    "-o",
-                    f"log.dirs={base}/b{i}",
-                    "-o",
-                    f"zookeeper.connect={zk.connect}/bench",
-                    "-o",
-                    "log.level=WARNING",
-                ],
-                cwd=ROOT,
-                stdout=log,
-                stderr=log,
-            )
-        )
-    bootstrap = ",".join(addrs)
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            if len(admin.list_topics(timeout=2).brokers) == 3:
-                return procs, bootstrap
-        except Exception:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError("cluster did not come up")
+from benchmarks._cluster import running_cluster  # noqa: E402
 
 
 def create(bootstrap: str, topic: str, rf: int) -> None:
@@ -146,28 +94,19 @@ def main() -> None:
     ap.add_argument("--messages", type=int, default=300_000)
     ap.add_argument("--latency-seconds", type=float, default=5.0)
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory() as d:
-        base = Path(d)
-        zk = LocalZooKeeper(base / "zk").start()
-        procs, bootstrap = start_cluster(base, zk)
-        try:
-            rows = []
-            for name, rf, acks in [
-                ("RF=1 acks=1 (baseline)", 1, "1"),
-                ("RF=3 acks=1", 3, "1"),
-                ("RF=3 acks=all, min.insync=2", 3, "all"),
-            ]:
-                topic = f"bench-rf{rf}-acks{acks}"
-                create(bootstrap, topic, rf)
-                tput = throughput(bootstrap, topic, acks, args.messages)
-                p50, p99 = latency(bootstrap, topic, acks, 5000, args.latency_seconds)
-                rows.append((name, tput, p50, p99))
-        finally:
-            for pr in procs:
-                pr.terminate()
-            for pr in procs:
-                pr.wait(30)
-            zk.stop()
+    with running_cluster("bench-replication-") as cluster:
+        bootstrap = cluster.bootstrap
+        rows = []
+        for name, rf, acks in [
+            ("RF=1 acks=1 (baseline)", 1, "1"),
+            ("RF=3 acks=1", 3, "1"),
+            ("RF=3 acks=all, min.insync=2", 3, "all"),
+        ]:
+            topic = f"bench-rf{rf}-acks{acks}"
+            create(bootstrap, topic, rf)
+            tput = throughput(bootstrap, topic, acks, args.messages)
+            p50, p99 = latency(bootstrap, topic, acks, 5000, args.latency_seconds)
+            rows.append((name, tput, p50, p99))
     base_tput = rows[0][1]
     print(
         f"\n{args.messages:,} messages of 100 bytes per throughput run; latency at 5,000 msgs/s; "

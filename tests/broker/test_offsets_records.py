@@ -534,3 +534,85 @@ def test_group_payload_for_other_protocols_and_user_data(tmp_path: Path) -> None
         "generationId": 3,
         "assignment": "{}",
     }
+
+
+# ---------------------------------------------------------------- transactional offset commits
+
+
+def test_transactional_batch_and_markers() -> None:
+    """A TxnOffsetCommit's batch: transactional, the producer's id and epoch, sequence -1, as
+    Kafka writes it; markers (control batches) read back as ABORT / COMMIT."""
+    from isrlab.broker.coordinator.group.records import (
+        CONTROL_ABORT,
+        CONTROL_COMMIT,
+        control_record_type,
+    )
+    from isrlab.broker.log.control import build_control_batch
+    from isrlab.broker.log.record_batch import iter_batches
+
+    entries = [(encode_key(OffsetKey("g", "t", 0)), encode_offset_value(OffsetValue(42)))]
+    batch = build_batch(entries, T, producer=(7, 3))
+    (header,) = iter_batches(batch)
+    assert header.is_transactional and not header.is_control
+    assert (header.producer_id, header.producer_epoch, header.base_sequence) == (7, 3, -1)
+    assert list(iter_batch_records(batch)) == [(0, *entries[0])]
+    (plain,) = iter_batches(build_batch(entries, T))
+    assert not plain.is_transactional and plain.producer_id == -1
+    for bad in [(-1, 0), (7, -1), (7, 1 << 15), (1 << 63, 0)]:
+        with pytest.raises(RecordFormatError, match="producer"):
+            build_batch(entries, T, producer=bad)
+    commit = build_control_batch(7, 3, True, 0, T)
+    abort = build_control_batch(7, 3, False, 0, T)
+    assert control_record_type(commit) == CONTROL_COMMIT
+    assert control_record_type(abort) == CONTROL_ABORT
+    assert list(iter_batch_records(batch + commit)) == [(0, *entries[0])]  # markers skipped
+    with pytest.raises(RecordFormatError, match="control"):
+        control_record_type(batch)
+    corrupt = bytearray(commit)
+    corrupt[-1] ^= 0xFF
+    with pytest.raises(RecordFormatError, match="CRC"):
+        control_record_type(bytes(corrupt))
+    with pytest.raises(RecordFormatError):
+        control_record_type(commit[:-2])
+
+
+def test_the_shell_loads_transactional_batches_and_markers_from_a_log(tmp_path: Path) -> None:
+    """GroupCoordinatorService._load reads the batch headers: a transactional batch is pending
+    for its producer until that producer's marker; commit applies, abort drops, no marker at the
+    log end leaves it pending."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from isrlab.broker.config import BrokerConfig
+    from isrlab.broker.coordinator.group.service import GroupCoordinatorService
+    from isrlab.broker.log.control import build_control_batch
+    from isrlab.broker.log.log import AppendOrigin
+
+    def offset(tp: int, value: int, producer: tuple[int, int] | None = None) -> bytes:
+        key = encode_key(OffsetKey("g", "t", tp))
+        return build_batch([(key, encode_offset_value(OffsetValue(value)))], T, producer=producer)
+
+    log = Log.open(tmp_path / "__consumer_offsets-0", LogConfig(file_delete_delay_ms=0))
+    coordinator = AppendOrigin.COORDINATOR
+    for batch in [
+        offset(0, 1),
+        offset(0, 10, (1, 0)),
+        offset(1, 20, (2, 0)),
+        offset(2, 2),
+        build_control_batch(1, 0, True, 0, T),
+        build_control_batch(2, 0, False, 0, T),
+        offset(1, 30, (3, 0)),
+    ]:
+        log.append_as_leader(batch, 5, origin=coordinator)
+    config = BrokerConfig({"offsets.topic.num.partitions": "1"})
+    service = GroupCoordinatorService(SimpleNamespace(config=config))  # type: ignore[arg-type]
+    service.core.begin_load(0, 5)
+    asyncio.run(service._load(SimpleNamespace(log=log), 0, 5))  # type: ignore[arg-type]
+    log.close()
+    group = service.core.groups["g"]
+    assert {tp: c.offset for tp, c in group.offsets.items()} == {("t", 0): 10, ("t", 2): 2}
+    assert {pid: {tp: c.offset for tp, c in o.items()} for pid, o in
+            group.pending_txn_offsets.items()} == {3: {("t", 1): 30}}  # fmt: skip
+    assert group.offsets[("t", 0)].append_offset == 1  # the transactional batch's offset
+    service.core.complete_txn(0, 3, [0], True)
+    assert group.offsets[("t", 1)].offset == 30

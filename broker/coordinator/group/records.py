@@ -564,8 +564,8 @@ CONTROL_COMMIT = 1
 def control_record_type(batch: bytes | bytearray | memoryview) -> int:
     """The type of the control record in a control batch (one RecordBatch v2): 0 ABORT, 1 COMMIT,
     other values for control records that are not transaction markers. RecordFormatError if
-    the batch is not a readable control batch."""
-    from kafka.record.default_records import DefaultRecordBatch
+    the batch is not a whole, valid control batch."""
+    from isrlab.broker.log.control import read_control_record
 
     data = bytes(batch)
     try:
@@ -573,19 +573,9 @@ def control_record_type(batch: bytes | bytearray | memoryview) -> int:
         if len(headers) != 1 or not headers[0].is_control:
             raise RecordFormatError("not one control batch")
         check_crc(data, headers[0])
-        record = next(iter(DefaultRecordBatch(data)), None)
+        kind, _key, _value = read_control_record(data, headers[0])
     except LogError as exc:
-        raise RecordFormatError(f"not a valid record batch: {exc}") from None
-    except RecordFormatError:
-        raise
-    except Exception as exc:  # records cut short
-        raise RecordFormatError(f"cannot read the control record: {exc}") from None
-    key = None if record is None else record.key
-    if key is None or len(key) < 4:
-        raise RecordFormatError("a control record's key is int16 version + int16 type")
-    version, kind = struct.unpack_from(">hh", bytes(key))
-    if version < 0:
-        raise RecordFormatError(f"control record key version {version}")
+        raise RecordFormatError(f"not a valid control batch: {exc}") from None
     return int(kind)
 
 

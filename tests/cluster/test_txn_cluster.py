@@ -5,6 +5,7 @@ in the middle of a transaction."""
 
 from __future__ import annotations
 
+import signal
 import time
 import uuid
 from collections.abc import Iterator
@@ -158,3 +159,70 @@ def test_coordinator_killed_mid_transaction(cluster: Cluster) -> None:
     got = read_committed(c, "killed", 3)
     assert sorted(got) == sorted(v for t in committed for v in t)
     assert committed, "no transaction committed around the coordinator's death"
+
+
+@pytest.mark.parametrize("marker_acks", ["-1", "1"])
+def test_marker_acks_1_loses_a_committed_transaction_on_failover(
+    cluster_factory: Any, marker_acks: str
+) -> None:
+    """The historic switch transaction.marker.required.acks=1: a partition leader answers
+    WriteTxnMarkers before its follower has the marker, the coordinator completes the
+    transaction, and the leader dies. The new leader holds the transaction's record without its
+    marker: a transaction that stays open for ever, so read_committed never returns the
+    committed record (nor anything after it). With -1 (Kafka's behaviour) the coordinator keeps
+    sending the marker until the ISR has it, and the new leader gets it.
+
+    Staging: `m-0` is replicated on L=1 and F=2 only; the coordinator is broker 3
+    (__transaction_state with replication factor 1, so pausing F does not stall it); a long
+    replica.lag.time.max.ms keeps F in the ISR while it is paused, so it can be elected."""
+    c = cluster_factory(
+        3,
+        {
+            "transaction.state.log.num.partitions": "3",
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.min.isr": "1",
+            "transaction.marker.required.acks": marker_acks,
+            "replica.lag.time.max.ms": "30000",
+            "replica.fetch.wait.max.ms": "100",
+        },
+    )
+    from confluent_kafka.admin import NewTopic
+
+    c.admin().create_topics([NewTopic("m", num_partitions=1, replica_assignment=[[1, 2]])])[
+        "m"
+    ].result(20)
+    leaders = txn_leaders_rf1(c)
+    tid = next(f"acks-{i}" for i in range(1000) if leaders[partition_for(f"acks-{i}", 3)] == 3)
+    p = Producer({"bootstrap.servers": c.brokers[3].bootstrap, "transactional.id": tid})
+    p.init_transactions(60)
+    p.begin_transaction()
+    p.produce("m", value=b"committed", partition=0)
+    assert p.flush(30) == 0  # acks=all: F has the record
+    c.brokers[2].signal(signal.SIGSTOP)
+    time.sleep(0.5)  # F's parked fetch is answered before the pause takes it
+    p.commit_transaction(30)  # answered once PrepareCommit is written (before the markers)
+    time.sleep(0.5)
+    c.brokers[1].kill9()
+    c.brokers[2].signal(signal.SIGCONT)
+    c.wait_for(lambda: c.partition("m").leader == 2, timeout=30, what="F leads m-0")
+    time.sleep(3)  # with acks=-1 the coordinator's marker retry reaches the new leader
+    got = read_committed(c, "m", 1, timeout=30)
+    if marker_acks == "-1":
+        assert got == [b"committed"]
+    else:
+        assert got == []
+
+
+def txn_leaders_rf1(c: Cluster) -> dict[int, int]:
+    probe = Producer({"bootstrap.servers": c.bootstrap, "transactional.id": "probe"})
+    probe.init_transactions(60)
+
+    def leaders() -> dict[int, int] | None:
+        md = c.admin().list_topics(TXN_TOPIC, timeout=10).topics[TXN_TOPIC]
+        if md.error is not None or len(md.partitions) != TXN_PARTITIONS:
+            return None
+        if any(p.leader < 0 for p in md.partitions.values()):
+            return None
+        return {p: m.leader for p, m in md.partitions.items()}
+
+    return c.wait_for(leaders, timeout=60, what="__transaction_state with leaders")

@@ -464,7 +464,6 @@ def test_an_idle_transactional_id_expires():
     h = Harness(cfg)
     h.advance(0)
     pid, epoch = h.ready()
-    h.ready("busy")
     h.add(*h.ready("busy"), TP0, txn="busy")
     h.ack()
     h.advance(9_999)
@@ -576,6 +575,25 @@ def test_markers_given_up_after_unload_write_no_completion():
     assert h.markers[0].commit is False and h.markers[0].coordinator_epoch == 1
     h.settle()
     assert h.state() == TxnState.COMPLETE_ABORT
+
+
+def test_markers_given_up_while_still_owned_wait_for_the_next_load():
+    """As Kafka: markers refused as fenced leave the transaction prepared, its Complete*
+    pending, until a coordinator loads the partition again and sends them."""
+    h = Harness()
+    pid, epoch = h.ready()
+    h.add(pid, epoch, TP0)
+    h.ack()
+    h.end(pid, epoch, True)
+    h.ack()
+    h.markers_done(E.TRANSACTION_COORDINATOR_FENCED)
+    assert not h.appends and h.state() == TxnState.PREPARE_COMMIT
+    assert h.replies[h.end(pid, epoch, True)] == E.CONCURRENT_TRANSACTIONS
+    assert h.replies[h.add(pid, epoch, TP1)].errors[TP1] == E.CONCURRENT_TRANSACTIONS
+    h.failover()
+    assert [m.commit for m in h.markers] == [True]
+    h.settle()
+    assert h.state() == TxnState.COMPLETE_COMMIT
 
 
 # ----- verification, describe, list ------------------------------------------------------------

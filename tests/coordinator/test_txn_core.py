@@ -644,6 +644,13 @@ def test_describe_and_list_transactions():
     assert other.describe_transactions([T])[0].error == E.NOT_COORDINATOR
 
 
+def test_config_is_checked():
+    with pytest.raises(ValueError, match="num_partitions"):
+        TxnConfig(num_partitions=0)
+    with pytest.raises(ValueError, match="max_timeout_ms"):
+        TxnConfig(max_timeout_ms=-5)
+
+
 def test_metadata_refuses_illegal_transitions():
     meta = TransactionMetadata.new(T, 5, 1000, 0)
     with pytest.raises(IllegalTransition):

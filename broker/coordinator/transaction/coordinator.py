@@ -59,6 +59,19 @@ class TxnConfig:
     #: marker sender retries it on its next round)
     complete_retry_backoff_ms: int = 100
 
+    def __post_init__(self) -> None:
+        for name in (
+            "num_partitions",
+            "max_timeout_ms",
+            "id_expiration_ms",
+            "abort_timed_out_interval_ms",
+            "remove_expired_interval_ms",
+            "complete_retry_backoff_ms",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"TxnConfig.{name} must be a positive int, not {value!r}")
+
 
 # ----- requests and results ------------------------------------------------------------------
 

@@ -2,6 +2,7 @@
 
 isrlab-broker start --config server.properties [--override key=value ...]
 isrlab-broker dump-log --files 00000000000000000000.log [--print-data-log] [--offsets-decoder]
+    [--transaction-log-decoder]
 isrlab-broker config-doc
 """
 
@@ -63,7 +64,9 @@ def start(
 
 @app.command("dump-log")
 def dump_log(
-    files: Annotated[list[Path], typer.Option("--files", help=".log, .index or .timeindex files")],
+    files: Annotated[
+        list[Path], typer.Option("--files", help=".log, .index, .timeindex or .txnindex files")
+    ],
     print_data_log: Annotated[
         bool, typer.Option("--print-data-log", help="also print each record")
     ] = False,
@@ -75,6 +78,14 @@ def dump_log(
             "(implies --print-data-log)",
         ),
     ] = False,
+    transaction_log_decoder: Annotated[
+        bool,
+        typer.Option(
+            "--transaction-log-decoder",
+            help="decode records as __transaction_state transaction metadata "
+            "(implies --print-data-log)",
+        ),
+    ] = False,
 ) -> None:
     """Print batches or index entries of segment files, like kafka-dump-log.sh."""
     from isrlab.broker.log.dump import dump_files
@@ -82,7 +93,14 @@ def dump_log(
     for f in files:
         if not f.exists():
             _fail(f"no such file: {f}")
-    dump_files(list(files), print_records=print_data_log, offsets_decoder=offsets_decoder)
+    if offsets_decoder and transaction_log_decoder:
+        _fail("--offsets-decoder and --transaction-log-decoder exclude each other")
+    dump_files(
+        list(files),
+        print_records=print_data_log,
+        offsets_decoder=offsets_decoder,
+        transaction_log_decoder=transaction_log_decoder,
+    )
 
 
 @app.command("config-doc")

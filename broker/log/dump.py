@@ -10,8 +10,14 @@
   ``key: group_metadata::group=g payload: {"protocolType":...,"assignment":"{m=[t-0]}"}``,
   ``payload: <DELETE>`` for a tombstone, ``key: unknown::version=N`` for a key version it
   does not know; a record it cannot decode gets ``<undecodable: why>`` in place of the field.
+  ``transaction_log_decoder`` (implies ``print_records``) reads them as ``__transaction_state``
+  records (``key: transaction_metadata::transactionalId=T payload: producerId:5,...``, Kafka's
+  ``--transaction-log-decoder``). A control record (transaction marker) reads
+  ``endTxnMarker: COMMIT coordinatorEpoch: 3`` after its sequence and header keys.
 - ``.index``: ``offset: N position: P`` per entry (absolute offsets).
 - ``.timeindex``: ``timestamp: T offset: N`` per entry.
+- ``.txnindex``: ``version: 0 producerId: P firstOffset: F lastOffset: L lastStableOffset: S``
+  per aborted transaction.
 - ``leader-epoch-checkpoint`` and the offset checkpoints: their lines, checked.
 
 Files are opened read-only in spirit: indexes are read straight from the file, never
@@ -23,6 +29,7 @@ from __future__ import annotations
 import json
 import struct
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
@@ -38,6 +45,9 @@ from isrlab.broker.log.record_batch import (
 if TYPE_CHECKING:
     from isrlab.broker.coordinator.group.records import GroupValue
 
+#: turns a record's key and value into ``key: ... payload: ...`` (never raises)
+Decoder = Callable[[bytes | None, bytes | None], str]
+
 
 def dump_files(
     paths: list[Path],
@@ -45,18 +55,29 @@ def dump_files(
     out: TextIO | None = None,
     *,
     offsets_decoder: bool = False,
+    transaction_log_decoder: bool = False,
 ) -> None:
     """Dump every file in ``paths`` to ``out`` (standard output when None, looked up at the
     call); an unknown kind of file is reported, not fatal. ``offsets_decoder`` decodes records
-    as ``__consumer_offsets`` keys and values."""
+    as ``__consumer_offsets`` keys and values, ``transaction_log_decoder`` as
+    ``__transaction_state`` ones."""
     out = sys.stdout if out is None else out
-    print_records = print_records or offsets_decoder
+    print_records = print_records or offsets_decoder or transaction_log_decoder
+    decoder: Decoder | None = None
+    if offsets_decoder:
+        decoder = _offsets_key_and_payload
+    elif transaction_log_decoder:
+        from isrlab.broker.coordinator.transaction.records import describe_record
+
+        decoder = describe_record
     for path in paths:
         path = Path(path)
         print(f"Dumping {path}", file=out)
         try:
             if path.name.endswith(".log"):
-                _dump_log(path, print_records, out, offsets_decoder)
+                _dump_log(path, print_records, out, decoder)
+            elif path.name.endswith(".txnindex"):
+                _dump_txn_index(path, out)
             elif path.name.endswith(".timeindex"):
                 _dump_time_index(path, out)
             elif path.name.endswith(".index"):
@@ -65,7 +86,8 @@ def dump_files(
                 print(path.read_text(encoding="utf-8"), end="", file=out)
             else:
                 print(
-                    f"Ignoring unknown file {path}: expected .log, .index, .timeindex or a checkpoint",
+                    f"Ignoring unknown file {path}: expected .log, .index, .timeindex, .txnindex "
+                    "or a checkpoint",
                     file=out,
                 )
         except OSError as exc:
@@ -91,7 +113,7 @@ def _format_batch(header: BatchHeader, valid: bool) -> str:
     )
 
 
-def _dump_log(path: Path, print_records: bool, out: TextIO, offsets_decoder: bool = False) -> None:
+def _dump_log(path: Path, print_records: bool, out: TextIO, decoder: Decoder | None = None) -> None:
     data = path.read_bytes()
     print(f"Log starting offset: {_base_offset(path)}", file=out)
     position = 0
@@ -107,12 +129,12 @@ def _dump_log(path: Path, print_records: bool, out: TextIO, offsets_decoder: boo
         valid = compute_crc(data, header) == header.crc
         print(_format_batch(header, valid), file=out)
         if print_records:
-            _dump_records(data[header.position : header.end_position], header, out, offsets_decoder)
+            _dump_records(data[header.position : header.end_position], header, out, decoder)
         position = header.end_position
 
 
 def _dump_records(
-    batch: bytes, header: BatchHeader, out: TextIO, offsets_decoder: bool = False
+    batch: bytes, header: BatchHeader, out: TextIO, decoder: Decoder | None = None
 ) -> None:
     from kafka.record.default_records import ControlRecord, DefaultRecordBatch
 
@@ -122,16 +144,11 @@ def _dump_records(
             sequence = header.base_sequence + index if header.base_sequence >= 0 else -1
             key = record.key
             value = record.value
-            if isinstance(record, ControlRecord):
-                kind = "COMMIT" if record.commit else "ABORT"
-                print(
-                    f"| offset: {record.offset} {timestamp_name}: {record.timestamp} endTxnMarker: {kind}",
-                    file=out,
-                )
-                continue
             header_keys = [name for name, _ in record.headers]
-            if offsets_decoder:
-                shown = _offsets_key_and_payload(key, value)
+            if isinstance(record, ControlRecord) or header.is_control:
+                shown = _control_record(key, value)
+            elif decoder is not None:
+                shown = decoder(key, value)
             else:
                 shown = f"key: {_show(key)} payload: {_show(value)}"
             print(
@@ -142,6 +159,21 @@ def _dump_records(
             )
     except Exception as exc:  # a codec kafka-python lacks, or corrupt records: say so and go on
         print(f"| cannot decode records: {exc}", file=out)
+
+
+def _control_record(key: bytes | None, value: bytes | None) -> str:
+    """A control record as kafka-dump-log prints it: ``endTxnMarker: COMMIT coordinatorEpoch:
+    N`` for a transaction marker, ``controlType: UNKNOWN(t)`` otherwise."""
+    if key is None or len(key) < 4:
+        return "controlType: UNKNOWN(-1)"
+    control_type = struct.unpack_from(">h", key, 2)[0]
+    if control_type not in (0, 1):
+        return f"controlType: UNKNOWN({control_type})"
+    if value is None or len(value) < 6:
+        return f"endTxnMarker: <undecodable: value of {0 if value is None else len(value)} bytes>"
+    coordinator_epoch = struct.unpack_from(">i", value, 2)[0]
+    kind = "COMMIT" if control_type == 1 else "ABORT"
+    return f"endTxnMarker: {kind} coordinatorEpoch: {coordinator_epoch}"
 
 
 def _offsets_key_and_payload(key: bytes | None, value: bytes | None) -> str:
@@ -248,6 +280,26 @@ def _dump_offset_index(path: Path, out: TextIO) -> None:
             # Kafka stops at the zero-filled preallocated tail of an active index.
             break
         print(f"offset: {base + relative} position: {position}", file=out)
+
+
+def _dump_txn_index(path: Path, out: TextIO) -> None:
+    from isrlab.broker.log.txn_index import ENTRY_SIZE, AbortedTxn
+
+    data = path.read_bytes()
+    whole = len(data) // ENTRY_SIZE * ENTRY_SIZE
+    for position in range(0, whole, ENTRY_SIZE):
+        t = AbortedTxn.decode(data, position)
+        print(
+            f"version: {t.version} producerId: {t.producer_id} firstOffset: {t.first_offset} "
+            f"lastOffset: {t.last_offset} lastStableOffset: {t.last_stable_offset}",
+            file=out,
+        )
+    if whole < len(data):
+        print(
+            f"Found {len(data) - whole} invalid bytes at the end of {path.name}: not a whole "
+            f"{ENTRY_SIZE}-byte entry",
+            file=out,
+        )
 
 
 def _dump_time_index(path: Path, out: TextIO) -> None:

@@ -248,25 +248,29 @@ class Log:
                 segments.append(segment)
                 next_base = base_offsets[position + 1] if position + 1 < len(base_offsets) else None
                 unflushed = next_base is None or next_base > recovery_point
+                trusted = clean or not unflushed
                 truncated = _load_segment(
                     segment,
-                    trusted=clean or not unflushed,
+                    trusted=trusted,
                     indexes_missing=indexes_missing,
                     next_base=next_base,
                     later_has_records=has_records_after[position],
                 )
+                # An unflushed segment's .txnindex may miss entries a crash lost with the page
+                # cache, and a damaged one is dropped: both are rebuilt by replaying producer
+                # state from there (the partition does it, see ProducerStateManager.load).
+                try:
+                    segment.txn_index.sanity_check()
+                    damaged = False
+                except CorruptTxnIndexError as exc:
+                    logger.warning("%s; rebuilding it from the producer state", exc)
+                    segment.txn_index.reset()
+                    damaged = True
+                if (damaged or not trusted) and rebuild_txn_from is None:
+                    rebuild_txn_from = base_offset
                 if truncated is None:
-                    try:
-                        segment.txn_index.sanity_check()
-                    except CorruptTxnIndexError as exc:
-                        logger.warning("%s; rebuilding it from the producer state", exc)
-                        segment.txn_index.reset()
-                        if rebuild_txn_from is None:
-                            rebuild_txn_from = base_offset
                     continue
                 recovered = True
-                if rebuild_txn_from is None:
-                    rebuild_txn_from = base_offset
                 if truncated > 0 and next_base is not None and segment.next_offset < next_base:
                     # Only empty segments follow (recovery refuses otherwise): drop them so the
                     # log continues right after the last valid batch.

@@ -570,9 +570,6 @@ class LogSegment:
         self._forget_recent()
         self.offset_index.reset()
         self.time_index.reset()
-        # the aborted transactions are derived from producer state: the log rebuilds them by
-        # replaying from this segment (Log.txn_index_rebuild_from)
-        self.txn_index.reset()
         self.offset_index.resize(self.max_index_size)
         self.time_index.resize(self.max_index_size)
         self._bytes_since_last_index_entry = 0
@@ -622,6 +619,13 @@ class LogSegment:
         )
         self.offset_index.trim_to_valid_size()
         self.time_index.trim_to_valid_size()
+        # Aborted transactions come from producer state, not from the batches: entries past
+        # the valid data go; the log has the rest rebuilt (Log.txn_index_rebuild_from) when
+        # the segment was unflushed, and a damaged file is rebuilt whole.
+        try:
+            self.txn_index.truncate_to(next_offset)
+        except KafkaStorageError:
+            self.txn_index.reset()
         return truncated
 
     def truncate_to(self, offset: int) -> int:

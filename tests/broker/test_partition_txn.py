@@ -133,3 +133,167 @@ def test_coordinator_batches_skip_sequence_checks_but_not_epochs(leader: Leader)
 def test_unknown_origin_is_a_caller_bug(leader: Leader) -> None:
     with pytest.raises(ValueError):
         leader.append(txn_batch(7, 0, 0, [b"a"]), origin="replication")
+
+
+# --------------------------------------------------------------------------- live, in-process
+# A standalone KafkaServer without its socket: requests go through the broker's codec and
+# handlers (Fetch, ListOffsets), the ReplicaManager, HostedPartition and an on-disk Log.
+
+
+class InProcessBroker:
+    def __init__(self, directory: Path, overrides: dict[str, str] | None = None) -> None:
+        from isrlab.broker.config import BrokerConfig
+        from isrlab.broker.server import KafkaServer
+
+        self.loop = asyncio.new_event_loop()
+        props = {
+            "broker.id": "0",
+            "log.dirs": str(directory / "logs"),
+            "listeners": "PLAINTEXT://127.0.0.1:19093",  # never bound
+            "zero.copy.threshold.bytes": "0",
+            **(overrides or {}),
+        }
+        self.server = KafkaServer(BrokerConfig(props))
+        self.correlation_id = 0
+
+    def run(self, coro: Any) -> Any:
+        return self.loop.run_until_complete(coro)
+
+    def call(self, request: Any) -> Any:
+        from kafka.protocol.api_header import ResponseClassRegistry
+
+        from isrlab.broker.network.codec import decode_request
+
+        self.correlation_id += 1
+        request.with_header(correlation_id=self.correlation_id, client_id="txn-test")
+        decoded = decode_request(bytes(request.encode(header=True)))
+        parts = self.run(self.server.handle(decoded, None))  # type: ignore[arg-type]
+        cls = ResponseClassRegistry._response_class_registry[request.API_KEY]
+        return cls[request.API_VERSION].decode(b"".join(parts)[4:], header=True)
+
+    def append(self, tp: tuple[str, int], records: bytes, origin: str = "client") -> AppendResult:
+        async def go() -> AppendResult:
+            r = self.server.replica_manager.append(tp, memoryview(records), -1, 5000, origin=origin)
+            return await r if isinstance(r, asyncio.Future) else r
+
+        return self.run(go())
+
+    def close(self) -> None:
+        self.run(self.server.replica_manager.stop())
+        self.server.log_manager.close()
+        self.loop.close()
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[InProcessBroker]:
+    b = InProcessBroker(tmp_path)
+    b.run(b.server.create_topic("t", 1, 1, None, {}))
+    yield b
+    b.close()
+
+
+def _fetch(b: InProcessBroker, offset: int, isolation: int) -> Any:
+    from tests.broker.rawclient import fetch_request
+
+    return b.call(fetch_request("t", offset=offset, isolation_level=isolation)).responses[0]
+
+
+def _fetched_offsets(part: Any) -> list[int]:
+    return [
+        o
+        for h in iter_batches(bytes(part.records or b""))
+        for o in range(h.base_offset, h.next_offset)
+    ]
+
+
+def _latest(b: InProcessBroker, isolation: int) -> int:
+    from tests.broker.rawclient import list_offsets_request
+
+    resp = b.call(list_offsets_request("t", {0: -1}, isolation_level=isolation))
+    part = resp.topics[0].partitions[0]
+    assert part.error_code == 0
+    return int(part.offset)
+
+
+def test_read_committed_fetch_and_list_offsets(broker: InProcessBroker) -> None:
+    tp = ("t", 0)
+    ok = ErrorCode.NONE
+    assert broker.append(tp, txn_batch(7, 0, 0, [b"a0", b"a1"])).error == ok  # 0-1, aborted
+    assert broker.append(tp, txn_batch(8, 0, 0, [b"c0"])).error == ok  # 2, committed
+    assert broker.append(tp, txn_batch(5, 0, 0, [b"p"], transactional=False)).error == ok  # 3
+    abort = build_control_batch(7, 0, False, 0, 1)
+    assert broker.append(tp, abort, origin="coordinator").base_offset == 4
+    commit = build_control_batch(8, 0, True, 0, 1)
+    assert broker.append(tp, commit, origin="coordinator").base_offset == 5
+    assert broker.append(tp, txn_batch(9, 0, 0, [b"o0", b"o1"])).error == ok  # 6-7, open
+
+    committed = _fetch(broker, 0, 1).partitions[0]
+    assert committed.error_code == 0
+    assert (committed.high_watermark, committed.last_stable_offset) == (8, 6)
+    assert _fetched_offsets(committed) == [0, 1, 2, 3, 4, 5]  # stops at the LSO
+    assert [(a.producer_id, a.first_offset) for a in committed.aborted_transactions] == [(7, 0)]
+
+    uncommitted = _fetch(broker, 0, 0).partitions[0]
+    assert _fetched_offsets(uncommitted) == list(range(8))
+    assert uncommitted.last_stable_offset == 6
+    assert not uncommitted.aborted_transactions  # only read_committed gets them
+
+    # past the aborted transaction's marker: nothing to drop
+    later = _fetch(broker, 5, 1).partitions[0]
+    assert _fetched_offsets(later) == [5] and later.aborted_transactions == []
+    assert _latest(broker, 1) == 6 and _latest(broker, 0) == 8
+
+    # producer 9 aborts: the LSO reaches the HW, and its records are reported aborted
+    assert (
+        broker.append(tp, build_control_batch(9, 0, False, 0, 1), origin="coordinator").error == 0
+    )
+    after = _fetch(broker, 5, 1).partitions[0]
+    assert (after.high_watermark, after.last_stable_offset) == (9, 9)
+    assert _fetched_offsets(after) == [5, 6, 7, 8]
+    assert [(a.producer_id, a.first_offset) for a in after.aborted_transactions] == [(9, 6)]
+    assert _latest(broker, 1) == 9 == _latest(broker, 0)
+    hp = broker.server.replica_manager.get(tp)
+    entries = [
+        (e.producer_id, e.first_offset, e.last_offset, e.last_stable_offset)
+        for s in hp.log.segments
+        for e in s.txn_index.entries
+    ]
+    # the LSO right after each abort: producer 8's transaction was still open at offset 4
+    assert entries == [(7, 0, 4, 2), (9, 6, 8, 9)]
+
+
+def test_transactional_state_errors_on_append(broker: InProcessBroker) -> None:
+    tp = ("t", 0)
+    assert broker.append(tp, txn_batch(7, 2, 0, [b"a"])).error == ErrorCode.NONE
+    # a non-transactional write while the producer's transaction is open
+    res = broker.append(tp, txn_batch(7, 2, 1, [b"x"], transactional=False))
+    assert res.error == ErrorCode.INVALID_TXN_STATE
+    # markers: an older producer epoch, then a coordinator epoch older than the last marker's
+    old = build_control_batch(7, 1, True, 3, 1)
+    assert broker.append(tp, old, origin="coordinator").error == ErrorCode.INVALID_PRODUCER_EPOCH
+    assert broker.append(tp, build_control_batch(7, 2, True, 3, 1), origin="coordinator").error == 0
+    zombie = build_control_batch(7, 2, False, 2, 1)
+    res = broker.append(tp, zombie, origin="coordinator")
+    assert res.error == ErrorCode.TRANSACTION_COORDINATOR_FENCED
+    hp = broker.server.replica_manager.get(tp)
+    assert hp.log.log_end_offset == 2 and hp.last_stable_offset == 2
+
+
+def test_epoch_fencing_switch_accepts_zombies(tmp_path: Path) -> None:
+    """transaction.producer.epoch.fencing.enable=false (historic, unsafe): a fenced producer's
+    batch with an older epoch is appended instead of refused."""
+    for fencing, expected in (
+        ("true", ErrorCode.INVALID_PRODUCER_EPOCH),
+        ("false", ErrorCode.NONE),
+    ):
+        b = InProcessBroker(tmp_path / fencing)
+        try:
+            b.run(
+                b.server.create_topic(
+                    "t", 1, 1, None, {"transaction.producer.epoch.fencing.enable": fencing}
+                )
+            )
+            assert b.append(("t", 0), txn_batch(7, 1, 0, [b"new"])).error == ErrorCode.NONE
+            assert b.append(("t", 0), txn_batch(7, 0, 5, [b"zombie"])).error == expected
+        finally:
+            b.close()

@@ -8,7 +8,12 @@ data, ZooKeeper session expiry, restarts, flushes) and after every step checks:
 2. a leader's HW never decreases while it leads in one epoch;
 3. every acks=all record is, at its acked offset, in the log of the current leader and of every
    live replica whose HW has passed it;
-4. the committed prefixes of any two live replicas (below the smaller HW) are identical.
+4. the committed prefixes of any two live replicas (below the smaller HW) are identical;
+5. log start <= LSO <= HW on every live replica (where log start <= HW), and the LSO is at or
+   below the first offset of every transaction its log holds without a marker (what a
+   read_committed consumer reads is never part of an open transaction).
+   :class:`TransactionalClusterMachine` also produces transactional data and markers of two
+   producers (``TxnValue`` records).
 
 Fault budget (Kafka's own durability assumptions, since it does not fsync per write): a crash
 that loses unflushed data may only hit a broker while every other broker is up and, if the
@@ -30,7 +35,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from isrlab.broker.replication import ACKS_ALL, ReplicationConfig, TruncationMode
+from isrlab.broker.replication import ACKS_ALL, Partition, ReplicationConfig, TruncationMode
 from tests.replication.cluster_sim import SimCluster
 
 BROKERS = (0, 1, 2)
@@ -57,13 +62,16 @@ class ClusterMachine(RuleBasedStateMachine):
 
     CONFIG = config()
     UNCLEAN = False
+    PARTITION: type[Partition] = Partition
 
     runs = 0
 
     def __init__(self) -> None:
         super().__init__()
         type(self).runs += 1
-        self.c = SimCluster(3, self.CONFIG, self.UNCLEAN, produce_timeout_ms=20_000)
+        self.c = SimCluster(
+            3, self.CONFIG, self.UNCLEAN, produce_timeout_ms=20_000, partition_class=self.PARTITION
+        )
         self.c.settle()
         self.tainted: set[int] = set()
         self.leader_hw: dict[tuple[int, int, int], int] = {}
@@ -226,6 +234,17 @@ class ClusterMachine(RuleBasedStateMachine):
                     f"brokers {a} and {b} diverge below HW {hw}: "
                     f"{c.logs[a].read(0, hw)} vs {c.logs[b].read(0, hw)}"
                 )
+        for b in live:
+            p, log = c.partitions[b], c.logs[b]
+            lso, hw, start = p.last_stable_offset, p.high_watermark, log.log_start_offset
+            assert lso <= hw and (hw < start or start <= lso), (
+                f"broker {b}: LSO {lso} outside [log start {start}, HW {hw}]"
+            )
+            for pid, first in log.open_transactions().items():
+                assert lso <= first, (
+                    f"broker {b}: LSO {lso} is past offset {first}, where producer {pid}'s "
+                    f"open transaction starts (HW {hw}); log {c.values(b)}"
+                )
 
 
 class HighWatermarkTruncationMachine(ClusterMachine):
@@ -244,3 +263,29 @@ class IsrOfOneMachine(ClusterMachine):
     """min.insync.replicas=1 with acks=all: the ISR may shrink to the leader alone."""
 
     CONFIG = config(min_insync_replicas=1)
+
+
+class TransactionalClusterMachine(ClusterMachine):
+    """The safe settings with transactions: data and markers of producers 1 and 2 too."""
+
+    @rule(
+        pid=st.sampled_from([1, 2]),
+        kind=st.sampled_from([None, None, "commit", "abort"]),
+        acks=st.sampled_from([ACKS_ALL, 1]),
+    )
+    def produce_txn(self, pid: int, kind: str | None, acks: int) -> None:
+        self.c.produce(acks=acks if self._on("acks1") else ACKS_ALL, txn=(pid, kind))
+
+
+class _LsoIsHighWatermark(Partition):
+    """A core that forgets the transaction bound of the LSO (read_committed = read_uncommitted)."""
+
+    @property
+    def last_stable_offset(self) -> int:
+        return self.high_watermark
+
+
+class LsoIgnoresTransactionsMachine(TransactionalClusterMachine):
+    """The LSO rule removed: the invariant must catch an open transaction below it."""
+
+    PARTITION = _LsoIsHighWatermark

@@ -37,6 +37,7 @@ from isrlab.broker.replication import (
     SendFetch,
     SendOffsetsForLeaderEpoch,
     TopicPartition,
+    TxnValue,
     WriteStateZnode,
 )
 
@@ -67,8 +68,10 @@ class SimCluster:
         config: ReplicationConfig | None = None,
         unclean_leader_election: bool = False,
         produce_timeout_ms: int = 30_000,
+        partition_class: type[Partition] = Partition,
     ) -> None:
         self.brokers = tuple(range(n_brokers))
+        self.partition_class = partition_class
         self.config = config or ReplicationConfig()
         self.produce_timeout_ms = produce_timeout_ms
         self.now = 0
@@ -76,7 +79,7 @@ class SimCluster:
         self.alive = dict.fromkeys(self.brokers, True)
         self.registered = set(self.brokers)
         self.partitions: dict[int, Partition] = {
-            b: Partition(TP, b, self.logs[b], self.config) for b in self.brokers
+            b: partition_class(TP, b, self.logs[b], self.config) for b in self.brokers
         }
         self.zk_state: LeaderAndIsr | None = None
         self.network: list[Message] = []
@@ -161,8 +164,14 @@ class SimCluster:
             self.produce_errors[value] = response.error
 
     # ------------------------------------------------------------------ steps
-    def produce(self, broker: int | None = None, acks: int = ACKS_ALL) -> int | None:
-        """Produce a fresh value to ``broker`` (default: the leader in ZooKeeper)."""
+    def produce(
+        self,
+        broker: int | None = None,
+        acks: int = ACKS_ALL,
+        txn: tuple[int, str | None] | None = None,
+    ) -> int | None:
+        """Produce a fresh value to ``broker`` (default: the leader in ZooKeeper); ``txn``
+        (producer id, None or "commit"/"abort") makes it transactional data or a marker."""
         if broker is None:
             broker = self.zk_state.leader if self.zk_state else -1
         if broker < 0 or not self.alive.get(broker, False):
@@ -170,10 +179,11 @@ class SimCluster:
         value = self._next_value
         self._next_value += 1
         self._produce_acks[value] = acks
+        record = value if txn is None else TxnValue(value, txn[0], txn[1])
         actions = self.partitions[broker].on_produce(
-            value, [value], acks, self.produce_timeout_ms, self.now
+            value, [record], acks, self.produce_timeout_ms, self.now
         )
-        self.trace.append(f"produce {value} acks={acks} to {broker}")
+        self.trace.append(f"produce {record!r} acks={acks} to {broker}")
         self._run_broker(broker, actions)
         return value
 
@@ -302,7 +312,7 @@ class SimCluster:
         ``noticed=False`` the controller misses it (a restart within the session timeout,
         KAFKA-1120) and the broker only reads its partition state from ZooKeeper."""
         self.alive[b] = True
-        self.partitions[b] = Partition(TP, b, self.logs[b], self.config)
+        self.partitions[b] = self.partition_class(TP, b, self.logs[b], self.config)
         self.trace.append(f"restart {b} noticed={noticed}")
         if not noticed and b in self.registered:
             assert self.zk_state is not None

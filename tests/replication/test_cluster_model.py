@@ -14,6 +14,8 @@ from tests.replication.cluster_machine import (
     ClusterMachine,
     HighWatermarkTruncationMachine,
     IsrOfOneMachine,
+    LsoIgnoresTransactionsMachine,
+    TransactionalClusterMachine,
     UncleanElectionMachine,
 )
 
@@ -37,6 +39,16 @@ def run(machine: type[RuleBasedStateMachine], examples: int, steps: int = 100) -
 
 def test_safe_settings_keep_acked_records_and_committed_prefixes() -> None:
     run(ClusterMachine, examples=150)
+
+
+def test_transactions_keep_the_lso_between_log_start_and_hw_and_below_open_ones() -> None:
+    run(TransactionalClusterMachine, examples=100)
+
+
+def test_an_lso_at_the_hw_exposes_open_transactions() -> None:
+    with pytest.raises(AssertionError, match="open transaction starts") as failure:
+        run(LsoIgnoresTransactionsMachine, examples=200)
+    assert "last events:" in str(failure.value)
 
 
 @pytest.mark.slow

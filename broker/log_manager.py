@@ -85,6 +85,10 @@ class LogManager:
         # Retention never deletes data consumers cannot have read yet (the ReplicaManager
         # supplies each partition's high watermark).
         self.high_watermark: Callable[[TopicPartition], int | None] = lambda tp: None
+        # The cleaner never cleans past the last stable offset (Kafka's first uncleanable
+        # offset): a record of an open transaction may still be aborted, and the value it
+        # would supersede must stay. None falls back to the high watermark.
+        self.last_stable_offset: Callable[[TopicPartition], int | None] = lambda tp: None
         self._loop: asyncio.AbstractEventLoop | None = None
         # Log compaction (cleanup.policy=compact): threads started with the schedulers; they
         # plan and swap on the event loop (_run_on_loop), the logs' only thread.
@@ -92,9 +96,13 @@ class LogManager:
             self.dir,
             CleanerConfig.from_broker(config),
             logs=lambda: self.logs,
-            high_watermark=lambda tp: self.high_watermark(tp),
+            high_watermark=self._cleanable_bound,
             run_on_owner=self._run_on_loop,
         )
+
+    def _cleanable_bound(self, tp: TopicPartition) -> int | None:
+        lso = self.last_stable_offset(tp)
+        return self.high_watermark(tp) if lso is None else lso
 
     def load(self, topic_configs: dict[str, dict[str, Any]]) -> None:
         """Open every partition directory of a known topic; recover unclean ones."""

@@ -176,6 +176,7 @@ class KafkaServer:
             hw_checkpoint_interval_ms=config["replica.high.watermark.checkpoint.interval.ms"],
         )
         self.log_manager.high_watermark = self._high_watermark
+        self.log_manager.last_stable_offset = self._last_stable_offset
         # max.broker.partitions, never above what the open-file limit allows
         self.partition_limit, self.partition_limit_why = partition_limit(
             config["max.broker.partitions"]
@@ -401,6 +402,10 @@ class KafkaServer:
     def _high_watermark(self, tp: TopicPartition) -> int | None:
         hp = self.replica_manager.partitions.get(tp)
         return hp.high_watermark if hp is not None else None
+
+    def _last_stable_offset(self, tp: TopicPartition) -> int | None:
+        hp = self.replica_manager.partitions.get(tp)
+        return hp.last_stable_offset if hp is not None else None
 
     def replication_config(self, topic: str) -> ReplicationConfig:
         cfg = self.topic_config(topic) if topic in self._topics else self.config.topic_defaults()

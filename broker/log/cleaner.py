@@ -154,7 +154,8 @@ def cleanable(
 
     The first dirty offset is the checkpointed one, reset to the log start when it is outside
     the log (as Kafka does). The dirty section ends at the first uncleanable offset: the active
-    segment's base offset, the high watermark, or the first segment holding a record newer than
+    segment's base offset, the high watermark (the broker passes the last stable offset, so an
+    open transaction is never cleaned), or the first segment holding a record newer than
     ``min.compaction.lag.ms``, whichever comes first; only whole segments below it count.
     """
     segments = log.segments

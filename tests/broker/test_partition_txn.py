@@ -299,3 +299,84 @@ def test_epoch_fencing_switch_accepts_zombies(tmp_path: Path) -> None:
             assert b.append(("t", 0), txn_batch(7, 0, 5, [b"zombie"])).error == expected
         finally:
             b.close()
+
+
+class RecordingIO(NoIO):
+    def __init__(self) -> None:
+        self.sent: list[Any] = []
+
+    def send_fetch(self, partition: Any, action: Any) -> None:
+        self.sent.append(action)
+
+    def send_offsets_for_leader_epoch(self, partition: Any, action: Any) -> None:
+        self.sent.append(action)
+
+
+def _stamped(batch: bytes, offset: int) -> bytes:
+    from isrlab.broker.log.record_batch import stamp
+
+    buf = bytearray(batch)
+    stamp(buf, 0, offset, 0)
+    return bytes(buf)
+
+
+def test_follower_tracks_transactions_from_replicated_batches(tmp_path: Path) -> None:
+    from isrlab.broker.replication import ErrorCode as CoreError
+
+    loop = asyncio.new_event_loop()
+    log = Log.open(tmp_path / "t-0", LogConfig(segment_bytes=4_000, file_delete_delay_ms=0))
+    io = RecordingIO()
+    hp = HostedPartition(("t", 0), log, 1, {}, ReplicationConfig(), io)
+    try:
+        hp.become(LeaderAndIsr(0, 0, (0, 1), 1), [0, 1])  # follow broker 0
+        fetch = io.sent[-1]
+        assert fetch.fetch_offset == 0
+        data = (
+            _stamped(txn_batch(7, 0, 0, [b"a", b"b"]), 0)
+            + _stamped(txn_batch(8, 0, 0, [b"c"]), 2)
+            + _stamped(build_control_batch(7, 0, False, 1, 5), 3)
+        )
+        hp.on_fetch_response(fetch.request_id, int(CoreError.NONE), data, 1, 0, 4)
+        assert log.log_end_offset == 4
+        # HW 1: producer 7's transaction (from 0) is aborted but its marker not yet below the HW
+        assert (hp.high_watermark, hp.last_stable_offset) == (1, 0)
+        entries = [
+            (e.producer_id, e.first_offset, e.last_offset, e.last_stable_offset)
+            for s in log.segments
+            for e in s.txn_index.entries
+        ]
+        assert entries == [(7, 0, 3, 2)]
+        nxt = io.sent[-1]
+        hp.on_fetch_response(nxt.request_id, int(CoreError.NONE), b"", 4, 0, 4)
+        # HW 4: producer 7's abort is replicated, producer 8's transaction is still open
+        assert (hp.high_watermark, hp.last_stable_offset) == (4, 2)
+        assert hp.producer_state.has_ongoing_txn(8, 0)
+        assert log.collect_aborted_transactions(0, 4) == [(7, 0)]
+        # a truncation below the marker (a new leader without it) reopens producer 7's
+        # transaction and drops its .txnindex entry
+        hp.adapter.truncate_to(3)
+        assert hp.producer_state.has_ongoing_txn(7, 0)
+        assert log.collect_aborted_transactions(0, 3) == []
+        assert hp.last_stable_offset == 0
+    finally:
+        log.close_without_flush()
+        loop.close()
+
+
+def test_producer_state_is_snapshotted_at_every_roll(tmp_path: Path) -> None:
+    loop = asyncio.new_event_loop()
+    ld = Leader.__new__(Leader)
+    ld.loop = loop
+    ld.log = Log.open(tmp_path / "t-0", LogConfig(segment_bytes=300, file_delete_delay_ms=0))
+    ld.hp = HostedPartition(("t", 0), ld.log, 0, {}, ReplicationConfig(), NoIO())
+    ld.hp.become(LeaderAndIsr(0, 1, (0,), 1), [0])
+    try:
+        for seq in range(8):
+            assert ld.append(txn_batch(7, 0, seq, [b"v" * 40])).error == ErrorCode.NONE
+        bases = [s.base_offset for s in ld.log.segments][1:]
+        assert bases
+        snapshots = [off for off, _ in ld.hp.producer_state.snapshot_files()]
+        assert snapshots == bases[-2:]  # the two newest are kept
+    finally:
+        ld.log.close_without_flush()
+        loop.close()

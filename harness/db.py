@@ -52,7 +52,7 @@ Faults the nemeses use: ``kill(node)`` (SIGKILL), ``start(node)``, ``pause(node)
 the process group), ``resume(node)``; ``clock_offset_file(node)`` / ``clock_mode``.
 Cluster queries go through a confluent-kafka AdminClient from the control host, as clients do:
 ``bootstrap_servers()``, ``leader_of(topic, partition)``, ``controller()``, ``coordinator(group)``,
-``create_topics(keys, rf, min_insync)``. ``collect_logs(run_dir)`` copies each node's logs and
+``txn_coordinator(transactional_id)``, ``create_topics(keys, rf, min_insync)``. ``collect_logs(run_dir)`` copies each node's logs and
 configs plus a listing of its data dir into ``run_dir/<node>/``; ``teardown()`` stops every
 process and wipes data and logs (the venv stays, so the next run skips the install).
 """
@@ -115,14 +115,21 @@ def parse_key(key: str) -> tuple[str, int]:
     return topic, int(part)
 
 
-def find_coordinator(host: str, port: int, group: str, timeout: float = 5.0) -> int | None:
-    """The broker id a FindCoordinator (v1, key type group) request to ``host:port`` names as
-    ``group``'s coordinator; None when the broker answers with an error. Raises OSError when
+# FindCoordinator key types (Kafka's CoordinatorType)
+KEY_TYPE_GROUP, KEY_TYPE_TRANSACTION = 0, 1
+
+
+def find_coordinator(
+    host: str, port: int, group: str, timeout: float = 5.0, key_type: int = KEY_TYPE_GROUP
+) -> int | None:
+    """The broker id a FindCoordinator (v1) request to ``host:port`` names as the coordinator
+    of ``group`` (key type group), or of a transactional id (``key_type`` 1,
+    `KEY_TYPE_TRANSACTION`); None when the broker answers with an error. Raises OSError when
     the broker cannot be reached and ValueError on a malformed answer."""
     client = b"isrlab-harness"
     key = group.encode()
     body = struct.pack(">hhih", 10, 1, 1, len(client)) + client
-    body += struct.pack(">h", len(key)) + key + struct.pack(">b", 0)
+    body += struct.pack(">h", len(key)) + key + struct.pack(">b", key_type)
     with socket.create_connection((host, port), timeout=timeout) as sock:
         sock.settimeout(timeout)
         sock.sendall(struct.pack(">i", len(body)) + body)
@@ -641,12 +648,23 @@ echo {wh.deps_key} > {deps_marker}
         The request is sent on a socket of its own: confluent-kafka's only way to it,
         describe_consumer_groups, aborts the process (a librdkafka 2.x assertion in
         rd_kafka_enq_once_del_source_return) after a FindCoordinator that timed out."""
+        return self._find_coordinator(group, KEY_TYPE_GROUP, via)
+
+    def txn_coordinator(
+        self, transactional_id: str, via: Iterable[str] | None = None
+    ) -> str | None:
+        """The node coordinating ``transactional_id``'s transactions: the leader of its
+        ``__transaction_state`` partition, as a FindCoordinator request (key type
+        TRANSACTION) names it; None as for `coordinator`."""
+        return self._find_coordinator(transactional_id, KEY_TYPE_TRANSACTION, via)
+
+    def _find_coordinator(self, key: str, key_type: int, via: Iterable[str] | None) -> str | None:
         for address in self.bootstrap_servers(via).split(","):
             host, _, port = address.rpartition(":")
             try:
-                node_id = find_coordinator(host, int(port), group)
+                node_id = find_coordinator(host, int(port), key, key_type=key_type)
             except (OSError, ValueError, struct.error) as e:
-                log.debug("FindCoordinator(%s) on %s: %s", group, address, e)
+                log.debug("FindCoordinator(%s, type %s) on %s: %s", key, key_type, address, e)
                 continue
             if node_id is not None:
                 return self.broker_node(node_id)
@@ -778,6 +796,8 @@ echo {wh.deps_key} > {deps_marker}
 
 __all__ = [
     "BROKER_PORT",
+    "KEY_TYPE_GROUP",
+    "KEY_TYPE_TRANSACTION",
     "DBError",
     "KafkaDB",
     "find_coordinator",

@@ -1,9 +1,15 @@
 """`isrlab matrix`: run a grid of `isrlab test` runs into a store, resumably (the pipeline then
 analyses the store: `isrlab analyze`).
 
-The grid is acks x nemesis x consumer mode x switch variants x repeats (`grid`). The consumer
+The grid is acks x nemesis x consumer mode x switch variants x repeats (`grid`), and
+optionally workload x idempotence x txn x isolation level. The consumer
 mode is how the processes take keys: ``assign`` (every run before consumer groups) or
-``subscribe`` (every process joins the test's consumer group, ``--subscribe``). A nemesis is one fault
+``subscribe`` (every process joins the test's consumer group, ``--subscribe``); the eos
+workload's copiers always form a group, so its cells take no consumer mode. The
+transaction dimensions (``--idempotence``, ``--txn``, ``--isolation-level``, each a comma
+list) are left to the base test and the switch variants unless given; a txn cell is
+idempotent (a transactional producer is), so idempotence=false x txn=true is not a cell of
+its own. A nemesis is one fault
 kind, ``combined`` (all four on their own schedules) or a composition such as
 ``partition+kill``; `parse_settings` reads ``--set`` overrides of the base test (the
 timings that decide how fast the ISR shrinks and leadership moves, key and process
@@ -51,8 +57,10 @@ from isrlab.harness.testconfig import (
 __all__ = [
     "ACKS",
     "HISTORIC_SWITCHES",
+    "ISOLATION_LEVELS",
     "MATRIX_CONSUMERS",
     "NEMESES",
+    "WORKLOADS",
     "CellResult",
     "MatrixSummary",
     "base_test",
@@ -66,6 +74,8 @@ __all__ = [
 ]
 
 ACKS = option("acks").choices
+WORKLOADS = option("workload").choices
+ISOLATION_LEVELS = option("isolation_level").choices
 # The consumer modes a matrix runs (harness.testconfig.consumer_mode; "mixed" is --sub-p's).
 MATRIX_CONSUMERS = ("assign", "subscribe")
 NEMESES = ("partition", "kill", "pause", "clock", "combined")
@@ -170,25 +180,72 @@ def grid(
     variants: Sequence[Mapping[str, Any]] = ({},),
     repeats: int = 1,
     consumers: Sequence[str] = ("assign",),
+    workloads: Sequence[str] = ("queue",),
+    idempotence: Sequence[bool] | None = None,
+    txn: Sequence[bool] | None = None,
+    isolation_levels: Sequence[str] | None = None,
 ) -> list[dict[str, Any]]:
-    """Every cell's test configuration, in a stable order (seed = position in the grid)."""
+    """Every cell's test configuration, in a stable order (seed = position in the grid).
+
+    ``idempotence``, ``txn`` and ``isolation_levels`` are dimensions when given (None: the
+    base test's and the variants' values); see the module docstring for the eos workload
+    and for txn without idempotence."""
     bad = [c for c in consumers if c not in MATRIX_CONSUMERS]
     if bad:
         raise ValueError(
             f"unknown consumer mode {', '.join(map(repr, bad))}; use {', '.join(MATRIX_CONSUMERS)}"
         )
+    bad = [w for w in workloads if w not in WORKLOADS]
+    if bad:
+        raise ValueError(
+            f"unknown workload {', '.join(map(repr, bad))}; use {', '.join(WORKLOADS)}"
+        )
+    bad = [i for i in isolation_levels or () if i not in ISOLATION_LEVELS]
+    if bad:
+        raise ValueError(
+            f"unknown isolation level {', '.join(map(repr, bad))}; use {', '.join(ISOLATION_LEVELS)}"
+        )
     tests = []
-    combos = itertools.product(variants, consumers, nemeses, acks, range(repeats))
-    for seed, (variant, consumer, nemesis, a, repeat) in enumerate(combos):
+    combos = itertools.product(
+        variants,
+        workloads,
+        consumers,
+        idempotence or (None,),
+        txn or (None,),
+        isolation_levels or (None,),
+        nemeses,
+        acks,
+        range(repeats),
+    )
+    position = 0
+    names: set[str] = set()
+    for variant, workload, consumer, idem, tx, iso, nemesis, a, repeat in combos:
+        if workload != "queue" and consumer != consumers[0]:
+            continue  # (the eos copiers are a group whatever the consumer mode)
+        if tx is True and idem is False:
+            continue  # the same cell as idempotence=true, txn=true
         test = dict(base)
         test.update(variant)
-        if consumer == "subscribe":
+        if workload != "queue":
+            test["workload"] = workload
+        elif consumer == "subscribe":
             test["subscribe"] = True
+        for key, value in (("idempotence", idem), ("txn", tx), ("isolation_level", iso)):
+            if value is not None:
+                test[key] = value
+        if test.get("txn"):
+            test["idempotence"] = True
+        if test.get("isolation_level") is None and test.get("workload") == "eos":
+            test["isolation_level"] = "read_committed"  # (the eos workload's default)
         test["acks"] = str(a)
         test["nemesis"] = nemesis_kinds(nemesis)
         test["repeat"] = repeat
-        test["seed"] = int(base.get("seed", 0)) + seed
+        test["seed"] = int(base.get("seed", 0)) + position
         test["name"] = config_name(test)
+        if test["name"] in names:
+            continue  # (a variant that the dimensions made equal to another cell)
+        names.add(test["name"])
+        position += 1
         tests.append(test)
     return tests
 
@@ -369,6 +426,28 @@ def matrix_command(
             "in the test's consumer group)"
         ),
     ] = "assign",
+    workload: Annotated[
+        str,
+        typer.Option(
+            help="workloads, comma-separated: queue, eos (consume-transform-produce; no "
+            "consumer mode)"
+        ),
+    ] = "queue",
+    idempotence: Annotated[
+        str | None,
+        typer.Option(help="a dimension: idempotent producers, comma-separated (false,true)"),
+    ] = None,
+    txn: Annotated[
+        str | None,
+        typer.Option(help="a dimension: transactions, comma-separated (false,true)"),
+    ] = None,
+    isolation_level: Annotated[
+        str | None,
+        typer.Option(
+            help="a dimension: consumer isolation, comma-separated "
+            "(read_uncommitted,read_committed)"
+        ),
+    ] = None,
     switch: Annotated[
         list[str] | None,
         typer.Option(
@@ -399,8 +478,8 @@ def matrix_command(
     ] = None,
     dry_run: Annotated[bool, typer.Option(help="list the cells and exit")] = False,
 ) -> None:
-    """Run acks x fault x consumer mode x switches x repeats into STORE; finished cells are
-    skipped."""
+    """Run acks x fault x consumer mode x switches x repeats (and workload x idempotence x txn
+    x isolation level) into STORE; finished cells are skipped."""
     err = Console(stderr=True)
     try:
         acks_list = [str(option("acks").check(a)) for a in _split(acks)]
@@ -415,6 +494,24 @@ def matrix_command(
         if not consumers:
             raise ValueError(f"--consumer is empty; use {', '.join(MATRIX_CONSUMERS)}")
         grid({}, acks=["all"], nemeses=["none"], consumers=consumers)  # checks the modes
+        workloads = _split(workload)
+        if not workloads:
+            raise ValueError(f"--workload is empty; use {', '.join(WORKLOADS)}")
+        dims = {
+            name: None if text is None else [option(name).check(v) for v in _split(text)]
+            for name, text in (
+                ("idempotence", idempotence),
+                ("txn", txn),
+                ("isolation_level", isolation_level),
+            )
+        }
+        grid(
+            {},
+            acks=["all"],
+            nemeses=["none"],
+            workloads=workloads,
+            isolation_levels=dims["isolation_level"],
+        )  # checks the workloads and levels
         overrides: dict[str, object] = parse_settings(settings or ())
         variants: list[dict[str, object]] = [{}]
         variants += [parse_switches(s) for s in switch or ()]
@@ -432,6 +529,10 @@ def matrix_command(
         variants=variants,
         repeats=repeats,
         consumers=consumers,
+        workloads=workloads,
+        idempotence=dims["idempotence"],
+        txn=dims["txn"],
+        isolation_levels=dims["isolation_level"],
     )
     console = Console()
     if dry_run:

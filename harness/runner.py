@@ -45,7 +45,7 @@ from rich.table import Table
 
 from isrlab.harness.generator import Context, Pending
 from isrlab.harness.testconfig import ConfigError, TestConfig, with_cli_options
-from isrlab.harness.workloads.queue.generator import QueueWorkload, queue_test
+from isrlab.harness.workloads.queue.generator import QueueWorkload, Workload, queue_test
 
 console = Console(stderr=True)
 
@@ -96,9 +96,12 @@ class ScheduleGenerator:
         from isrlab import nemeses
 
         targets = list(config.nemesis_targets) if config.nemesis_targets else None
-        if targets is None and config.group:
-            # a test with a consumer group also aims faults at the group's coordinator
-            targets = [*nemeses.DEFAULT_TARGETS, "coordinator"]
+        if targets is None:
+            # a test with a consumer group also aims faults at the group's coordinator, a
+            # transactional one at the coordinator of its transactional ids
+            extra = ["coordinator"] if config.group else []
+            extra += ["txn-coordinator"] if config.txn and config.transactional_ids else []
+            targets = [*nemeses.DEFAULT_TARGETS, *extra] if extra else None
         return cls(
             [
                 nemeses.schedule(
@@ -212,6 +215,20 @@ def _raise_fd_limit() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 1 << 20), hard))
 
 
+def workload_for(test: Mapping[str, Any], nodes: Mapping[str, str]) -> tuple[Workload, Any]:
+    """The workload's generators and its client factory (client_factory(process, thread)):
+    the queue workload, or eos (consume-transform-produce, harness.workloads.eos)."""
+    if test.get("workload") == "eos":
+        from isrlab.harness.workloads.eos.client import client_factory
+        from isrlab.harness.workloads.eos.generator import EosWorkload
+
+        eos = EosWorkload(test)
+        return eos, client_factory(test, nodes, eos)
+    from isrlab.harness.workloads.queue.client import QueueClient
+
+    return QueueWorkload(test), QueueClient.factory(test, nodes)
+
+
 def run_test(config: TestConfig, progress: bool = True) -> tuple[Path, dict[str, Any]]:
     """Run one test; returns (run dir, results). Raises SetupError when it cannot start."""
     _raise_fd_limit()
@@ -223,7 +240,6 @@ def run_test(config: TestConfig, progress: bool = True) -> tuple[Path, dict[str,
     from isrlab.harness.history import HistoryWriter
     from isrlab.harness.interpreter import Interpreter
     from isrlab.harness.report import render_report
-    from isrlab.harness.workloads.queue.client import QueueClient
 
     run_dir = new_run_dir(Path(config.store), config.name)
     config = config.replace(run_dir=str(run_dir))
@@ -250,14 +266,14 @@ def run_test(config: TestConfig, progress: bool = True) -> tuple[Path, dict[str,
                 # their Kafka clients) alive while the cluster is torn down.
                 raise SetupError(failure)
             nodes = {n: db.bootstrap_servers([n]) for n in db.names}
-            workload = QueueWorkload(test)
+            workload, client_factory = workload_for(test, nodes)
             nemesis_gen = ScheduleGenerator.for_test(config) if nem is not None else None
             gen = queue_test(workload, test, nemesis_gen=nemesis_gen)
             history = HistoryWriter(run_dir / "history.jsonl")
             interp = Interpreter(
                 gen,
                 history,
-                QueueClient.factory(test, nodes),
+                client_factory,
                 config.concurrency,
                 nemesis=nem,
                 seed=int(config.seed or 0),

@@ -41,6 +41,7 @@ from typing import Annotated, Any, ClassVar
 
 from isrlab.harness.optiontable import ConfigError, Option, table
 from isrlab.harness.optiontable import option_field as _opt
+from isrlab.harness.workloads.eos.options import EOS_KNOBS, EosOptions
 from isrlab.harness.workloads.queue.options import QueueOptions, subscribe_share
 from isrlab.nemeses import KINDS as FAULT_KINDS
 from isrlab.nemeses import TARGETS
@@ -66,8 +67,12 @@ __all__ = [
     "option",
 ]
 
-# Each workload's table of knobs: test.json keys beside the test table's (one for now).
-WORKLOAD_OPTIONS: dict[str, type[QueueOptions]] = {QueueOptions.workload: QueueOptions}
+# Each workload's table of knobs: test.json keys beside the test table's. The eos workload's
+# (consume-transform-produce, harness.workloads.eos) are the queue workload's and its own.
+WORKLOAD_OPTIONS: dict[str, type[QueueOptions]] = {
+    QueueOptions.workload: QueueOptions,
+    EosOptions.workload: EosOptions,
+}
 
 
 @dataclass(frozen=True)
@@ -108,8 +113,14 @@ class TestConfig:
     )
     idempotence: bool = _opt(False, "idempotent producers", column="boolean", switch=True)
     txn: bool = _opt(False, "transactional sends and polls", column="boolean", switch=True)
-    isolation_level: str = _opt(
-        "read_uncommitted", "consumer isolation", choices=("read_uncommitted", "read_committed")
+    isolation_level: str | None = _opt(
+        None,
+        "consumer isolation (unset: read_uncommitted; eos: read_committed, that of its readers, "
+        "since its copiers and final drain always read committed)",
+        choices=("read_uncommitted", "read_committed"),
+        column="string",
+        absent="read_uncommitted",
+        switch=True,
     )
     subscribe: bool = _opt(
         False,
@@ -237,6 +248,13 @@ class TestConfig:
     workdirs: dict[str, str] | None = _opt(  # noqa: RUF009 (None: a field, not a dict)
         None, "node -> work directory (embedded cluster)", flag=None, always_in_json=False
     )
+    transactional_ids: tuple[str, ...] | None = _opt(
+        None,
+        "transactional.id of each transactional thread (thread i: item i; unset with txn: "
+        "isrlab-<name>-<seed>-<i> for every thread, eos: for its copiers)",
+        flag=None,
+        always_in_json=False,
+    )
     # The workload's knobs the test sets, validated by its table (WORKLOAD_OPTIONS).
     knobs: Mapping[str, Any] = field(default_factory=dict)
 
@@ -261,10 +279,15 @@ class TestConfig:
             kwargs["idempotence"] = True  # a transactional producer is idempotent
         if kwargs.get("seed") is None:
             kwargs["seed"] = random.SystemRandom().randrange(1 << 31)
+        _check_eos(kwargs, knobs)
+        if kwargs.get("isolation_level") is None:
+            eos = workload == EosOptions.workload
+            kwargs["isolation_level"] = "read_committed" if eos else "read_uncommitted"
         if kwargs.get("keys") is None:
             count = kwargs.get("key_count", _BY_NAME["key_count"].default)
             kwargs["keys"] = tuple(f"t{i}/0" for i in range(count))
         _check_consumer(kwargs, knobs)
+        _check_txn(kwargs, knobs)
         return cls(**kwargs, knobs=knobs)
 
     def replace(self, **changes: Any) -> TestConfig:
@@ -313,7 +336,8 @@ def _check_consumer(kwargs: dict[str, Any], knobs: Mapping[str, Any]) -> None:
             "commit_p (--commit-p) commits a subscribed process's offsets to the test's "
             "consumer group: add --subscribe or --sub-p (no process subscribes otherwise)"
         )
-    if "coordinator" in (kwargs.get("nemesis_targets") or ()) and share == 0:
+    eos = kwargs.get("workload") == EosOptions.workload  # (its copiers always subscribe)
+    if "coordinator" in (kwargs.get("nemesis_targets") or ()) and share == 0 and not eos:
         raise ConfigError(
             "nemesis_targets (--nemesis-targets) coordinator aims faults at the coordinator of "
             "the test's consumer group: add --subscribe or --sub-p (there is no group otherwise)"
@@ -321,6 +345,88 @@ def _check_consumer(kwargs: dict[str, Any], knobs: Mapping[str, Any]) -> None:
     if share > 0 and kwargs.get("group") is None:
         name = kwargs.get("name", _BY_NAME["name"].default)
         kwargs["group"] = f"isrlab-{name}-{kwargs['seed']}"
+
+
+def _check_eos(kwargs: dict[str, Any], knobs: dict[str, Any]) -> None:
+    """The eos workload's keys and group: the ``eos`` knob ``{"input": [...], "output":
+    [...]}`` (input key i is copied to output key i), by default ``eos-in/0`` ..
+    ``eos-in/<key_count-1>`` and ``eos-out/...`` alike; ``keys`` are the input keys then the
+    output keys; the copiers' consumer group is ``group`` (default isrlab-<name>-<seed>); the
+    thread counts leave at least one producer. Raises `ConfigError`."""
+    if kwargs.get("workload") != EosOptions.workload:
+        return
+    given = [n for n in ("subscribe", "sub_p", "commit_p") if kwargs.get(n)]
+    given += [n for n in ("sub_via",) if knobs.get(n) is not None]
+    if given:
+        raise ConfigError(
+            f"the eos workload does not take {', '.join(given)}: its copiers always subscribe "
+            "to the input as one consumer group and commit their offsets with each copy"
+        )
+    eos = knobs.get("eos")
+    if eos is None:
+        if kwargs.get("keys") is not None:
+            raise ConfigError(
+                "the eos workload takes its keys from the eos knob ({input: [...], output: "
+                "[...]}) or from key_count (--keys N): give eos rather than keys"
+            )
+        n = kwargs.get("key_count", _BY_NAME["key_count"].default)
+        eos = {
+            "input": [f"eos-in/{i}" for i in range(n)],
+            "output": [f"eos-out/{i}" for i in range(n)],
+        }
+    inputs, outputs = eos.get("input"), eos.get("output")
+    if (
+        not isinstance(inputs, list | tuple)
+        or not isinstance(outputs, list | tuple)
+        or not inputs
+        or len(inputs) != len(outputs)
+    ):
+        raise ConfigError(
+            "eos must be {input: [keys], output: [keys]}, both non-empty and of the same "
+            f"length (input key i is copied to output key i), not {eos!r}"
+        )
+    inputs, outputs = [str(k) for k in inputs], [str(k) for k in outputs]
+    for k in [*inputs, *outputs]:
+        topic, sep, part = k.rpartition("/")
+        if not sep or not topic or not part.isdigit():
+            raise ConfigError(f"eos key {k!r} is not 'topic/partition' (e.g. 'eos-in/0')")
+    if len(set(inputs + outputs)) != len(inputs) + len(outputs):
+        raise ConfigError(f"eos input and output keys must be distinct, not {eos!r}")
+    knobs["eos"] = {"input": inputs, "output": outputs}
+    kwargs["keys"] = tuple(inputs + outputs)
+    opts = EosOptions.from_test(knobs)
+    threads = kwargs.get("concurrency", _BY_NAME["concurrency"].default)
+    if opts.copiers + opts.readers >= threads:
+        raise ConfigError(
+            f"the eos workload needs a thread to produce the input besides its {opts.copiers} "
+            f"copiers and {opts.readers} readers: concurrency (--concurrency) {threads} is too "
+            f"small (at least {opts.copiers + opts.readers + 1})"
+        )
+    if kwargs.get("group") is None:
+        name = kwargs.get("name", _BY_NAME["name"].default)
+        kwargs["group"] = f"isrlab-{name}-{kwargs['seed']}"
+
+
+def _check_txn(kwargs: dict[str, Any], knobs: Mapping[str, Any]) -> None:
+    """With ``txn``: the transactional ids, one per transactional thread (every thread of
+    the queue workload, the copiers of the eos workload), named after the test unless given;
+    the txn-coordinator nemesis target needs them. Raises `ConfigError`."""
+    targets = kwargs.get("nemesis_targets") or ()
+    if not kwargs.get("txn"):
+        if "txn-coordinator" in targets:
+            raise ConfigError(
+                "nemesis_targets (--nemesis-targets) txn-coordinator aims faults at the "
+                "coordinator of the test's transactional ids: add --txn (there is none otherwise)"
+            )
+        return
+    if kwargs.get("transactional_ids") is not None:
+        return
+    if kwargs.get("workload") == EosOptions.workload:
+        n = EosOptions.from_test(knobs).copiers
+    else:
+        n = kwargs.get("concurrency", _BY_NAME["concurrency"].default)
+    name = kwargs.get("name", _BY_NAME["name"].default)
+    kwargs["transactional_ids"] = tuple(f"isrlab-{name}-{kwargs['seed']}-{i}" for i in range(n))
 
 
 def _check_knobs(workload: str, values: Mapping[str, Any]) -> dict[str, Any]:
@@ -393,21 +499,28 @@ CONSUMER_MODES: tuple[str, ...] = ("assign", "subscribe", "mixed")
 def consumer_mode(test: Mapping[str, Any]) -> str:
     """``assign`` (no process subscribes: every run before consumer groups), ``subscribe``
     (every (re)assignment subscribes: ``--subscribe``) or ``mixed`` (some do: ``--sub-p``)."""
+    if test.get("workload") == EosOptions.workload:
+        return "subscribe"  # the copiers are one consumer group
     share = subscribe_share(test)
     return "assign" if share == 0 else "subscribe" if share == 1 else "mixed"
 
 
 def config_name(test: Mapping[str, Any]) -> str:
-    """A file-name-safe name for a configuration (a matrix cell's test name): acks, nemesis,
-    the switches that are on and the timings that differ from what a stored run without them
-    ran with, e.g. ``acks-all_partition_isr2_unclean_r0``."""
+    """A file-name-safe name for a configuration (a matrix cell's test name): the workload
+    unless queue, acks, nemesis, the switches that are on (``rc``: read_committed) and the
+    timings that differ from what a stored run without them ran with, e.g.
+    ``acks-all_partition_isr2_unclean_r0`` or ``eos_acks-all_kill_idem_txn_rc_isr2_r0``."""
     parts = [f"acks-{test.get('acks', 'all')}", nemesis_label(test.get("nemesis"))]
+    if test.get("workload") not in (None, "queue"):
+        parts.insert(0, str(test["workload"]))
     if test.get("idempotence"):
         parts.append("idem")
     if test.get("txn"):
         parts.append("txn")
+    if test.get("isolation_level") == "read_committed":
+        parts.append("rc")
     mode = consumer_mode(test)
-    if mode == "subscribe":
+    if mode == "subscribe" and test.get("workload") != EosOptions.workload:
         parts.append("sub")
     elif mode == "mixed":
         parts.append(f"subp{subscribe_share(test):g}")
@@ -519,7 +632,14 @@ def reference_markdown() -> str:
             "| key | type | default | allowed | meaning |",
             "|---|---|---|---|---|",
         ]
-        for o in table(options):
+        rows = table(options)
+        if options is EosOptions:
+            lines[-2:-2] = [
+                "Every knob of the queue workload (above) applies too; these are its own.",
+                "",
+            ]
+            rows = EOS_KNOBS
+        for o in rows:
             lines.append(
                 f"| `{o.name}` | {kind(o)} | `{show(o.default)}` | {o.allowed} | {o.help} |"
             )

@@ -15,7 +15,9 @@ harness again.
 
 Targets (for process, clock and packet faults): ``one``, ``minority``, ``majority``, ``all``,
 ``leader`` (of a key, default the test's first key), ``controller``, ``coordinator`` (of the
-test's consumer group, ``test["group"]``); ``resolve_targets`` turns a
+test's consumer group, ``test["group"]``), ``txn-coordinator`` (the transaction coordinator of
+one of the test's transactional ids, ``test["transactional_ids"]``, drawn with the seeded
+random; FindCoordinator with key type TRANSACTION); ``resolve_targets`` turns a
 target into node names with a seeded ``random.Random`` so a run is reproducible given the same
 cluster answers.
 """
@@ -34,6 +36,7 @@ TARGETS: tuple[str, ...] = (
     "leader",
     "controller",
     "coordinator",
+    "txn-coordinator",
 )
 
 
@@ -89,6 +92,8 @@ class ClusterDB(Protocol):
 
     def coordinator(self, group: str) -> str | None: ...
 
+    def txn_coordinator(self, transactional_id: str) -> str | None: ...
+
     def kill(self, node: str) -> bool: ...
 
     def start(self, node: str) -> int: ...
@@ -139,6 +144,22 @@ def coordinator_node(db: ClusterDB) -> str | None:
         return None
 
 
+def txn_coordinator_node(db: ClusterDB, rng: random.Random | None = None) -> str | None:
+    """The transaction coordinator of one of the test's transactional ids
+    (``test["transactional_ids"]``; drawn with ``rng``, the first without one): the broker
+    leading the id's ``__transaction_state`` partition, as a FindCoordinator request (key type
+    TRANSACTION) names it. None when the test has no transactional ids or the cluster cannot
+    tell."""
+    ids = [str(i) for i in db.test.get("transactional_ids") or ()]
+    if not ids:
+        return None
+    tid = rng.choice(ids) if rng is not None else ids[0]
+    try:
+        return db.txn_coordinator(tid)
+    except Exception:
+        return None
+
+
 def resolve_targets(
     target: str, db: ClusterDB, rng: random.Random, key: str | None = None
 ) -> list[str]:
@@ -166,5 +187,8 @@ def resolve_targets(
         return [ctl] if ctl else sorted(shuffled[:1])
     if target == "coordinator":
         coord = coordinator_node(db)
+        return [coord] if coord else sorted(shuffled[:1])
+    if target == "txn-coordinator":
+        coord = txn_coordinator_node(db, rng)
         return [coord] if coord else sorted(shuffled[:1])
     raise NemesisError(f"unknown target {target!r}; use one of {', '.join(TARGETS)}")

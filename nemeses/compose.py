@@ -20,7 +20,8 @@ It alternates start and stop of one fault at a time, sleeping a staggered ``inte
 in [0.5, 1.5] x interval) before each op; the fault kind, shape, target and parameters are drawn
 from ``random.Random(seed)``, so the same seed gives the same schedule. Targets default to
 ``DEFAULT_TARGETS``; with ``coordinator`` among them, partitions also draw the
-``isolate-coordinator`` shape (only it, when every target is ``coordinator``). ``final_ops(kinds)``
+``isolate-coordinator`` shape (only it, when every target is ``coordinator``), and with
+``txn-coordinator`` the ``isolate-txn-coordinator`` shape alike. ``final_ops(kinds)``
 lists the stop ops to run when the main phase ends (then ``heal_all`` as a safety net).
 """
 
@@ -226,6 +227,12 @@ def schedule(
         # when every target is the coordinator)
         coordinator_only = all(t == "coordinator" for t in tgts)
         shps = ["isolate-coordinator"] if coordinator_only else [*shps, "isolate-coordinator"]
+    if shapes is None and "txn-coordinator" in tgts:
+        # the same for the transaction coordinator
+        if all(t == "txn-coordinator" for t in tgts):
+            shps = ["isolate-txn-coordinator"]
+        else:
+            shps = [*shps, "isolate-txn-coordinator"]
     bad = [s for s in shps if s not in SHAPES]
     if bad:
         raise NemesisError(f"unknown shape(s) {', '.join(bad)}; use {', '.join(SHAPES)}")

@@ -19,6 +19,10 @@ Shapes (Jepsen's names), from ``grudge(shape, nodes, rng, leader=None)``:
 ``isolate-coordinator``
     the coordinator of the test's consumer group (``test["group"]``) against the rest; drawn
     by a schedule only when its targets include ``coordinator``.
+``isolate-txn-coordinator``
+    the transaction coordinator of one of the test's transactional ids
+    (``test["transactional_ids"]``) against the rest; drawn by a schedule only when its
+    targets include ``txn-coordinator``.
 
 Methods:
 
@@ -42,7 +46,14 @@ import shlex
 from collections.abc import Sequence
 from typing import Any
 
-from isrlab.nemeses.base import ClusterDB, NemesisError, Shell, coordinator_node, leader_node
+from isrlab.nemeses.base import (
+    ClusterDB,
+    NemesisError,
+    Shell,
+    coordinator_node,
+    leader_node,
+    txn_coordinator_node,
+)
 
 # The shapes a schedule draws from by default; ``isolate-coordinator`` joins them when the
 # schedule's targets include ``coordinator`` (a test with a consumer group).
@@ -53,7 +64,7 @@ DEFAULT_SHAPES: tuple[str, ...] = (
     "majorities-ring",
     "bridge",
 )
-SHAPES: tuple[str, ...] = (*DEFAULT_SHAPES, "isolate-coordinator")
+SHAPES: tuple[str, ...] = (*DEFAULT_SHAPES, "isolate-coordinator", "isolate-txn-coordinator")
 METHODS: tuple[str, ...] = ("route", "iptables")
 CHAIN = "ISRLAB-NEMESIS"
 
@@ -74,7 +85,8 @@ def grudge(
     shape: str, nodes: Sequence[str], rng: random.Random, leader: str | None = None
 ) -> Grudge:
     """The grudge of ``shape`` over ``nodes`` (see the module docstring); ``leader`` is the
-    node ``isolate-leader`` or ``isolate-coordinator`` cuts off (a random one when None)."""
+    node ``isolate-leader``, ``isolate-coordinator`` or ``isolate-txn-coordinator`` cuts off
+    (a random one when None)."""
     nodes = sorted(nodes)
     n = len(nodes)
     if n < 2:
@@ -83,7 +95,7 @@ def grudge(
     rng.shuffle(shuffled)
     if shape == "isolate-one":
         return isolate(nodes, shuffled[0])
-    if shape in ("isolate-leader", "isolate-coordinator"):
+    if shape in ("isolate-leader", "isolate-coordinator", "isolate-txn-coordinator"):
         return isolate(nodes, leader or shuffled[0])
     if shape == "halves":
         k = n // 2
@@ -182,6 +194,8 @@ class PartitionFault:
                 victim = leader_node(self.db, value.get("key"))
             elif shape == "isolate-coordinator":
                 victim = coordinator_node(self.db)
+            elif shape == "isolate-txn-coordinator":
+                victim = txn_coordinator_node(self.db, self.rng)
             g = grudge(shape, self.db.names, self.rng, victim)
         if self.current:
             self.heal()

@@ -3,8 +3,8 @@
 Two explicit schemas (Arrow here, Spark DDL alongside so both sides agree):
 
 - ``runs``: one row per run: ``run_id`` (``<test-name>/<timestamp>``), ``path``,
-  ``name``, ``workload``, the grouping columns of `pipeline.store.config_of` (acks,
-  nemesis, idempotence, txn, min_insync_replicas, unclean_leader_election,
+  ``name``, the grouping columns of `pipeline.store.config_of` (workload, acks, consumer,
+  nemesis, idempotence, txn, isolation_level, min_insync_replicas, unclean_leader_election,
   truncation_mode, replica_lag_time_max_ms, zk_session_timeout_ms), ``seed`` and the whole
   ``test_json``;
 - ``records``: one row per micro-op that touched a record, i.e. per send and per
@@ -44,6 +44,7 @@ __all__ = [
 # The config columns' types come from the harness's test table (Spark DDL name -> Arrow type).
 _ARROW = {"string": pa.string(), "boolean": pa.bool_(), "int": pa.int32(), "bigint": pa.int64()}
 _CONFIG_TYPES = {
+    "workload": "string",
     "consumer": "string",
     "nemesis": "string",
     **{o.name: o.column or "string" for o in COLUMNS},
@@ -52,8 +53,7 @@ _RUN_COLUMNS = (
     ("run_id", "string"),
     ("path", "string"),
     ("name", "string"),
-    ("workload", "string"),
-    *((name, _CONFIG_TYPES[name]) for name in CONFIG_COLUMNS),
+    *((name, _CONFIG_TYPES[name]) for name in CONFIG_COLUMNS),  # (workload first)
     ("seed", "bigint"),
     ("test_json", "string"),
 )
@@ -93,7 +93,6 @@ def run_row(run: Run) -> dict[str, Any]:
         "run_id": run.run_id,
         "path": str(run.path),
         "name": str(test.get("name") or run.run_id.split("/")[0]),
-        "workload": str(test.get("workload") or "queue"),
         **config_of(test),
         "seed": seed if isinstance(seed, int) and not isinstance(seed, bool) else None,
         "test_json": orjson.dumps(test, option=orjson.OPT_NON_STR_KEYS).decode(),

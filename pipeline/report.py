@@ -6,8 +6,9 @@ in `pipeline.analyze`):
 - ``index.html`` (jinja2, templates/index.html.j2): per switch setting a heatmap of
   acks x fault (invalid anomalies, and acked writes never read after the final drain,
   per 10,000 acked writes), the
-  configuration table with rates and 95 % intervals, a table per switch and one for the
-  consumer mode (value x acks, pooled over everything else), worst runs and every run with a link to its own
+  configuration table with rates and 95 % intervals, a table per switch (idempotence, txn
+  and isolation level among them) and one each for the workload and the consumer mode (value
+  x acks, pooled over everything else), worst runs and every run with a link to its own
   report.html, and the malformed runs with their reasons;
 - ``plots/*.png`` (matplotlib, Agg backend);
 - ``summary.csv``: one row per configuration, a count column per anomaly type;
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
 __all__ = ["ACKS_ORDER", "NEMESIS_ORDER", "switch_tables", "write_report"]
 
 ACKS_ORDER = option("acks").choices
+WORKLOADS = option("workload").choices
 NEMESIS_ORDER = ("none", "partition", "kill", "pause", "clock", "combined")
 
 
@@ -46,14 +48,20 @@ def _order(values: Sequence[Any], preferred: Sequence[Any]) -> list[Any]:
 
 
 def _setting(c: dict[str, Any]) -> str:
-    """A switch combination as text, e.g. ``min.insync=2, unclean`` (with ``subscribe`` or
-    ``mixed`` first for runs whose processes joined the consumer group)."""
-    parts = [] if c.get("consumer", "assign") == "assign" else [str(c["consumer"])]
+    """A switch combination as text, e.g. ``min.insync=2, unclean`` (with the workload first
+    unless queue, e.g. ``eos`` for consume-transform-produce runs, then ``subscribe`` or
+    ``mixed`` for queue runs whose processes joined the consumer group)."""
+    workload = c.get("workload", "queue")
+    parts = [] if workload == "queue" else [str(workload)]
+    if workload == "queue" and c.get("consumer", "assign") != "assign":
+        parts.append(str(c["consumer"]))
     parts.append(f"min.insync={c['min_insync_replicas']}")
     if c["idempotence"]:
         parts.append("idempotence")
     if c["txn"]:
         parts.append("txn")
+    if c.get("isolation_level", "read_uncommitted") != "read_uncommitted":
+        parts.append(str(c["isolation_level"]))
     if c["unclean_leader_election"]:
         parts.append("unclean election")
     if c["truncation_mode"] != "leader-epoch":
@@ -86,12 +94,14 @@ def _pool(configs: Sequence[dict[str, Any]], metric: str) -> dict[str, Any]:
 
 
 def switch_tables(configs: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per switch, and per consumer mode: {value: {acks: pooled invalid rate}} over every other
-    column."""
+    """Per switch, per workload and per consumer mode: {value: {acks: pooled invalid rate}}
+    over every other column."""
     acks = _order(sorted({c["acks"] for c in configs}), ACKS_ORDER)
     out: dict[str, dict[str, Any]] = {}
-    for switch in ("consumer", *SWITCHES):
-        values = _order(sorted({c[switch] for c in configs}, key=str), CONSUMER_MODES)
+    for switch in ("workload", "consumer", *SWITCHES):
+        values = _order(
+            sorted({c[switch] for c in configs}, key=str), (*WORKLOADS, *CONSUMER_MODES)
+        )
         rows = []
         for value in values:
             cells = {}

@@ -7,12 +7,13 @@ the malformed ones with the reason (unreadable or non-object test.json, missing
 history.jsonl), so that the pipeline reports and skips them instead of failing.
 
 `config_of(test)` reduces a test configuration to the columns the published report
-groups by: acks, consumer (how the processes took keys: ``assign``, ``subscribe`` or
+groups by: workload (``queue``, or ``eos``: consume-transform-produce; a test.json without
+the key ran the queue workload), acks, consumer (how the processes took keys: ``assign``, ``subscribe`` or
 ``mixed``, `harness.testconfig.consumer_mode`; a test.json from before consumer groups reads
 as ``assign``), nemesis (one fault kind; ``combined`` for the matrix's schedule of all
 four kinds; kinds joined by ``+``, e.g. ``kill+partition``, for other compositions;
-``none``), the switches idempotence, txn, min_insync_replicas, unclean_leader_election and
-truncation_mode, and the two timings that decide how fast the ISR shrinks and how fast a
+``none``), the switches idempotence, txn, isolation_level, min_insync_replicas,
+unclean_leader_election and truncation_mode, and the two timings that decide how fast the ISR shrinks and how fast a
 dead broker's leadership moves (replica_lag_time_max_ms, zk_session_timeout_ms). The columns
 are the options of the harness's test table (``harness.testconfig``) that have a report
 column; a test.json without a key gets the value that run actually used (`ABSENT`, the
@@ -55,7 +56,7 @@ __all__ = [
 ]
 
 SWITCHES = tuple(o.name for o in COLUMNS if o.switch)
-CONFIG_COLUMNS = ("acks", "consumer", "nemesis", *SWITCHES, *TIMINGS)
+CONFIG_COLUMNS = ("workload", "acks", "consumer", "nemesis", *SWITCHES, *TIMINGS)
 # What a run whose test.json lacks a key ran with (the brokers' setting then).
 ABSENT: dict[str, Any] = {o.name: o.absent for o in COLUMNS if o.name in (*SWITCHES, *TIMINGS)}
 _COERCE = {"boolean": bool, "int": int, "bigint": int, "string": str}
@@ -81,7 +82,11 @@ class BadRun:
 
 def config_of(test: Mapping[str, Any]) -> dict[str, Any]:
     """The report's grouping columns for one test configuration (see the module doc)."""
+    workload = test.get("workload") or "queue"
+    if isinstance(workload, Mapping):  # (Jepsen's {"name": ..., options})
+        workload = workload.get("name") or "queue"
     out: dict[str, Any] = {
+        "workload": str(workload),
         "acks": str(test.get("acks", "all")).lower().replace("-1", "all"),
         "consumer": consumer_mode(test),
         "nemesis": nemesis_label(test.get("nemesis")),

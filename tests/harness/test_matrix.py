@@ -201,3 +201,75 @@ def test_the_consumer_mode_is_a_dimension_of_the_grid() -> None:
     assert "2 cells" in r.output
     r = runner.invoke(_app(), ["matrix", "--dry-run", "--consumer", "mixed"])
     assert r.exit_code == 2 and "unknown consumer mode" in r.output
+
+
+def test_workload_and_transaction_dimensions() -> None:
+    from isrlab.harness.testconfig import TestConfig
+
+    plain = grid(base_test(30), acks=["all"], nemeses=["kill"], consumers=["assign", "subscribe"])
+    # no transaction dimension given: the cells a matrix always ran
+    assert grid(
+        base_test(30), acks=["all"], nemeses=["kill"], consumers=["assign", "subscribe"]
+    ) == grid(
+        base_test(30),
+        acks=["all"],
+        nemeses=["kill"],
+        consumers=["assign", "subscribe"],
+        workloads=["queue"],
+    )
+    assert all(t["isolation_level"] is None for t in plain)
+    cells = grid(
+        base_test(30),
+        acks=["all"],
+        nemeses=["kill"],
+        consumers=["assign", "subscribe"],
+        workloads=["queue", "eos"],
+        idempotence=[False, True],
+        txn=[False, True],
+        isolation_levels=["read_uncommitted", "read_committed"],
+    )
+    names = [t["name"] for t in cells]
+    assert len(set(names)) == len(names)
+    assert [t["seed"] for t in cells] == list(range(len(cells)))
+    # queue: 2 consumer modes x (none, idem, idem+txn) x 2 levels; eos: no consumer mode
+    queue = [t for t in cells if t.get("workload") != "eos"]
+    eos = [t for t in cells if t.get("workload") == "eos"]
+    assert len(queue) == 2 * 3 * 2 and len(eos) == 3 * 2
+    assert all(t["idempotence"] for t in cells if t["txn"])
+    assert {(t["idempotence"], t["txn"]) for t in eos} == {
+        (False, False),
+        (True, False),
+        (True, True),
+    }
+    assert not any("subscribe" in t for t in eos)
+    assert all(t["name"].startswith("eos_") for t in eos)
+    assert {t["isolation_level"] for t in eos} == {"read_uncommitted", "read_committed"}
+    assert any("_rc_" in t["name"] for t in queue) and any("_rc_" not in t["name"] for t in queue)
+    for t in cells:  # every cell is a test configuration
+        TestConfig.from_mapping(t)
+    with pytest.raises(ValueError, match="unknown workload 'bank'"):
+        grid(base_test(30), workloads=["bank"])
+    with pytest.raises(ValueError, match="unknown isolation level"):
+        grid(base_test(30), isolation_levels=["serializable"])
+    r = CliRunner().invoke(
+        _app(),
+        [
+            "matrix",
+            "--dry-run",
+            "--acks",
+            "all",
+            "--nemesis",
+            "kill",
+            "--workload",
+            "queue,eos",
+            "--txn",
+            "false,true",
+            "--isolation-level",
+            "read_committed",
+        ],
+    )
+    assert r.exit_code == 0, r.output
+    assert "eos_acks-all_kill_idem_txn_rc_isr2_r0" in r.output
+    assert "acks-all_kill_rc_isr2_r0" in r.output and "4 cells" in r.output
+    r = CliRunner().invoke(_app(), ["matrix", "--dry-run", "--txn", "perhaps"])
+    assert r.exit_code == 2 and "txn" in r.output

@@ -37,7 +37,8 @@ def _good(opt: Option) -> Any:
 # Options that only make sense with another: what each is tried with.
 _COMPANIONS: dict[str, dict[str, Any]] = {
     "commit_p": {"subscribe": True},
-    "nemesis_targets": {"subscribe": True},  # the coordinator target needs a group
+    # the coordinator target needs a group, the txn-coordinator target transactions
+    "nemesis_targets": {"subscribe": True, "txn": True},
 }
 
 
@@ -143,7 +144,12 @@ def test_broker_settings_and_report_columns_come_from_the_table() -> None:
     from isrlab.pipeline.ingest import RUNS_SCHEMA
     from isrlab.pipeline.store import CONFIG_COLUMNS, config_of
 
-    assert set(CONFIG_COLUMNS) == {"consumer", "nemesis", *(o.name for o in testconfig.COLUMNS)}
+    assert set(CONFIG_COLUMNS) == {
+        "workload",
+        "consumer",
+        "nemesis",
+        *(o.name for o in testconfig.COLUMNS),
+    }
     assert set(CONFIG_COLUMNS) <= set(RUNS_SCHEMA.names)
     # a stored test.json without min_insync_replicas ran with Kafka's 1, not the new default 2
     assert TestConfig().min_insync_replicas == 2

@@ -21,11 +21,13 @@ from tests.checkers.hist import H
 def test_config_of_fills_kafka_defaults_and_labels_faults() -> None:
     c = config_of({"acks": "all", "nemesis": ["kill", "partition", "pause", "clock"]})
     assert c == {
+        "workload": "queue",  # a test.json without a workload ran the queue workload
         "acks": "all",
         "consumer": "assign",  # a test.json from before consumer groups
         "nemesis": "combined",
         "idempotence": False,
         "txn": False,
+        "isolation_level": "read_uncommitted",  # (librdkafka's default)
         "min_insync_replicas": 1,
         "unclean_leader_election": False,
         "truncation_mode": "leader-epoch",
@@ -207,3 +209,39 @@ def test_the_consumer_mode_is_a_grouping_column() -> None:
     assert [row["value"] for row in table["rows"]] == ["assign", "subscribe"]
     rates = {row["value"]: row["cells"]["1"]["rate"] for row in table["rows"]}
     assert rates == {"assign": 0.0, "subscribe": 30.0}
+
+
+def test_workload_and_isolation_level_are_grouping_columns() -> None:
+    from isrlab.pipeline.ingest import RUNS_SCHEMA
+    from isrlab.pipeline.report import _setting
+    from isrlab.pipeline.store import CONFIG_COLUMNS
+
+    assert CONFIG_COLUMNS[0] == "workload" and "isolation_level" in CONFIG_COLUMNS
+    assert RUNS_SCHEMA.names[:4] == ["run_id", "path", "name", "workload"]
+    assert RUNS_SCHEMA.field("isolation_level").type == "string"
+    eos = config_of({"workload": "eos", "txn": True, "isolation_level": "read_committed"})
+    assert (eos["workload"], eos["consumer"], eos["isolation_level"]) == (
+        "eos",
+        "subscribe",  # the copiers are one consumer group
+        "read_committed",
+    )
+    assert config_of({"workload": {"name": "queue"}})["workload"] == "queue"
+    assert _setting(_cfg(workload="eos", consumer="subscribe", txn=True)) == (
+        "eos, min.insync=1, txn"
+    )
+    assert _setting(_cfg(isolation_level="read_committed")) == "min.insync=1, read_committed"
+    q, e = _cfg(), _cfg(workload="eos", consumer="subscribe", txn=True)
+    configs = [
+        dict(q, runs=1, valid=1, invalid=0, unknown=0, acked_writes=1000),
+        dict(e, runs=1, valid=0, invalid=1, unknown=0, acked_writes=1000),
+    ]
+    types = [dict(e, type="eos-duplicate", count=5, runs_with=1)]
+    runs = [
+        dict(q, run_id="q/1", path="/s/q/1", valid="true", acked_writes=1000, invalid_count=0),
+        dict(e, run_id="e/1", path="/s/e/1", valid="false", acked_writes=1000, invalid_count=5),
+    ]
+    tables = switch_tables(summarize(configs, types, runs))
+    assert [row["value"] for row in tables["workload"]["rows"]] == ["queue", "eos"]
+    rates = {row["value"]: row["cells"]["1"]["rate"] for row in tables["workload"]["rows"]}
+    assert rates == {"queue": 0.0, "eos": 50.0}
+    assert "isolation_level" in tables

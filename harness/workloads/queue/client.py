@@ -58,7 +58,9 @@ Test keys used: acks ("all"), idempotence (False), txn (False), isolation_level
 and meaning): op_timeout_ms, watermark_p, linger_ms, request_timeout_ms, fetch_wait_max_ms,
 retries, poll_ms, session_timeout_ms, heartbeat_interval_ms, max_poll_interval_ms and
 assignment_strategy (group consumers),
-producer_config / consumer_config (extra librdkafka settings); group.
+producer_config / consumer_config (extra librdkafka settings); group; transactional_ids
+(with txn, thread i's transactional.id is item i, shared by the thread's successive
+processes; a thread beyond the list, or no list, gets an id of its own per process).
 """
 
 from __future__ import annotations
@@ -241,6 +243,7 @@ class QueueClient:
         node_bootstrap: str,
         process: int,
         node: str | None = None,
+        thread: int | None = None,
     ) -> None:
         self.test = test
         self.bootstrap = node_bootstrap
@@ -253,9 +256,16 @@ class QueueClient:
         self.poll_s = self.knobs.poll_ms / 1000
         self.watermark_p = self.knobs.watermark_p
         self._rng = random.Random(f"{test.get('seed', 0)}/{process}")
-        self.transactional_id: str | None = (
-            f"isrlab-{process}-{uuid.uuid4().hex[:8]}" if self.txn else None
-        )
+        # The test's transactional id of this thread (its processes take turns with it: a new
+        # one fences the last, as a restarted Kafka application does), else one of its own.
+        ids = test.get("transactional_ids") or ()
+        self.transactional_id: str | None = None
+        if self.txn:
+            self.transactional_id = (
+                str(ids[thread])
+                if thread is not None and thread < len(ids)
+                else f"isrlab-{process}-{uuid.uuid4().hex[:8]}"
+            )
         self.producer: Producer | None = None
         self._admin: AdminClient | None = None
         self.consumer: Consumer | None = None
@@ -290,7 +300,7 @@ class QueueClient:
             i = thread % len(names)
             order = names[i:] + names[:i]
             bootstrap = ",".join(nodes[n] for n in order)
-            return cls(test, bootstrap, process, node=names[i])
+            return cls(test, bootstrap, process, node=names[i], thread=thread)
 
         return make
 

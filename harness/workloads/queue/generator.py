@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from isrlab.checkers.queue import codec
 from isrlab.harness.generator import (
@@ -42,7 +42,24 @@ from isrlab.harness.generator import (
 )
 from isrlab.harness.workloads.queue.options import QueueOptions, subscribe_share
 
-__all__ = ["QueueWorkload", "queue_test"]
+__all__ = ["DrainSource", "FinalPolls", "QueueWorkload", "Workload", "queue_test"]
+
+
+class DrainSource(Protocol):
+    """What a thread's final drain (`FinalPolls`) reads of its workload."""
+
+    keys: list[str]
+    max_offsets: dict[str, int]
+    final_restart_ns: int
+    final_poll_ms: int
+
+
+class Workload(Protocol):
+    """What `queue_test` runs: the main phase's generator and the final drain's."""
+
+    def generator(self) -> Generator: ...
+
+    def final_generator(self) -> Generator: ...
 
 
 def _max_offsets(event: Op, polls: bool = True, sends: bool = True) -> dict[str, int]:
@@ -216,7 +233,7 @@ class QueueWorkload:
     def final_generator(self) -> Generator:
         """The drain: every thread crashes its client, assigns all keys from the beginning
         and polls until it has read every offset known at the start of the drain."""
-        return clients(each_thread(lambda: _FinalPolls(self)))
+        return clients(each_thread(lambda: FinalPolls(self)))
 
 
 _CRASH: Op = {"f": "crash", "value": None}
@@ -235,10 +252,10 @@ class _Tracking:
         self._gen.update(ctx, event)
 
 
-class _FinalPolls(Base):
+class FinalPolls(Base):
     """One thread's drain (Jepsen's final-polls)."""
 
-    def __init__(self, workload: QueueWorkload) -> None:
+    def __init__(self, workload: DrainSource) -> None:
         self._w = workload
         self._targets: dict[str, int] | None = None
         self._stage = "crash"
@@ -280,7 +297,7 @@ class _FinalPolls(Base):
 
 
 def queue_test(
-    workload: QueueWorkload,
+    workload: Workload,
     test: Mapping[str, Any],
     nemesis_gen: Any = None,
     heal: Mapping[str, Any] | None = None,

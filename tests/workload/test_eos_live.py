@@ -1,0 +1,180 @@
+"""The eos workload against a real broker: producers, copiers in one consumer group, readers
+and the final drain through the interpreter, checked by the queue checker's eos check.
+
+Skipped (at run time, not by a hard-coded mark) while the broker does not advertise EndTxn
+(ApiVersions, api key 26): transactions are not there yet. With transactions, copies are
+exactly once under copier kills; without (at-least-once), the same kills copy values twice.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from isrlab.checkers.api import check, policy_from_test
+from isrlab.checkers.history import load_history
+from isrlab.harness.history import HistoryWriter
+from isrlab.harness.interpreter import Interpreter
+from isrlab.harness.testconfig import TestConfig
+from isrlab.harness.workloads.eos.client import client_factory
+from isrlab.harness.workloads.eos.generator import EosWorkload
+from isrlab.harness.workloads.queue.generator import queue_test
+from tests.broker.conftest import BrokerProcess, free_port
+
+END_TXN = 26  # Kafka's api key of EndTxn
+
+
+def api_versions(host: str, port: int, timeout: float = 5.0) -> dict[int, tuple[int, int]]:
+    """The broker's ApiVersions (v0) answer: api key -> (min version, max version)."""
+    client = b"isrlab-test"
+    body = struct.pack(">hhih", 18, 0, 7, len(client)) + client
+    with socket.create_connection((host, port), timeout=timeout) as sock:
+        sock.sendall(struct.pack(">i", len(body)) + body)
+        (size,) = struct.unpack(">i", _recv(sock, 4))
+        answer = _recv(sock, size)
+    correlation, error, n = struct.unpack_from(">ihi", answer, 0)
+    assert correlation == 7 and error == 0, (correlation, error)
+    out = {}
+    for i in range(n):
+        key, lo, hi = struct.unpack_from(">hhh", answer, 10 + 6 * i)
+        out[key] = (lo, hi)
+    return out
+
+
+def _recv(sock: socket.socket, n: int) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise ConnectionError("the broker closed the connection")
+        buf += chunk
+    return buf
+
+
+@pytest.fixture(scope="module")
+def eos_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    base = tmp_path_factory.mktemp("eos-broker")
+    b = BrokerProcess(
+        base / "logs",
+        free_port(),
+        {
+            "auto.create.topics.enable": "false",
+            "group.initial.rebalance.delay.ms": "0",
+            # a killed copier's consumer is dropped, not closed: a short session lets the
+            # group move its partitions on within the run
+            "group.min.session.timeout.ms": "1000",
+            "transaction.abort.timed.out.transaction.cleanup.interval.ms": "1000",
+        },
+    )
+    b.start()
+    try:
+        versions = api_versions(b.host, b.port)
+        if END_TXN not in versions:
+            pytest.skip(
+                "the broker does not advertise EndTxn (api key 26): no transactions yet, "
+                "so no consume-transform-produce run"
+            )
+        yield b
+    finally:
+        b.stop()
+
+
+def topic_keys(bootstrap: str, partitions: int) -> list[str]:
+    name = "eos" + uuid.uuid4().hex[:8]
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for fut in admin.create_topics([NewTopic(name, partitions, 1)]).values():
+        fut.result(20)
+    return [f"{name}/{p}" for p in range(partitions)]
+
+
+def run_live(
+    broker: BrokerProcess, tmp_path: Path, txn: bool, seed: int, seconds: float = 12.0
+) -> tuple[dict[str, Any], EosWorkload, list[dict[str, Any]]]:
+    inputs, outputs = topic_keys(broker.bootstrap, 3), topic_keys(broker.bootstrap, 3)
+    test = TestConfig.from_mapping(
+        {
+            "workload": "eos",
+            "name": f"eos-live-{seed}",
+            "seed": seed,
+            "txn": txn,
+            "eos": {"input": inputs, "output": outputs},
+            "concurrency": 6,
+            "copiers": 2,
+            "readers": 1,
+            "rate": 100,
+            "time_limit": seconds,
+            "recovery_time": 1,
+            "final_time_limit": 40,
+            "copier_kill_interval": 3.0,
+            "session_timeout_ms": 2000,
+            "heartbeat_interval_ms": 300,
+            "op_timeout_ms": 5000,
+            "watermark_p": 0,
+        }
+    ).to_test()
+    workload = EosWorkload(test)
+    path = tmp_path / f"history-{seed}-{txn}.jsonl"
+    history = HistoryWriter(path)
+    factory = client_factory(test, {"n1": broker.bootstrap}, workload)
+    Interpreter(queue_test(workload, test), history, factory, test["concurrency"]).run()
+    history.close()
+    return test, workload, load_history(path)
+
+
+def _check(test: dict[str, Any], ops: list[dict[str, Any]]) -> dict[str, Any]:
+    policy = policy_from_test(test)
+    policy.pop("workload")
+    return check(ops, "queue", **policy)
+
+
+@pytest.mark.slow
+def test_transactional_copies_are_exactly_once_under_copier_kills(
+    eos_broker: BrokerProcess, tmp_path: Path
+) -> None:
+    test, workload, ops = run_live(eos_broker, tmp_path, txn=True, seed=1)
+    copies = [o for o in ops if o["f"] == "txn" and o["type"] == "ok" and len(o["value"]) > 1]
+    assert len(copies) >= 5 and workload.kills >= 1, (len(copies), workload.kills)
+    r = _check(test, ops)
+    kinds = [(o["type"], o.get("error")) for o in ops if o["f"] == "txn" and o["type"] != "invoke"]
+    print(
+        f"\n{len(copies)} copies committed, {workload.kills} copier kills, "
+        f"{sum(k == 'fail' for k, _ in kinds)} failed and {sum(k == 'info' for k, _ in kinds)} "
+        f"unknown copy ops; anomalies {r['anomaly_types']}"
+    )
+    assert r["valid"] is True, {k: r["anomalies"][k] for k in r["not_allowed"]}
+    assert not {"eos-duplicate", "eos-missing"} & set(r["anomaly_types"])
+    # the drain read what the copiers committed
+    outs = set(test["eos"]["output"])
+    drained = {
+        v
+        for o in ops
+        if o["f"] == "poll" and o["type"] == "ok"
+        for k, pairs in o["value"][0][1].items()
+        if k in outs
+        for _off, v in pairs
+    }
+    copied = {m[2][1] for o in copies for m in o["value"][1:]}
+    assert copied <= drained
+
+
+@pytest.mark.slow
+def test_at_least_once_copies_twice_under_copier_kills(
+    eos_broker: BrokerProcess, tmp_path: Path
+) -> None:
+    found = []
+    for seed in range(3):  # a kill may come when its copier had nothing left to copy
+        test, workload, ops = run_live(eos_broker, tmp_path, txn=False, seed=10 + seed)
+        r = _check(test, ops)
+        assert "eos-missing" not in r["anomaly_types"], r["anomalies"].get("eos-missing")
+        found.append((workload.kills, "eos-duplicate" in r["anomaly_types"]))
+        print(f"\nat-least-once seed {seed}: (kills, eos-duplicate) {found[-1]}")
+        if found[-1][1]:
+            return
+    raise AssertionError(f"no eos-duplicate without transactions: (kills, found) {found}")

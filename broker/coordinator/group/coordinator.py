@@ -313,6 +313,9 @@ class GroupCoordinator:
         #: transactions completed (`complete_txn`) while a partition was loading, applied once
         #: its load is done: (producer id, commit)
         self._completed_while_loading: dict[int, list[tuple[int, bool]]] = {}
+        #: producer id -> groups that may hold its pending offsets (Kafka's
+        #: openGroupsForProducer): a marker looks only at these, not at every group
+        self._txn_groups: dict[int, set[str]] = {}
 
     # ----- ownership -----------------------------------------------------------------------
 
@@ -395,6 +398,7 @@ class GroupCoordinator:
         for producer_id, txn in pending.items():
             for (group_id, topic, p), c in txn.items():
                 group_of(group_id).pending_txn_offsets.setdefault(producer_id, {})[(topic, p)] = c
+                self._txn_groups.setdefault(producer_id, set()).add(group_id)
         del self.loading[partition]
         self.owned[partition] = epoch
         for producer_id, commit in self._completed_while_loading.pop(partition, []):
@@ -413,6 +417,12 @@ class GroupCoordinator:
         effects: list[Effect] = []
         for group_id in [g for g in self.groups if self.partition_for(g) == partition]:
             group = self.groups.pop(group_id)
+            for producer_id in group.pending_txn_offsets:
+                ids = self._txn_groups.get(producer_id)
+                if ids is not None:
+                    ids.discard(group_id)
+                    if not ids:
+                        del self._txn_groups[producer_id]
             for m in group.members.values():
                 if m.awaiting_join is not None:
                     effects.append(Reply(m.awaiting_join, JoinResult(ErrorCode.NOT_COORDINATOR)))
@@ -971,6 +981,7 @@ class GroupCoordinator:
         # prepareTxnOffsetCommit: pending before the write, so a fetch requiring stable offsets
         # waits for it, and a commit that replaces one of this transaction's replaces it here
         txn = group.pending_txn_offsets.setdefault(req.producer_id, {})
+        self._txn_groups.setdefault(req.producer_id, set()).add(group.group_id)
         replaced = {tp: txn[tp] for tp in accepted if tp in txn}
         txn.update(accepted)
         self._appends[token] = _PendingAppend(
@@ -1004,9 +1015,15 @@ class GroupCoordinator:
         return []
 
     def _complete_txn_in(self, partition: int, producer_id: int, commit: bool) -> None:
-        for group in self.groups.values():
-            if group.is_(GroupState.DEAD) or self.partition_for(group.group_id) != partition:
+        group_ids = self._txn_groups.get(producer_id, set())
+        for group_id in sorted(group_ids):
+            group = self.groups.get(group_id)
+            if group is None or producer_id not in group.pending_txn_offsets:
+                group_ids.discard(group_id)  # gone (deleted, unloaded, failed writes)
                 continue
+            if group.is_(GroupState.DEAD) or self.partition_for(group_id) != partition:
+                continue
+            group_ids.discard(group_id)
             txn = group.pending_txn_offsets.pop(producer_id, None)
             if not txn or not commit:
                 continue
@@ -1025,6 +1042,8 @@ class GroupCoordinator:
                     )
                     continue
                 group.commit_offset(tp, c)
+        if not group_ids:
+            self._txn_groups.pop(producer_id, None)
 
     def fetch_offsets(
         self,

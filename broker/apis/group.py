@@ -45,6 +45,8 @@ from isrlab.broker.coordinator.group.coordinator import (
     TxnCommitRequest,
 )
 from isrlab.broker.coordinator.group.service import OFFSETS_TOPIC
+from isrlab.broker.coordinator.shell import coordinator_address
+from isrlab.broker.coordinator.transaction.service import TRANSACTION_TOPIC
 from isrlab.broker.errors import ErrorCode
 from isrlab.broker.network.codec import FileRegion, Request, encode_response
 
@@ -62,10 +64,9 @@ KEY_TYPE_TRANSACTION = 1
 async def _find_one(
     server: KafkaServer, key: str, key_type: int
 ) -> tuple[int, str, int, int, str | None]:
-    """(node id, host, port, error, message) of the coordinator of `key`."""
-    if key_type == KEY_TYPE_TRANSACTION:
-        return -1, "", -1, int(ErrorCode.INVALID_REQUEST), "transactions are not implemented yet"
-    if key_type != KEY_TYPE_GROUP:
+    """(node id, host, port, error, message) of the coordinator of `key`: the leader of the
+    internal topic's partition for it (created on first use, as Kafka does)."""
+    if key_type not in (KEY_TYPE_GROUP, KEY_TYPE_TRANSACTION):
         return (
             -1,
             "",
@@ -73,24 +74,29 @@ async def _find_one(
             int(ErrorCode.INVALID_REQUEST),
             f"unknown coordinator key type {key_type}",
         )
+    what = "group id" if key_type == KEY_TYPE_GROUP else "transactional id"
     if not key:
-        return -1, "", -1, int(ErrorCode.INVALID_REQUEST), "the group id is empty"
-    service = server.group_coordinator
-    err = await service.ensure_offsets_topic()
+        return -1, "", -1, int(ErrorCode.INVALID_REQUEST), f"the {what} is empty"
+    if key_type == KEY_TYPE_GROUP:
+        topic = OFFSETS_TOPIC
+        err = await server.group_coordinator.ensure_offsets_topic()
+        p = server.group_coordinator.core.partition_for(key)
+    else:
+        topic = TRANSACTION_TOPIC
+        err = await server.txn_coordinator.ensure_transaction_topic()
+        p = server.txn_coordinator.core.partition_for(key)
     if err:
-        return -1, "", -1, int(err), "the offsets topic is not available yet"
-    p = service.core.partition_for(key)
-    leader = server.partition_metadata((OFFSETS_TOPIC, p)).leader
-    address = server.live_brokers().get(leader) if leader >= 0 else None
+        return -1, "", -1, int(err), f"{topic} is not available yet"
+    address = coordinator_address(server, topic, p)
     if address is None:
         return (
             -1,
             "",
             -1,
             int(ErrorCode.COORDINATOR_NOT_AVAILABLE),
-            f"{OFFSETS_TOPIC}-{p} has no leader",
+            f"{topic}-{p} has no leader",
         )
-    return leader, address[0], address[1], 0, None
+    return address[0], address[1], address[2], 0, None
 
 
 async def handle_find_coordinator(server: KafkaServer, request: Request) -> Response:

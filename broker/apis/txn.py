@@ -52,7 +52,7 @@ from isrlab.broker.coordinator.transaction.coordinator import (
 from isrlab.broker.coordinator.transaction.service import TRANSACTION_TOPIC
 from isrlab.broker.errors import ErrorCode, KafkaError
 from isrlab.broker.log.control import build_control_batch
-from isrlab.broker.network.client import ConnectionFailed, KafkaConnection
+from isrlab.broker.network.client import ConnectionFailed
 from isrlab.broker.network.codec import FileRegion, Request, encode_response
 from isrlab.broker.partition import AppendResult
 
@@ -227,6 +227,19 @@ async def handle_end_txn(server: KafkaServer, request: Request) -> Response:
                 producer_epoch=req.producer_epoch,
                 commit=bool(req.committed),
             ),
+        )
+    if code not in (ErrorCode.NONE, ErrorCode.CONCURRENT_TRANSACTIONS):
+        meta = txn.core.txns.get(req.transactional_id)
+        log.info(
+            "EndTxn(%s) of %s (producer %d epoch %d): %s; the coordinator has %s",
+            "commit" if req.committed else "abort",
+            req.transactional_id,
+            req.producer_id,
+            req.producer_epoch,
+            ErrorCode(code).name,
+            "nothing"
+            if meta is None
+            else f"{meta.state.kafka_name} producer {meta.producer_id} epoch {meta.producer_epoch}",
         )
     resp = EndTxnResponse[v](throttle_time_ms=0, error_code=_fenced(ErrorCode(code), v, 2))
     return encode_response(resp, v, request.correlation_id)
@@ -407,14 +420,12 @@ async def _verify_with_coordinator(
             )
         ]
     )
-    conn = KafkaConnection(address[1], address[2], f"broker-{server.broker_id}-verify")
+    conn = txn.verify_connection(*address)
     try:
         resp = await conn.request(req, VERIFY_TIMEOUT_S)
     except ConnectionFailed as e:
         log.info("verifying %s for %s: %s", tp, transactional_id, e)
         return ErrorCode.NOT_ENOUGH_REPLICAS
-    finally:
-        conn.close()
     if resp.error_code:
         return _produce_error(ErrorCode(resp.error_code))
     for result in resp.results_by_transaction:

@@ -180,8 +180,13 @@ def test_bad_keys_fail(client_for: Callable[..., QueueClient]) -> None:
     assert parse_key("a/b/3") == ("a/b", 3)
 
 
-def test_transactions_need_broker_support(module_broker: BrokerProcess) -> None:
-    c = QueueClient({"txn": True, "op_timeout_ms": 3000}, module_broker.bootstrap, 0)
+def test_transactions_need_broker_support(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a broker without transactions (init_transactions: _UNSUPPORTED_FEATURE), faked: the
+    # reference broker has them
+    from tests.workload.fakekafka import FakeKafka
+
+    FakeKafka(["t0/0"], transactions=False).install(monkeypatch)
+    c = QueueClient({"txn": True, "op_timeout_ms": 3000}, "fake:9092", 0)
     with pytest.raises(ClientError, match="transactions"):
         c.open()
     assert c.producer is None

@@ -31,6 +31,7 @@ from kafka.protocol.consumer import OffsetForLeaderEpochRequest
 from kafka.protocol.producer import ProduceResponse as WireProduceResponse
 
 from isrlab.broker.config import BrokerConfig
+from isrlab.broker.log.control import build_control_batch
 from isrlab.broker.log.record_batch import iter_batches
 from isrlab.broker.network.codec import decode_request
 from isrlab.broker.replica_manager import LocalStateStore
@@ -42,6 +43,7 @@ from isrlab.broker.replication import (
     ProduceResponse,
     ReplicationConfig,
     TopicPartition,
+    TxnValue,
     WriteStateZnode,
 )
 from isrlab.broker.server import KafkaServer
@@ -81,6 +83,10 @@ class ShellFollowsCore(RuleBasedStateMachine):
         self.produces: dict[int, tuple[asyncio.Task[Any], int]] = {}
         self.twin_answers: dict[int, ProduceResponse] = {}
         self.waiting: set[int] = set()  # acks=all produces not answered at once
+        # transactional appends (data from producers 1 and 2, markers from "the coordinator"),
+        # through ReplicaManager.append: value -> (task, acks); and the next sequence per pid
+        self.txn_appends: dict[int, tuple[asyncio.Task[Any], int]] = {}
+        self.sequences: dict[int, int] = {}
 
     # ------------------------------------------------------------------ plumbing
     def _run(self, coro: Any) -> Any:
@@ -219,6 +225,50 @@ class ShellFollowsCore(RuleBasedStateMachine):
         event(f"produce acks={acks}: {answer.error.name if answer else 'no answer yet'}")
 
     @rule(
+        pid=st.sampled_from([1, 2]),
+        kind=st.sampled_from(["data", "data", "commit", "abort"]),
+        acks=st.sampled_from([-1, 1]),
+    )
+    def transactional(self, pid: int, kind: str, acks: int) -> None:
+        """Transactional data of producer ``pid`` (a client's) or its transaction marker
+        (written as the transaction coordinator writes it); the twin gets a TxnValue."""
+        assert self.server is not None and self.twin is not None
+        self.value += 1
+        if kind == "data":
+            seq = self.sequences.get(pid, 0)
+            batch = build_batch(
+                [b"t%d" % self.value],
+                transactional=True,
+                producer_id=pid,
+                producer_epoch=0,
+                base_sequence=seq,
+            )
+            origin = "client"
+        else:
+            batch = build_control_batch(pid, 0, kind == "commit", 0, 1)
+            origin = "coordinator"
+        hp = self.server.replica_manager.get((TOPIC, 0))
+        leo = hp.log.log_end_offset
+        server = self.server
+
+        async def append() -> Any:
+            result = server.replica_manager.append(
+                (TOPIC, 0), memoryview(batch), acks, PRODUCE_TIMEOUT_MS, origin=origin
+            )
+            return await result if isinstance(result, asyncio.Future) else result
+
+        task = self.loop.create_task(append())
+        self._run(self._settle())
+        if kind == "data" and hp.log.log_end_offset != leo:
+            self.sequences[pid] = self.sequences.get(pid, 0) + 1
+        self.txn_appends[self.value] = (task, acks)
+        record = TxnValue(self.value, pid, None if kind == "data" else kind)
+        self._twin(
+            self.twin.on_produce(self.value, [record], acks, PRODUCE_TIMEOUT_MS, self._tick())
+        )
+        event(f"transactional {kind}")
+
+    @rule(
         replica=st.sampled_from([1, 2, -1]),
         offset=OFFSETS,
         epoch=EPOCHS,
@@ -326,6 +376,16 @@ class ShellFollowsCore(RuleBasedStateMachine):
                     event(f"produce acks=-1 answered after waiting: {twin.error.name}")
 
     @invariant()
+    def transactional_appends_complete_alike(self) -> None:
+        for value, (task, acks) in self.txn_appends.items():
+            twin = self.twin_answers.get(value)
+            assert task.done() == (twin is not None), f"transactional append {value} acks={acks}"
+            if twin is not None:
+                assert int(task.result().error) == int(twin.error), f"append {value}"
+                if not twin.error:
+                    assert task.result().base_offset == twin.base_offset
+
+    @invariant()
     def same_log_end_and_high_watermark(self) -> None:
         if self.server is not None and self.twin is not None:
             hp = self.server.replica_manager.get((TOPIC, 0))
@@ -336,7 +396,7 @@ class ShellFollowsCore(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         if self.server is not None:
-            for task, _ in self.produces.values():
+            for task, _ in [*self.produces.values(), *self.txn_appends.values()]:
                 task.cancel()
             self._run(self.server.replica_manager.stop())
             self.server.log_manager.close()

@@ -109,12 +109,35 @@ class TransactionCoordinatorService(CoordinatorShell):
         self.core = TransactionCoordinator(txn_config(server))
         super().__init__(server, self.core, "transaction coordinator")
         self._marker_connections: dict[int, KafkaConnection] = {}
+        self._verify_connections: dict[int, KafkaConnection] = {}
 
     async def stop(self) -> None:
         await super().stop()
-        for conn in self._marker_connections.values():
-            conn.close()
-        self._marker_connections.clear()
+        for conns in (self._marker_connections, self._verify_connections):
+            for conn in conns.values():
+                conn.close()
+            conns.clear()
+
+    def _connection(
+        self, pool: dict[int, KafkaConnection], broker: int, host: str, port: int, what: str
+    ) -> KafkaConnection:
+        """The connection of `pool` to `broker` (one request at a time), replaced if the
+        broker's address changed; a failed request closes it and the next one reconnects."""
+        conn = pool.get(broker)
+        if conn is None or (conn.host, conn.port) != (host, port):
+            if conn is not None:
+                conn.close()
+            conn = KafkaConnection(host, port, f"broker-{self.server.broker_id}-{what}")
+            pool[broker] = conn
+        return conn
+
+    def verify_connection(self, broker: int, host: str, port: int) -> KafkaConnection:
+        """The connection this broker's produce-side verification (AddPartitionsToTxn v4) uses
+        to reach the transaction coordinator on `broker`: kept, as Kafka's
+        AddPartitionsToTxnManager keeps one per coordinator node, rather than a new TCP
+        connection for the first batch of every partition of every transaction. Separate from
+        the marker connections, whose requests wait for the ISR."""
+        return self._connection(self._verify_connections, broker, host, port, "verify")
 
     # ----- carrying out effects --------------------------------------------------------------
 
@@ -167,13 +190,16 @@ class TransactionCoordinatorService(CoordinatorShell):
             by_leader: dict[int, list[tuple[str, int]]] = {}
             for tp in sorted(remaining):
                 by_leader.setdefault(self.server.partition_metadata(tp).leader, []).append(tp)
-            answers: dict[tuple[str, int], ErrorCode] = {}
+            # every leader at once (Kafka's marker channel has a queue per broker): the
+            # transaction stays PrepareCommit/PrepareAbort, answering its producer's next
+            # AddPartitionsToTxn with CONCURRENT_TRANSACTIONS, until the slowest is done
+            requests = []
             for leader, tps in by_leader.items():
                 if leader < 0:
                     continue  # no leader right now: next round
                 if leader == self.server.broker_id:
-                    answers.update(
-                        await write_markers(
+                    requests.append(
+                        write_markers(
                             self.server,
                             m.producer_id,
                             m.producer_epoch,
@@ -183,7 +209,10 @@ class TransactionCoordinatorService(CoordinatorShell):
                         )
                     )
                 else:
-                    answers.update(await self._remote_markers(leader, m, tps))
+                    requests.append(self._remote_markers(leader, m, tps))
+            answers: dict[tuple[str, int], ErrorCode] = {}
+            for answer in await asyncio.gather(*requests):
+                answers.update(answer)
             for tp, err in answers.items():
                 if err == ErrorCode.NONE:
                     remaining.discard(tp)
@@ -217,14 +246,9 @@ class TransactionCoordinatorService(CoordinatorShell):
         address = self.server.live_brokers().get(leader)
         if address is None:
             return {}
-        conn = self._marker_connections.get(leader)
-        if conn is None or (conn.host, conn.port) != address:
-            if conn is not None:
-                conn.close()
-            conn = KafkaConnection(
-                address[0], address[1], f"broker-{self.server.broker_id}-txn-markers"
-            )
-            self._marker_connections[leader] = conn
+        conn = self._connection(
+            self._marker_connections, leader, address[0], address[1], "txn-markers"
+        )
         by_topic: dict[str, list[int]] = {}
         for t, p in tps:
             by_topic.setdefault(t, []).append(p)

@@ -201,6 +201,8 @@ class _Plan:
     first_dirty: int
     first_uncleanable: int
     now_ms: int
+    #: (producer id, first offset) of the aborted transactions overlapping the dirty section
+    aborted: list[tuple[int, int]] = field(default_factory=list)
 
     def close(self) -> None:
         for source in self.sources:
@@ -236,6 +238,28 @@ class CleanResult:
     first_dirty_offset: int
     end_offset: int  # the new first dirty offset
     stats: CleanerStats
+
+
+class _AbortedTxns:
+    """Which batches belong to aborted transactions, walking a log in offset order (Kafka's
+    cleaner tracks the same): a producer's batches from the first offset of one of its aborted
+    transactions up to its next marker (the abort)."""
+
+    def __init__(self, aborted: list[tuple[int, int]]) -> None:
+        self._pending = sorted(aborted, key=lambda t: t[1])
+        self._next = 0
+        self._active: set[int] = set()
+
+    def skip(self, header: BatchHeader) -> bool:
+        while (
+            self._next < len(self._pending) and self._pending[self._next][1] <= header.base_offset
+        ):
+            self._active.add(self._pending[self._next][0])
+            self._next += 1
+        if header.is_control:
+            self._active.discard(header.producer_id)
+            return False
+        return header.is_transactional and header.producer_id in self._active
 
 
 def _batch_at(
@@ -323,6 +347,9 @@ class Cleaner:
             to_clean.first_dirty_offset,
             to_clean.first_uncleanable_offset,
             int(self.clock() * 1000),
+            log.collect_aborted_transactions(
+                to_clean.first_dirty_offset, to_clean.first_uncleanable_offset
+            ),
         )
         if not has_dirty:
             plan.close()
@@ -364,8 +391,14 @@ class Cleaner:
         stats: CleanerStats,
     ) -> int:
         """Map the dirty segments, whole segments only, until the map would overflow (at least
-        one segment is mapped). Returns the offset after the last mapped segment."""
+        one segment is mapped). Returns the offset after the last mapped segment.
+
+        With aborted transactions in the dirty section, their records are left out of the map
+        (Kafka's cleaner does the same): a key whose latest record was aborted keeps its last
+        committed value, and the aborted record stays too (read_committed consumers skip it
+        through the .txnindex; removing aborted records is not implemented)."""
         end_offset = plan.first_dirty
+        aborted = _AbortedTxns(plan.aborted) if plan.aborted else None
         for source in plan.sources:
             if source.base_offset < plan.first_dirty:
                 continue
@@ -375,6 +408,13 @@ class Cleaner:
                 and len(offsets) + (source.next_base - source.base_offset) > self.map_entries
             ):
                 break
+            if aborted is not None:
+                self._map_segment_skipping_aborted(
+                    plan, source, offsets, last_batches, stats, aborted
+                )
+                stats.map_bytes += source.size
+                end_offset = source.next_base
+                continue
             position = 0
             while position < source.size:
                 self._check_abort(plan.tp)  # a stop waits for one read's work at most
@@ -407,6 +447,46 @@ class Cleaner:
             stats.map_bytes += source.size
             end_offset = source.next_base
         return end_offset
+
+    def _map_segment_skipping_aborted(
+        self,
+        plan: _Plan,
+        source: _Source,
+        offsets: cleaner_records.PyOffsetMap,
+        last_batches: dict[int, int],
+        stats: CleanerStats,
+        aborted: _AbortedTxns,
+    ) -> None:
+        """The map pass over one segment, batch by batch in Python, without the records of
+        aborted transactions (only used when the dirty section holds some)."""
+        position = 0
+        while position < source.size:
+            self._check_abort(plan.tp)
+            data = os.pread(source.fd, min(self.io_buffer_size, source.size - position), position)
+            at = 0
+            while at < len(data):
+                header, batch = _batch_at(source.fd, source.size, position + at, data, at)
+                if header is None:
+                    return  # a torn tail: the rewrite stops there too
+                if header.producer_id >= 0:
+                    last_batches[header.producer_id] = header.last_offset
+                skip = aborted.skip(header)
+                records = (
+                    None
+                    if skip or header.is_control
+                    else self._records(header, batch, header.position)
+                )
+                if records is not None:
+                    try:
+                        stats.map_records += cleaner_records.map_records(
+                            records[0], records[1], records[2], header.base_offset, offsets
+                        )
+                    except ValueError:
+                        pass  # malformed records: the rewrite keeps this batch whole
+                at += header.size
+                if batch is not data:
+                    break  # read past this buffer: continue from the file
+            position += at
 
     @staticmethod
     def _records(header: BatchHeader, data: bytes, at: int) -> tuple[bytes, int, int] | None:

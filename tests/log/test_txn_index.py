@@ -251,3 +251,32 @@ def test_the_cleaner_keeps_markers_and_aborted_transactions(
         assert not list(log.dir.glob("*.txnindex.*"))
     finally:
         log.close_without_flush()
+
+
+def test_the_cleaner_never_lets_an_aborted_record_supersede_a_committed_one(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    from tests.log.compaction import cleaner_for, compact_config, read_all
+    from tests.log.test_cleaner_crash import TP
+
+    log = Log.open(tmp_path / "orders-0", compact_config(segment_bytes=600), clock=clock)
+    w = Writer(log)
+    committed = w.data(20, key=b"k", tag="committed")
+    w.marker(20, commit=True)
+    aborted = w.data(21, key=b"k", tag="aborted")
+    w.marker(21, commit=False)
+    for round_ in range(20):  # other keys, committed, enough for several segments
+        w.data(22, key=b"other%d" % (round_ % 3), tag=str(round_))
+        w.marker(22, commit=True)
+    log.roll()
+    try:
+        assert cleaner_for(tmp_path, {TP: log}, clock).clean_once() is not None
+        records = read_all(log)
+        kept = {offset for offset, *_ in records}
+        # the committed value of k stays (a read_committed consumer drops the aborted one)
+        assert committed in kept and aborted in kept
+        assert log.collect_aborted_transactions(0, log.log_end_offset) == [(21, aborted)]
+        others = [key for _, key, *_ in records if key is not None and key.startswith(b"other")]
+        assert len(others) == 3  # the other keys were compacted to their latest values
+    finally:
+        log.close_without_flush()

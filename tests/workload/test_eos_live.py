@@ -20,6 +20,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from isrlab.checkers.api import check, policy_from_test
 from isrlab.checkers.history import load_history
+from isrlab.harness.db import KEY_TYPE_TRANSACTION, find_coordinator
 from isrlab.harness.history import HistoryWriter
 from isrlab.harness.interpreter import Interpreter
 from isrlab.harness.testconfig import TestConfig
@@ -86,18 +87,29 @@ def eos_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProce
         b.stop()
 
 
-def topic_keys(bootstrap: str, partitions: int) -> list[str]:
+def topic_keys(bootstrap: str, partitions: int, rf: int = 1) -> list[str]:
     name = "eos" + uuid.uuid4().hex[:8]
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    for fut in admin.create_topics([NewTopic(name, partitions, 1)]).values():
+    for fut in admin.create_topics([NewTopic(name, partitions, rf)]).values():
         fut.result(20)
     return [f"{name}/{p}" for p in range(partitions)]
 
 
 def run_live(
-    broker: BrokerProcess, tmp_path: Path, txn: bool, seed: int, seconds: float = 12.0
+    broker: Any,
+    tmp_path: Path,
+    txn: bool,
+    seed: int,
+    seconds: float = 12.0,
+    rf: int = 1,
+    nemesis: Any = None,
+    nemesis_gen: Any = None,
 ) -> tuple[dict[str, Any], EosWorkload, list[dict[str, Any]]]:
-    inputs, outputs = topic_keys(broker.bootstrap, 3), topic_keys(broker.bootstrap, 3)
+    """One eos run against ``broker`` (a BrokerProcess or a tests/cluster Cluster: anything
+    with ``bootstrap``), with an optional nemesis (``invoke`` / ``heal_all``) and its
+    generator."""
+    inputs = topic_keys(broker.bootstrap, 3, rf)
+    outputs = topic_keys(broker.bootstrap, 3, rf)
     test = TestConfig.from_mapping(
         {
             "workload": "eos",
@@ -120,10 +132,13 @@ def run_live(
         }
     ).to_test()
     workload = EosWorkload(test)
+    if nemesis is not None and hasattr(nemesis, "test"):
+        nemesis.test = test  # (the transactional ids it aims at)
     path = tmp_path / f"history-{seed}-{txn}.jsonl"
     history = HistoryWriter(path)
     factory = client_factory(test, {"n1": broker.bootstrap}, workload)
-    Interpreter(queue_test(workload, test), history, factory, test["concurrency"]).run()
+    gen = queue_test(workload, test, nemesis_gen=nemesis_gen)
+    Interpreter(gen, history, factory, test["concurrency"], nemesis=nemesis).run()
     history.close()
     return test, workload, load_history(path)
 
@@ -178,3 +193,117 @@ def test_at_least_once_copies_twice_under_copier_kills(
         if found[-1][1]:
             return
     raise AssertionError(f"no eos-duplicate without transactions: (kills, found) {found}")
+
+
+class TxnCoordinatorKiller:
+    """kill -9 of the broker coordinating the first copier's transactional id (FindCoordinator
+    key type TRANSACTION, as the txn-coordinator nemesis target asks), then its restart."""
+
+    def __init__(self, cluster: Any, test: dict[str, Any] | None = None) -> None:
+        self.cluster = cluster
+        self.test = test
+        self.killed: list[int] = []
+
+    def invoke(self, op: dict[str, Any]) -> dict[str, Any]:
+        if op["f"] == "kill":
+            victim = self._coordinator() or 1
+            self.cluster.brokers[victim].kill9()
+            self.killed.append(victim)
+            return {**op, "value": {"killed": victim}}
+        for b in self.cluster.brokers.values():
+            if b.proc is None:
+                b.start()
+        return {**op, "value": {"started": True}}
+
+    def _coordinator(self) -> int | None:
+        ids = (self.test or {}).get("transactional_ids") or []
+        for b in self.cluster.brokers.values():
+            if b.proc is None:
+                continue
+            try:
+                node = find_coordinator(
+                    b.host, b.port, str(ids[0]) if ids else "x", key_type=KEY_TYPE_TRANSACTION
+                )
+            except (OSError, ValueError):
+                continue
+            if node is not None:
+                return node
+        return None
+
+    def heal_all(self) -> list[int]:
+        started = [i for i, b in self.cluster.brokers.items() if b.proc is None]
+        for i in started:
+            self.cluster.brokers[i].start()
+        return started
+
+
+CLUSTER = {
+    "min.insync.replicas": "2",
+    "offsets.topic.replication.factor": "3",
+    "transaction.state.log.replication.factor": "3",
+    "transaction.state.log.min.isr": "2",
+    "group.initial.rebalance.delay.ms": "0",
+    "group.min.session.timeout.ms": "1000",
+    "transaction.abort.timed.out.transaction.cleanup.interval.ms": "1000",
+}
+
+
+def _broker_kills() -> Any:
+    from isrlab.harness import generator as g
+
+    return g.seq(
+        g.sleep(3),
+        g.once({"f": "kill", "value": None}),
+        g.sleep(4),
+        g.once({"f": "start", "value": None}),
+        g.sleep(3),
+        g.once({"f": "kill", "value": None}),
+        g.sleep(4),
+        g.once({"f": "start", "value": None}),
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("txn", [True, False])
+def test_copier_and_broker_kills_on_three_brokers(
+    cluster_factory: Any, tmp_path: Path, txn: bool
+) -> None:
+    """The acceptance's run: copiers killed every ~3 s and the transaction coordinator killed
+    twice (kill -9, restart) on 3 brokers: exactly once with transactions, copied twice
+    (eos-duplicate) without; nothing missing either way."""
+    cluster = cluster_factory(3, CLUSTER)
+    versions = api_versions(cluster.brokers[1].host, cluster.brokers[1].port)
+    if END_TXN not in versions:
+        pytest.skip("the broker does not advertise EndTxn (api key 26): no transactions yet")
+    found = []
+    for seed in range(3):
+        killer = TxnCoordinatorKiller(cluster)
+        test, workload, ops = run_live(
+            cluster,
+            tmp_path,
+            txn=txn,
+            seed=20 + seed,
+            seconds=18.0,
+            rf=3,
+            nemesis=killer,
+            nemesis_gen=_broker_kills(),
+        )
+        assert len(killer.killed) == 2, killer.killed
+        r = _check(test, ops)
+        copies = [o for o in ops if o["f"] == "txn" and o["type"] == "ok" and len(o["value"]) > 1]
+        values = sum(len(o["value"]) - 1 for o in copies)
+        print(
+            f"\ntxn={txn} seed {seed}: {len(copies)} copies of {values} values, "
+            f"{workload.kills} copier kills, "
+            f"brokers killed {killer.killed}; anomalies {r['anomaly_types']}"
+        )
+        assert "eos-missing" not in r["anomaly_types"], r["anomalies"].get("eos-missing")
+        if txn:
+            assert values >= 50 and workload.kills >= 1, (values, workload.kills)
+            assert r["valid"] is True, {k: r["anomalies"][k] for k in r["not_allowed"]}
+            assert "eos-duplicate" not in r["anomaly_types"]
+            return
+        found.append("eos-duplicate" in r["anomaly_types"])
+        if found[-1]:
+            return
+    raise AssertionError(f"no eos-duplicate without transactions in {len(found)} runs")

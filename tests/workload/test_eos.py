@@ -283,6 +283,8 @@ def test_the_factory_gives_each_role_its_client(kafka: FakeKafka) -> None:
     assert type(c0) is EosCopier and c0.txn
     assert c0.consumer_config()["isolation.level"] == "read_committed"
     assert c0.producer_config()["transaction.timeout.ms"] == 10000
+    longer = EosCopier(eos_test(op_timeout_ms=15000), "h1:9092", 0, thread=0)
+    assert longer.producer_config()["transaction.timeout.ms"] == 15000
     for c in (c2, c3):
         assert type(c) is QueueClient and not c.txn and c.transactional_id is None
     assert c2.consumer_config()["isolation.level"] == "read_uncommitted"  # the test's

@@ -93,7 +93,10 @@ class EosCopier(QueueClient):
     def producer_config(self) -> dict[str, Any]:
         conf = super().producer_config()
         if self.transactional_id:
-            conf["transaction.timeout.ms"] = self.eos_knobs.transaction_timeout_ms
+            # (librdkafka wants message.timeout.ms <= transaction.timeout.ms)
+            conf["transaction.timeout.ms"] = max(
+                self.eos_knobs.transaction_timeout_ms, self.knobs.op_timeout_ms
+            )
         return conf
 
     def consumer_config(self) -> dict[str, Any]:

@@ -50,8 +50,9 @@ class EosOptions(QueueOptions):
     )
     transaction_timeout_ms: int = _knob(
         10000,
-        "the copiers' transaction.timeout.ms: how long the coordinator lets a killed copier's "
-        "open transaction hold back read_committed readers when no new copier fences it",
+        "the copiers' transaction.timeout.ms (at least op_timeout_ms): how long the "
+        "coordinator lets a killed copier's open transaction hold back read_committed readers "
+        "when no new copier fences it",
         minimum=1000,
     )
 

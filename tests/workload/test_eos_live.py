@@ -203,10 +203,13 @@ class TxnCoordinatorKiller:
         self.cluster = cluster
         self.test = test
         self.killed: list[int] = []
+        self.found: list[int | None] = []  # the coordinator FindCoordinator named, per kill
 
     def invoke(self, op: dict[str, Any]) -> dict[str, Any]:
         if op["f"] == "kill":
-            victim = self._coordinator() or 1
+            found = self._coordinator()
+            self.found.append(found)
+            victim = found or 1
             self.cluster.brokers[victim].kill9()
             self.killed.append(victim)
             return {**op, "value": {"killed": victim}}
@@ -289,13 +292,15 @@ def test_copier_and_broker_kills_on_three_brokers(
             nemesis_gen=_broker_kills(),
         )
         assert len(killer.killed) == 2, killer.killed
+        if txn:  # (the first kill is the copier's transaction coordinator, not a fallback)
+            assert killer.found[0] is not None, killer.found
         r = _check(test, ops)
         copies = [o for o in ops if o["f"] == "txn" and o["type"] == "ok" and len(o["value"]) > 1]
         values = sum(len(o["value"]) - 1 for o in copies)
         print(
             f"\ntxn={txn} seed {seed}: {len(copies)} copies of {values} values, "
             f"{workload.kills} copier kills, "
-            f"brokers killed {killer.killed}; anomalies {r['anomaly_types']}"
+            f"brokers killed {killer.killed} (coordinators found {killer.found}); anomalies {r['anomaly_types']}"
         )
         assert "eos-missing" not in r["anomaly_types"], r["anomalies"].get("eos-missing")
         if txn:

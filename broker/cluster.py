@@ -105,6 +105,8 @@ class ClusterKafkaServer(KafkaServer):
             for p, replicas in info.assignment.items():
                 if self.broker_id in replicas:
                     self._host_partition((name, p))
+                else:  # the metadata cache follows every partition, hosted here or not
+                    self._watch_state((name, p))
         self.log_manager.checkpoint()
         self.log_manager.start_schedulers()
         self.group_coordinator.start()

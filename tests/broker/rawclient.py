@@ -13,8 +13,8 @@ from kafka.record.memory_records import MemoryRecordsBuilder
 
 
 class RawClient:
-    def __init__(self, port: int, timeout: float = 10):
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    def __init__(self, port: int, timeout: float = 10, host: str = "127.0.0.1"):
+        self.sock = socket.create_connection((host, port), timeout=timeout)
         self.correlation_id = 0
 
     def close(self) -> None:

@@ -371,8 +371,10 @@ echo {wh.deps_key} > {deps_marker}
             "auto.create.topics.enable": "false",
             # Kafka's default is 50. This broker runs one replica fetcher per partition (Kafka
             # batches a leader's partitions into one fetch): 50 idle offsets partitions on 3
-            # nodes cost a quarter of a core, 10 cost little. `broker_config` overrides it.
+            # nodes cost a quarter of a core, 10 cost little (the same for __transaction_state).
+            # `broker_config` overrides them.
             "offsets.topic.num.partitions": "10",
+            "transaction.state.log.num.partitions": "10",
         }
         for key, prop in BROKER_SETTINGS.items():
             if self.test.get(key) is not None:

@@ -16,7 +16,8 @@ state. `install(monkeypatch)` makes the clients' `Producer` and `Consumer` its f
   member goes through an eager rebalance (revoke everything, assign its share, round robin)
   in its next poll; positions start at the group's committed offsets (else the
   beginning); a consumer commit of an old generation is refused (ILLEGAL_GENERATION).
-- Faults: `send_errors` (KafkaErrors handed out as delivery reports of the next sends),
+- Faults: `hang` (set: send_offsets_to_transaction and commit_transaction block until
+  `released` is set), `send_errors` (KafkaErrors handed out as delivery reports of the next sends),
   `commit_errors` (raised by the next `commit_transaction`), `offsets_errors` (by the next
   `send_offsets_to_transaction`); `committed_errors` (by the next consumer `committed`).
 - A transaction whose producer object is gone stays open, as after a kill -9, until a
@@ -74,6 +75,9 @@ class FakeKafka:
         self.commit_errors: list[KafkaError] = []
         self.offsets_errors: list[KafkaError] = []
         self.committed_errors: list[KafkaError] = []
+        # set: transactional calls block until it is cleared (librdkafka past its timeouts)
+        self.hang = threading.Event()
+        self.released = threading.Event()
         self.calls: list[str] = []
         self._ids = itertools.count()
 
@@ -228,6 +232,8 @@ class FakeProducer:
         self, offsets: list[TopicPartition], meta: bytes, timeout: float
     ) -> None:
         k = self.kafka
+        if k.hang.is_set():
+            k.released.wait()
         with k.lock:
             self._fenced()
             if k.offsets_errors:
@@ -245,6 +251,8 @@ class FakeProducer:
 
     def commit_transaction(self, timeout: float) -> None:
         k = self.kafka
+        if k.hang.is_set():
+            k.released.wait()
         with k.lock:
             self._fenced()
             if k.commit_errors:

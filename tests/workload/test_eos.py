@@ -166,6 +166,37 @@ def test_commit_outcomes(kafka: FakeKafka) -> None:
     assert op["type"] == "info" and op["error"] == "timed-out" and c.broken, op
 
 
+@pytest.mark.parametrize(("stuck", "kind"), [("offsets", "fail"), ("commit", "info")])
+def test_a_transactional_call_that_never_returns_is_given_up(
+    kafka: FakeKafka, monkeypatch: pytest.MonkeyPatch, stuck: str, kind: str
+) -> None:
+    from isrlab.harness.workloads.eos import client as eos_client
+
+    monkeypatch.setattr(eos_client, "_GRACE_S", 0.05)
+    c = copier(eos_test(op_timeout_ms=200))
+    fill(kafka, {"in/0": [1]})
+    if stuck == "commit":
+        kafka.offsets_errors = []  # (send_offsets passes, then the commit blocks)
+        real = c.producer.send_offsets_to_transaction  # type: ignore[union-attr]
+
+        def offsets_then_hang(*a: Any) -> None:
+            real(*a)
+            kafka.hang.set()
+
+        c.producer.send_offsets_to_transaction = offsets_then_hang  # type: ignore[union-attr]
+    else:
+        kafka.hang.set()
+    try:
+        op = c.invoke(COPY)
+        # nothing will commit a transaction stuck before its commit: a fail; a commit that
+        # never answered may have committed: unknown. Either way the client is given up.
+        assert op["type"] == kind and c.broken, op
+        assert op["error"] == [{"offsets": "send-offsets", "commit": "commit"}[stuck], "timeout"]
+        assert kafka.values("out") == []
+    finally:
+        kafka.released.set()
+
+
 def test_a_rebalance_during_the_poll_drops_the_batch(kafka: FakeKafka) -> None:
     test = eos_test()
     a = copier(test)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import socket
 import struct
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -207,7 +208,12 @@ class TxnCoordinatorKiller:
 
     def invoke(self, op: dict[str, Any]) -> dict[str, Any]:
         if op["f"] == "kill":
+            # (__transaction_state may still be electing its leaders: COORDINATOR_NOT_AVAILABLE)
+            deadline = time.monotonic() + 10
             found = self._coordinator()
+            while found is None and time.monotonic() < deadline:
+                time.sleep(0.2)
+                found = self._coordinator()
             self.found.append(found)
             victim = found or 1
             self.cluster.brokers[victim].kill9()

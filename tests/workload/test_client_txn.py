@@ -148,6 +148,45 @@ def test_commit_timeout_is_indefinite() -> None:
     assert c.broken  # the producer is in an unknown transaction state
 
 
+class HangingProducer(FakeProducer):
+    """commit_transaction / abort_transaction block until ``release`` is set, as librdkafka
+    was seen to block past its timeouts while the transaction coordinator was killed."""
+
+    def __init__(self, deliver: list[KafkaError | None]) -> None:
+        super().__init__(deliver)
+        import threading
+
+        self.release = threading.Event()
+
+    def commit_transaction(self, timeout: float) -> None:
+        self.calls.append("commit")
+        self.release.wait()
+
+    def abort_transaction(self, timeout: float) -> None:
+        self.calls.append("abort")
+        self.release.wait()
+
+
+@pytest.mark.parametrize(
+    ("deliver", "call"), [([None, None], "commit"), ([None, KafkaError(1)], "abort")]
+)
+def test_a_commit_or_abort_that_never_returns_is_given_up(
+    monkeypatch: pytest.MonkeyPatch, deliver: list[Any], call: str
+) -> None:
+    from isrlab.harness.workloads.queue import client as queue_client
+
+    monkeypatch.setattr(queue_client, "TXN_GRACE_S", 0.05)
+    p = HangingProducer(deliver)
+    c = client(p, polled(), txn=True)
+    try:
+        done = c.invoke(TXN)
+        assert done["type"] == "info" and c.broken, done
+        assert [call, "timeout"] in (done["error"] if call == "abort" else [done["error"]]), done
+        assert p.calls[-1] == call
+    finally:
+        p.release.set()
+
+
 def test_commit_that_requires_abort_is_a_fail() -> None:
     err = KafkaError(KafkaError.INVALID_TXN_STATE, txn_requires_abort=True)
     p = FakeProducer([None, None], commit=err)

@@ -170,9 +170,9 @@ def test_commit_outcomes(kafka: FakeKafka) -> None:
 def test_a_transactional_call_that_never_returns_is_given_up(
     kafka: FakeKafka, monkeypatch: pytest.MonkeyPatch, stuck: str, kind: str
 ) -> None:
-    from isrlab.harness.workloads.eos import client as eos_client
+    from isrlab.harness.workloads.queue import client as queue_client
 
-    monkeypatch.setattr(eos_client, "_GRACE_S", 0.05)
+    monkeypatch.setattr(queue_client, "TXN_GRACE_S", 0.05)
     c = copier(eos_test(op_timeout_ms=200))
     fill(kafka, {"in/0": [1]})
     if stuck == "commit":

@@ -16,7 +16,7 @@ transactions_test copier and Jepsen's intent:
 3. anything that goes wrong before the commit aborts the transaction and rewinds the consumer
    to the group's committed offsets (Kafka's resetToLastCommittedPositions); a rebalance
    during the poll drops the batch the same way (what was read may belong to another member
-   now). The transactional calls are bounded (`_within`): librdkafka was seen to block in
+   now). The transactional calls are bounded (`QueueClient._within`): librdkafka was seen to block in
    send_offsets_to_transaction far past its timeout while the coordinator was killed; such
    a copy is a ``fail`` (nothing will commit it) or, for a commit, ``info``, and the client is
    given up.
@@ -43,7 +43,6 @@ every new process a read_committed `QueueClient` for the final reads.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
@@ -66,8 +65,6 @@ __all__ = ["ClientError", "EosCopier", "client_factory"]
 log = logging.getLogger(__name__)
 
 Op = dict[str, Any]
-# How long past its own timeout a transactional call may take before it is given up.
-_GRACE_S = 5.0
 
 
 class _Roles(Protocol):
@@ -237,46 +234,6 @@ class EosCopier(QueueClient):
             # The commit's outcome is unknown (Jepsen: indefinite): a new process takes over.
             self.broken = True
             return "info"
-
-    def _within(self, call: Callable[[], Any], timeout: float) -> Any:
-        """``call()``, given up after ``timeout`` seconds and a grace of 5 (TimeoutError):
-        librdkafka's transactional calls take a timeout but were seen to block far past it
-        (send_offsets_to_transaction, for minutes, while the coordinator was being killed).
-        The call goes on in its own thread, which is left behind; the caller gives the client
-        up (`broken`), and the thread's next process fences this producer."""
-        box: dict[str, Any] = {}
-
-        def run() -> None:
-            try:
-                box["result"] = call()
-            except BaseException as e:  # handed to the caller
-                box["error"] = e
-
-        worker = threading.Thread(target=run, name=f"isrlab-txn-{self.process}", daemon=True)
-        worker.start()
-        worker.join(timeout + _GRACE_S)
-        if worker.is_alive():
-            raise TimeoutError
-        if "error" in box:
-            raise box["error"]
-        return box.get("result")
-
-    def _abort(self, errors: list[Any]) -> str:
-        """Abort the open transaction (bounded like the other transactional calls): a fail if
-        that worked, else unknown."""
-        producer = self.producer
-        assert producer is not None
-        try:
-            self._within(lambda: producer.abort_transaction(self.op_timeout), self.op_timeout)
-        except TimeoutError:
-            errors.append(["abort", "timeout"])
-            self.broken = True
-            return "info"
-        except KafkaException as e:
-            errors.append(["abort", error_name(e.args[0])])
-            self.broken = True
-            return "info"
-        return "fail"
 
     def _commit_offsets(self, tps: list[TopicPartition], timeout: float, errors: list[Any]) -> str:
         """At-least-once: commit the copied offsets to the group after the sends (ok), or

@@ -167,6 +167,8 @@ _BREAKING_ERRORS: frozenset[int] = frozenset(
 )
 
 _INVALID = -1001  # librdkafka's OFFSET_INVALID / "no watermark cached"
+# How long past its own timeout a transactional call may take before it is given up.
+TXN_GRACE_S = 5.0
 
 
 class _LibrdkafkaLog:
@@ -584,6 +586,30 @@ class QueueClient:
         names = sorted({error_name(e) for e in errors})
         return {**op, "type": kind, "value": value, "error": ["commit", *names]}
 
+    def _within(self, call: Callable[[], Any], timeout: float) -> Any:
+        """``call()``, given up after ``timeout`` seconds plus a grace of `TXN_GRACE_S`
+        (TimeoutError): librdkafka's transactional calls take a timeout but were seen to block
+        far past it (send_offsets_to_transaction, for minutes, while the transaction
+        coordinator was being killed). The call goes on in its own thread, which is left
+        behind; the caller gives the client up (`broken`), and the next process of the thread
+        fences this producer with the same transactional id."""
+        box: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                box["result"] = call()
+            except BaseException as e:  # handed to the caller
+                box["error"] = e
+
+        worker = threading.Thread(target=run, name=f"isrlab-txn-{self.process}", daemon=True)
+        worker.start()
+        worker.join(timeout + TXN_GRACE_S)
+        if worker.is_alive():
+            raise TimeoutError
+        if "error" in box:
+            raise box["error"]
+        return box.get("result")
+
     def _commit_within(
         self, consumer: Consumer, tps: list[TopicPartition], timeout: float
     ) -> list[TopicPartition] | None:
@@ -787,7 +813,14 @@ class QueueClient:
             if in_txn:
                 if verdict == "ok":
                     committing = True
-                    producer.commit_transaction(max(0.1, deadline - time.monotonic()))
+                    left = max(0.1, deadline - time.monotonic())
+                    try:
+                        self._within(lambda: producer.commit_transaction(left), left)
+                    except TimeoutError:
+                        # Unknown, as a commit that timed out (Jepsen: indefinite).
+                        errors.append(["commit", "timeout"])
+                        verdict = "info"
+                        self.broken = True
                     in_txn = False
                 else:
                     # Something in the body went wrong: aborting makes the whole op a fail.
@@ -917,11 +950,16 @@ class QueueClient:
         return read
 
     def _abort(self, errors: list[Any]) -> str:
-        """Abort the open transaction: the op is a fail if that worked, else unknown."""
+        """Abort the open transaction (bounded: `_within`): the op is a fail if that worked,
+        else unknown."""
         producer = self.producer
         assert producer is not None
         try:
-            producer.abort_transaction(self.op_timeout)
+            self._within(lambda: producer.abort_transaction(self.op_timeout), self.op_timeout)
+        except TimeoutError:
+            errors.append(["abort", "timeout"])
+            self.broken = True
+            return "info"
         except KafkaException as e:
             errors.append(["abort", error_name(e.args[0])])
             self.broken = True

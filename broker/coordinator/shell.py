@@ -40,9 +40,19 @@ def now_ms() -> int:
 
 
 class Core(Protocol):
+    """What the shell needs of a coordinator core."""
+
+    #: internal-topic partitions this broker leads and has loaded / is loading -> leader epoch
+    owned: dict[int, int]
+    loading: dict[int, int]
+
     def next_deadline(self) -> int | None: ...
 
     def tick(self, now: int) -> list[Any]: ...
+
+    def begin_load(self, partition: int, epoch: int) -> list[Any]: ...
+
+    def unload(self, partition: int) -> list[Any]: ...
 
 
 class CoordinatorShell:
@@ -111,6 +121,31 @@ class CoordinatorShell:
             return await fut
         finally:
             self._waiting.pop(ref, None)
+
+    # ----- leadership of the internal topic's partitions ------------------------------------
+
+    def on_role_change(self, hp: HostedPartition) -> None:
+        """A replica of the internal topic became leader (load it) or follower (unload)."""
+        if hp.tp[0] != self.topic:
+            return
+        p = hp.tp[1]
+        core = self._core
+        if hp.is_leader:
+            epoch = hp.leader_epoch
+            if core.owned.get(p) == epoch or core.loading.get(p) == epoch:
+                return
+            self._run(core.begin_load(p, epoch))
+            self._spawn(self._load(hp, p, epoch))
+        elif p in core.owned or p in core.loading:
+            log.info("%s: unloading %s-%d (no longer leader)", self.name, self.topic, p)
+            self._run(core.unload(p))
+
+    def on_partition_removed(self, tp: tuple[str, int]) -> None:
+        if tp[0] == self.topic:
+            self._run(self._core.unload(tp[1]))
+
+    async def _load(self, hp: HostedPartition, p: int, epoch: int) -> None:  # pragma: no cover
+        raise NotImplementedError
 
     # ----- the internal topic ----------------------------------------------------------------
 

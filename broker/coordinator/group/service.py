@@ -1,6 +1,7 @@
 """The group coordinator's asyncio shell: carries out what the sans-IO core decides.
 
-- A request becomes a `ref` with a future; the core's `Reply(ref, ...)` resolves it.
+What every coordinator shell does (requests as futures, the timer, loading on leadership, creating
+the topic) is in `broker.coordinator.shell.CoordinatorShell`; this module adds:
 - An `Append` is written to `__consumer_offsets` through the ReplicaManager like any produce,
   with acks=all (or acks=1 under the historic switch `offsets.commit.required.acks=1`), and
   the core hears `on_append_done` (with the batch's offset) when the write is acknowledged or
@@ -9,22 +10,16 @@
 - Transactions: `complete_txn` is called by the transaction marker path once a marker is
   written to partitions of `__consumer_offsets`; the core commits or drops the producer's
   pending offsets there.
-- Time: one task wakes at the core's next deadline (heartbeat expiry, rebalance timeout,
-  initial delay, offset retention) and calls `tick`.
-- Leadership: the ReplicaManager tells this shell when a replica of `__consumer_offsets`
-  becomes leader (load the partition's groups: read the log, replay it into the core) or stops
-  being leader (unload).
-- The topic itself is created on the first FindCoordinator, as Kafka does.
+- Loading: a partition's records replayed into the core, transactional batches held with their
+  producer id until its marker.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from isrlab.broker.coordinator.group.coordinator import (
     Append,
@@ -52,8 +47,8 @@ from isrlab.broker.coordinator.group.records import (
     encode_offset_value,
     iter_batch_records,
 )
-from isrlab.broker.errors import ErrorCode, KafkaError
-from isrlab.broker.log.record_batch import iter_batches
+from isrlab.broker.coordinator.shell import CoordinatorShell, now_ms
+from isrlab.broker.errors import ErrorCode
 
 if TYPE_CHECKING:
     from isrlab.broker.partition import HostedPartition
@@ -62,15 +57,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 OFFSETS_TOPIC = "__consumer_offsets"
-#: bytes read per step while loading a partition
-LOAD_READ_BYTES = 1 << 20
-#: the timer's resolution: heartbeat expiry, rebalance timeouts and the initial delay are
-#: noticed within this long (Kafka's purgatories tick at a similar grain)
-TICK_MS = 100
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def group_config(server: KafkaServer) -> GroupConfig:
@@ -95,72 +81,23 @@ def encode_entry(key: Key, value: Value | None) -> tuple[bytes, bytes | None]:
     return encode_key(key), encode_group_value(value)
 
 
-class GroupCoordinatorService:
+class GroupCoordinatorService(CoordinatorShell):
+    topic = OFFSETS_TOPIC
+
     def __init__(self, server: KafkaServer):
-        self.server = server
         self.core = GroupCoordinator(group_config(server))
+        super().__init__(server, self.core, "group coordinator")
         self.required_acks = int(server.config["offsets.commit.required.acks"])
         self.commit_timeout_ms = int(server.config["offsets.commit.timeout.ms"])
-        self._refs = itertools.count(1)
-        self._waiting: dict[int, asyncio.Future[Any]] = {}
-        self._task: asyncio.Task[None] | None = None
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self._create_lock = asyncio.Lock()
-
-    # ----- lifecycle -------------------------------------------------------------------------
-
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._timer_loop())
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-        for t in list(self._tasks):
-            t.cancel()
-        for fut in self._waiting.values():
-            if not fut.done():
-                fut.set_exception(KafkaError(ErrorCode.COORDINATOR_NOT_AVAILABLE, "stopping"))
-        self._waiting.clear()
-
-    async def _timer_loop(self) -> None:
-        """Deadlines are kept to TICK_MS: requests do not wake this loop (a scan of every group
-        per request would cost the event loop dearly with thousands of members); it sleeps until
-        the next deadline, at most TICK_MS."""
-        while True:
-            deadline = self.core.next_deadline()
-            wait = TICK_MS / 1000 if deadline is None else (deadline - now_ms()) / 1000
-            await asyncio.sleep(min(max(wait, 0.0), TICK_MS / 1000))
-            try:
-                self._run(self.core.tick(now_ms()))
-            except Exception:  # pragma: no cover - a bug; the coordinator keeps serving
-                log.exception("group coordinator tick failed")
-
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     # ----- carrying out effects --------------------------------------------------------------
 
     def _run(self, effects: list[Effect]) -> None:
         for e in effects:
             if isinstance(e, Reply):
-                fut = self._waiting.pop(e.ref, None)
-                if fut is not None and not fut.done():
-                    fut.set_result(e.result)
+                self._resolve(e.ref, e.result)
             else:
                 self._spawn(self._append(e))
-
-    async def call(self, method: Callable[..., list[Effect]], *args: Any) -> Any:
-        """Ask the core; wait for its answer to this request (now or later)."""
-        ref = next(self._refs)
-        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._waiting[ref] = fut
-        try:
-            self._run(method(now_ms(), ref, *args))
-            return await fut
-        finally:
-            self._waiting.pop(ref, None)
 
     async def _append(self, a: Append) -> None:
         tp = (OFFSETS_TOPIC, a.partition)
@@ -203,25 +140,7 @@ class GroupCoordinatorService:
         before answering WriteTxnMarkers."""
         self._run(self.core.complete_txn(now_ms(), producer_id, partitions, commit))
 
-    # ----- leadership of __consumer_offsets partitions ---------------------------------------
-
-    def on_role_change(self, hp: HostedPartition) -> None:
-        if hp.tp[0] != OFFSETS_TOPIC:
-            return
-        p = hp.tp[1]
-        if hp.is_leader:
-            epoch = hp.leader_epoch
-            if self.core.owned.get(p) == epoch or self.core.loading.get(p) == epoch:
-                return
-            self._run(self.core.begin_load(p, epoch))
-            self._spawn(self._load(hp, p, epoch))
-        elif p in self.core.owned or p in self.core.loading:
-            log.info("group coordinator: unloading %s-%d (no longer leader)", OFFSETS_TOPIC, p)
-            self._run(self.core.unload(p))
-
-    def on_partition_removed(self, tp: tuple[str, int]) -> None:
-        if tp[0] == OFFSETS_TOPIC:
-            self._run(self.core.unload(tp[1]))
+    # ----- loading __consumer_offsets partitions (leadership: CoordinatorShell) -------------
 
     async def _load(self, hp: HostedPartition, p: int, epoch: int) -> None:
         """Read the partition from its log start to its log end and replay it. A leader's whole
@@ -229,51 +148,37 @@ class GroupCoordinatorService:
         anything written after it can be acknowledged."""
         start = time.monotonic()
         entries: list[LoadItem] = []
-        lg = hp.log
-        offset = lg.log_start_offset
-        end = lg.log_end_offset
         bad = 0
+        offset = hp.log.log_start_offset
         try:
-            while offset < end:
-                data = lg.read(offset, LOAD_READ_BYTES, max_offset=end).read_bytes()
-                if not data:
-                    break
-                nxt = offset
-                for header in iter_batches(data):
-                    nxt = header.next_offset
-                    batch = data[header.position : header.end_position]
-                    if header.is_control:
-                        try:
-                            kind = control_record_type(batch)
-                        except RecordFormatError as e:
-                            log.error("%s-%d: skipping a control batch: %s", OFFSETS_TOPIC, p, e)
-                            bad += 1
-                            continue
-                        if kind in (CONTROL_ABORT, CONTROL_COMMIT):
-                            entries.append(TxnMarker(header.producer_id, kind == CONTROL_COMMIT))
-                        continue
+            async for header, batch in self.read_batches(hp):
+                offset = header.base_offset
+                if header.is_control:
                     try:
-                        records = list(iter_batch_records(batch))
-                    except RecordFormatError as e:  # a damaged batch: skipped, the rest loads
-                        log.error("%s-%d: skipping a batch: %s", OFFSETS_TOPIC, p, e)
-                        bad += max(header.records_count, 1)
+                        kind = control_record_type(batch)
+                    except RecordFormatError as e:
+                        log.error("%s-%d: skipping a control batch: %s", OFFSETS_TOPIC, p, e)
+                        bad += 1
                         continue
-                    producer_id = header.producer_id if header.is_transactional else -1
-                    first = records[0][0] if records else header.base_offset
-                    for _, key, value in records:
-                        try:
-                            if key is None:
-                                raise RecordFormatError("no key")
-                            k = decode_key(key)
-                            entries.append(
-                                LoadedRecord(k, decode_value(k, value), first, producer_id)
-                            )
-                        except RecordFormatError:
-                            bad += 1
-                if nxt <= offset:
-                    break
-                offset = nxt
-                await asyncio.sleep(0)  # a big partition must not stall the broker
+                    if kind in (CONTROL_ABORT, CONTROL_COMMIT):
+                        entries.append(TxnMarker(header.producer_id, kind == CONTROL_COMMIT))
+                    continue
+                try:
+                    records = list(iter_batch_records(batch))
+                except RecordFormatError as e:  # a damaged batch: skipped, the rest loads
+                    log.error("%s-%d: skipping a batch: %s", OFFSETS_TOPIC, p, e)
+                    bad += max(header.records_count, 1)
+                    continue
+                producer_id = header.producer_id if header.is_transactional else -1
+                first = records[0][0] if records else header.base_offset
+                for _, key, value in records:
+                    try:
+                        if key is None:
+                            raise RecordFormatError("no key")
+                        k = decode_key(key)
+                        entries.append(LoadedRecord(k, decode_value(k, value), first, producer_id))
+                    except RecordFormatError:
+                        bad += 1
         except Exception as e:
             # As Kafka does: the partition is served with what could be loaded (the groups are
             # not left without a coordinator until the next leader change).
@@ -305,26 +210,12 @@ class GroupCoordinatorService:
     async def ensure_offsets_topic(self) -> ErrorCode:
         """Create __consumer_offsets if it does not exist yet (Kafka does on the first
         FindCoordinator). NONE once it exists; COORDINATOR_NOT_AVAILABLE meanwhile."""
-        if OFFSETS_TOPIC in self.server.topics_snapshot():
-            return ErrorCode.NONE
-        async with self._create_lock:
-            if OFFSETS_TOPIC in self.server.topics_snapshot():
-                return ErrorCode.NONE
-            cfg = self.server.config
-            rf = min(int(cfg["offsets.topic.replication.factor"]), len(self.server.live_brokers()))
-            try:
-                await self.server.create_topic(
-                    OFFSETS_TOPIC,
-                    int(cfg["offsets.topic.num.partitions"]),
-                    max(rf, 1),
-                    None,
-                    {
-                        "cleanup.policy": "compact",
-                        "segment.bytes": str(cfg["offsets.topic.segment.bytes"]),
-                    },
-                )
-            except KafkaError as e:
-                if e.code != ErrorCode.TOPIC_ALREADY_EXISTS:
-                    log.warning("could not create %s: %s", OFFSETS_TOPIC, e)
-                    return ErrorCode.COORDINATOR_NOT_AVAILABLE
-        return ErrorCode.NONE
+        cfg = self.server.config
+        return await self.ensure_topic(
+            int(cfg["offsets.topic.num.partitions"]),
+            int(cfg["offsets.topic.replication.factor"]),
+            {
+                "cleanup.policy": "compact",
+                "segment.bytes": str(cfg["offsets.topic.segment.bytes"]),
+            },
+        )

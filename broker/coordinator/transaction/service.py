@@ -278,25 +278,7 @@ class TransactionCoordinatorService(CoordinatorShell):
                     out[(topic.name, part.partition_index)] = _error(part.error_code)
         return out
 
-    # ----- leadership of __transaction_state partitions --------------------------------------
-
-    def on_role_change(self, hp: HostedPartition) -> None:
-        if hp.tp[0] != TRANSACTION_TOPIC:
-            return
-        p = hp.tp[1]
-        if hp.is_leader:
-            epoch = hp.leader_epoch
-            if self.core.owned.get(p) == epoch or self.core.loading.get(p) == epoch:
-                return
-            self._run(self.core.begin_load(p, epoch))
-            self._spawn(self._load(hp, p, epoch))
-        elif p in self.core.owned or p in self.core.loading:
-            log.info("transaction coordinator: unloading %s-%d", TRANSACTION_TOPIC, p)
-            self._run(self.core.unload(p))
-
-    def on_partition_removed(self, tp: tuple[str, int]) -> None:
-        if tp[0] == TRANSACTION_TOPIC:
-            self._run(self.core.unload(tp[1]))
+    # ----- loading __transaction_state partitions (leadership: CoordinatorShell) ------------
 
     async def _load(self, hp: HostedPartition, p: int, epoch: int) -> None:
         start = time.monotonic()

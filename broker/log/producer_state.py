@@ -238,6 +238,20 @@ class ProducerStateManager:
         if batch.producer_epoch == entry.epoch:
             for b in entry.batches:
                 if b.first_seq == first and b.last_seq == last:
+                    open_since = entry.current_txn_first_offset
+                    if batch.is_transactional and (open_since < 0 or b.first_offset < open_since):
+                        # Not a retry within the open transaction: the sequence was used by a
+                        # batch of a transaction that has ended (a client that reset its
+                        # sequences after an abort without bumping its epoch). Answering with
+                        # that batch's offsets would acknowledge a write that is not in the log
+                        # (isrlab's rule; Kafka 3.x answers as for any duplicate).
+                        raise ProducerStateError(
+                            OUT_OF_ORDER_SEQUENCE_NUMBER,
+                            f"producer {pid} epoch {entry.epoch}: sequence {first}..{last} was "
+                            f"written at offset {b.first_offset} by a transaction that has "
+                            "ended; a new transaction must continue the sequence or bump the "
+                            "epoch",
+                        )
                     raise DuplicateBatch(b.first_offset, b.last_offset)
             if entry.batches and not in_sequence(entry.last_seq, first):
                 raise ProducerStateError(

@@ -319,3 +319,28 @@ def test_zombie_write_after_a_new_producer_took_over(
         assert zombie in (E.INVALID_PRODUCER_EPOCH, E.PRODUCER_FENCED)
     else:
         assert zombie == E.NONE
+
+
+def test_a_sequence_reused_after_an_abort_is_not_answered_with_the_aborted_batch(
+    raw: Any,
+) -> None:
+    """Found by a harness run (lost-write): librdkafka aborted a transaction whose produce had
+    timed out, then sent the next transaction's first batch with the same producer epoch and
+    sequence. The partition still remembered that sequence at the aborted batch's offset, and
+    answered the new batch as its duplicate: the client was told its record was committed at an
+    offset that holds the aborted one. A sequence used by a transaction that has ended is
+    refused (OUT_OF_ORDER_SEQUENCE_NUMBER, which makes the client abort and bump its epoch)."""
+    b, c = raw
+    pid, epoch = init_pid(c, "raw")
+    assert add_partitions(c, "raw", pid, epoch, "t", [0]) == {0: E.NONE}
+    assert txn_produce(c, "t", "raw", pid, epoch, 0, [b"aborted"]) == E.NONE
+    assert end_txn(c, "raw", pid, epoch, commit=False) == E.NONE
+    time.sleep(0.5)  # the abort marker is written
+    assert add_partitions(c, "raw", pid, epoch, "t", [0]) == {0: E.NONE}
+    assert txn_produce(c, "t", "raw", pid, epoch, 0, [b"reused"]) == E.OUT_OF_ORDER_SEQUENCE_NUMBER
+    assert txn_produce(c, "t", "raw", pid, epoch, 1, [b"next"]) == E.NONE
+    assert end_txn(c, "raw", pid, epoch, commit=True) == E.NONE
+    deadline = time.monotonic() + 10
+    while (got := read_all(b.bootstrap, "t", "read_committed", partitions=2)) != [b"next"]:
+        assert time.monotonic() < deadline, got
+        time.sleep(0.2)

@@ -238,8 +238,9 @@ def run_test(config: TestConfig, progress: bool = True) -> tuple[Path, dict[str,
     from isrlab.checkers.render import render_artifacts
     from isrlab.harness.db import KafkaDB
     from isrlab.harness.history import HistoryWriter
-    from isrlab.harness.interpreter import Interpreter
+    from isrlab.harness.interpreter import Interpreter, bounds
     from isrlab.harness.report import render_report
+    from isrlab.harness.workloads.queue.options import QueueOptions
 
     run_dir = new_run_dir(Path(config.store), config.name)
     config = config.replace(run_dir=str(run_dir))
@@ -270,6 +271,14 @@ def run_test(config: TestConfig, progress: bool = True) -> tuple[Path, dict[str,
             nemesis_gen = ScheduleGenerator.for_test(config) if nem is not None else None
             gen = queue_test(workload, test, nemesis_gen=nemesis_gen)
             history = HistoryWriter(run_dir / "history.jsonl")
+            # A client call that never returns is abandoned (info, new process) and the
+            # whole run ends in bounded time, whatever librdkafka does (interpreter.bounds).
+            hang_timeout, run_timeout = bounds(
+                QueueOptions.from_test(test).op_timeout_ms / 1000,
+                float(test.get("time_limit", 60)),
+                float(test.get("recovery_time", 0)),
+                float(test.get("final_time_limit", 30)),
+            )
             interp = Interpreter(
                 gen,
                 history,
@@ -277,6 +286,8 @@ def run_test(config: TestConfig, progress: bool = True) -> tuple[Path, dict[str,
                 config.concurrency,
                 nemesis=nem,
                 seed=int(config.seed or 0),
+                hang_timeout=hang_timeout,
+                run_timeout=run_timeout,
             )
             _run_with_progress(interp, config, progress)
             history.close()
@@ -316,6 +327,17 @@ def _run_with_progress(interp: Any, config: TestConfig, progress: bool) -> None:
 
     worker = threading.Thread(target=target, name="interpreter", daemon=True)
     worker.start()
+    said = 0
+
+    def say_abandoned() -> None:
+        # Workers the interpreter gave up on (a client call that never returned, or the
+        # run's own time bound): said once each, in both display modes.
+        nonlocal said
+        lines = list(interp.stats().get("abandoned") or [])
+        for line in lines[said:]:
+            console.print(f"[yellow]  abandoned: {line}[/]")
+        said = max(said, len(lines))
+
     try:
         if progress and console.is_terminal:
             with Live(console=console, refresh_per_second=4) as live:
@@ -327,11 +349,14 @@ def _run_with_progress(interp: Any, config: TestConfig, progress: bool) -> None:
                         else "final reads"
                     )
                     live.update(_progress_table(config, stats, phase))
+                    say_abandoned()
                     worker.join(0.25)
         else:
             last = 0.0
             while worker.is_alive():
                 worker.join(0.5)
+                if progress:
+                    say_abandoned()
                 if progress and time.monotonic() - last >= 10:
                     last = time.monotonic()
                     s = interp.stats()
@@ -345,6 +370,8 @@ def _run_with_progress(interp: Any, config: TestConfig, progress: bool) -> None:
         interp.stop()
         worker.join(60)
         raise
+    if progress:
+        say_abandoned()
     if "error" in result:
         raise result["error"]
 

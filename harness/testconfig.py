@@ -173,6 +173,28 @@ class TestConfig:
         column="string",
         switch=True,
     )
+    txn_verification: bool = _opt(
+        True,
+        "transaction verification (KIP-890); off is HISTORIC (before Kafka 3.6)",
+        broker_key="transaction.partition.verification.enable",
+        column="boolean",
+        switch=True,
+    )
+    txn_epoch_fencing: bool = _opt(
+        True,
+        "producer epoch fencing of zombies; off is HISTORIC",
+        broker_key="transaction.producer.epoch.fencing.enable",
+        column="boolean",
+        switch=True,
+    )
+    txn_marker_acks: str = _opt(
+        "all",
+        "acks of transaction markers (1 is HISTORIC: acknowledged before replicated)",
+        choices=("all", "1"),
+        broker_key="transaction.marker.required.acks",
+        column="string",
+        switch=True,
+    )
     replica_lag_time_max_ms: int = _opt(
         10000,
         "broker replica.lag.time.max.ms",
@@ -460,8 +482,11 @@ def option(name: str) -> Option:
 
 
 def render_broker_value(value: Any) -> str:
-    """A test value as a server.properties value (booleans as Kafka writes them)."""
-    return str(value).lower() if isinstance(value, bool) else str(value)
+    """A test value as a server.properties value (booleans as Kafka writes them, acks "all"
+    as -1)."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    return "-1" if value == "all" else str(value)
 
 
 # test key -> server.properties key

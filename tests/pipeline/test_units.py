@@ -31,6 +31,9 @@ def test_config_of_fills_kafka_defaults_and_labels_faults() -> None:
         "min_insync_replicas": 1,
         "unclean_leader_election": False,
         "truncation_mode": "leader-epoch",
+        "txn_verification": True,  # runs from before the transaction switches ran with them on
+        "txn_epoch_fencing": True,
+        "txn_marker_acks": "all",
         "replica_lag_time_max_ms": 10000,
         "zk_session_timeout_ms": 6000,
     }

@@ -276,17 +276,7 @@ async def handle_offset_commit(server: KafkaServer, request: Request) -> Respons
         errors.update(res.errors)
     cls = OffsetCommitResponse[v]
     T = cls.OffsetCommitResponseTopic
-    P = T.OffsetCommitResponsePartition
-    topics: dict[str, list[Any]] = {}
-    for tp in order:
-        topics.setdefault(tp[0], []).append(
-            P(partition_index=tp[1], error_code=int(errors.get(tp, ErrorCode.NONE)))
-        )
-    resp = cls(
-        throttle_time_ms=0,
-        topics=[T(name=name, partitions=parts) for name, parts in topics.items()],
-    )
-    return encode_response(resp, v, request.correlation_id)
+    return _commit_response(request, cls, T, T.OffsetCommitResponsePartition, order, errors)
 
 
 def _retention(value: int | None) -> int:
@@ -420,17 +410,28 @@ async def handle_txn_offset_commit(server: KafkaServer, request: Request) -> Res
         }
     cls = TxnOffsetCommitResponse[v]
     T = cls.TxnOffsetCommitResponseTopic
-    P = T.TxnOffsetCommitResponsePartition
+    return _commit_response(request, cls, T, T.TxnOffsetCommitResponsePartition, order, errors)
+
+
+def _commit_response(
+    request: Request,
+    cls: Any,
+    topic_cls: Any,
+    partition_cls: Any,
+    order: list[tuple[str, int]],
+    errors: dict[tuple[str, int], ErrorCode],
+) -> Response:
+    """An (Txn)OffsetCommit response: the error of every partition, in the request's order."""
     topics: dict[str, list[Any]] = {}
     for tp in order:
         topics.setdefault(tp[0], []).append(
-            P(partition_index=tp[1], error_code=int(errors.get(tp, ErrorCode.NONE)))
+            partition_cls(partition_index=tp[1], error_code=int(errors.get(tp, ErrorCode.NONE)))
         )
     resp = cls(
         throttle_time_ms=0,
-        topics=[T(name=name, partitions=parts) for name, parts in topics.items()],
+        topics=[topic_cls(name=name, partitions=parts) for name, parts in topics.items()],
     )
-    return encode_response(resp, v, request.correlation_id)
+    return encode_response(resp, request.api_version, request.correlation_id)
 
 
 async def handle_offset_delete(server: KafkaServer, request: Request) -> Response:

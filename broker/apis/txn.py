@@ -552,43 +552,32 @@ async def handle_describe_producers(server: KafkaServer, request: Request) -> Re
         parts = []
         for p in t.partition_indexes:
             hp = server.replica_manager.partitions.get((t.name, p))
+            error = ErrorCode.NONE
+            producers: list[Any] = []
             if hp is None:
-                parts.append(
-                    P(
-                        partition_index=p,
-                        error_code=int(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION),
-                        error_message=None,
-                        active_producers=[],
-                    )
-                )
+                error = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
             elif not hp.is_leader:
-                parts.append(
-                    P(
-                        partition_index=p,
-                        error_code=int(ErrorCode.NOT_LEADER_OR_FOLLOWER),
-                        error_message=None,
-                        active_producers=[],
-                    )
-                )
+                error = ErrorCode.NOT_LEADER_OR_FOLLOWER
             else:
-                parts.append(
-                    P(
-                        partition_index=p,
-                        error_code=0,
-                        error_message=None,
-                        active_producers=[
-                            S(
-                                producer_id=e.producer_id,
-                                producer_epoch=e.producer_epoch,
-                                last_sequence=e.last_sequence,
-                                last_timestamp=e.last_timestamp,
-                                coordinator_epoch=e.coordinator_epoch,
-                                current_txn_start_offset=e.current_txn_start_offset,
-                            )
-                            for e in hp.producer_state.active_producers()
-                        ],
+                producers = [
+                    S(
+                        producer_id=e.producer_id,
+                        producer_epoch=e.producer_epoch,
+                        last_sequence=e.last_sequence,
+                        last_timestamp=e.last_timestamp,
+                        coordinator_epoch=e.coordinator_epoch,
+                        current_txn_start_offset=e.current_txn_start_offset,
                     )
+                    for e in hp.producer_state.active_producers()
+                ]
+            parts.append(
+                P(
+                    partition_index=p,
+                    error_code=int(error),
+                    error_message=None,
+                    active_producers=producers,
                 )
+            )
         topics.append(T(name=t.name, partitions=parts))
     resp = cls(throttle_time_ms=0, topics=topics)
     return encode_response(resp, v, request.correlation_id)

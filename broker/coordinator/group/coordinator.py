@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from isrlab.broker.coordinator.effects import Reply
 from isrlab.broker.coordinator.group.group import (
     CommittedOffset,
     Group,
@@ -246,14 +247,6 @@ class GroupListing:
 
 
 # ----- effects -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Reply:
-    """Answer the waiting request `ref` with `result`."""
-
-    ref: Any
-    result: Any
 
 
 @dataclass(frozen=True)

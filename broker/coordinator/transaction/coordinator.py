@@ -29,6 +29,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from isrlab.broker.coordinator.effects import Reply
 from isrlab.broker.coordinator.group.coordinator import _append_error, partition_for
 from isrlab.broker.coordinator.transaction.metadata import (
     EXPIRATION_ALLOWED,
@@ -136,14 +137,6 @@ class TxnListing:
 
 
 # ----- effects -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Reply:
-    """Answer the waiting request ``ref`` with ``result``."""
-
-    ref: Any
-    result: Any
 
 
 @dataclass(frozen=True)

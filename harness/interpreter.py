@@ -85,6 +85,8 @@ class NemesisLike(Protocol):
 _IDLE_WAIT = 0.05
 # How often run() looks for hung workers and the run's deadline.
 _WATCH_INTERVAL = 0.1
+# A gap between two looks longer than this means run()'s thread itself was not scheduled.
+_STALL_S = 0.5
 # The hang grace: at least this much on top of a client's own time budget per call.
 _MIN_HANG_GRACE_S = 10.0
 # The run's grace on top of its phases: the heal op (restarting killed nodes) and the
@@ -112,7 +114,11 @@ def bounds(
 
 @dataclass(eq=False)
 class _Worker:
-    """One OS thread carrying a logical thread; all fields are guarded by the lock."""
+    """One OS thread carrying a logical thread; the fields are guarded by the lock, except
+    `busy`, which the worker sets and clears without it (one atomic store of a tuple), so
+    that waiting for the interpreter's lock after a client call returned never counts as
+    being stuck in that call. The lock-held check of `abandoned` when the worker records
+    its completion decides which of the two (the worker or run()) completes the op."""
 
     thread: int | str
     process: int | str
@@ -121,10 +127,9 @@ class _Worker:
     abandoned: bool = False
     # The generator has nothing more for this thread (only the last close remains).
     exhausted: bool = False
-    # What client call the thread is in ("open", "invoke", "close", "nemesis") and since
-    # when (time.monotonic()), None between calls.
-    busy: str | None = None
-    busy_since: float = 0.0
+    # The client call the thread is in ("open", "invoke", "close", "nemesis") and since
+    # when (time.monotonic()); None between calls.
+    busy: tuple[str, float] | None = None
     # The invoke recorded and not yet completed.
     open_invoke: Op | None = None
 
@@ -174,6 +179,7 @@ class Interpreter:
         self.errors: list[str] = []
         self.abandoned: list[str] = []
         self.timed_out = False
+        self._last_watch: float | None = None
 
     # ----- public -------------------------------------------------------------------------
 
@@ -259,17 +265,24 @@ class Interpreter:
         if self.hang_timeout is None:
             return
         now = time.monotonic()
+        last, self._last_watch = self._last_watch, now
+        if last is not None and now - last > _STALL_S:
+            # This thread was not scheduled for a while (a loaded machine, a stopped
+            # process): neither were the workers, so judge nobody before they had a chance.
+            return
         with self._cond:
             for w in list(self._workers.values()):
-                if w.thread == "nemesis" or w.busy is None or w.abandoned:
+                busy = w.busy
+                if w.thread == "nemesis" or busy is None or w.abandoned:
                     continue
-                if now - w.busy_since < self.hang_timeout:
+                what, since = busy
+                secs = now - since
+                if secs < self.hang_timeout:
                     continue
-                what, secs = w.busy, now - w.busy_since
                 self._abandon(w, ["hung", f"no completion after {secs:.0f} s"])
                 msg = f"worker {w.thread}: process {w.process} hung in {what} for {secs:.0f} s"
                 if w.exhausted or self._stop.is_set():
-                    msg += ": abandoned (its thread had nothing more to do)"
+                    msg += ": abandoned (its thread is done or the run is stopping)"
                     nxt = None
                 else:
                     assert isinstance(w.process, int)
@@ -290,7 +303,8 @@ class Interpreter:
             busy = []
             for w in list(self._workers.values()):
                 if w.os_thread is not None and w.os_thread.is_alive() and not w.abandoned:
-                    busy.append(f"{w.thread} ({w.busy or 'between ops'})")
+                    b = w.busy
+                    busy.append(f"{w.thread} ({b[0] if b else 'between ops'})")
                     self._abandon(w, error)
             msg = (
                 f"run timeout: {self.run_timeout:.0f} s passed; open ops completed as info, "
@@ -315,10 +329,10 @@ class Interpreter:
         w.open_invoke = None
         w.abandoned = True
 
-    def _set_busy(self, w: _Worker, what: str | None) -> None:
-        with self._lock:
-            w.busy = what
-            w.busy_since = time.monotonic()
+    @staticmethod
+    def _set_busy(w: _Worker, what: str | None) -> None:
+        """Enter (`what`) or leave (None) a client call; lock-free (see `_Worker`)."""
+        w.busy = None if what is None else (what, time.monotonic())
 
     # ----- internals ----------------------------------------------------------------------
 
@@ -384,10 +398,9 @@ class Interpreter:
                     return
                 invoke, hints = op
                 completion, client = self._perform(w, client, invoke, hints)
-                with self._lock:
-                    if self._record(w, completion) is None:
-                        return  # abandoned meanwhile: its info is written, this is dropped
-                    w.busy = None
+                self._set_busy(w, None)
+                if self._record(w, completion) is None:
+                    return  # abandoned meanwhile: its info is written, this is dropped
                 if completion["type"] == "info" or (client is not None and client.broken):
                     if client is not None:
                         self._set_busy(w, "close")
@@ -421,8 +434,7 @@ class Interpreter:
             # Record while still holding the lock: the generator's order is the file's.
             self._record(w, invoke, invoke=True)
             # The op's client calls start now, for the hang bound.
-            w.busy = "open"
-            w.busy_since = time.monotonic()
+            self._set_busy(w, "open")
             return invoke, hints
 
     def _perform(
@@ -482,8 +494,8 @@ class Interpreter:
                 done = {**op, "error": ["nemesis-crash", repr(e)]}
             done = {k: v for k, v in done.items() if k not in ("index", "time")}
             done.update(process="nemesis", type="info", f=f)
+            self._set_busy(w, None)
             with self._lock:
-                w.busy = None
                 if w.abandoned:
                     return
                 if f == "heal-all":

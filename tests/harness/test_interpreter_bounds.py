@@ -113,7 +113,7 @@ def test_hung_invoke_in_main_phase_is_completed_as_info_and_the_thread_goes_on(
         g.time_limit(1.0, g.clients(g.repeat({"f": "x", "value": 1}))),
         g.time_limit(0.5, g.clients(g.repeat({"f": "final", "value": 2}))),
     )
-    ops, it, path = run(tmp_path, gen, first_hang_only("x"), hang_timeout=0.3)
+    ops, it, path = run(tmp_path, gen, first_hang_only("x"), hang_timeout=0.5)
     assert Blocking.blocked == [(0, "invoke")]
     hung = [o for o in ops if o["type"] == "info" and o["process"] == 0]
     assert len(hung) == 1 and hung[0]["f"] == "x" and hung[0]["error"][0] == "hung"
@@ -128,12 +128,46 @@ def test_hung_invoke_in_main_phase_is_completed_as_info_and_the_thread_goes_on(
     assert stats["info"] == 1 and not stats["timed_out"]
     # the abandoned thread's late completion is dropped, never written
     lines = path.read_bytes()
+    (left,) = [t for t in threading.enumerate() if t.name == "isrlab-worker-0-p0"]
     Blocking.release.set()
-    for t in threading.enumerate():
-        if t.name == "isrlab-worker-0-p0":
-            t.join(10)
-            assert not t.is_alive()
+    left.join(10)
+    assert not left.is_alive()
     assert path.read_bytes() == lines
+
+
+def test_late_completion_of_an_abandoned_worker_is_dropped(tmp_path: Path) -> None:
+    # process 0's first op blocks until thread 0 runs as its fresh process N; the run then
+    # goes on until the abandoned worker has returned, tried to record and closed its client
+    late_closed = threading.Event()
+
+    class Late(Blocking):
+        def close(self) -> None:
+            if self.process == 0:
+                late_closed.set()
+
+    def step(ctx: g.Context) -> Op | None:
+        if ctx.process == N:
+            Blocking.release.set()
+        return None if late_closed.is_set() else {"f": "x"}
+
+    path = tmp_path / "h.jsonl"
+    h = HistoryWriter(path)
+    it = Interpreter(
+        g.clients(g.fn(step)),
+        h,
+        lambda p, t: Late(p, first_hang_only("x")),
+        N,
+        hang_timeout=0.5,
+    )
+    it.run()
+    h.close()
+    assert late_closed.is_set() and Blocking.blocked == [(0, "invoke")]
+    ops = load_history(path)  # raises if process 0 reappeared after its info
+    assert [(o["type"], o.get("error", [None])[0]) for o in ops if o["process"] == 0] == [
+        ("invoke", None),
+        ("info", "hung"),
+    ]
+    completions_per_invoke(ops)
 
 
 def test_hung_invoke_in_final_phase_is_completed_as_info(tmp_path: Path) -> None:
@@ -144,7 +178,7 @@ def test_hung_invoke_in_final_phase_is_completed_as_info(tmp_path: Path) -> None
             30, g.clients(g.each_thread(lambda: g.until_ok(g.repeat({"f": "drain", "value": 0}))))
         ),
     )
-    ops, it, _ = run(tmp_path, gen, first_hang_only("drain", process=1), hang_timeout=0.3)
+    ops, it, _ = run(tmp_path, gen, first_hang_only("drain", process=1), hang_timeout=0.5)
     hung = [o for o in ops if o["type"] == "info" and o["f"] == "drain"]
     assert [(o["process"], o["error"][0]) for o in hung] == [(1, "hung")]
     # the fresh process 1 + N drained after it, and every thread finished its drain
@@ -171,7 +205,7 @@ def test_hung_close_after_a_crash_moves_the_thread_to_a_new_process(tmp_path: Pa
         ),
     )
     ops, it, _ = run(
-        tmp_path, gen, first_hang_only("close", stage="close", process=2), hang_timeout=0.3
+        tmp_path, gen, first_hang_only("close", stage="close", process=2), hang_timeout=0.5
     )
     assert Blocking.blocked == [(2, "close")]
     crash = [o for o in ops if o["process"] == 2 and o["type"] == "info"]
@@ -183,12 +217,32 @@ def test_hung_close_after_a_crash_moves_the_thread_to_a_new_process(tmp_path: Pa
 
 def test_hung_final_close_does_not_hold_the_end_of_the_run(tmp_path: Path) -> None:
     # the generator is done; closing process 0's client at the end never returns
-    gen = g.clients(g.limit(6, g.repeat({"f": "x"})))
-    ops, it, _ = run(tmp_path, gen, first_hang_only("close", stage="close"), hang_timeout=0.3)
+    gen = g.clients(g.each_thread(lambda: g.limit(2, g.repeat({"f": "x"}))))
+    ops, it, _ = run(tmp_path, gen, first_hang_only("close", stage="close"), hang_timeout=0.5)
     assert Blocking.blocked == [(0, "close")]
     assert sum(o["type"] == "ok" for o in ops) == 6
     assert {o["process"] for o in ops} <= set(range(N))  # nobody was replaced
-    assert "nothing more to do" in it.stats()["abandoned"][0]
+    assert "its thread is done" in it.stats()["abandoned"][0]
+
+
+def test_stop_does_not_wait_for_a_hung_op(tmp_path: Path) -> None:
+    # stop() (Ctrl-C) lets the threads finish their op, but a hung one is still abandoned
+    path = tmp_path / "h.jsonl"
+    h = HistoryWriter(path)
+    it = Interpreter(
+        g.clients(g.repeat({"f": "x"})),
+        h,
+        lambda p, t: Blocking(p, first_hang_only("x", process=1)),
+        N,
+        hang_timeout=0.5,
+    )
+    threading.Timer(0.1, it.stop).start()
+    it.run()
+    h.close()
+    ops = load_history(path)
+    assert [o["error"][0] for o in ops if o["type"] == "info"] == ["hung"]
+    assert not any(o["process"] == 1 + N for o in ops)  # stopping: nobody replaces it
+    completions_per_invoke(ops)
 
 
 def test_whole_run_bound_completes_open_ops_as_info(tmp_path: Path) -> None:

@@ -68,7 +68,7 @@ INVALID_PRODUCER_EPOCH = 47
 INVALID_TXN_STATE = 48
 TRANSACTION_COORDINATOR_FENCED = 52
 
-# AppendOrigin values, compared by value so this module does not import broker.log.log
+# AppendOrigin values, compared by value so this module does not need the log module at run time
 _CLIENT = "client"
 _COORDINATOR = "coordinator"
 

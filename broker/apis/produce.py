@@ -112,12 +112,9 @@ async def _produce_one(
             ErrorCode.INVALID_TXN_STATE,
             message="the transaction ended while this produce was being verified",
         )
-    res = server.produce_to_partition(tp, data, acks, req.timeout_ms)
-    if producer is not None:
-        hp = server.replica_manager.partitions.get(tp)
-        if hp is not None and hp.verification_guards.get(producer[0]) is guard:
-            del hp.verification_guards[producer[0]]
-    return res
+    # The guard stays until the producer's marker removes it: other produces of the same
+    # transaction verified concurrently share it.
+    return server.produce_to_partition(tp, data, acks, req.timeout_ms)
 
 
 def _encode(

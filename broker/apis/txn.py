@@ -369,8 +369,9 @@ async def verify_transactional_produce(
         return ErrorCode.NONE, None
     if not transactional_id:
         return ErrorCode.INVALID_TXN_STATE, None
-    guard = object()
-    hp.verification_guards[pid] = guard
+    # One guard per producer at a time, shared by its produces verified concurrently (as
+    # Kafka's VerificationGuard): a second request must not invalidate the first's
+    guard = hp.verification_guards.setdefault(pid, object())
     error = await _verify_with_coordinator(server, transactional_id, pid, epoch, tp)
     if error != ErrorCode.NONE:
         if hp.verification_guards.get(pid) is guard:

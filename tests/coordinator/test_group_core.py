@@ -503,3 +503,25 @@ def test_commit_retention_time_sets_an_expire_timestamp_kafka_honours():
     assert h.fetch() == {("t", 0): 3}
     h.advance(2_000)
     assert h.fetch() == {}
+
+
+def test_a_group_between_the_two_joins_of_kip_394_survives_the_retention_check():
+    """Found by a flaky live test (UNKNOWN_MEMBER_ID on the second JoinGroup of a new group):
+    the first offsets-retention check ran at the coordinator's first tick, 100 ms after
+    start-up, and deleted the new, empty group with its pending member. The check now runs one
+    interval after the first tick (Kafka's schedule), and never deletes a group whose member is
+    between the two joins."""
+    h = Harness()
+    first = h.replies[h.join()]
+    assert first.error == ErrorCode.MEMBER_ID_REQUIRED
+    h.advance(100)  # the coordinator's first tick
+    second = h.replies[h.join(member_id=first.member_id)]
+    assert second.error == ErrorCode.NONE
+
+    # a later retention check with a member between its two joins
+    h2 = Harness()
+    h2.advance(100)
+    first = h2.replies[h2.join(session=1_000_000)]
+    h2.advance(CONFIG.offsets_retention_check_interval_ms + 1)
+    second = h2.replies[h2.join(member_id=first.member_id, session=1_000_000)]
+    assert second.error == ErrorCode.NONE

@@ -296,7 +296,9 @@ class GroupCoordinator:
         self._new_member_id = new_member_id or (lambda client_id: f"{client_id}-{uuid.uuid4()}")
         self._tokens = itertools.count(1)
         self._appends: dict[int, _PendingAppend] = {}
-        self._next_retention_check = 0
+        #: the first offsets-retention check runs one interval after the first tick, as Kafka
+        #: schedules it (not at start-up, where it raced clients creating their first group)
+        self._next_retention_check: int | None = None
         #: per-partition errors of a commit decided before its append (metadata too large)
         self._commit_errors: dict[int, dict[TopicPartition, ErrorCode]] = {}
         #: OffsetDelete answers waiting for their tombstones
@@ -1316,7 +1318,7 @@ class GroupCoordinator:
                 if m.awaiting_join is None:
                     deadlines.append(m.heartbeat_deadline)
             deadlines.extend(g.pending_members.values())
-        if self.groups:
+        if self.groups and self._next_retention_check is not None:
             deadlines.append(self._next_retention_check)
         return min(deadlines) if deadlines else None
 
@@ -1324,7 +1326,9 @@ class GroupCoordinator:
         effects: list[Effect] = []
         for group in list(self.groups.values()):
             effects += self._tick_group(now, group)
-        if now >= self._next_retention_check:
+        if self._next_retention_check is None:
+            self._next_retention_check = now + self.config.offsets_retention_check_interval_ms
+        elif now >= self._next_retention_check:
             self._next_retention_check = now + self.config.offsets_retention_check_interval_ms
             effects += self._expire_offsets(now)
         return effects
@@ -1378,7 +1382,12 @@ class GroupCoordinator:
             for tp in expired:
                 del group.offsets[tp]
                 entries.append((OffsetKey(group.group_id, tp[0], tp[1]), None))
-            if group.is_(GroupState.EMPTY) and not group.has_offsets():
+            # a member between KIP-394's two joins (pending) keeps its group
+            if (
+                group.is_(GroupState.EMPTY)
+                and not group.has_offsets()
+                and not group.pending_members
+            ):
                 group.transition(GroupState.DEAD, now)
                 del self.groups[group.group_id]
                 entries.append((GroupMetadataKey(group.group_id), None))

@@ -16,7 +16,6 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from kafka import KafkaConsumer
 
-from isrlab.broker.coordinator.group.coordinator import partition_for
 from isrlab.broker.coordinator.group.records import (
     OffsetKey,
     RecordFormatError,
@@ -24,6 +23,7 @@ from isrlab.broker.coordinator.group.records import (
     decode_value,
     iter_batch_records,
 )
+from isrlab.broker.coordinator.ownership import partition_for
 from tests.broker.test_group_clients import (
     commit_message,
     poll_until,

@@ -20,7 +20,7 @@ import time
 import pytest
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from isrlab.broker.coordinator.group.coordinator import partition_for
+from isrlab.broker.coordinator.ownership import partition_for
 
 GROUP = "failover-group"
 OFFSETS_PARTITIONS = 3

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from isrlab.broker.coordinator.group.coordinator import partition_for
+from isrlab.broker.coordinator.ownership import partition_for
 from tests.cluster.conftest import Cluster
 
 pytestmark = pytest.mark.integration

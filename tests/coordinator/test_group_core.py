@@ -28,10 +28,9 @@ from isrlab.broker.coordinator.group.coordinator import (
     Reply,
     SyncRequest,
     SyncResult,
-    java_string_hash,
-    partition_for,
 )
 from isrlab.broker.coordinator.group.group import GroupState
+from isrlab.broker.coordinator.ownership import java_string_hash, partition_for
 from isrlab.broker.errors import ErrorCode
 
 G = "g"

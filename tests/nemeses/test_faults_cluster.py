@@ -233,7 +233,7 @@ def test_kill_and_restart(db: KafkaDB, nem: nemeses.Nemesis) -> None:
 def test_the_coordinator_target_kills_the_leader_of_the_groups_offsets_partition(
     db: KafkaDB, nem: nemeses.Nemesis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from isrlab.broker.coordinator.group.coordinator import partition_for
+    from isrlab.broker.coordinator.ownership import partition_for
 
     group = f"dbtest-{uuid.uuid4().hex[:6]}"
     monkeypatch.setitem(db.test, "group", group)

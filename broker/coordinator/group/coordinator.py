@@ -45,6 +45,7 @@ from isrlab.broker.coordinator.group.records import (
     OffsetKey,
     OffsetValue,
 )
+from isrlab.broker.coordinator.ownership import PartitionOwnership
 from isrlab.broker.errors import ErrorCode
 
 TopicPartition = tuple[str, int]
@@ -54,21 +55,6 @@ Value = OffsetValue | GroupValue
 log = logging.getLogger(__name__)
 #: (group, topic, partition): an offset while loading
 _OffsetId = tuple[str, str, int]
-
-
-def java_string_hash(s: str) -> int:
-    """Java's String.hashCode (over UTF-16 code units, 32-bit wrap-around)."""
-    h = 0
-    data = s.encode("utf-16-be")
-    for i in range(0, len(data), 2):
-        h = (31 * h + (data[i] << 8 | data[i + 1])) & 0xFFFFFFFF
-    return h - (1 << 32) if h >= 1 << 31 else h
-
-
-def partition_for(group_id: str, num_partitions: int) -> int:
-    """Kafka's `Utils.abs(groupId.hashCode) % offsets.topic.num.partitions`."""
-    h = java_string_hash(group_id)
-    return (0 if h == -(1 << 31) else abs(h)) % num_partitions
 
 
 # ----- configuration -------------------------------------------------------------------------
@@ -281,13 +267,14 @@ class _PendingAppend:
     replaced: dict[TopicPartition, CommittedOffset] = field(default_factory=dict)
 
 
-class GroupCoordinator:
+class GroupCoordinator(PartitionOwnership):
     def __init__(
         self,
         config: GroupConfig,
         new_member_id: Callable[[str], str] | None = None,
     ):
         self.config = config
+        self.num_partitions = config.num_partitions
         self.groups: dict[str, Group] = {}
         #: offsets partitions this broker leads and has loaded, with the leader epoch
         self.owned: dict[int, int] = {}
@@ -313,18 +300,6 @@ class GroupCoordinator:
         self._txn_groups: dict[int, set[str]] = {}
 
     # ----- ownership -----------------------------------------------------------------------
-
-    def partition_for(self, group_id: str) -> int:
-        return partition_for(group_id, self.config.num_partitions)
-
-    def coordinator_error(self, group_id: str) -> ErrorCode:
-        """NONE if this broker serves the group now, else the error a client retries on."""
-        p = self.partition_for(group_id)
-        if p in self.loading:
-            return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
-        if p not in self.owned:
-            return ErrorCode.NOT_COORDINATOR
-        return ErrorCode.NONE
 
     def begin_load(self, partition: int, epoch: int) -> list[Effect]:
         effects = self._drop_partition(partition) if partition in self.owned else []

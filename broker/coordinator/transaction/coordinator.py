@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from isrlab.broker.coordinator.effects import Reply
-from isrlab.broker.coordinator.group.coordinator import _append_error, partition_for
+from isrlab.broker.coordinator.group.coordinator import _append_error
+from isrlab.broker.coordinator.ownership import PartitionOwnership
 from isrlab.broker.coordinator.transaction.metadata import (
     EXPIRATION_ALLOWED,
     NO_PRODUCER_EPOCH,
@@ -208,9 +209,10 @@ class _Retry:
     append: _PendingAppend = field(compare=False)
 
 
-class TransactionCoordinator:
+class TransactionCoordinator(PartitionOwnership):
     def __init__(self, config: TxnConfig | None = None):
         self.config = config or TxnConfig()
+        self.num_partitions = self.config.num_partitions
         #: every transactional id of the owned partitions
         self.txns: dict[str, TransactionMetadata] = {}
         #: __transaction_state partitions this broker leads and has loaded -> leader epoch
@@ -226,18 +228,6 @@ class TransactionCoordinator:
         self._next_expire_check = 0
 
     # ----- ownership -----------------------------------------------------------------------
-
-    def partition_for(self, transactional_id: str) -> int:
-        return partition_for(transactional_id, self.config.num_partitions)
-
-    def coordinator_error(self, transactional_id: str) -> ErrorCode:
-        """NONE if this broker coordinates the id now, else the error a client retries on."""
-        p = self.partition_for(transactional_id)
-        if p in self.loading:
-            return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
-        if p not in self.owned:
-            return ErrorCode.NOT_COORDINATOR
-        return ErrorCode.NONE
 
     def begin_load(self, partition: int, epoch: int) -> list[Effect]:
         effects = self._drop_partition(partition)

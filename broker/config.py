@@ -516,6 +516,17 @@ CONFIG_DEFS: dict[str, ConfigDef] = {
             _at_least(1),
         ),
         ConfigDef(
+            "transaction.add.partitions.wait.ms",
+            "long",
+            1000,
+            "An AddPartitionsToTxn or AddOffsetsToTxn that finds the producer's previous "
+            "transaction still writing its markers waits up to this long for it to complete "
+            "before CONCURRENT_TRANSACTIONS is answered (the client then retries after its "
+            "back-off). isrlab's own key; 0 answers at once, as Kafka 3.x does. Only latency "
+            "differs: the next transaction starts after the previous one is complete either way.",
+            _at_least(0),
+        ),
+        ConfigDef(
             "transaction.partition.verification.enable",
             "bool",
             True,

@@ -682,6 +682,9 @@ class TxnMachine(RuleBasedStateMachine):
     """Producers with three transactional ids (and their zombies) against one coordinator of a
     two-partition __transaction_state; every rule something that may happen at any moment."""
 
+    #: 0: AddPartitionsToTxn during Prepare* answers CONCURRENT_TRANSACTIONS at once (Kafka)
+    add_partitions_wait_ms = 0
+
     def __init__(self) -> None:
         super().__init__()
         self.core = TransactionCoordinator(
@@ -691,6 +694,7 @@ class TxnMachine(RuleBasedStateMachine):
                 id_expiration_ms=120_000,
                 remove_expired_interval_ms=30_000,
                 complete_retry_backoff_ms=100,
+                add_partitions_wait_ms=self.add_partitions_wait_ms,
             )
         )
         self.now = 0
@@ -955,7 +959,12 @@ class TxnMachine(RuleBasedStateMachine):
         """Every write and marker succeeds, and time passes: every request gets its answer and
         nothing is left half done."""
         for _ in range(50):
-            if not self.appends and not self.markers and not self.core._retries:
+            if (
+                not self.appends
+                and not self.markers
+                and not self.core._retries
+                and not self.core._waiting
+            ):
                 break
             self.appends_done(E.NONE, True)
             while self.markers:

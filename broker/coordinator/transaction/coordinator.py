@@ -60,6 +60,10 @@ class TxnConfig:
     #: how soon a Complete* record whose append failed retriably is appended again (Kafka's
     #: marker sender retries it on its next round)
     complete_retry_backoff_ms: int = 100
+    #: transaction.add.partitions.wait.ms (isrlab's own): how long an AddPartitionsToTxn that
+    #: finds the producer's previous transaction still in Prepare* waits for its Complete*
+    #: before CONCURRENT_TRANSACTIONS is answered; 0 answers at once, as Kafka 3.x does
+    add_partitions_wait_ms: int = 0
 
     def __post_init__(self) -> None:
         for name in (
@@ -73,6 +77,9 @@ class TxnConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"TxnConfig.{name} must be a positive int, not {value!r}")
+        wait = self.add_partitions_wait_ms
+        if not isinstance(wait, int) or wait < 0:
+            raise ValueError(f"TxnConfig.add_partitions_wait_ms must be an int >= 0, not {wait!r}")
 
 
 # ----- requests and results ------------------------------------------------------------------
@@ -202,6 +209,15 @@ class _PendingMarkers:
     commit: bool
 
 
+@dataclass
+class _Waiting:
+    """An AddPartitionsToTxn held until the producer's previous transaction is complete."""
+
+    due: int
+    ref: Any
+    request: AddPartitionsRequest
+
+
 @dataclass(order=True)
 class _Retry:
     due: int
@@ -224,6 +240,8 @@ class TransactionCoordinator(PartitionOwnership):
         self._appends: dict[int, _PendingAppend] = {}
         self._markers: dict[int, _PendingMarkers] = {}
         self._retries: list[_Retry] = []
+        #: transactional id -> AddPartitionsToTxn requests waiting for its Complete* record
+        self._waiting: dict[str, list[_Waiting]] = {}
         self._next_abort_check = 0
         self._next_expire_check = 0
 
@@ -291,9 +309,16 @@ class TransactionCoordinator(PartitionOwnership):
             if pm.partition == partition:
                 del self._markers[token]
         self._retries = [r for r in self._retries if r.append.partition != partition]
+        for transactional_id in [t for t in self._waiting if self.partition_for(t) == partition]:
+            for w in self._waiting.pop(transactional_id):
+                effects += self._answer_waiting(w, ErrorCode.NOT_COORDINATOR)
         for transactional_id in [t for t in self.txns if self.partition_for(t) == partition]:
             del self.txns[transactional_id]
         return effects
+
+    @staticmethod
+    def _answer_waiting(w: _Waiting, code: ErrorCode) -> list[Effect]:
+        return [Reply(w.ref, AddPartitionsResult(dict.fromkeys(w.request.partitions, code)))]
 
     def _epoch_of(self, transactional_id: str) -> int:
         return self.owned[self.partition_for(transactional_id)]
@@ -383,10 +408,17 @@ class TransactionCoordinator(PartitionOwnership):
             return answer(ErrorCode.INVALID_PRODUCER_ID_MAPPING)
         if meta.producer_epoch != req.producer_epoch:
             return answer(ErrorCode.PRODUCER_FENCED)
-        if meta.pending_transition_in_progress or meta.state in (
-            TxnState.PREPARE_COMMIT,
-            TxnState.PREPARE_ABORT,
-        ):
+        if meta.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
+            # the previous transaction's markers and Complete* are being written. Kafka answers
+            # CONCURRENT_TRANSACTIONS and the client retries after a back-off (librdkafka and
+            # the Java client: 20 ms); waiting for Complete* instead (add_partitions_wait_ms)
+            # starts the next transaction as soon as it may start, in the same order
+            if self.config.add_partitions_wait_ms and partitions:
+                due = now + self.config.add_partitions_wait_ms
+                self._waiting.setdefault(req.transactional_id, []).append(_Waiting(due, ref, req))
+                return []
+            return answer(ErrorCode.CONCURRENT_TRANSACTIONS)
+        if meta.pending_transition_in_progress:
             return answer(ErrorCode.CONCURRENT_TRANSACTIONS)
         if not partitions:
             return answer(ErrorCode.NONE)  # nothing to add: no transaction is started
@@ -584,7 +616,11 @@ class TransactionCoordinator(PartitionOwnership):
             effects = self._answer(pa.requester, pa.ref, ErrorCode.NONE)
             effects += self._send_markers(now, meta, pa.partition, pa.coordinator_epoch)
             return effects
-        return []  # "complete": the transaction is over
+        # "complete": the transaction is over; a held AddPartitionsToTxn may start the next
+        effects = []
+        for w in self._waiting.pop(pa.transactional_id, []):
+            effects += self.add_partitions(now, w.ref, w.request)
+        return effects
 
     def _answer_failure(self, pa: _PendingAppend, code: ErrorCode) -> list[Effect]:
         if pa.kind == "init":
@@ -706,6 +742,7 @@ class TransactionCoordinator(PartitionOwnership):
 
     def next_deadline(self) -> int | None:
         deadlines = [r.due for r in self._retries]
+        deadlines += [w.due for ws in self._waiting.values() for w in ws]
         if any(m.state == TxnState.ONGOING and m.pending is None for m in self.txns.values()):
             deadlines.append(self._next_abort_check)
         if self.txns:
@@ -720,6 +757,13 @@ class TransactionCoordinator(PartitionOwnership):
         if now >= self._next_expire_check:
             self._next_expire_check = now + self.config.remove_expired_interval_ms
             effects += self._expire_ids(now)
+        for transactional_id, waiting in list(self._waiting.items()):
+            # still not complete (its markers cannot be written yet): let the client retry
+            for w in [w for w in waiting if w.due <= now]:
+                waiting.remove(w)
+                effects += self._answer_waiting(w, ErrorCode.CONCURRENT_TRANSACTIONS)
+            if not waiting:
+                del self._waiting[transactional_id]
         due = [r for r in self._retries if r.due <= now]
         self._retries = [r for r in self._retries if r.due > now]
         for r in sorted(due):

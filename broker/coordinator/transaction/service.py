@@ -99,6 +99,7 @@ def txn_config(server: KafkaServer) -> TxnConfig:
         remove_expired_interval_ms=int(
             c["transaction.remove.expired.transaction.cleanup.interval.ms"]
         ),
+        add_partitions_wait_ms=int(c["transaction.add.partitions.wait.ms"]),
     )
 
 

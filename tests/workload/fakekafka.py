@@ -16,10 +16,12 @@ state. `install(monkeypatch)` makes the clients' `Producer` and `Consumer` its f
   member goes through an eager rebalance (revoke everything, assign its share, round robin)
   in its next poll; positions start at the group's committed offsets (else the
   beginning); a consumer commit of an old generation is refused (ILLEGAL_GENERATION).
-- Faults: `hang` (set: send_offsets_to_transaction and commit_transaction block until
-  `released` is set), `send_errors` (KafkaErrors handed out as delivery reports of the next sends),
-  `commit_errors` (raised by the next `commit_transaction`), `offsets_errors` (by the next
-  `send_offsets_to_transaction`); `committed_errors` (by the next consumer `committed`).
+- Faults: `hang` (set: send_offsets_to_transaction, commit_transaction and
+  abort_transaction block until `released` is set), `send_errors` (the delivery reports of the
+  next sends: a KafkaError, None for a normal delivery, "never" for no report at all),
+  `commit_errors` (raised by the next `commit_transaction`), `abort_errors` (by the next
+  `abort_transaction`), `offsets_errors` (by the next `send_offsets_to_transaction`);
+  `committed_errors` (by the next consumer `committed`).
 - A transaction whose producer object is gone stays open, as after a kill -9, until a
   producer with its id initialises, or until `expire_dead()` (the coordinator's
   transaction timeout) aborts it.
@@ -71,8 +73,9 @@ class FakeKafka:
         self.generation = 0
         self.members: list[weakref.ref[FakeConsumer]] = []
         self.topics: set[str] = set()
-        self.send_errors: list[KafkaError] = []
+        self.send_errors: list[KafkaError | str | None] = []
         self.commit_errors: list[KafkaError] = []
+        self.abort_errors: list[KafkaError] = []
         self.offsets_errors: list[KafkaError] = []
         self.committed_errors: list[KafkaError] = []
         # set: transactional calls block until it is cleared (librdkafka past its timeouts)
@@ -206,9 +209,12 @@ class FakeProducer:
     def produce(self, topic: str, value: bytes, partition: int, on_delivery: Any) -> None:
         k = self.kafka
         with k.lock:
-            if k.send_errors:
+            report = k.send_errors.pop(0) if k.send_errors else None
+            if isinstance(report, str):  # "never": no delivery report at all
+                return
+            if report is not None:
                 self._reports.append(
-                    (on_delivery, k.send_errors.pop(0), FakeMessage(topic, partition, -1, value))
+                    (on_delivery, report, FakeMessage(topic, partition, -1, value))
                 )
                 return
             log = k.logs[(topic, partition)]
@@ -267,8 +273,12 @@ class FakeProducer:
 
     def abort_transaction(self, timeout: float) -> None:
         k = self.kafka
+        if k.hang.is_set():
+            k.released.wait()
         with k.lock:
             self._fenced()
+            if k.abort_errors:
+                raise KafkaException(k.abort_errors.pop(0))
             txn = k.txns[self.tid or ""]
             for r in txn.records:
                 r.state = "aborted"

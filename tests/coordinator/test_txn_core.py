@@ -122,6 +122,23 @@ class Harness:
         assert res.error == E.NONE, res
         return res.producer_id, res.producer_epoch
 
+    def ongoing(
+        self, *tps: tuple[str, int], txn: str = T, timeout: int = 60_000
+    ) -> tuple[int, int]:
+        """A producer of `txn` whose transaction holds `tps`, written (Ongoing)."""
+        pid, epoch = self.ready(txn, timeout)
+        self.add(pid, epoch, *tps, txn=txn)
+        self.ack()
+        return pid, epoch
+
+    def prepared(self, commit: bool, *tps: tuple[str, int]) -> tuple[int, int]:
+        """An ongoing transaction of T holding `tps`, ended with PrepareCommit (or
+        PrepareAbort) written: its markers are sent and not yet answered."""
+        pid, epoch = self.ongoing(*tps)
+        self.end(pid, epoch, commit)
+        self.ack()
+        return pid, epoch
+
     def state(self, txn: str = T) -> TxnState:
         return self.core.txns[txn].state
 
@@ -206,9 +223,7 @@ def test_epoch_exhaustion_rotates_the_producer_id():
 
 def test_init_during_a_transaction_aborts_it_with_a_bumped_epoch():
     h = Harness()
-    pid, epoch = h.ready()
-    h.add(pid, epoch, TP0)
-    h.settle()
+    pid, epoch = h.ongoing(TP0)
     r = h.init()
     assert r not in h.replies  # waits for the PrepareAbort
     [a] = h.appends
@@ -276,9 +291,7 @@ def test_add_partitions_bad_inputs():
 
 def test_commit_prepare_markers_complete():
     h = Harness()
-    pid, epoch = h.ready()
-    h.add(pid, epoch, TP1, TP0)
-    h.ack()
+    pid, epoch = h.ongoing(TP1, TP0)
     r = h.end(pid, epoch, True)
     assert r not in h.replies and not h.markers  # no markers before PrepareCommit is written
     [a] = h.appends
@@ -305,9 +318,7 @@ def test_commit_prepare_markers_complete():
 
 def test_abort_and_a_second_transaction():
     h = Harness()
-    pid, epoch = h.ready()
-    h.add(pid, epoch, TP0)
-    h.settle()
+    pid, epoch = h.ongoing(TP0)
     r = h.end(pid, epoch, False)
     h.ack()
     assert h.replies[r] == E.NONE and h.markers[0].commit is False
@@ -374,9 +385,7 @@ def test_a_failed_write_reverts_the_transition(append_error: E, client_error: E)
 
 def test_a_failed_fence_does_not_bump_the_epoch_twice():
     h = Harness()
-    pid, epoch = h.ready()
-    h.add(pid, epoch, TP0)
-    h.ack()
+    pid, epoch = h.ongoing(TP0)
     r = h.init()
     h.ack(E.NOT_ENOUGH_REPLICAS)
     assert h.replies[r].error == E.COORDINATOR_NOT_AVAILABLE
@@ -394,11 +403,7 @@ def test_a_failed_fence_does_not_bump_the_epoch_twice():
 
 def test_complete_write_is_retried_until_it_succeeds():
     h = Harness(TxnConfig(num_partitions=1, complete_retry_backoff_ms=50))
-    pid, epoch = h.ready()
-    h.add(pid, epoch, TP0)
-    h.ack()
-    h.end(pid, epoch, True)
-    h.ack()
+    h.prepared(True, TP0)
     h.markers_done()
     h.ack(E.NOT_ENOUGH_REPLICAS)
     assert not h.appends and h.state() == TxnState.PREPARE_COMMIT
@@ -414,11 +419,7 @@ def test_complete_write_is_retried_until_it_succeeds():
 
 def test_complete_write_lost_with_leadership_leaves_prepare_for_the_next_load():
     h = Harness()
-    pid, epoch = h.ready()
-    h.add(pid, epoch, TP0)
-    h.ack()
-    h.end(pid, epoch, True)
-    h.ack()
+    pid, epoch = h.prepared(True, TP0)
     h.markers_done()
     h.ack(E.NOT_LEADER_OR_FOLLOWER)
     assert h.state() == TxnState.PREPARE_COMMIT and h.core.txns[T].pending is None
@@ -436,9 +437,7 @@ def test_complete_write_lost_with_leadership_leaves_prepare_for_the_next_load():
 
 def test_a_transaction_past_its_timeout_is_aborted_and_its_epoch_fenced():
     h = Harness(TxnConfig(num_partitions=1, abort_timed_out_interval_ms=1_000))
-    pid, epoch = h.ready(timeout=5_000)
-    h.add(pid, epoch, TP0)
-    h.ack()
+    pid, epoch = h.ongoing(TP0, timeout=5_000)
     h.advance(5_000)  # start + timeout == now: not yet past it
     assert not h.appends and h.state() == TxnState.ONGOING
     assert h.core.next_deadline() == h.now + 1_000
@@ -464,8 +463,7 @@ def test_an_idle_transactional_id_expires():
     h = Harness(cfg)
     h.advance(0)
     pid, epoch = h.ready()
-    h.add(*h.ready("busy"), TP0, txn="busy")
-    h.ack()
+    h.ongoing(TP0, txn="busy")
     h.advance(9_999)
     assert not h.appends
     h.advance(1_000)
@@ -543,9 +541,7 @@ def test_a_load_overtaken_by_a_newer_one_is_ignored():
 
 def test_unload_answers_waiting_requests_and_forgets_in_flight_work():
     h = Harness()
-    pid, epoch = h.ready()
-    h.add(pid, epoch, TP0)
-    h.ack()
+    pid, epoch = h.ongoing(TP0)
     r_end = h.end(pid, epoch, True)
     r_init = h.init("other")
     stale = list(h.appends)
@@ -561,11 +557,7 @@ def test_unload_answers_waiting_requests_and_forgets_in_flight_work():
 
 def test_markers_given_up_after_unload_write_no_completion():
     h = Harness()
-    pid, epoch = h.ready()
-    h.add(pid, epoch, TP0)
-    h.ack()
-    h.end(pid, epoch, False)
-    h.ack()
+    h.prepared(False, TP0)
     [m] = h.markers
     h.run(h.core.unload(0))
     assert h.core.on_markers_done(h.now, m.token, E.NONE) == []
@@ -581,11 +573,7 @@ def test_markers_given_up_while_still_owned_wait_for_the_next_load():
     """As Kafka: markers refused as fenced leave the transaction prepared, its Complete*
     pending, until a coordinator loads the partition again and sends them."""
     h = Harness()
-    pid, epoch = h.ready()
-    h.add(pid, epoch, TP0)
-    h.ack()
-    h.end(pid, epoch, True)
-    h.ack()
+    pid, epoch = h.prepared(True, TP0)
     h.markers_done(E.TRANSACTION_COORDINATOR_FENCED)
     assert not h.appends and h.state() == TxnState.PREPARE_COMMIT
     assert h.replies[h.end(pid, epoch, True)] == E.CONCURRENT_TRANSACTIONS
@@ -602,9 +590,7 @@ def test_markers_given_up_while_still_owned_wait_for_the_next_load():
 def test_verify_partitions_kip890():
     h = Harness()
     assert h.core.verify_partitions(h.now, T, 1, 0, [TP0]) == {TP0: E.INVALID_PRODUCER_ID_MAPPING}
-    pid, epoch = h.ready()
-    h.add(pid, epoch, TP0)
-    h.ack()
+    pid, epoch = h.ongoing(TP0)
     v = h.core.verify_partitions
     assert v(h.now, T, pid, epoch, [TP0, TP1]) == {TP0: E.NONE, TP1: E.INVALID_TXN_STATE}
     assert v(h.now, T, pid, epoch - 1, [TP0]) == {TP0: E.PRODUCER_FENCED}
@@ -621,9 +607,7 @@ def test_verify_partitions_kip890():
 
 def test_describe_and_list_transactions():
     h = Harness()
-    pid, epoch = h.ready()
-    h.add(pid, epoch, TP1, TP0)
-    h.ack()
+    pid, epoch = h.ongoing(TP1, TP0)
     pid2, _ = h.ready("b")
     assert h.core.describe_transactions([T, "b", "nope", ""]) == [
         TxnDescription(T, E.NONE, "Ongoing", pid, epoch, 60_000, h.now, (TP0, TP1)),

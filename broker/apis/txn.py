@@ -42,6 +42,7 @@ from kafka.protocol.producer.transaction import (
     WriteTxnMarkersResponse,
 )
 
+from isrlab.broker.apis.grouping import by_topic
 from isrlab.broker.coordinator.group.service import OFFSETS_TOPIC
 from isrlab.broker.coordinator.shell import coordinator_address, now_ms
 from isrlab.broker.coordinator.transaction.coordinator import (
@@ -175,15 +176,13 @@ async def handle_add_partitions_to_txn(server: KafkaServer, request: Request) ->
     )
     T = cls.AddPartitionsToTxnTopicResult
     P = T.AddPartitionsToTxnPartitionResult
-    by_topic: dict[str, list[Any]] = {}
-    for (t, p), e in errors.items():
-        by_topic.setdefault(t, []).append(
-            P(partition_index=p, partition_error_code=_fenced(e, v, 2))
-        )
+    topics = by_topic(
+        errors.items(), lambda p, e: P(partition_index=p, partition_error_code=_fenced(e, v, 2))
+    )
     resp = cls(
         throttle_time_ms=0,
         results_by_topic_v3_and_below=[
-            T(name=t, results_by_partition=ps) for t, ps in by_topic.items()
+            T(name=t, results_by_partition=ps) for t, ps in topics.items()
         ],
     )
     return encode_response(resp, v, request.correlation_id)
@@ -313,13 +312,11 @@ async def handle_write_txn_markers(server: KafkaServer, request: Request) -> Res
             m.coordinator_epoch,
             tps,
         )
-        by_topic: dict[str, list[Any]] = {}
-        for (t, p), e in errors.items():
-            by_topic.setdefault(t, []).append(P(partition_index=p, error_code=int(e)))
+        topics = by_topic(errors.items(), lambda p, e: P(partition_index=p, error_code=int(e)))
         markers.append(
             M(
                 producer_id=m.producer_id,
-                topics=[T(name=t, partitions=ps) for t, ps in by_topic.items()],
+                topics=[T(name=t, partitions=ps) for t, ps in topics.items()],
             )
         )
     return encode_response(cls(markers=markers), v, request.correlation_id)
@@ -473,13 +470,13 @@ async def _verify_request(server: KafkaServer, request: Request) -> Response:
             errors = txn.core.verify_partitions(
                 now_ms(), t.transactional_id, t.producer_id, t.producer_epoch, tps
             )
-        by_topic: dict[str, list[Any]] = {}
-        for (name, p), e in errors.items():
-            by_topic.setdefault(name, []).append(P(partition_index=p, partition_error_code=int(e)))
+        topics = by_topic(
+            errors.items(), lambda p, e: P(partition_index=p, partition_error_code=int(e))
+        )
         results.append(
             R(
                 transactional_id=t.transactional_id,
-                topic_results=[T(name=n, results_by_partition=ps) for n, ps in by_topic.items()],
+                topic_results=[T(name=n, results_by_partition=ps) for n, ps in topics.items()],
             )
         )
     resp = cls(throttle_time_ms=0, error_code=0, results_by_transaction=results)
@@ -498,9 +495,7 @@ async def handle_describe_transactions(server: KafkaServer, request: Request) ->
     txn = server.txn_coordinator
     states = []
     for d in txn.core.describe_transactions(list(req.transactional_ids)):
-        by_topic: dict[str, list[int]] = {}
-        for t, p in d.partitions:
-            by_topic.setdefault(t, []).append(p)
+        topics = by_topic(((tp, None) for tp in d.partitions), lambda p, _: p)
         states.append(
             S(
                 error_code=int(d.error),
@@ -510,7 +505,7 @@ async def handle_describe_transactions(server: KafkaServer, request: Request) ->
                 transaction_start_time_ms=d.start_ms,
                 producer_id=d.producer_id,
                 producer_epoch=d.producer_epoch,
-                topics=[TD(topic=t, partitions=ps) for t, ps in by_topic.items()],
+                topics=[TD(topic=t, partitions=ps) for t, ps in topics.items()],
             )
         )
     resp = cls(throttle_time_ms=0, transaction_states=states)

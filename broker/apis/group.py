@@ -31,6 +31,7 @@ from kafka.protocol.consumer import (
 from kafka.protocol.metadata import FindCoordinatorResponse
 from kafka.protocol.producer.transaction import TxnOffsetCommitResponse
 
+from isrlab.broker.apis.grouping import by_topic
 from isrlab.broker.coordinator.group.coordinator import (
     CommitRequest,
     CommitResult,
@@ -243,25 +244,39 @@ def _partition_exists(server: KafkaServer, topic: str, partition: int) -> bool:
     return info is not None and partition in info.assignment
 
 
-async def handle_offset_commit(server: KafkaServer, request: Request) -> Response:
-    v = request.api_version
-    req = request.body
+def _requested_offsets(
+    server: KafkaServer, topics: list[Any], leader_epochs: bool
+) -> tuple[
+    list[tuple[str, int]],
+    dict[tuple[str, int], ErrorCode],
+    dict[tuple[str, int], tuple[int, int, str | None]],
+]:
+    """An (Txn)OffsetCommit request's partitions in the request's order,
+    UNKNOWN_TOPIC_OR_PARTITION for those that do not exist, and (offset, leader epoch, metadata)
+    for the others; the leader epoch is -1 unless `leader_epochs` (the version carries it)."""
     errors: dict[tuple[str, int], ErrorCode] = {}
     offsets: dict[tuple[str, int], tuple[int, int, str | None]] = {}
     order: list[tuple[str, int]] = []
-    for t in req.topics:
+    for t in topics:
         for p in t.partitions:
             tp = (t.name, p.partition_index)
             order.append(tp)
             if not _partition_exists(server, t.name, p.partition_index):
                 errors[tp] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
             else:
-                epoch = getattr(p, "committed_leader_epoch", -1)
+                epoch = getattr(p, "committed_leader_epoch", -1) if leader_epochs else -1
                 offsets[tp] = (
                     p.committed_offset,
                     -1 if epoch is None else epoch,
                     p.committed_metadata,
                 )
+    return order, errors, offsets
+
+
+async def handle_offset_commit(server: KafkaServer, request: Request) -> Response:
+    v = request.api_version
+    req = request.body
+    order, errors, offsets = _requested_offsets(server, req.topics, leader_epochs=True)
     if offsets:
         core_req = CommitRequest(
             group_id=req.group_id,
@@ -369,22 +384,7 @@ async def handle_txn_offset_commit(server: KafkaServer, request: Request) -> Res
     with verification that the producer added the offsets partition to its transaction)."""
     v = request.api_version
     req = request.body
-    errors: dict[tuple[str, int], ErrorCode] = {}
-    offsets: dict[tuple[str, int], tuple[int, int, str | None]] = {}
-    order: list[tuple[str, int]] = []
-    for t in req.topics:
-        for p in t.partitions:
-            tp = (t.name, p.partition_index)
-            order.append(tp)
-            if not _partition_exists(server, t.name, p.partition_index):
-                errors[tp] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-            else:
-                epoch = getattr(p, "committed_leader_epoch", -1) if v >= 2 else -1
-                offsets[tp] = (
-                    p.committed_offset,
-                    -1 if epoch is None else epoch,
-                    p.committed_metadata,
-                )
+    order, errors, offsets = _requested_offsets(server, req.topics, leader_epochs=v >= 2)
     if offsets:
         generation = getattr(req, "generation_id", -1) if v >= 3 else -1
         core_req = TxnCommitRequest(
@@ -422,11 +422,10 @@ def _commit_response(
     errors: dict[tuple[str, int], ErrorCode],
 ) -> Response:
     """An (Txn)OffsetCommit response: the error of every partition, in the request's order."""
-    topics: dict[str, list[Any]] = {}
-    for tp in order:
-        topics.setdefault(tp[0], []).append(
-            partition_cls(partition_index=tp[1], error_code=int(errors.get(tp, ErrorCode.NONE)))
-        )
+    topics = by_topic(
+        ((tp, errors.get(tp, ErrorCode.NONE)) for tp in order),
+        lambda p, e: partition_cls(partition_index=p, error_code=int(e)),
+    )
     resp = cls(
         throttle_time_ms=0,
         topics=[topic_cls(name=name, partitions=parts) for name, parts in topics.items()],
@@ -452,14 +451,15 @@ async def handle_offset_delete(server: KafkaServer, request: Request) -> Respons
     cls = OffsetDeleteResponse[v]
     T = cls.OffsetDeleteResponseTopic
     P = T.OffsetDeleteResponsePartition
-    by_topic: dict[str, list[Any]] = {}
-    if not top:
-        for (topic, p), e in errors.items():
-            by_topic.setdefault(topic, []).append(P(partition_index=p, error_code=int(e)))
+    topics = (
+        {}
+        if top
+        else by_topic(errors.items(), lambda p, e: P(partition_index=p, error_code=int(e)))
+    )
     resp = cls(
         error_code=int(top),
         throttle_time_ms=0,
-        topics=[T(name=n, partitions=ps) for n, ps in by_topic.items()],
+        topics=[T(name=n, partitions=ps) for n, ps in topics.items()],
     )
     return encode_response(resp, v, request.correlation_id)
 

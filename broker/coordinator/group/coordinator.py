@@ -878,15 +878,8 @@ class GroupCoordinator(PartitionOwnership):
                 return fail(ErrorCode.ILLEGAL_GENERATION)
             member = group.members[req.member_id]
             member.heartbeat_deadline = now + member.session_timeout_ms
-        errors: dict[TopicPartition, ErrorCode] = {}
-        accepted: dict[TopicPartition, CommittedOffset] = {}
-        for tp, (offset, epoch, metadata) in req.offsets.items():
-            md = metadata or ""
-            if len(md.encode("utf-8")) > self.config.offset_metadata_max_bytes:
-                errors[tp] = ErrorCode.OFFSET_METADATA_TOO_LARGE
-            else:
-                expire = now + req.retention_ms if req.retention_ms >= 0 else None
-                accepted[tp] = CommittedOffset(offset, epoch, md, now, expire)
+        expire = now + req.retention_ms if req.retention_ms >= 0 else None
+        errors, accepted = self._accept_offsets(now, req.offsets, expire)
         if not accepted:
             return [Reply(ref, CommitResult(errors))]
         token = next(self._tokens)
@@ -897,16 +890,25 @@ class GroupCoordinator(PartitionOwnership):
         self._commit_errors[token] = errors
         for tp in accepted:
             group.pending_commits[tp] += 1
-        entries: list[tuple[Key, Value | None]] = [
-            (
-                OffsetKey(group.group_id, tp[0], tp[1]),
-                OffsetValue(
-                    c.offset, c.leader_epoch, c.metadata, c.commit_timestamp, c.expire_timestamp
-                ),
-            )
-            for tp, c in accepted.items()
-        ]
-        return [Append(p, entries, token)]
+        return [Append(p, _offset_records(group.group_id, accepted), token)]
+
+    def _accept_offsets(
+        self,
+        now: int,
+        offsets: dict[TopicPartition, tuple[int, int, str | None]],
+        expire: int | None,
+    ) -> tuple[dict[TopicPartition, ErrorCode], dict[TopicPartition, CommittedOffset]]:
+        """The offsets of an (Txn)OffsetCommit whose metadata fits offset.metadata.max.bytes,
+        committed at `now` and expiring at `expire`; OFFSET_METADATA_TOO_LARGE for the rest."""
+        errors: dict[TopicPartition, ErrorCode] = {}
+        accepted: dict[TopicPartition, CommittedOffset] = {}
+        for tp, (offset, epoch, metadata) in offsets.items():
+            md = metadata or ""
+            if len(md.encode("utf-8")) > self.config.offset_metadata_max_bytes:
+                errors[tp] = ErrorCode.OFFSET_METADATA_TOO_LARGE
+            else:
+                accepted[tp] = CommittedOffset(offset, epoch, md, now, expire)
+        return errors, accepted
 
     def txn_offset_commit(self, now: int, ref: Any, req: TxnCommitRequest) -> list[Effect]:
         """TxnOffsetCommit (Kafka's handleTxnCommitOffsets): the offsets are written as a
@@ -935,14 +937,7 @@ class GroupCoordinator(PartitionOwnership):
                 return fail(err)
             if req.generation != group.generation:
                 return fail(ErrorCode.ILLEGAL_GENERATION)
-        errors: dict[TopicPartition, ErrorCode] = {}
-        accepted: dict[TopicPartition, CommittedOffset] = {}
-        for tp, (offset, epoch, metadata) in req.offsets.items():
-            md = metadata or ""
-            if len(md.encode("utf-8")) > self.config.offset_metadata_max_bytes:
-                errors[tp] = ErrorCode.OFFSET_METADATA_TOO_LARGE
-            else:
-                accepted[tp] = CommittedOffset(offset, epoch, md, now)
+        errors, accepted = self._accept_offsets(now, req.offsets, None)
         if not accepted:
             return [Reply(ref, CommitResult(errors))]
         self.groups.setdefault(group.group_id, group)
@@ -959,13 +954,7 @@ class GroupCoordinator(PartitionOwnership):
             replaced=replaced,
         )  # fmt: skip
         self._commit_errors[token] = errors
-        entries: list[tuple[Key, Value | None]] = [
-            (
-                OffsetKey(group.group_id, tp[0], tp[1]),
-                OffsetValue(c.offset, c.leader_epoch, c.metadata, c.commit_timestamp),
-            )
-            for tp, c in accepted.items()
-        ]
+        entries = _offset_records(group.group_id, accepted)
         return [Append(p, entries, token, producer=(req.producer_id, req.producer_epoch))]
 
     def complete_txn(
@@ -1422,3 +1411,18 @@ def _commit_error(error: ErrorCode) -> ErrorCode:
         timed_out=ErrorCode.REQUEST_TIMED_OUT,
         too_large=ErrorCode.INVALID_COMMIT_OFFSET_SIZE,
     )
+
+
+def _offset_records(
+    group_id: str, accepted: dict[TopicPartition, CommittedOffset]
+) -> list[tuple[Key, Value | None]]:
+    """The __consumer_offsets records of a group's accepted commits."""
+    return [
+        (
+            OffsetKey(group_id, tp[0], tp[1]),
+            OffsetValue(
+                c.offset, c.leader_epoch, c.metadata, c.commit_timestamp, c.expire_timestamp
+            ),
+        )
+        for tp, c in accepted.items()
+    ]

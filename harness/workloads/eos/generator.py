@@ -43,7 +43,7 @@ from isrlab.harness.generator import (
     fn,
 )
 from isrlab.harness.workloads.eos.options import EosOptions
-from isrlab.harness.workloads.queue.generator import FinalPolls
+from isrlab.harness.workloads.queue.generator import FinalPolls, Tracking
 
 __all__ = ["ROLES", "EosWorkload"]
 
@@ -179,26 +179,13 @@ class EosWorkload:
 
     def generator(self) -> Generator:
         """The main phase for client threads: unbounded (wrap in `time_limit`)."""
-        return clients(_Tracking(self, fn(self._main_op)))
+        return clients(Tracking(self, fn(self._main_op)))
 
     def final_generator(self) -> Generator:
         """The drain: every thread crashes its client, assigns every key (input and
         output) from the beginning on a read_committed client and polls until it has read
         every offset known at the start of the drain."""
         return clients(_Draining(self, each_thread(lambda: FinalPolls(self))))
-
-
-class _Tracking:
-    def __init__(self, workload: EosWorkload, gen: Generator) -> None:
-        self._w = workload
-        self._gen = gen
-
-    def op(self, ctx: Context) -> Result:
-        return self._gen.op(ctx)
-
-    def update(self, ctx: Context, event: Op) -> None:
-        self._w._track(ctx, event)
-        self._gen.update(ctx, event)
 
 
 class _Draining:

@@ -42,7 +42,7 @@ from isrlab.harness.generator import (
 )
 from isrlab.harness.workloads.queue.options import QueueOptions, subscribe_share
 
-__all__ = ["DrainSource", "FinalPolls", "QueueWorkload", "Workload", "queue_test"]
+__all__ = ["DrainSource", "FinalPolls", "QueueWorkload", "Tracking", "Workload", "queue_test"]
 
 
 class DrainSource(Protocol):
@@ -52,6 +52,12 @@ class DrainSource(Protocol):
     max_offsets: dict[str, int]
     final_restart_ns: int
     final_poll_ms: int
+
+
+class Tracked(Protocol):
+    """A workload that follows every completion of its main phase (`Tracking`)."""
+
+    def _track(self, ctx: Context, event: Op) -> None: ...
 
 
 class Workload(Protocol):
@@ -224,7 +230,7 @@ class QueueWorkload:
 
     def generator(self) -> Generator:
         """The main phase for client threads: unbounded (wrap in `time_limit`)."""
-        main: Generator = _Tracking(self, fn(self._main_op))
+        main: Generator = Tracking(self, fn(self._main_op))
         if self.crash_clients:
             crashes = stagger(self.crash_interval / max(1, self.concurrency), repeat(_CRASH))
             main = any_of(crashes, main)
@@ -239,8 +245,10 @@ class QueueWorkload:
 _CRASH: Op = {"f": "crash", "value": None}
 
 
-class _Tracking:
-    def __init__(self, workload: QueueWorkload, gen: Generator) -> None:
+class Tracking:
+    """`gen`'s ops; every event goes to the workload's `_track` before `gen` sees it."""
+
+    def __init__(self, workload: Tracked, gen: Generator) -> None:
         self._w = workload
         self._gen = gen
 

@@ -33,7 +33,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -292,6 +292,10 @@ def run_test(config: TestConfig, progress: bool = True) -> tuple[Path, dict[str,
             _run_with_progress(interp, config, progress)
             history.close()
         finally:
+            if test.get("workload") == "eos":
+                from isrlab.harness.workloads.eos.client import drop_zombies
+
+                drop_zombies()  # (a zombie copier whose thread was abandoned)
             if nem is not None:
                 with contextlib.suppress(Exception):
                     nem.close()
@@ -422,12 +426,30 @@ def _require_root_or_nodes(config: TestConfig) -> None:
         )
 
 
-def _test_command(test_count: int = 1, **options: Any) -> None:
+def knob_settings(items: Sequence[str] | None, options: Mapping[str, Any]) -> dict[str, Any]:
+    """``--set NAME=VALUE`` items -> workload knobs (test.json keys of the workload's table,
+    docs/test-options.md); the test table's own options have their flags and are refused here,
+    as is anything that is not NAME=VALUE. The values are checked with the test."""
+    out: dict[str, Any] = {}
+    for item in items or ():
+        name, sep, raw = item.partition("=")
+        name = name.strip().replace("-", "_")
+        if not sep or not name:
+            raise SetupError(f"--set takes NAME=VALUE (a workload knob), not {item!r}")
+        if name in options:
+            flag = name.replace("_", "-")
+            raise SetupError(f"--set {name}: that is a test option, give it as --{flag}")
+        out[name] = raw.strip()
+    return out
+
+
+def _test_command(test_count: int = 1, set_: list[str] | None = None, **options: Any) -> None:
     """Run a Jepsen-style fault-injection test and check its history."""
     try:
         # every run's configuration is validated before the first run touches a node
         if test_count < 1:
             raise SetupError(f"--test-count must be at least 1, not {test_count}")
+        options = {**options, **knob_settings(set_, options)}
         seed = options.get("seed")
         configs = [
             make_test(
@@ -463,7 +485,20 @@ test_command = with_cli_options(
             inspect.Parameter.KEYWORD_ONLY,
             default=1,
             annotation=Annotated[int, typer.Option(help="run the test this many times")],
-        )
+        ),
+        inspect.Parameter(
+            "set_",
+            inspect.Parameter.KEYWORD_ONLY,
+            default=None,
+            annotation=Annotated[
+                list[str] | None,
+                typer.Option(
+                    "--set",
+                    help="NAME=VALUE: a knob of the workload, saved in test.json (repeatable; "
+                    "e.g. --set copier_kill_interval=5; docs/test-options.md lists them)",
+                ),
+            ],
+        ),
     ],
 )
 

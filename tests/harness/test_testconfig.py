@@ -197,6 +197,10 @@ def no_cluster(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         (["--replica-lag-time-max-ms", "0"], "at least 100"),
         (["--time-limit", "0"], "above 0"),
         (["--nodes", "n1", "--nodes-file", "nodes.yaml"], "not both"),
+        (["--set", "copier_zombie=true", "--workload", "eos"], "did you mean 'copier_zombies'"),
+        (["--set", "time_limit=5"], "give it as --time-limit"),
+        (["--set", "poll_ms"], "NAME=VALUE"),
+        (["--workload", "eos", "--set", "copier_zombies=maybe"], "copier_zombies"),
     ],
 )
 def test_bad_options_exit_2_before_any_node_is_touched(
@@ -361,3 +365,37 @@ def test_consumer_flags_reach_the_run(no_cluster: list[str], tmp_path: Path) -> 
             nemesis_targets="coordinator",
         )
     assert no_cluster == ["run_test"]
+
+
+def test_set_gives_the_workload_knobs_to_the_run(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    seen: list[Any] = []
+
+    def fake_run(config: Any) -> Any:
+        seen.append(config)
+        raise runner.SetupError("stop here")
+
+    monkeypatch.setattr(runner, "run_test", fake_run)
+    res = CliRunner().invoke(
+        _app(),
+        [
+            "test",
+            "--store",
+            str(tmp_path),
+            "--nodes",
+            "n1",
+            "--workload",
+            "eos",
+            "--txn",
+            "--set",
+            "copier_zombies=true",
+            "--set",
+            "copier_kill_interval=5",
+        ],
+    )
+    assert res.exit_code == 2 and "stop here" in res.output, res.output
+    [config] = seen
+    assert config.knobs["copier_zombies"] is True
+    assert config.knobs["copier_kill_interval"] == 5.0
+    assert config.to_test()["copier_zombies"] is True  # in test.json

@@ -60,9 +60,7 @@ def _recv(sock: socket.socket, n: int) -> bytes:
     return buf
 
 
-@pytest.fixture(scope="module")
-def eos_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    base = tmp_path_factory.mktemp("eos-broker")
+def start_eos_broker(base: Path, **overrides: str) -> BrokerProcess:
     b = BrokerProcess(
         base / "logs",
         free_port(),
@@ -73,9 +71,16 @@ def eos_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProce
             # group move its partitions on within the run
             "group.min.session.timeout.ms": "1000",
             "transaction.abort.timed.out.transaction.cleanup.interval.ms": "1000",
+            **overrides,
         },
     )
     b.start()
+    return b
+
+
+@pytest.fixture(scope="module")
+def eos_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    b = start_eos_broker(tmp_path_factory.mktemp("eos-broker"))
     try:
         versions = api_versions(b.host, b.port)
         if END_TXN not in versions:
@@ -105,6 +110,7 @@ def run_live(
     rf: int = 1,
     nemesis: Any = None,
     nemesis_gen: Any = None,
+    **knobs: Any,
 ) -> tuple[dict[str, Any], EosWorkload, list[dict[str, Any]]]:
     """One eos run against ``broker`` (a BrokerProcess or a tests/cluster Cluster: anything
     with ``bootstrap``), with an optional nemesis (``invoke`` / ``heal_all``) and its
@@ -130,6 +136,7 @@ def run_live(
             "heartbeat_interval_ms": 300,
             "op_timeout_ms": 5000,
             "watermark_p": 0,
+            **knobs,
         }
     ).to_test()
     workload = EosWorkload(test)
@@ -319,3 +326,61 @@ def test_copier_and_broker_kills_on_three_brokers(
         if found[-1]:
             return
     raise AssertionError(f"no eos-duplicate without transactions in {len(found)} runs")
+
+
+# ----- zombie copiers and the producer epoch fencing switch -------------------------------------
+
+
+def zombie_runs(broker: BrokerProcess, tmp_path: Path, seed: int) -> tuple[dict[str, Any], Any]:
+    """One eos run with zombie copiers (copier_zombies): the results and the zombies' doings
+    (each woken zombie's record from the ops)."""
+    test, workload, ops = run_live(broker, tmp_path, txn=True, seed=seed, copier_zombies=True)
+    woken = [o["zombie"] for o in ops if o.get("zombie") and "sends" in o["zombie"]]
+    r = _check(test, ops)
+    print(
+        f"\nseed {seed}: {workload.kills} copier kills, zombies woken {len(woken)} "
+        f"(acked {[z['acked'] for z in woken]}, commits {[z['commit'] for z in woken]}); "
+        f"anomalies {r['anomaly_types']}"
+    )
+    return r, woken
+
+
+def test_zombie_copiers_are_fenced(eos_broker: BrokerProcess, tmp_path: Path) -> None:
+    """Killed copiers live on as zombies and write again into their successor's open
+    transaction: producer epoch fencing (Kafka's rule) refuses every zombie write and commit,
+    and the copies stay exactly once."""
+    woken_total = 0
+    for seed in range(3):
+        r, woken = zombie_runs(eos_broker, tmp_path, 40 + seed)
+        assert r["valid"] is True, {k: r["anomalies"][k] for k in r["not_allowed"]}
+        assert not {"eos-duplicate", "eos-missing"} & set(r["anomaly_types"])
+        for z in woken:
+            assert z["acked"] == 0 and z["commit"] != "ok", z
+        woken_total += len(woken)
+        if woken_total >= 2:
+            return
+    raise AssertionError(f"only {woken_total} zombies woke in 3 runs: the test tested nothing")
+
+
+def test_zombie_copiers_duplicate_without_epoch_fencing(
+    tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
+) -> None:
+    """The historic switch transaction.producer.epoch.fencing.enable=false: a zombie's writes
+    join its successor's open transaction and are committed with it, so the output holds
+    values twice (eos-duplicate), found through the harness in at most 3 seeds."""
+    b = start_eos_broker(
+        tmp_path_factory.mktemp("eos-unfenced"),
+        **{"transaction.producer.epoch.fencing.enable": "false"},
+    )
+    try:
+        found = []
+        for seed in range(3):
+            r, woken = zombie_runs(b, tmp_path, 50 + seed)
+            assert "eos-missing" not in r["anomaly_types"], r["anomalies"].get("eos-missing")
+            found.append("eos-duplicate" in r["anomaly_types"])
+            if found[-1]:
+                assert any(z["acked"] > 0 for z in woken), woken
+                return
+        raise AssertionError(f"no eos-duplicate with fencing off in {len(found)} runs")
+    finally:
+        b.stop()

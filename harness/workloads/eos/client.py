@@ -34,6 +34,18 @@ as a new process, whose copier takes the same transactional id: its `init_transa
 fences the killed one and aborts its transaction (without transactions, its sends stay and
 the new copier copies them again from the committed offsets: at-least-once).
 
+With the knob ``copier_zombies`` a killed copier is not dropped but lives on as a zombie (Kafka's
+zombie instance: a paused or partitioned application whose replacement has taken over): it
+leaves the group and keeps its producer, still inside its transaction. When a later copier of
+the same transactional id has sent a copy and not yet committed it, and that copy writes to an
+output key the zombie wrote to, the zombie sends its own copies to those keys again and tries
+to commit. Producer epoch fencing refuses every zombie write (the new copier's
+`init_transactions` bumped the epoch); with `transaction.producer.epoch.fencing.enable=false`
+the leaders accept them into the new copier's open transaction, whose commit makes them
+visible: the output holds a value twice (eos-duplicate). The new copier's op records what the
+zombie did under the optional key ``zombie``; a zombie that finds no such copy within
+`ZOMBIE_TRIES` copies of its id is dropped.
+
 `client_factory(test, nodes, workload)` gives each thread its client by role
 (`EosWorkload.role`): copiers an `EosCopier`; producers and readers a non-transactional
 `QueueClient` (readers at the test's ``isolation_level``); and, once the workload drains,
@@ -43,6 +55,7 @@ every new process a read_committed `QueueClient` for the final reads.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
@@ -65,6 +78,40 @@ __all__ = ["ClientError", "EosCopier", "client_factory"]
 log = logging.getLogger(__name__)
 
 Op = dict[str, Any]
+
+# Copies of its transactional id a zombie waits for one with a shared output key.
+ZOMBIE_TRIES = 20
+
+
+class _Zombie:
+    """A killed copier's producer, inside its transaction, with the copies it sent."""
+
+    def __init__(self, producer: Any, process: int, sends: list[tuple[str, Any]]) -> None:
+        self.producer = producer
+        self.process = process
+        self.sends = sends  # (output key, value)
+        self.tries = 0
+
+    def drop(self) -> None:
+        try:
+            self.producer.purge(in_queue=True, in_flight=True, blocking=False)
+            self.producer.flush(0)
+        except (KafkaException, RuntimeError) as e:
+            log.debug("dropping a zombie copier: %s", e)
+
+
+# transactional id -> its zombie (at most one: a new one replaces and drops the old)
+_zombies: dict[str, _Zombie] = {}
+_zombies_lock = threading.Lock()
+
+
+def drop_zombies() -> None:
+    """Drop every zombie copier (the run is over)."""
+    with _zombies_lock:
+        zombies = list(_zombies.values())
+        _zombies.clear()
+    for z in zombies:
+        z.drop()
 
 
 class _Roles(Protocol):
@@ -92,6 +139,7 @@ class EosCopier(QueueClient):
         self.output_of: dict[str, str] = dict(zip(inputs, outputs, strict=True))
         self.eos_knobs = EosOptions.from_test(test)
         self._op_revoked = False
+        self._zombified = False
 
     def producer_config(self) -> dict[str, Any]:
         conf = super().producer_config()
@@ -157,9 +205,13 @@ class EosCopier(QueueClient):
                 offsets[k] = max(offsets.get(k, 0), o + 1)
         deadline = time.monotonic() + self.op_timeout
         errors: list[Any] = []
-        verdict = self._txn_copy(mops, out, offsets, deadline, kill, errors)
+        zombie: Op = {}
+        verdict = self._txn_copy(mops, out, offsets, deadline, kill, errors, zombie)
         if verdict == "killed":
-            self.close()
+            if self.eos_knobs.copier_zombies and self.transactional_id and self.producer:
+                self._become_zombie(mops)
+            else:
+                self.close()
             verdict = "info"
             errors.append("killed")
         elif verdict != "ok":
@@ -168,7 +220,88 @@ class EosCopier(QueueClient):
         if errors:
             result["error"] = errors[0] if len(errors) == 1 else errors
         result.update(self._producer_info())
+        if zombie:
+            result["zombie"] = zombie
         return result
+
+    # -- zombies
+
+    def _become_zombie(self, mops: list[Any]) -> None:
+        """Hand this copier's producer, inside its transaction, to a zombie (see the module
+        docstring); `close` then drops only the consumer."""
+        transactional_id = self.transactional_id
+        assert transactional_id is not None
+        z = _Zombie(self.producer, self.process, [(k, v) for _f, k, v in mops])
+        self.producer = None
+        self.close()  # the consumer (it leaves the group as a crashed member does)
+        self._zombified = True  # closing this client again (the interpreter) keeps the zombie
+        with _zombies_lock:
+            old = _zombies.pop(transactional_id, None)
+            _zombies[transactional_id] = z
+        if old is not None:
+            old.drop()
+
+    def close(self) -> None:
+        """Drop the clients, and the zombie of this copier's transactional id (a copier
+        closes at the end of its process: nothing of its id may write after that)."""
+        super().close()
+        if self.transactional_id and not self._zombified:
+            with _zombies_lock:
+                z = _zombies.pop(self.transactional_id, None)
+            if z is not None:
+                z.drop()
+
+    def _wake_zombie(self, mops: list[Any], deadline: float) -> Op:
+        """The zombie of this copier's transactional id, if any, sends its copies to the
+        output keys this copy wrote to, then tries to commit: what happened, or {}."""
+        if not self.transactional_id:
+            return {}
+        keys = {k for _f, k, _v in mops}
+        with _zombies_lock:
+            z = _zombies.get(self.transactional_id)
+            if z is None:
+                return {}
+            sends = [(k, v) for k, v in z.sends if k in keys]
+            z.tries += 1
+            if not sends and z.tries < ZOMBIE_TRIES:
+                return {}
+            del _zombies[self.transactional_id]
+        if not sends:
+            z.drop()
+            return {"process": z.process, "gave-up": True}
+        results: list[Any] = []
+
+        def report(err: Any, _msg: Any) -> None:
+            results.append("ok" if err is None else error_name(err))
+
+        refused: list[str] = []
+        for k, v in sends:
+            topic, part = parse_key(k)
+            try:
+                z.producer.produce(topic, str(v).encode(), partition=part, on_delivery=report)
+            except BufferError:
+                refused.append("queue-full")
+            except KafkaException as e:
+                refused.append(error_name(e.args[0]))
+        left = max(0.1, deadline - time.monotonic())
+        z.producer.flush(left)
+        try:
+            left = max(0.1, deadline - time.monotonic())
+            self._within(lambda: z.producer.commit_transaction(left), left)
+            commit = "ok"
+        except TimeoutError:
+            commit = "timeout"
+        except KafkaException as e:
+            commit = error_name(e.args[0])
+        z.drop()
+        acked = results.count("ok")
+        return {
+            "process": z.process,
+            "sends": [list(codec.send(k, v)) for k, v in sends],
+            "acked": acked,
+            "errors": sorted({r for r in results if r != "ok"} | set(refused)),
+            "commit": commit,
+        }
 
     def _txn_copy(
         self,
@@ -178,6 +311,7 @@ class EosCopier(QueueClient):
         deadline: float,
         kill: bool,
         errors: list[Any],
+        zombie: Op,
     ) -> str:
         """Send the copies and commit them with the offsets: "ok", "fail", "info" or
         "killed" (the caller drops the client)."""
@@ -199,6 +333,8 @@ class EosCopier(QueueClient):
                 return verdict
             if kill:
                 return "killed"
+            if in_txn and self.eos_knobs.copier_zombies:
+                zombie.update(self._wake_zombie(mops, deadline))
             left = max(0.1, deadline - time.monotonic())
             if in_txn:
                 meta = consumer.consumer_group_metadata()

@@ -48,6 +48,13 @@ class EosOptions(QueueOptions):
         minimum=0,
         above=True,
     )
+    copier_zombies: bool = _knob(
+        False,
+        "a killed copier lives on as a zombie: it leaves the group but keeps its producer and "
+        "open transaction, and when the next copier of its transactional id has a transaction "
+        "open on one of the same output keys it sends its copies there again and tries to "
+        "commit (Kafka's zombie instance; producer epoch fencing must refuse it)",
+    )
     transaction_timeout_ms: int = _knob(
         10000,
         "the copiers' transaction.timeout.ms (at least op_timeout_ms): how long the "

@@ -57,6 +57,19 @@ def is_epoch_exhausted(epoch: int) -> bool:
     return epoch >= MAX_EPOCH - 1
 
 
+def _log_value(m: TxnTransit | TransactionMetadata) -> TxnLogValue:
+    """A transition's target, or a transaction's current state, as its record."""
+    return TxnLogValue(
+        producer_id=m.producer_id,
+        producer_epoch=m.producer_epoch,
+        timeout_ms=m.timeout_ms,
+        state=m.state,
+        partitions=tuple(sorted(m.partitions)),
+        last_update_ms=m.last_update_ms,
+        start_ms=m.start_ms,
+    )
+
+
 @dataclass(frozen=True)
 class TxnTransit:
     """The target of a transition (Kafka's TxnTransitMetadata)."""
@@ -72,15 +85,7 @@ class TxnTransit:
     last_update_ms: int
 
     def to_log_value(self) -> TxnLogValue:
-        return TxnLogValue(
-            producer_id=self.producer_id,
-            producer_epoch=self.producer_epoch,
-            timeout_ms=self.timeout_ms,
-            state=self.state,
-            partitions=tuple(sorted(self.partitions)),
-            last_update_ms=self.last_update_ms,
-            start_ms=self.start_ms,
-        )
+        return _log_value(self)
 
 
 @dataclass
@@ -365,12 +370,4 @@ class TransactionMetadata:
 
     def to_log_value(self) -> TxnLogValue:
         """The current state as a record (what a reload would rebuild)."""
-        return TxnLogValue(
-            producer_id=self.producer_id,
-            producer_epoch=self.producer_epoch,
-            timeout_ms=self.timeout_ms,
-            state=self.state,
-            partitions=tuple(sorted(self.partitions)),
-            last_update_ms=self.last_update_ms,
-            start_ms=self.start_ms,
-        )
+        return _log_value(self)

@@ -5,7 +5,9 @@ in the middle of a transaction."""
 
 from __future__ import annotations
 
+import asyncio
 import signal
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -226,3 +228,201 @@ def txn_leaders_rf1(c: Cluster) -> dict[int, int]:
         return {p: m.leader for p, m in md.partitions.items()}
 
     return c.wait_for(leaders, timeout=60, what="__transaction_state with leaders")
+
+
+# ----- kafka-python and aiokafka: the same coordinator kill -----------------------------------
+#
+# Each runs four transactions of one record per partition of a 3-partition topic (replication
+# factor 3, so the partitions are led by all three brokers), kill -9s the coordinator between
+# the sends of transaction 1 and its commit, and aborts transaction 2 on purpose (its markers
+# come from the new coordinator). A commit that fails is handled as a user would: abort the
+# transaction; if the producer refuses, close it and start a new one, whose InitProducerId
+# fences the old one and ends whatever it left. Such a transaction's outcome is not known to
+# the client (its commit may have been written), so it must be all or nothing; a transaction
+# the client saw commit must be read exactly once, one it saw abort never. The transactions
+# after the kill must end as asked, through the new coordinator.
+
+TRANSACTIONS = 4
+KILL_BEFORE_COMMIT_OF = 1
+ABORTED_AFTER_FAILOVER = 2
+
+
+class Outcomes:
+    """What the client was told about each transaction."""
+
+    def __init__(self) -> None:
+        self.committed: list[list[bytes]] = []
+        self.aborted: list[list[bytes]] = []
+        self.unknown: list[list[bytes]] = []
+        self.errors: list[str] = []
+
+    def check(self, got: list[bytes]) -> None:
+        assert len(got) == len(set(got)), f"a record read twice: {sorted(got)}"
+        seen = set(got)
+        for values in self.committed:
+            assert seen >= set(values), f"committed {values} not all read: {sorted(got)}"
+        for values in self.aborted:
+            assert not seen & set(values), f"aborted {values} read: {sorted(got)}"
+        for values in self.unknown:
+            assert seen >= set(values) or not seen & set(values), f"{values} half read"
+        known = {v for t in self.committed + self.aborted + self.unknown for v in t}
+        assert seen <= known, f"records no transaction wrote: {seen - known}"
+        after = range(KILL_BEFORE_COMMIT_OF + 1, TRANSACTIONS)
+        wanted = [txn_values(n) for n in after if n != ABORTED_AFTER_FAILOVER]
+        assert all(t in self.committed for t in wanted), (
+            f"a transaction after the failover did not commit: {self.errors}"
+        )
+        assert txn_values(ABORTED_AFTER_FAILOVER) in self.aborted, self.errors
+
+
+class Hung(Exception):
+    """A client call that never returned."""
+
+
+#: far above a commit through a failover (ZooKeeper's 4 s session expiry, then loading)
+COMMIT_WATCHDOG_S = 15
+
+
+def txn_values(n: int) -> list[bytes]:
+    return [f"t{n}-p{part}".encode() for part in range(3)]
+
+
+def test_kafka_python_coordinator_killed_mid_transaction(cluster: Cluster) -> None:
+    """kafka-python 3.0.12 never returns from the commit after the kill: until ZooKeeper expires
+    the dead broker's session, FindCoordinator rightly still names it (as Kafka's metadata
+    cache does), the connection is refused, and the client's Sender then drops the EndTxn
+    request (it re-enqueues a request only when no coordinator was known, unlike Java's Sender,
+    which always retries it). abort_transaction is refused in COMMITTING_TRANSACTION, so the
+    user's watchdog replaces the producer; the new one's InitProducerId goes to the new
+    coordinator, which aborts the open transaction."""
+    from kafka import KafkaProducer
+    from kafka.errors import KafkaError as KpError
+
+    c = cluster
+    tid, coordinator = txn_id_away_from(c, 1, "kp-killed")
+    c.create_topic("kp-killed", 3, 3)
+
+    def new_producer() -> Any:
+        p = KafkaProducer(
+            bootstrap_servers=c.brokers[1].bootstrap,
+            transactional_id=tid,
+            linger_ms=5,
+            transaction_timeout_ms=60000,
+            max_block_ms=60000,
+        )
+        p.init_transactions()
+        return p
+
+    def bounded(call: Any, timeout: float) -> None:
+        """kafka-python's commit and abort wait without a limit; a user's watchdog gives up."""
+        failure: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                call()
+            except BaseException as e:
+                failure.append(e)
+
+        t = threading.Thread(target=run, daemon=True)  # a daemon: a hang cannot block the exit
+        t.start()
+        t.join(timeout)
+        if t.is_alive():
+            raise Hung(f"{call.__name__} still waiting after {timeout} s")
+        if failure:
+            raise failure[0]
+
+    out = Outcomes()
+    p = new_producer()
+    try:
+        for n in range(TRANSACTIONS):
+            values = txn_values(n)
+            p.begin_transaction()
+            for part, v in enumerate(values):
+                p.send("kp-killed", v, partition=part)
+            p.flush(30)
+            if n == KILL_BEFORE_COMMIT_OF:
+                c.brokers[coordinator].kill9()
+            try:
+                if n == ABORTED_AFTER_FAILOVER:
+                    bounded(p.abort_transaction, COMMIT_WATCHDOG_S)
+                    out.aborted.append(values)
+                    continue
+                bounded(p.commit_transaction, COMMIT_WATCHDOG_S)
+                out.committed.append(values)
+                continue
+            except (KpError, Hung) as e:
+                out.errors.append(f"end: {type(e).__name__}: {e}")
+            try:
+                bounded(p.abort_transaction, COMMIT_WATCHDOG_S)
+                out.aborted.append(values)
+            except (KpError, Hung) as e:
+                out.errors.append(f"abort: {type(e).__name__}: {e}")
+                p.close(0)
+                p = new_producer()  # fences the old producer and ends its transaction
+                out.unknown.append(values)
+    finally:
+        p.close(5)
+        c.brokers[coordinator].start()
+    print("kafka-python errors:", out.errors)
+    out.check(read_committed(c, "kp-killed", 3))
+
+
+def test_aiokafka_coordinator_killed_mid_transaction(cluster: Cluster) -> None:
+    """aiokafka retries the commit until the new coordinator has loaded the transaction and
+    answers it: no error reaches the user."""
+    aiokafka = pytest.importorskip("aiokafka")
+    from aiokafka.errors import KafkaError as AioError
+
+    c = cluster
+    tid, coordinator = txn_id_away_from(c, 1, "aio-killed")
+    c.create_topic("aio-killed", 3, 3)
+
+    async def new_producer() -> Any:
+        p = aiokafka.AIOKafkaProducer(
+            bootstrap_servers=c.brokers[1].bootstrap,
+            transactional_id=tid,
+            linger_ms=5,
+            transaction_timeout_ms=60000,
+        )
+        await asyncio.wait_for(p.start(), 60)
+        return p
+
+    async def run(out: Outcomes) -> None:
+        p = await new_producer()
+        try:
+            for n in range(TRANSACTIONS):
+                values = txn_values(n)
+                await p.begin_transaction()
+                for part, v in enumerate(values):
+                    await p.send("aio-killed", v, partition=part)
+                await asyncio.wait_for(p.flush(), 30)
+                if n == KILL_BEFORE_COMMIT_OF:
+                    c.brokers[coordinator].kill9()
+                try:
+                    if n == ABORTED_AFTER_FAILOVER:
+                        await asyncio.wait_for(p.abort_transaction(), COMMIT_WATCHDOG_S)
+                        out.aborted.append(values)
+                        continue
+                    await asyncio.wait_for(p.commit_transaction(), COMMIT_WATCHDOG_S)
+                    out.committed.append(values)
+                    continue
+                except (AioError, TimeoutError) as e:
+                    out.errors.append(f"end: {type(e).__name__}: {e}")
+                try:
+                    await asyncio.wait_for(p.abort_transaction(), COMMIT_WATCHDOG_S)
+                    out.aborted.append(values)
+                except (AioError, TimeoutError) as e:
+                    out.errors.append(f"abort: {type(e).__name__}: {e}")
+                    await p.stop()
+                    p = await new_producer()
+                    out.unknown.append(values)
+        finally:
+            await p.stop()
+
+    out = Outcomes()
+    try:
+        asyncio.run(run(out))
+    finally:
+        c.brokers[coordinator].start()
+    print("aiokafka errors:", out.errors)
+    out.check(read_committed(c, "aio-killed", 3))

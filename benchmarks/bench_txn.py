@@ -34,7 +34,7 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -144,6 +144,28 @@ def run_idempotent(
             advance()
     if p.flush(120):
         raise RuntimeError("idempotent producer: records left undelivered after 120 s")
+    return time.perf_counter() - t0
+
+
+def concurrently(work: Iterable[Callable[[], float]]) -> float:
+    """Run each piece of work in its own thread (librdkafka calls release the GIL); the
+    seconds until the last one is done."""
+    errors: list[BaseException] = []
+
+    def run(w: Callable[[], float]) -> None:
+        try:
+            w()
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(w,), daemon=True) for w in work]
+    t0 = time.perf_counter()
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    if errors:
+        raise RuntimeError(f"{len(errors)} producers failed, first: {errors[0]!r}")
     return time.perf_counter() - t0
 
 
@@ -263,12 +285,15 @@ def measure(bootstrap: str, args: argparse.Namespace, bar: Progress) -> Results:
     progress(f"cluster is up ({bootstrap}); partition leaders {leaders}")
     failures = Failures()
     records = args.transactions * args.txn_records
-    tp = transactional(bootstrap, failures, "bench-txn-throughput", 5)
-    ip = idempotent(bootstrap, failures, 5)
-    # warm-up: connections, metadata, producer ids, the coordinator's partition
-    run_transactions(tp, 5, args.txn_records)
-    committed = 5 * args.txn_records
-    run_idempotent(ip, 5 * args.txn_records, args.txn_records)
+    n = args.producers
+    tps = [transactional(bootstrap, failures, f"bench-txn-throughput-{i}", 5) for i in range(n)]
+    ips = [idempotent(bootstrap, failures, 5) for _ in range(n)]
+    # warm-up: connections, metadata, producer ids, the coordinators' partitions
+    for tp in tps:
+        run_transactions(tp, 5, args.txn_records)
+    committed = 5 * args.txn_records * n
+    for ip in ips:
+        run_idempotent(ip, 5 * args.txn_records, args.txn_records)
     txn_rates: list[float] = []
     idem_rates: list[float] = []
     for r in range(args.rounds):
@@ -276,11 +301,16 @@ def measure(bootstrap: str, args: argparse.Namespace, bar: Progress) -> Results:
             task = bar.add_task(f"round {r + 1}/{args.rounds}: {kind}", total=args.transactions)
             adv = partial(bar.advance, task)
             if kind == "txn":
-                secs = run_transactions(tp, args.transactions, args.txn_records, adv)
+                secs = concurrently(
+                    partial(run_transactions, p, args.transactions // n, args.txn_records, adv)
+                    for p in tps
+                )
                 committed += records
                 txn_rates.append(records / secs)
             else:
-                secs = run_idempotent(ip, records, args.txn_records, adv)
+                secs = concurrently(
+                    partial(run_idempotent, p, records // n, args.txn_records, adv) for p in ips
+                )
                 idem_rates.append(records / secs)
             bar.remove_task(task)
             progress(f"round {r + 1} {kind}: {records / secs:,.0f} records/s")
@@ -342,6 +372,19 @@ def main() -> None:
         "--txn-records", type=int, default=100, help="records per transaction (throughput)"
     )
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds of each producer")
+    ap.add_argument(
+        "--producers",
+        type=int,
+        default=1,
+        help="throughput: producers of each kind running at once (--transactions is split)",
+    )
+    ap.add_argument(
+        "--add-partitions-wait-ms",
+        type=int,
+        default=None,
+        help="the brokers' transaction.add.partitions.wait.ms (default: the broker's, 1000; "
+        "0 is Kafka 3.x's immediate CONCURRENT_TRANSACTIONS)",
+    )
     ap.add_argument("--rate", type=float, default=100.0, help="transactions/s of the latency run")
     ap.add_argument("--latency-seconds", type=float, default=20.0)
     ap.add_argument("--latency-records", type=int, default=PARTITIONS, help="per transaction")
@@ -356,10 +399,18 @@ def main() -> None:
             args.rounds,
             args.latency_records,
             args.latency_producers,
+            args.producers,
         )
         < 1
     ):
-        ap.error("the counts (--transactions, --txn-records, --rounds, --latency-*) must be >= 1")
+        ap.error(
+            "the counts (--transactions, --txn-records, --rounds, --producers, --latency-*) "
+            "must be >= 1"
+        )
+    if args.transactions % args.producers:
+        ap.error("--transactions must be a multiple of --producers")
+    if args.add_partitions_wait_ms is not None and args.add_partitions_wait_ms < 0:
+        ap.error("--add-partitions-wait-ms must be >= 0")
     if args.rate <= 0 or args.latency_seconds <= 0:
         ap.error("--rate and --latency-seconds must be > 0")
     bar = Progress(
@@ -371,7 +422,10 @@ def main() -> None:
         transient=True,
     )
     progress("starting ZooKeeper and 3 brokers")
-    with running_cluster("bench-txn-") as cluster, bar:
+    overrides = {}
+    if args.add_partitions_wait_ms is not None:
+        overrides["transaction.add.partitions.wait.ms"] = str(args.add_partitions_wait_ms)
+    with running_cluster("bench-txn-", overrides) as cluster, bar:
         res = measure(cluster.bootstrap, args, bar)
     if res.seen != res.committed:
         raise RuntimeError(f"read_committed saw {res.seen} records, {res.committed} were committed")
@@ -390,7 +444,10 @@ def main() -> None:
         f"\n3 brokers on 127.0.0.1-3; topics of {PARTITIONS} partitions, RF=3, "
         f"min.insync.replicas=2, acks=all; 100-byte records; throughput: "
         f"{args.transactions} transactions of {args.txn_records} records ({records:,} records) "
-        f"per round, median of {args.rounds} alternating rounds; latency: "
+        f"per round over {args.producers} producer(s) of each kind, median of {args.rounds} "
+        f"alternating rounds; transaction.add.partitions.wait.ms="
+        f"{'default' if args.add_partitions_wait_ms is None else args.add_partitions_wait_ms}; "
+        f"latency: "
         f"{args.latency_records} records per transaction, {args.rate:g}/s for "
         f"{args.latency_seconds:g} s over {args.latency_producers} producers; "
         f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}\n"

@@ -381,7 +381,11 @@ def _run_with_progress(interp: Any, config: TestConfig, progress: bool) -> None:
 
 
 def exit_code(results: Mapping[str, Any]) -> int:
+    """0 valid, 1 invalid, 2 unknown; a "valid" run that acknowledged and read nothing
+    (`idle_warning`) checked nothing, so it is 2 as well, never green."""
     v = results.get("valid")
+    if v is True and idle_warning(results):
+        return 2
     return 0 if v is True else 1 if v is False else 2
 
 

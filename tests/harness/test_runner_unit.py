@@ -106,3 +106,21 @@ def test_a_test_with_a_group_also_aims_faults_at_its_coordinator():
         {"nemesis": "kill", "nemesis_interval": 5, "subscribe": True, "nemesis_targets": "one"}
     )
     assert _targets(only) == {"one"}
+
+
+def test_a_run_that_checked_nothing_exits_unknown_not_valid():
+    from isrlab.checkers.queue import check_queue
+    from isrlab.harness.runner import exit_code
+    from tests.checkers.hist import H
+
+    dead = H()  # an ok poll that read nothing, a send that timed out: valid, but idle
+    dead.invoke(0, "send", [["send", "t0/0", 1]])
+    dead.complete(0, "info", "send", [["send", "t0/0", 1]], error="timeout")
+    dead.poll(1, {})
+    assert check_queue(dead.ops)["valid"] is True and exit_code(check_queue(dead.ops)) == 2
+    empty = check_queue([])  # nothing-checked: "unknown" from the checker itself
+    assert empty["valid"] == "unknown" and exit_code(empty) == 2
+    alive = H()
+    alive.send(0, "t0/0", 1, 0)
+    alive.poll(1, {"t0/0": [[0, 1]]})
+    assert exit_code(check_queue(alive.ops)) == 0

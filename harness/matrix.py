@@ -9,7 +9,9 @@ workload's copiers always form a group, so its cells take no consumer mode. The
 transaction dimensions (``--idempotence``, ``--txn``, ``--isolation-level``, each a comma
 list) are left to the base test and the switch variants unless given; a txn cell is
 idempotent (a transactional producer is), so idempotence=false x txn=true is not a cell of
-its own. A nemesis is one fault
+its own. Unless a dimension or variant says otherwise, a cell's idempotence is Kafka 3.x's
+default, as `isrlab test`'s: on with acks=all, off with acks 0 and 1; an idempotent cell with
+acks 0 or 1 is not a cell (Kafka's producer refuses it). A nemesis is one fault
 kind, ``combined`` (all four on their own schedules) or a composition such as
 ``partition+kill``; `parse_settings` reads ``--set`` overrides of the base test (the
 timings that decide how fast the ISR shrinks and leadership moves, key and process
@@ -95,7 +97,8 @@ RunTest = Callable[[dict[str, Any]], Any]
 
 
 def base_test(time_limit: float = 60.0, **overrides: Any) -> dict[str, Any]:
-    """The configuration every cell starts from: a 3-broker queue test, acks=all, RF 3."""
+    """The configuration every cell starts from: a 3-broker queue test, acks=all, RF 3
+    (idempotence unset: each cell takes Kafka 3.x's default for its acks, `grid`)."""
     # The table's defaults for the switches (a cell names them all, so its name and
     # test.json say what ran); the matrix's own shorter final phase and one partition per topic.
     defaults = TestConfig()
@@ -238,6 +241,10 @@ def grid(
         if test.get("isolation_level") is None and test.get("workload") == "eos":
             test["isolation_level"] = "read_committed"  # (the eos workload's default)
         test["acks"] = str(a)
+        if test.get("idempotence") is None:
+            test["idempotence"] = test["acks"] == "all"  # (Kafka 3.x's default, as a test's)
+        elif test["idempotence"] and test["acks"] != "all":
+            continue  # Kafka's producer refuses idempotence with acks 0 or 1
         test["nemesis"] = nemesis_kinds(nemesis)
         test["repeat"] = repeat
         test["seed"] = int(base.get("seed", 0)) + position

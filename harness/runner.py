@@ -246,6 +246,7 @@ def run_test(config: TestConfig, progress: bool = True) -> tuple[Path, dict[str,
     config = config.replace(run_dir=str(run_dir))
     say = console.print if progress else (lambda *a, **k: None)
     say(f"[bold]isrlab test[/] {config.name}: run directory {run_dir}")
+    say(f"  producers: {producer_summary(config)}")
     with node_inventory(config) as (inventory, config):
         test = config.to_test()
         (run_dir / "test.json").write_text(json.dumps(test, indent=2, default=str))
@@ -318,6 +319,17 @@ def run_test(config: TestConfig, progress: bool = True) -> tuple[Path, dict[str,
     render_artifacts(ops, results, run_dir)
     render_report(run_dir)
     return run_dir, results
+
+
+def producer_summary(config: TestConfig) -> str:
+    """The producers a run uses, in Kafka's words (said at the start of every run)."""
+    if config.txn:
+        kind = "transactional (idempotent)"
+    elif config.idempotence:
+        kind = "idempotent (enable.idempotence=true, Kafka 3.x's default with acks=all)"
+    else:
+        kind = "not idempotent (at least once: a retried send may be written twice)"
+    return f"acks={config.acks}, {kind}"
 
 
 def _run_with_progress(interp: Any, config: TestConfig, progress: bool) -> None:
@@ -448,7 +460,10 @@ def knob_settings(items: Sequence[str] | None, options: Mapping[str, Any]) -> di
 
 
 def _test_command(test_count: int = 1, set_: list[str] | None = None, **options: Any) -> None:
-    """Run a Jepsen-style fault-injection test and check its history."""
+    """Run a Jepsen-style fault-injection test and check its history.
+
+    Producers are Kafka 3.x's by default: acks=all with enable.idempotence=true (off by
+    default with --acks 0 or 1); --no-idempotence is the at-least-once study."""
     try:
         # every run's configuration is validated before the first run touches a node
         if test_count < 1:

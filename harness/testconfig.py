@@ -111,7 +111,15 @@ class TestConfig:
     acks: str = _opt(
         "all", "producer acks", choices=("0", "1", "all"), aliases={"-1": "all"}, column="string"
     )
-    idempotence: bool = _opt(False, "idempotent producers", column="boolean", switch=True)
+    idempotence: bool | None = _opt(
+        None,
+        "idempotent producers (enable.idempotence; unset: Kafka 3.x's default, on with acks=all "
+        "and off with acks 0 or 1); --no-idempotence for the at-least-once study, where a "
+        "producer's own retries may write a record twice",
+        column="boolean",
+        absent=False,
+        switch=True,
+    )
     txn: bool = _opt(False, "transactional sends and polls", column="boolean", switch=True)
     isolation_level: str | None = _opt(
         None,
@@ -297,8 +305,7 @@ class TestConfig:
             kwargs["nemesis"] = tuple(k for k in dict.fromkeys(kwargs["nemesis"]) if k != "none")
         if kwargs.get("nodes") and kwargs.get("nodes_file"):
             raise ConfigError("give --nodes or --nodes-file, not both")
-        if kwargs.get("txn"):
-            kwargs["idempotence"] = True  # a transactional producer is idempotent
+        _check_idempotence(kwargs)
         if kwargs.get("seed") is None:
             kwargs["seed"] = random.SystemRandom().randrange(1 << 31)
         _check_eos(kwargs, knobs)
@@ -339,6 +346,23 @@ class TestConfig:
             out[opt.name] = list(value) if isinstance(value, tuple) else value
         out.update({k: list(v) if isinstance(v, tuple) else v for k, v in self.knobs.items()})
         return out
+
+
+def _check_idempotence(kwargs: dict[str, Any]) -> None:
+    """Idempotence as Kafka 3.x's producer has it: on by default with acks=all, off with acks
+    0 or 1 (KIP-679), always on for a transactional producer; enabled with acks 0 or 1 it is
+    refused, as Kafka's producer (and librdkafka) refuse it. Raises `ConfigError`."""
+    acks = kwargs.get("acks", _BY_NAME["acks"].default)
+    if kwargs.get("txn"):
+        kwargs["idempotence"] = True  # a transactional producer is idempotent
+    elif kwargs.get("idempotence") is None:
+        kwargs["idempotence"] = acks == "all"
+    if kwargs["idempotence"] and acks != "all":
+        what = "txn (--txn)" if kwargs.get("txn") else "idempotence (--idempotence)"
+        raise ConfigError(
+            f"{what} needs acks=all (an idempotent producer with acks={acks} is refused by "
+            "Kafka's producer): give --acks all, or --no-idempotence"
+        )
 
 
 def _check_consumer(kwargs: dict[str, Any], knobs: Mapping[str, Any]) -> None:

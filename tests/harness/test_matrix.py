@@ -93,9 +93,9 @@ def test_nemesis_compositions_and_settings() -> None:
     base = base_test(150, **parse_settings(["replica_lag_time_max_ms=4000"]))
     tests = grid(base, acks=["all"], nemeses=["partition+kill"], variants=HISTORIC_SWITCHES)
     assert [t["name"] for t in tests] == [
-        "acks-all_kill+partition_isr2_unclean_lag4000_r0",
-        "acks-all_kill+partition_isr2_high-watermark_lag4000_r0",
-        "acks-all_kill+partition_isr1_lag4000_r0",
+        "acks-all_kill+partition_idem_isr2_unclean_lag4000_r0",
+        "acks-all_kill+partition_idem_isr2_high-watermark_lag4000_r0",
+        "acks-all_kill+partition_idem_isr1_lag4000_r0",
     ]
     assert all(t["nemesis"] == ["partition", "kill"] for t in tests)
     assert all(t["replica_lag_time_max_ms"] == 4000 for t in tests)
@@ -142,7 +142,8 @@ def test_cli_dry_run_and_bad_options(tmp_path: Path) -> None:
     assert r.exit_code == 0, r.output
     assert "120 cells" in r.output
     r = runner.invoke(_app(), ["matrix", "--dry-run", "--switch", "txn=true,idempotence=true"])
-    assert r.exit_code == 0 and "30 cells" in r.output and "idem_txn" in r.output
+    # 15 baseline cells and the variant's acks=all ones (Kafka refuses txn with acks 0 or 1)
+    assert r.exit_code == 0 and "20 cells" in r.output and "idem_txn" in r.output
     r = runner.invoke(_app(), ["matrix", "--acks", "2"])
     assert r.exit_code == 2 and "acks" in r.output
     r = runner.invoke(_app(), ["matrix", "--switch", "colour=red"])
@@ -151,7 +152,7 @@ def test_cli_dry_run_and_bad_options(tmp_path: Path) -> None:
     args += " --set zk_session_timeout_ms=4000 --set key_count=4"
     r = runner.invoke(_app(), args.split())
     assert r.exit_code == 0, r.output
-    assert "acks-all_kill+partition_isr2_zk4000_r0" in r.output and "2 cells" in r.output
+    assert "acks-all_kill+partition_idem_isr2_zk4000_r0" in r.output and "2 cells" in r.output
     r = runner.invoke(_app(), ["matrix", "--nemesis", "partition+flood"])
     assert r.exit_code == 2 and "flood" in r.output
     r = runner.invoke(_app(), ["matrix", "--set", "key_count=0"])
@@ -197,7 +198,7 @@ def test_the_consumer_mode_is_a_dimension_of_the_grid() -> None:
         ],
     )
     assert r.exit_code == 0, r.output
-    assert "acks-all_kill_isr2_r0" in r.output and "acks-all_kill_sub_isr2_r0" in r.output
+    assert "acks-all_kill_idem_isr2_r0" in r.output and "acks-all_kill_idem_sub_isr2_r0" in r.output
     assert "2 cells" in r.output
     r = runner.invoke(_app(), ["matrix", "--dry-run", "--consumer", "mixed"])
     assert r.exit_code == 2 and "unknown consumer mode" in r.output
@@ -270,6 +271,6 @@ def test_workload_and_transaction_dimensions() -> None:
     )
     assert r.exit_code == 0, r.output
     assert "eos_acks-all_kill_idem_txn_rc_isr2_r0" in r.output
-    assert "acks-all_kill_rc_isr2_r0" in r.output and "4 cells" in r.output
+    assert "acks-all_kill_idem_rc_isr2_r0" in r.output and "4 cells" in r.output
     r = CliRunner().invoke(_app(), ["matrix", "--dry-run", "--txn", "perhaps"])
     assert r.exit_code == 2 and "txn" in r.output

@@ -323,7 +323,7 @@ def test_subscribing_tests_name_their_group_and_assigning_ones_do_not() -> None:
     sub = TestConfig.from_mapping({"seed": 4, "subscribe": "true", "commit_p": 0.1}).to_test()
     assert sub["subscribe"] is True and sub["commit_p"] == 0.1
     assert sub["group"] == "isrlab-queue-4" and testconfig.consumer_mode(sub) == "subscribe"
-    assert testconfig.config_name(sub) == "acks-all_kill+partition_sub_commit0.1_isr2"
+    assert testconfig.config_name(sub) == "acks-all_kill+partition_idem_sub_commit0.1_isr2"
     mixed = TestConfig.from_mapping({"seed": 4, "sub_p": 0.25, "group": "mine"}).to_test()
     assert mixed["group"] == "mine" and testconfig.consumer_mode(mixed) == "mixed"
     assert "_subp0.25_" in testconfig.config_name(mixed)

@@ -1,9 +1,13 @@
 """report.html for one run: what a person looks at after `isrlab test`.
 
-Contents, top to bottom: the verdict and the test's settings; the anomalies found, each case with
-its explanation (op indexes, key, offsets, why); throughput and latency over time with every fault
-period shaded and labelled; a timeline of operations per process (ok / fail / info); links to the
-checker's artefacts (per-key offset diagrams, summary.txt), history.jsonl and node logs.
+Contents, top to bottom: the verdict, the op counts (`checkers.availability.op_counts`, what the
+queue checker's stats count) and the test's settings; the anomalies found, each case with its
+explanation (op indexes, key, offsets, why); throughput and latency over time with every fault
+period shaded in its kind's colour (legend) and the pre-fault ok baseline; availability per fault
+window and after each heal, and the stuck processes (`checkers.availability`, also written to
+results.json as the optional `availability` field); a timeline of operations per process (ok /
+fail / info); the nemesis ops, one row each; links to the checker's artefacts (per-key offset
+diagrams, summary.txt), history.jsonl and node logs.
 
 Plots are matplotlib SVGs embedded in a single self-contained HTML file (jinja2 template), so a
 report can be mailed or published as one file. Inputs are the run directory's files only
@@ -27,38 +31,43 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from isrlab.checkers.availability import (
+    NOT_OPS,
+    availability,
+    fault_windows,
+    nemesis_ops,
+    op_counts,
+)
 from isrlab.checkers.history import load_history
 
 NS = 1e9
 COLORS = {"ok": "#2a9d4b", "fail": "#d1495b", "info": "#edae49"}
-FAULT_COLORS = ["#f4a259", "#8cb369", "#5b8e7d", "#bc4b51", "#6d597a", "#355070"]
+#: One colour per fault kind, far apart in hue and none close to the ok/fail/info colours.
+FAULT_COLORS = {
+    "partition": "#1f77b4",
+    "partition-iptables": "#17becf",
+    "kill": "#9467bd",
+    "pause": "#8c564b",
+    "clock": "#e377c2",
+    "packet": "#7f7f7f",
+}
+OTHER_FAULT_COLORS = ["#bcbd22", "#393b79", "#637939", "#843c39"]
+
+
+def fault_color(kind: str, others: Sequence[str] = ()) -> str:
+    """The shading colour of a fault kind; kinds not in FAULT_COLORS take the next spare one,
+    in the order of `others`."""
+    if kind in FAULT_COLORS:
+        return FAULT_COLORS[kind]
+    extra = sorted(k for k in set(others) | {kind} if k not in FAULT_COLORS)
+    return OTHER_FAULT_COLORS[extra.index(kind) % len(OTHER_FAULT_COLORS)]
 
 
 def fault_periods(ops: Sequence[dict[str, Any]], end_s: float) -> list[tuple[str, float, float]]:
-    """(fault kind, start s, end s) from nemesis `start-X` / `stop-X` info ops; `heal-all` ends
-    every open fault; a fault still active at the end of the history runs to its end. Other
-    nemesis ops are instants."""
-    open_: dict[str, float] = {}
-    out: list[tuple[str, float, float]] = []
-    for op in ops:
-        if op.get("process") != "nemesis" or op.get("type") != "info":
-            continue
-        f = str(op.get("f", ""))
-        t = op["time"] / NS
-        kind = f.split("-", 1)[1] if "-" in f else f
-        if f == "heal-all":
-            for k, start in open_.items():
-                out.append((k, start, t))
-            open_.clear()
-        if f.startswith("start-"):
-            open_.setdefault(kind, t)
-        elif f.startswith("stop-") and kind in open_:
-            out.append((kind, open_.pop(kind), t))
-        elif not f.startswith(("start-", "stop-")):
-            out.append((f, t, t + max(end_s / 400, 0.05)))
-    for kind, start in open_.items():
-        out.append((kind, start, end_s))
-    return sorted(out, key=lambda x: x[1])
+    """(fault kind, start s, end s): `checkers.availability.fault_windows`, with instant faults
+    widened so that they show on a plot."""
+    width = max(end_s / 400, 0.05)
+    return [(k, a, max(b, a + width)) for k, a, b in fault_windows(ops, end_s)]
 
 
 def _pairs(ops: Sequence[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
@@ -67,7 +76,7 @@ def _pairs(ops: Sequence[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str
     out = []
     for op in ops:
         p = op.get("process")
-        if p == "nemesis":
+        if p == "nemesis" or op.get("f") in NOT_OPS:
             continue
         if op["type"] == "invoke":
             pending[p] = op
@@ -76,13 +85,14 @@ def _pairs(ops: Sequence[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str
     return out
 
 
-def _shade(ax: Any, periods: list[tuple[str, float, float]]) -> None:
+def _shade(ax: Any, periods: list[tuple[str, float, float]]) -> list[Any]:
+    """Shade each fault period in its kind's colour; returns one legend handle per kind."""
+    from matplotlib.patches import Patch
+
     kinds = sorted({k for k, _, _ in periods})
-    color = {k: FAULT_COLORS[i % len(FAULT_COLORS)] for i, k in enumerate(kinds)}
-    seen: set[str] = set()
     for kind, a, b in periods:
-        ax.axvspan(a, b, color=color[kind], alpha=0.18, label=kind if kind not in seen else None)
-        seen.add(kind)
+        ax.axvspan(a, b, color=fault_color(kind, kinds), alpha=0.15, lw=0)
+    return [Patch(color=fault_color(k, kinds), alpha=0.35, label=f"fault: {k}") for k in kinds]
 
 
 def _svg(fig: Any) -> str:
@@ -93,7 +103,11 @@ def _svg(fig: Any) -> str:
     return text[text.index("<svg") :]
 
 
-def throughput_latency_svg(ops: Sequence[dict[str, Any]], end_s: float) -> str:
+def throughput_latency_svg(
+    ops: Sequence[dict[str, Any]], end_s: float, avail: dict[str, Any] | None = None
+) -> str:
+    """Completions per second by type and latency over time, faults shaded by kind; with
+    `avail` (checkers.availability), the pre-fault baseline ok rate and half of it."""
     pairs = _pairs(ops)
     periods = fault_periods(ops, end_s)
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(11, 6), sharex=True)
@@ -112,8 +126,13 @@ def throughput_latency_svg(ops: Sequence[dict[str, Any]], end_s: float) -> str:
             lw=1.2,
         )
     ax1.set_ylabel("completions / s")
-    _shade(ax1, periods)
-    ax1.legend(loc="upper right", fontsize=8, ncol=6)
+    handles = _shade(ax1, periods)
+    base = (avail or {}).get("baseline_ok_per_s")
+    if base:
+        ax1.axhline(base, color=COLORS["ok"], ls="--", lw=0.8, label="ok baseline (pre-fault)")
+        ax1.axhline(base / 2, color=COLORS["ok"], ls=":", lw=0.8, label="half the baseline")
+    lines, _ = ax1.get_legend_handles_labels()
+    ax1.legend(handles=lines + handles, loc="upper right", fontsize=8, ncol=4)
     by_f: dict[str, list[tuple[float, float, str]]] = defaultdict(list)
     for inv, comp in pairs:
         by_f[str(inv.get("f"))].append(
@@ -138,6 +157,7 @@ def throughput_latency_svg(ops: Sequence[dict[str, Any]], end_s: float) -> str:
     ax2.set_xlabel("seconds since start")
     _shade(ax2, periods)
     ax2.legend(loc="upper right", fontsize=7, ncol=4, markerscale=3)
+    ax1.set_xlim(0, end_s)
     return _svg(fig)
 
 
@@ -155,7 +175,9 @@ def timeline_svg(ops: Sequence[dict[str, Any]], end_s: float, max_processes: int
             bars = [(a, max(b - a, 1e-3)) for a, b, k in threads[p] if k == kind]
             if bars:
                 ax.broken_barh(bars, (row - 0.4, 0.8), color=COLORS[kind])
-    _shade(ax, fault_periods(ops, end_s))
+    handles = _shade(ax, fault_periods(ops, end_s))
+    if handles:
+        ax.legend(handles=handles, loc="upper right", fontsize=7, ncol=len(handles))
     ax.set_yticks(range(len(procs)))
     ax.set_yticklabels([str(p) for p in procs], fontsize=6)
     ax.set_xlabel("seconds since start")
@@ -192,14 +214,47 @@ code,pre{background:#f4f4f4;padding:1px 4px}pre{padding:8px;overflow-x:auto;whit
 {% endfor %}
 {% else %}<p>None found.</p>{% endif %}
 <h2>Throughput and latency</h2>
-<p>Shaded: fault periods from the nemesis operations in the history.</p>
+<p>Shaded: fault periods from the nemesis operations in the history, one colour per kind of
+fault (legend). Dashed: the ok rate before the first fault (baseline); dotted: half of it.</p>
 {{ throughput_svg }}
+<h2 id="availability">Availability</h2>
+{% if avail.baseline_ok_per_s is none %}<p>No baseline: no time before the first fault
+(rates relative to it are not known).</p>
+{% else %}<p>Baseline: {{ '%.1f' % avail.baseline_ok_per_s }} ok ops/s from
+{{ '%.1f' % avail.baseline_s[0] }} s to {{ '%.1f' % avail.baseline_s[1] }} s (before the first
+fault). "Back to half" is the time from the heal until the ok rate (in {{ avail.bin_s }} s
+bins) is at least half the baseline again, before the next fault starts.</p>{% endif %}
+{% if avail.windows %}
+<table><tr><th>fault</th><th>from (s)</th><th>healed (s)</th><th>ok/s during</th>
+<th>vs baseline</th><th>after heal, until (s)</th><th>ok/s after</th><th>vs baseline</th>
+<th>back to half after</th></tr>
+{% for w in avail.windows %}<tr><td>{{ w.fault }}</td><td>{{ '%.2f' % w.start_s }}</td>
+<td>{{ '%.2f' % w.end_s }}</td><td>{{ fmt(w.ok_per_s) }}</td><td>{{ pct(w.relative) }}</td>
+{% if w.after_heal %}<td>{{ '%.2f' % w.after_heal.until_s }}</td>
+<td>{{ fmt(w.after_heal.ok_per_s) }}</td><td>{{ pct(w.after_heal.relative) }}{% if w.after_heal.other_fault_active %} (another fault active){% endif %}</td>
+<td>{% if w.after_heal.recovery_s is not none %}{{ '%.1f s' % w.after_heal.recovery_s }}{% elif avail.baseline_ok_per_s %}<b>not recovered</b>{% else %}?{% endif %}</td>
+{% else %}<td colspan="4">still active at the end</td>{% endif %}</tr>
+{% endfor %}</table>
+{% else %}<p>No faults in this run.</p>{% endif %}
+<h3>Stuck processes</h3>
+{% if avail.stuck %}<p>{{ avail.stuck_count }} stretch(es) of {{ avail.stuck_s }} s or more in
+which a process completed no ok op while the others completed at least one per second
+(liveness: a client that stops making progress while the system serves others).</p>
+<table><tr><th>process</th><th>from (s)</th><th>to (s)</th><th>seconds</th><th>ok ops by others</th></tr>
+{% for st in avail.stuck %}<tr><td>{{ st.process }}</td><td>{{ '%.2f' % st.from_s }}</td>
+<td>{{ '%.2f' % st.to_s }}{% if st.open_at_end %} (op still open at the end){% endif %}</td>
+<td>{{ '%.1f' % st.seconds }}</td><td>{{ st.others_ok }}</td></tr>{% endfor %}
+</table>{% if avail.stuck_count > avail.stuck|length %}<p>… {{ avail.stuck_count - avail.stuck|length }} more</p>{% endif %}
+{% else %}<p>None: no process went {{ avail.stuck_s }} s without an ok op while others progressed.</p>{% endif %}
 <h2>Operations per process</h2>
 <p>Each bar is one operation from invoke to completion: green ok, red fail, yellow info (unknown).</p>
 {{ timeline_svg }}
 <h2>Faults</h2>
-<table><tr><th>time (s)</th><th>f</th><th>value</th></tr>
-{% for t, f, v in faults %}<tr><td>{{ '%.2f' % t }}</td><td>{{ f }}</td><td><code>{{ v }}</code></td></tr>{% endfor %}
+<p>One row per nemesis operation: when it was invoked and completed, and what it did (the
+completion's value, or what was asked when the completion has none).</p>
+<table><tr><th>invoked (s)</th><th>completed (s)</th><th>f</th><th>value</th></tr>
+{% for n in faults %}<tr><td>{{ '%.2f' % n.start_s }}</td><td>{{ '%.2f' % n.end_s }}</td><td>{{ n.f }}</td><td><code>{{ n.value }}</code></td></tr>
+{% endfor %}
 </table>
 <h2>Files</h2>
 <ul>{% for href, label in files %}<li><a href="{{ href }}">{{ label }}</a></li>{% endfor %}</ul>
@@ -243,23 +298,24 @@ def render_report(run_dir: Path, examples_per_type: int = 5) -> Path:
             }
         )
     stats = results.get("stats", {})
-    client_ops = [o for o in ops if o.get("process") != "nemesis" and o["type"] != "invoke"]
-    counts = {k: sum(1 for o in client_ops if o["type"] == k) for k in ("ok", "fail", "info")}
+    counts = op_counts(ops)
     summary_line = (
-        f"{len(client_ops)} client operations in {end_s:.1f} s "
+        f"{counts['ops']} client operations in {end_s:.1f} s "
         f"({counts['ok']} ok, {counts['fail']} fail, {counts['info']} info)"
         + (f"; checker stats: {json.dumps(stats)[:400]}" if stats else "")
     )
+    avail = availability(ops)
+    if results.get("availability") != avail:
+        # An optional results.json field (docs/history-format.md): written with the report, so
+        # that regenerating the report of an older run adds it too.
+        results["availability"] = avail
+        (run_dir / "results.json").write_text(json.dumps(results, indent=2, default=str))
     settings = [
         (k, json.dumps(v) if not isinstance(v, str) else v)
         for k, v in test.items()
         if k not in ("ssh", "inventory") and not isinstance(v, dict)
     ]
-    faults = [
-        (o["time"] / NS, o["f"], json.dumps(o.get("value"), default=str)[:300])
-        for o in ops
-        if o.get("process") == "nemesis" and o["type"] == "info"
-    ]
+    faults = [n | {"value": json.dumps(n["value"], default=str)[:300]} for n in nemesis_ops(ops)]
     files = [
         ("history.jsonl", "history.jsonl"),
         ("results.json", "results.json"),
@@ -281,7 +337,10 @@ def render_report(run_dir: Path, examples_per_type: int = 5) -> Path:
         summary_line=summary_line,
         settings=settings,
         anomalies=anomalies,
-        throughput_svg=jinja2.filters.Markup(throughput_latency_svg(ops, end_s)),
+        throughput_svg=jinja2.filters.Markup(throughput_latency_svg(ops, end_s, avail)),
+        avail=avail,
+        fmt=lambda x: "?" if x is None else f"{x:.1f}",
+        pct=lambda x: "?" if x is None else f"{x:.0%}",
         timeline_svg=jinja2.filters.Markup(timeline_svg(ops, end_s)),
         faults=faults,
         files=files,

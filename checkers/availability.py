@@ -1,0 +1,247 @@
+"""Availability of a run: how much work the clients got done during and after each fault.
+
+A safety checker says whether what happened was allowed; it says nothing about whether
+anything happened. This module reads the same history and answers the liveness questions a
+Jepsen report asks (Bufstream's Jepsen analysis reports stuck producers and consumers as
+liveness bugs):
+
+- the *baseline*: ok completions per second before the first fault;
+- per fault window (nemesis `start-X` .. `stop-X`, an instant fault from its invocation to its
+  completion): the ok rate during the window, relative to the baseline;
+- after each heal (to the next fault, or to the end): the ok rate relative to the baseline,
+  and the time from the heal until the ok rate (in bins of `bin_s`) is back at or above half the
+  baseline (`None`: it never came back);
+- stuck processes: a process with no ok completion for `stuck_s` seconds or more (from its
+  first invocation, between two oks, or to its last completion, or to the end of the history
+  when an op is still open) while the other processes completed at least one ok op per second
+  of that stretch.
+
+What an op is (`is_client_completion`): the completion of a client op; nemesis ops and the
+harness's `crash` pseudo-op (a client torn down) are not ops. `op_counts` counts them; the
+report's header and the queue checker's `stats` count the same thing.
+
+`availability(ops)` returns a JSON-ready dict (results.json's optional `availability` field,
+docs/history-format.md).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Sequence
+from itertools import pairwise
+from typing import Any
+
+__all__ = [
+    "NOT_OPS",
+    "availability",
+    "fault_windows",
+    "is_client_completion",
+    "nemesis_ops",
+    "op_counts",
+]
+
+NS = 1e9
+#: Client `f`s that are not operations on the system under test.
+NOT_OPS = frozenset({"crash"})
+
+
+def is_client_completion(op: dict[str, Any]) -> bool:
+    """True for the completion (ok / fail / info) of a client op."""
+    return (
+        op.get("process") != "nemesis"
+        and op.get("type") in ("ok", "fail", "info")
+        and op.get("f") not in NOT_OPS
+    )
+
+
+def op_counts(ops: Iterable[dict[str, Any]]) -> dict[str, int]:
+    """{"ops", "ok", "fail", "info"}: completions of client ops (see the module doc)."""
+    counts = {"ops": 0, "ok": 0, "fail": 0, "info": 0}
+    for op in ops:
+        if is_client_completion(op):
+            counts["ops"] += 1
+            counts[op["type"]] += 1
+    return counts
+
+
+def nemesis_ops(ops: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per nemesis op: {"f", "start_s", "end_s", "value"}.
+
+    The nemesis records both the invocation and the completion of an op as `info`, one op at a
+    time: consecutive nemesis entries with the same `f` are paired; the value is the
+    completion's (what was done) unless it is null, then the invocation's (what was asked)."""
+    out: list[dict[str, Any]] = []
+    pending: dict[str, Any] | None = None
+    for op in ops:
+        if op.get("process") != "nemesis" or op.get("type") not in ("info", "invoke"):
+            continue
+        t = op["time"] / NS
+        f = str(op.get("f", ""))
+        if pending is not None and pending["f"] == f:
+            if op.get("value") is not None:
+                pending["value"] = op.get("value")
+            pending["end_s"] = t
+            out.append(pending)
+            pending = None
+            continue
+        if pending is not None:  # an invocation never completed: keep it as an instant
+            out.append(pending)
+        pending = {"f": f, "start_s": t, "end_s": t, "value": op.get("value")}
+    if pending is not None:
+        out.append(pending)
+    return out
+
+
+def fault_windows(ops: Sequence[dict[str, Any]], end_s: float) -> list[tuple[str, float, float]]:
+    """(fault kind, start s, heal s), sorted by start: `start-X` (its invocation) to the
+    completion of `stop-X` or `heal-all`; a fault still active at the end runs to `end_s`.
+    Other nemesis ops (`kill`...) are faults from their invocation to their completion."""
+    open_: dict[str, float] = {}
+    out: list[tuple[str, float, float]] = []
+    for n in nemesis_ops(ops):
+        f = n["f"]
+        kind = f.split("-", 1)[1] if f.startswith(("start-", "stop-")) else f
+        if f == "heal-all":
+            out.extend((k, start, n["end_s"]) for k, start in open_.items())
+            open_.clear()
+        elif f.startswith("start-"):
+            open_.setdefault(kind, n["start_s"])
+        elif f.startswith("stop-"):
+            if kind in open_:
+                out.append((kind, open_.pop(kind), n["end_s"]))
+        else:
+            out.append((f, n["start_s"], n["end_s"]))
+    out.extend((kind, start, end_s) for kind, start in open_.items())
+    return sorted(out, key=lambda x: (x[1], x[2], x[0]))
+
+
+def _rate(times: list[float], a: float, b: float) -> float | None:
+    if b - a <= 0:
+        return None
+    return (bisect.bisect_left(times, b) - bisect.bisect_left(times, a)) / (b - a)
+
+
+def _rel(rate: float | None, base: float | None) -> float | None:
+    if rate is None or not base:
+        return None
+    return round(rate / base, 4)
+
+
+def _recovery(
+    times: list[float], heal: float, until: float, base: float, bin_s: float
+) -> float | None:
+    """Seconds from `heal` to the start of the first bin whose ok rate is >= base / 2."""
+    t = heal
+    while t + bin_s <= until + 1e-9:
+        n = bisect.bisect_left(times, t + bin_s) - bisect.bisect_left(times, t)
+        if n / bin_s >= base / 2:
+            return round(t - heal, 3)
+        t += bin_s
+    return None
+
+
+def _stuck(
+    ops: Sequence[dict[str, Any]], ok_times: list[float], end_s: float, stuck_s: float
+) -> list[dict[str, Any]]:
+    first_invoke: dict[Any, float] = {}
+    oks: dict[Any, list[float]] = {}
+    last_event: dict[Any, float] = {}
+    open_: dict[Any, bool] = {}
+    for op in ops:
+        p = op.get("process")
+        if p == "nemesis" or op.get("f") in NOT_OPS:
+            continue
+        t = op["time"] / NS
+        if op.get("type") == "invoke":
+            first_invoke.setdefault(p, t)
+            open_[p] = True
+        else:
+            open_[p] = False
+            if op.get("type") == "ok":
+                oks.setdefault(p, []).append(t)
+        last_event[p] = t
+    out = []
+    for p, start in first_invoke.items():
+        life_end = end_s if open_.get(p) else last_event[p]
+        marks = [start, *oks.get(p, []), life_end]
+        own = oks.get(p, [])
+        for a, b in pairwise(marks):
+            if b - a < stuck_s:
+                continue
+            others = bisect.bisect_left(ok_times, b) - bisect.bisect_left(ok_times, a)
+            others -= bisect.bisect_left(own, b) - bisect.bisect_left(own, a)
+            if others >= b - a:
+                out.append(
+                    {
+                        "process": p,
+                        "from_s": round(a, 3),
+                        "to_s": round(b, 3),
+                        "seconds": round(b - a, 3),
+                        "others_ok": others,
+                        "open_at_end": bool(open_.get(p)) and b == end_s,
+                    }
+                )
+    return sorted(out, key=lambda s: (-s["seconds"], str(s["process"])))
+
+
+def availability(
+    ops: Sequence[dict[str, Any]],
+    *,
+    stuck_s: float = 10.0,
+    bin_s: float | None = None,
+    max_stuck: int = 50,
+) -> dict[str, Any]:
+    """The module doc's figures for one history, as a JSON-ready dict."""
+    end_s = max((op["time"] for op in ops), default=0) / NS
+    ok_times = sorted(
+        op["time"] / NS for op in ops if is_client_completion(op) and op["type"] == "ok"
+    )
+    first = min(
+        (
+            op["time"] / NS
+            for op in ops
+            if op.get("process") != "nemesis" and op.get("type") == "invoke"
+        ),
+        default=0.0,
+    )
+    windows = fault_windows(ops, end_s)
+    if bin_s is None:
+        bin_s = min(1.0, max(end_s / 200, 0.1))
+    base_end = windows[0][1] if windows else end_s
+    baseline = _rate(ok_times, first, base_end)
+    out_windows: list[dict[str, Any]] = []
+    for i, (kind, a, b) in enumerate(windows):
+        during = _rate(ok_times, a, b)
+        # After the heal: to the start of the next fault that starts later, or the end.
+        nxt = min((w[1] for w in windows[i + 1 :] if w[1] >= b), default=end_s)
+        overlapped = any(w[1] < b < w[2] for j, w in enumerate(windows) if j != i)
+        after: dict[str, Any] | None = None
+        if b < end_s:
+            rate = _rate(ok_times, b, nxt)
+            after = {
+                "until_s": round(nxt, 3),
+                "ok_per_s": None if rate is None else round(rate, 3),
+                "relative": _rel(rate, baseline),
+                "recovery_s": (_recovery(ok_times, b, nxt, baseline, bin_s) if baseline else None),
+                "other_fault_active": overlapped,
+            }
+        out_windows.append(
+            {
+                "fault": kind,
+                "start_s": round(a, 3),
+                "end_s": round(b, 3),
+                "ok_per_s": None if during is None else round(during, 3),
+                "relative": _rel(during, baseline),
+                "after_heal": after,
+            }
+        )
+    stuck = _stuck(ops, ok_times, end_s, stuck_s)
+    return {
+        "baseline_ok_per_s": None if baseline is None else round(baseline, 3),
+        "baseline_s": [round(first, 3), round(base_end, 3)],
+        "bin_s": round(bin_s, 3),
+        "stuck_s": stuck_s,
+        "windows": out_windows,
+        "stuck": stuck[:max_stuck],
+        "stuck_count": len(stuck),
+    }

@@ -2,7 +2,7 @@
 
 The wire format itself is not written here: kafka-python ships Kafka's JSON message schemas and a
 generic codec. This module only decides which APIs and versions the broker speaks (`SUPPORTED`,
-advertised verbatim in ApiVersions), decodes a request frame into the schema object, and encodes a
+advertised in ApiVersions, with Produce listed from v0 as Kafka 4.0 lists it), decodes a request frame into the schema object, and encodes a
 response, with one twist for Fetch: record data can be sent zero-copy.
 
 Zero-copy responses: the codec needs the records bytes in hand, but the broker wants to hand file
@@ -89,6 +89,12 @@ SUPPORTED: dict[int, tuple[Any, int, int]] = {
     66: (ListTransactionsRequest, 0, 1),
 }
 
+# Versions listed in ApiVersions below what the broker decodes. Produce from v0, as Kafka 4.0 does
+# (KAFKA-18659): librdkafka before 2.11 compresses with gzip, snappy or lz4 only if the broker's
+# Produce range includes version 0, so a range starting at 3 gets those codecs uncompressed. A
+# Produce v0-v2 request is still refused (the connection is closed, as for any unsupported version).
+ADVERTISED_MIN_VERSION: dict[int, int] = {0: 0}
+
 API_NAMES: dict[int, str] = {k: v[0].__name__.removesuffix("Request") for k, v in SUPPORTED.items()}
 
 _HEADER = struct.Struct(">hhi")  # api_key, api_version, correlation_id
@@ -100,7 +106,10 @@ class FrameError(Exception):
 
 class UnsupportedVersion(Exception):
     def __init__(self, api_key: int, api_version: int, correlation_id: int):
-        super().__init__(f"api {api_key} version {api_version} is not supported")
+        entry = SUPPORTED.get(api_key)
+        name = API_NAMES.get(api_key, f"api {api_key}")
+        served = f" (this broker serves v{entry[1]}-{entry[2]})" if entry else ""
+        super().__init__(f"{name} v{api_version} is not supported{served}")
         self.api_key = api_key
         self.api_version = api_version
         self.correlation_id = correlation_id
@@ -256,4 +265,8 @@ def encode_response(
 
 
 def api_versions_table() -> list[tuple[int, int, int]]:
-    return [(key, lo, hi) for key, (_cls, lo, hi) in sorted(SUPPORTED.items())]
+    """The (api key, min, max) versions listed in ApiVersions."""
+    return [
+        (key, ADVERTISED_MIN_VERSION.get(key, lo), hi)
+        for key, (_cls, lo, hi) in sorted(SUPPORTED.items())
+    ]

@@ -626,18 +626,99 @@ def parse_value(d: ConfigDef, raw: str) -> Any:
     return value
 
 
-def parse_properties(text: str, source: str = "<string>") -> dict[str, str]:
-    """Read Java-properties style `key=value` lines (comments with # or !, `key: value` too)."""
-    out: dict[str, str] = {}
-    for lineno, line in enumerate(text.splitlines(), 1):
-        stripped = line.strip()
-        if not stripped or stripped[0] in "#!":
+_PROPERTIES_WHITESPACE = " \t\f"
+_PROPERTIES_ESCAPES = {"t": "\t", "n": "\n", "r": "\r", "f": "\f"}
+
+
+def _logical_lines(text: str) -> Iterable[tuple[int, str]]:
+    """java.util.Properties' logical lines with the number of the line each starts on: comment
+    and blank lines dropped, a line ending in an odd number of backslashes joined to the next
+    one without that next line's leading whitespace (a comment line is never continued)."""
+    natural = re.split(r"\r\n|\r|\n", text)
+    i = 0
+    while i < len(natural):
+        lineno = i + 1
+        line = natural[i].lstrip(_PROPERTIES_WHITESPACE)
+        i += 1
+        if not line or line[0] in "#!":
             continue
-        m = re.match(r"^([^=:\s]+)\s*[=:]\s*(.*)$", stripped)
-        if not m:
-            raise ConfigError(f"{source}:{lineno}: expected key=value, got {stripped!r}")
-        out[m.group(1)] = m.group(2)
+        parts: list[str] = []
+        while True:
+            trailing = len(line) - len(line.rstrip("\\"))
+            if trailing % 2 == 0:
+                parts.append(line)
+                break
+            parts.append(line[:-1])
+            if i >= len(natural):
+                break
+            line = natural[i].lstrip(_PROPERTIES_WHITESPACE)
+            i += 1
+        yield lineno, "".join(parts)
+
+
+def _unescape(raw: str, where: str) -> str:
+    out: list[str] = []
+    i = 0
+    while i < len(raw):
+        c = raw[i]
+        i += 1
+        if c != "\\" or i >= len(raw):
+            out.append(c)
+            continue
+        c = raw[i]
+        i += 1
+        if c == "u":
+            digits = raw[i : i + 4]
+            if len(digits) < 4 or any(d not in "0123456789abcdefABCDEF" for d in digits):
+                raise ConfigError(f"{where}: malformed \\uxxxx escape {raw[i - 2 : i + 4]!r}")
+            out.append(chr(int(digits, 16)))
+            i += 4
+        else:
+            out.append(_PROPERTIES_ESCAPES.get(c, c))
+    return "".join(out)
+
+
+def parse_properties(text: str, source: str = "<string>") -> dict[str, str]:
+    """Read a properties file with java.util.Properties.load's rules (as Kafka reads
+    server.properties): the key ends at the first unescaped `=`, `:` or whitespace; whitespace,
+    then one `=` or `:`, then whitespace separate it from the value; `\\` continues a line;
+    `#` and `!` start comments; escapes `\\uXXXX`, `\\t`, `\\n`, `\\r`, `\\f` and `\\` before
+    any other character (`\\:`, `\\=`, `\\ `, `\\\\`). A later duplicate key wins."""
+    out: dict[str, str] = {}
+    for lineno, line in _logical_lines(text):
+        where = f"{source}:{lineno}"
+        i, n = 0, len(line)
+        while i < n and line[i] not in "=:" + _PROPERTIES_WHITESPACE:
+            i += 2 if line[i] == "\\" else 1
+        key_end = min(i, n)
+        while i < n and line[i] in _PROPERTIES_WHITESPACE:
+            i += 1
+        if i < n and line[i] in "=:":
+            i += 1
+        while i < n and line[i] in _PROPERTIES_WHITESPACE:
+            i += 1
+        out[_unescape(line[:key_end], where)] = _unescape(line[i:], where)
     return out
+
+
+def read_properties_file(path: Path) -> dict[str, str]:
+    """A server.properties file's entries; ConfigError if it cannot be read or is not text."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
+    try:
+        nul = data.find(b"\0")
+        if nul >= 0:
+            raise ValueError(f"a NUL byte at offset {nul}")
+        text = data.decode("utf-8")
+    except (ValueError, UnicodeDecodeError) as e:
+        why = f"invalid UTF-8 at offset {e.start}" if isinstance(e, UnicodeDecodeError) else e
+        raise ConfigError(
+            f"{path} is not a text properties file ({why}); give --config a server.properties "
+            "of key=value lines"
+        ) from None
+    return parse_properties(text, str(path))
 
 
 class BrokerConfig(Mapping[str, Any]):
@@ -666,11 +747,7 @@ class BrokerConfig(Mapping[str, Any]):
     def load(cls, path: Path | None, overrides: Iterable[str] = ()) -> BrokerConfig:
         cfg = cls()
         if path is not None:
-            try:
-                text = Path(path).read_text()
-            except OSError as e:
-                raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
-            cfg.update_raw(parse_properties(text, str(path)), str(path))
+            cfg.update_raw(read_properties_file(Path(path)), str(path))
         parsed: dict[str, str] = {}
         for item in overrides:
             if "=" not in item:
@@ -761,7 +838,9 @@ def config_doc_markdown() -> str:
         "# Broker configuration",
         "",
         "Generated by `isrlab-broker config-doc` from `broker/config.py`. Keys are Kafka's; a "
-        "`server.properties` file uses `key=value` lines and `--override key=value` wins over it.",
+        "`server.properties` file is read as Java reads a properties file (`key=value`, `key: value` or "
+        "`key value`, `\\` continuation lines, `#`/`!` comments, `\\uXXXX` escapes) and "
+        "`--override key=value` wins over it.",
         "",
         "| key | type | default | meaning |",
         "|---|---|---|---|",

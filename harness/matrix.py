@@ -519,6 +519,12 @@ def matrix_command(
             workloads=workloads,
             isolation_levels=dims["isolation_level"],
         )  # checks the workloads and levels
+        option("time_limit").check(time_limit)
+        if nodes is not None and not _split(nodes):
+            raise ValueError(
+                "--nodes takes SSH hosts, comma-separated (n1,n2,n3): give at least one, or "
+                "leave it out to run on the embedded cluster"
+            )
         overrides: dict[str, object] = parse_settings(settings or ())
         variants: list[dict[str, object]] = [{}]
         variants += [parse_switches(s) for s in switch or ()]
@@ -527,6 +533,14 @@ def matrix_command(
     except ValueError as e:
         err.print(f"[red]error:[/] {escape(str(e))}")
         raise typer.Exit(2) from None
+    if not dry_run:
+        from isrlab.harness.runner import SetupError, check_store
+
+        try:
+            check_store(store)
+        except SetupError as e:
+            err.print(f"[red]error:[/] {escape(str(e))}")
+            raise typer.Exit(2) from None
     if nodes:
         overrides["nodes"] = _split(nodes)
     tests = grid(

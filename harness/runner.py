@@ -62,14 +62,34 @@ def make_test(overrides: Mapping[str, Any]) -> TestConfig:
         raise SetupError(str(e)) from None
 
 
+def check_store(store: Path) -> None:
+    """Create the run store if need be; a store that cannot be written is a `SetupError`
+    (said before any node is touched)."""
+    try:
+        store.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise SetupError(
+            f"cannot create the run store {store}: {e.strerror or e}; give --store a "
+            "directory you can write"
+        ) from None
+    if not os.access(store, os.W_OK | os.X_OK):
+        raise SetupError(
+            f"cannot write the run store {store}: give --store a directory you can write"
+        )
+
+
 def new_run_dir(store: Path, name: str) -> Path:
+    check_store(store)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
     run = store / name / stamp
     n = 1
     while run.exists():
         n += 1
         run = store / name / f"{stamp}-{n}"
-    run.mkdir(parents=True)
+    try:
+        run.mkdir(parents=True)
+    except OSError as e:
+        raise SetupError(f"cannot create the run directory {run}: {e.strerror or e}") from None
     for link in (store / name / "latest", store / "latest"):
         with contextlib.suppress(OSError):
             if link.is_symlink() or link.exists():
@@ -480,6 +500,7 @@ def _test_command(test_count: int = 1, set_: list[str] | None = None, **options:
             )
             for i in range(test_count)
         ]
+        check_store(Path(configs[0].store))
         _require_root_or_nodes(configs[0])
     except SetupError as e:
         console.print(f"[red]isrlab test: {e}[/]")
@@ -543,6 +564,7 @@ def demo_command(
                 "store": str(store),
             }
         )
+        check_store(store)
         _require_root_or_nodes(test)
         run_dir, results = run_test(test)
     except SetupError as e:

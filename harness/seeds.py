@@ -30,7 +30,14 @@ from typing import Annotated, Any
 
 import typer
 
-from isrlab.harness.runner import SetupError, console, make_test, new_run_dir, node_inventory
+from isrlab.harness.runner import (
+    SetupError,
+    check_store,
+    console,
+    make_test,
+    new_run_dir,
+    node_inventory,
+)
 
 TOPIC = "seeds"
 
@@ -252,6 +259,11 @@ def seeds_command(
     acks=all stalls until the follower leaves the ISR."""
     import os
 
+    try:
+        check_store(store)
+    except SetupError as e:
+        console.print(f"[red]isrlab seeds: {e}[/]")
+        raise typer.Exit(2) from None
     if os.geteuid() != 0:
         console.print("[red]isrlab seeds: the embedded cluster needs root (run with sudo)[/]")
         raise typer.Exit(2)

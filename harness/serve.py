@@ -98,6 +98,9 @@ def serve_command(
     port: Annotated[int, typer.Option(help="port")] = 8080,
 ) -> None:
     """Browse the run store (reports, histories, logs) in a web browser."""
+    if not 0 <= port <= 65535:
+        typer.echo(f"isrlab serve: --port must be 0-65535 (0: any free port), not {port}", err=True)
+        raise typer.Exit(2)
     if not store.is_dir():
         typer.echo(f"isrlab serve: no store at {store}: run `isrlab test` first", err=True)
         raise typer.Exit(2)

@@ -303,6 +303,11 @@ class TestConfig:
         knobs = _check_knobs(workload, others)
         if "nemesis" in kwargs:
             kwargs["nemesis"] = tuple(k for k in dict.fromkeys(kwargs["nemesis"]) if k != "none")
+        if kwargs.get("nodes") == ():
+            raise ConfigError(
+                "nodes (--nodes) takes SSH hosts, comma-separated (n1,n2,n3): give at least one, "
+                "or leave it out to run on the embedded cluster"
+            )
         if kwargs.get("nodes") and kwargs.get("nodes_file"):
             raise ConfigError("give --nodes or --nodes-file, not both")
         _check_idempotence(kwargs)

@@ -2,7 +2,8 @@
 
 ``app`` is a ``typer.Typer`` the top-level CLI mounts as ``cluster``; it also runs on its own
 (``python -m isrlab.harness.cluster.cli``). Every user-fixable problem (not root, missing package,
-subnet clash) prints one message and exits with status 1; no tracebacks.
+subnet clash, a bad name or node count) prints one message and exits with status 2, as
+every isrlab command's errors do; no tracebacks. ``status`` exits 1 on an unhealthy cluster.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from isrlab.harness.cluster.embedded import DEFAULT_NAME, ClusterError, ClusterS
 app = typer.Typer(
     help="The embedded cluster: N nodes as network namespaces with their own sshd.",
     no_args_is_help=True,
+    context_settings={"help_option_names": ["-h", "--help"]},  # `-h` is `--help`
 )
 # piped output would default to 80 columns and cut namespace names and addresses short
 console = Console(width=None if sys.stdout.isatty() else 120)
@@ -27,7 +29,7 @@ err_console = Console(stderr=True)
 
 def _fail(e: Exception) -> None:
     err_console.print(f"[bold red]error:[/] {e}", highlight=False)
-    raise typer.Exit(1)
+    raise typer.Exit(2)
 
 
 @app.command()

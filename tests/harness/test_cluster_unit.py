@@ -72,7 +72,7 @@ def test_cli_reports_errors_without_traceback(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(embedded, "_effective_caps", lambda: 0)
     for cmd in (["up", "--nodes", "3", "--name", "unit"], ["down", "--name", "unit"]):
         res = CliRunner().invoke(app, cmd)
-        assert res.exit_code == 1, res.output
+        assert res.exit_code == 2, res.output
         assert "needs root" in res.output
         assert "Traceback" not in res.output
         assert res.exception is None or isinstance(res.exception, SystemExit)

@@ -637,6 +637,22 @@ echo {wh.deps_key} > {deps_marker}
         leader = t.partitions[partition].leader
         return self.broker_node(leader) if leader >= 0 else None
 
+    def replicas_of(
+        self, topic: str, partition: int, via: Iterable[str] | None = None
+    ) -> tuple[str | None, list[str]]:
+        """The leader of ``topic/partition`` and its in-sync followers, as the metadata names
+        them ((None, []) when it names no leader)."""
+        md = self.metadata(via, topic)
+        t = md.topics.get(topic)
+        if t is None or t.error is not None or partition not in t.partitions:
+            return None, []
+        p = t.partitions[partition]
+        if p.leader < 0:
+            return None, []
+        leader = self.broker_node(p.leader)
+        followers = [self.broker_node(b) for b in p.isrs if b != p.leader]
+        return leader, [f for f in followers if f]
+
     def controller(self, via: Iterable[str] | None = None) -> str | None:
         md = self.metadata(via)
         return self.broker_node(md.controller_id) if md.controller_id >= 0 else None

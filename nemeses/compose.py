@@ -36,12 +36,20 @@ from isrlab.nemeses.base import TARGETS, ClusterDB, Fault, NemesisError, default
 from isrlab.nemeses.clock import ClockFault
 from isrlab.nemeses.packet import PacketFault, check_available
 from isrlab.nemeses.partition import DEFAULT_SHAPES, SHAPES, PartitionFault
-from isrlab.nemeses.process import KillFault, PauseFault
+from isrlab.nemeses.process import KillFault, LaggingFailoverFault, PauseFault
 
 # The targets a schedule draws from when none are given (``coordinator`` needs a group).
 DEFAULT_TARGETS: tuple[str, ...] = ("one", "minority", "leader", "controller")
 
-KINDS: tuple[str, ...] = ("partition", "partition-iptables", "pause", "kill", "clock", "packet")
+KINDS: tuple[str, ...] = (
+    "partition",
+    "partition-iptables",
+    "pause",
+    "kill",
+    "clock",
+    "packet",
+    "lagging-failover",
+)
 
 PACKET_BEHAVIOURS: tuple[dict[str, str], ...] = (
     {"delay": "50ms", "jitter": "10ms"},
@@ -130,6 +138,8 @@ def build(kinds: str | Sequence[str], db: ClusterDB, test: dict[str, Any]) -> Ne
         elif kind == "packet":
             check_available(db)
             faults[kind] = PacketFault(db, rng)
+        elif kind == "lagging-failover":
+            faults[kind] = LaggingFailoverFault(db, rng)
     return Nemesis(faults, db)
 
 
@@ -184,6 +194,12 @@ def start_value(
     keys: Sequence[str],
 ) -> dict[str, Any]:
     """A random ``start-<kind>`` value (what the schedule draws)."""
+    if kind == "lagging-failover":
+        # (targets do not apply: it always aims at one key's leader and followers)
+        lagging: dict[str, Any] = {"lag_ms": rng.choice([1000, 2000, 3000])}
+        if keys:
+            lagging["key"] = rng.choice(list(keys))
+        return lagging
     if kind in ("partition", "partition-iptables"):
         shape = rng.choice(list(shapes))
         value: dict[str, Any] = {"shape": shape}

@@ -6,6 +6,10 @@ paused. ``start-kill`` sends SIGKILL (no clean shutdown, so unflushed page-cache
 but nothing else does); ``stop-kill`` starts every broker this fault killed. Completions:
 ``{"target": T, "nodes": [...]}`` for starts and ``{"nodes": [...]}`` for stops.
 
+``start-lagging-failover`` (`LaggingFailoverFault`) is a targeted sequence: it pauses the
+in-sync followers of one key's partition, kills its leader after a lag, and resumes the
+followers (see the class).
+
 ``heal()`` does not trust the bookkeeping: it resumes every node's broker and starts every broker
 that is not running, so it also repairs what a crashed harness left behind.
 """
@@ -13,10 +17,11 @@ that is not running, so it also repairs what a crashed harness left behind.
 from __future__ import annotations
 
 import random
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from isrlab.nemeses.base import ClusterDB, resolve_targets
+from isrlab.nemeses.base import ClusterDB, default_key, resolve_targets
 
 
 def _each(names: list[str], fn: Any) -> list[Any]:
@@ -91,3 +96,62 @@ class KillFault:
     def _dead(self, node: str) -> bool:
         state_of = getattr(self.db, "broker_state", None)
         return state_of is not None and state_of(node) == "down"
+
+
+class LaggingFailoverFault:
+    """``start-lagging-failover`` with ``{"key": K, "lag_ms": N}``: a leader dies while its
+    followers lag behind it, the sequence behind every "acknowledged by the leader alone"
+    loss (acks=1 data; transaction markers with ``transaction.marker.required.acks=1``).
+
+    1. SIGSTOP the in-sync followers of key K's partition (as the metadata names them);
+    2. wait ``lag_ms``: what the leader acknowledges alone now stays unreplicated, while the
+       followers are still in the ISR (keep ``lag_ms`` below ``replica.lag.time.max.ms`` and
+       the ZooKeeper session timeout);
+    3. kill -9 the leader, then SIGCONT the followers: the controller elects one of them,
+       without that tail, and the old leader truncates to it when it comes back.
+
+    ``stop-lagging-failover`` starts the killed leader again. The completion names the
+    ``leader`` and ``followers`` hit; a key whose leader has no in-sync follower is left alone
+    (``error``). ``heal()`` resumes every broker and starts every dead one."""
+
+    kind = "lagging-failover"
+
+    def __init__(self, db: ClusterDB, rng: random.Random, sleep: Any = None) -> None:
+        self.db = db
+        self.rng = rng
+        self.killed: set[str] = set()
+        self._sleep = sleep or time.sleep
+
+    def start(self, value: Any) -> dict[str, Any]:
+        value = value or {}
+        key = str(value.get("key") or default_key(self.db))
+        lag_ms = int(value.get("lag_ms", 1000))
+        topic, _, part = key.rpartition("/")
+        try:
+            leader, followers = self.db.replicas_of(topic, int(part))
+        except Exception as e:
+            return {"key": key, "error": f"no partition state: {type(e).__name__}: {e}"}
+        if leader is None or not followers:
+            return {"key": key, "leader": leader, "error": "no leader with in-sync followers"}
+        paused = [n for n, ok in zip(followers, _each(followers, self.db.pause), strict=True) if ok]
+        try:
+            self._sleep(lag_ms / 1000)
+            killed = self.db.kill(leader)
+        finally:
+            _each(paused, self.db.resume)
+        if killed:
+            self.killed.add(leader)
+        hit = leader if killed else None
+        return {"key": key, "lag_ms": lag_ms, "leader": hit, "followers": paused}
+
+    def stop(self, value: Any = None) -> dict[str, Any]:
+        nodes = sorted(self.killed)
+        _each(nodes, self.db.start)
+        self.killed.clear()
+        return {"nodes": nodes}
+
+    def heal(self) -> list[str]:
+        resumed = PauseFault(self.db, self.rng).heal()
+        started = KillFault(self.db, self.rng).heal()
+        self.killed.clear()
+        return sorted(set(resumed) | set(started))

@@ -8,7 +8,8 @@
   at most `max_keys`): offset over history position for every send ack and poll read of
   that key, and in subscribe mode every offset committed and every committed offset a
   rebalance fetched, coloured by completion type, with the offsets the anomalies name
-  ringed in red.
+  ringed in red and the values they name (an unseen or skipped value, the writes of a
+  cycle's steps) ringed in magenta and labelled.
 
 `summary_text(results)` is the same summary as a string (the CLI prints it).
 """
@@ -71,13 +72,44 @@ def _anomalous_offsets(results: dict[str, Any]) -> dict[Any, set[int]]:
     return marks
 
 
+def _hashable(x: Any) -> bool:
+    try:
+        hash(x)
+    except TypeError:
+        return False
+    return True
+
+
+def _anomalous_values(results: dict[str, Any]) -> dict[Any, set[Any]]:
+    """Per key, the values the anomaly examples are about: `value`, `values`, `skipped` of an
+    example with a `key`, and of each step (with its own `key`) of a cycle's `steps`."""
+    marks: dict[Any, set[Any]] = {}
+    for a in results.get("anomalies", {}).values():
+        for ex in a.get("examples", []):
+            if not isinstance(ex, dict):
+                continue
+            steps = ex.get("steps") if isinstance(ex.get("steps"), list) else []
+            for part in (ex, *steps):
+                if not isinstance(part, dict) or not _hashable(part.get("key", [])):
+                    continue
+                s = marks.setdefault(part["key"], set())
+                if "value" in part and _hashable(part["value"]):
+                    s.add(part["value"])
+                for field in ("values", "skipped"):
+                    if isinstance(part.get(field), list):
+                        s.update(v for v in part[field] if _hashable(v))
+    return {k: v for k, v in marks.items() if v}
+
+
 _COLORS = {"ok": "tab:blue", "info": "tab:orange", "fail": "tab:gray"}
 _MARKERS = {"send": "^", "poll": "o", "commit": "s", "fetched committed": "D"}
 
 
 def _points(
-    ops: Iterable[dict[str, Any]], key: Any
+    ops: Iterable[dict[str, Any]], key: Any, values: dict[tuple[int, int], Any] | None = None
 ) -> dict[tuple[str, str], list[tuple[int, int]]]:
+    """Points (history index, offset) per (what, completion type); `values`, when given, gets
+    the value of each send and read point."""
     pts: dict[tuple[str, str], list[tuple[int, int]]] = {}
     for pos, op in enumerate(ops):
         typ = op.get("type")
@@ -98,21 +130,30 @@ def _points(
             continue
         if f not in DATA_FS:
             continue
-        for _, what, k, offset, _ in entries_in(op.get("value")):
+        for _, what, k, offset, v in entries_in(op.get("value")):
             if k == key and isinstance(offset, int):
                 pts.setdefault(("send" if what == "send" else "poll", str(typ)), []).append(
                     (x, offset)
                 )
+                if values is not None:
+                    values[(x, offset)] = v
     return pts
 
 
-def _plot_key(ops: Iterable[dict[str, Any]], key: Any, marked: set[int], out: Path) -> list[Path]:
+def _plot_key(
+    ops: Iterable[dict[str, Any]],
+    key: Any,
+    marked: set[int],
+    out: Path,
+    marked_values: set[Any] | None = None,
+) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    pts = _points(ops, key)
+    point_values: dict[tuple[int, int], Any] = {}
+    pts = _points(ops, key, point_values)
     fig, ax = plt.subplots(figsize=(10, 5))
     for (what, typ), xy in sorted(pts.items()):
         xs, ys = zip(*xy, strict=True)
@@ -132,6 +173,36 @@ def _plot_key(ops: Iterable[dict[str, Any]], key: Any, marked: set[int], out: Pa
             ax.scatter(xs, ys, s=60, facecolors="none", edgecolors="red", label="anomaly offsets")
         for o in sorted(marked)[:50]:
             ax.axhline(o, color="red", linewidth=0.4, alpha=0.4)
+    if marked_values:
+        # The values the anomalies name (an unseen or skipped value, a cycle's writes):
+        # ringed in magenta and labelled with the value, wherever they were sent or read.
+        vhits = sorted(
+            {xy for xy, v in point_values.items() if _hashable(v) and v in marked_values}
+        )
+        if vhits:
+            xs, ys = zip(*vhits, strict=True)
+            ax.scatter(
+                xs,
+                ys,
+                s=110,
+                facecolors="none",
+                edgecolors="magenta",
+                lw=1.4,
+                label="anomaly values",
+            )
+            labelled: set[Any] = set()
+            for x, o in vhits:
+                v = point_values[(x, o)]
+                if v not in labelled and len(labelled) < 30:
+                    labelled.add(v)
+                    ax.annotate(
+                        f"{v}",
+                        (x, o),
+                        xytext=(4, 4),
+                        textcoords="offset points",
+                        fontsize=7,
+                        color="magenta",
+                    )
     ax.set_xlabel("history index")
     ax.set_ylabel("offset")
     ax.set_title(f"key {key}: offsets sent and read")
@@ -166,8 +237,9 @@ def render_artifacts(
     summary.write_text(summary_text(results, per_type=8))
     written.append(summary)
     marks = _anomalous_offsets(results)
+    value_marks = _anomalous_values(results)
     queue_like = any(op.get("f") in DATA_FS for op in islice(ops, 1000))
     if queue_like:
-        for key in sorted(marks, key=str)[:max_keys]:
-            written.extend(_plot_key(ops, key, marks[key], out))
+        for key in sorted(set(marks) | set(value_marks), key=str)[:max_keys]:
+            written.extend(_plot_key(ops, key, marks.get(key, set()), out, value_marks.get(key)))
     return written

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
-import os
+import html
 import re
+import shutil
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,7 +37,14 @@ from isrlab.pipeline.store import ABSENT, SWITCHES
 if TYPE_CHECKING:
     from isrlab.pipeline.analyze import Analysis
 
-__all__ = ["ACKS_ORDER", "NEMESIS_ORDER", "switch_tables", "write_report"]
+__all__ = [
+    "ACKS_ORDER",
+    "NEMESIS_ORDER",
+    "heatmap_figure",
+    "publish_run",
+    "switch_tables",
+    "write_report",
+]
 
 ACKS_ORDER = option("acks").choices
 WORKLOADS = option("workload").choices
@@ -113,6 +122,61 @@ def switch_tables(configs: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]
     return out
 
 
+#: The heatmaps' colour scale, the same for every map so that maps compare: anomalies per 10,000
+#: acked writes on a symmetric-log scale from 0 (white: nothing happened) to 10,000 (every acked
+#: write); more than that (several anomalies per write) is drawn in the darkest colour.
+SCALE_MAX = 10_000.0
+NO_DATA = "#d9d9d9"
+
+
+def _scale() -> tuple[Any, Any]:
+    """(colormap, norm) of every heatmap: 0 is pure white, cells without runs are grey."""
+    from matplotlib.colors import LinearSegmentedColormap, SymLogNorm
+
+    cmap = LinearSegmentedColormap.from_list(
+        "isrlab-reds", ["#ffffff", "#fcbba1", "#fb6a4a", "#cb181d", "#67000d"]
+    ).with_extremes(bad=NO_DATA, over="#3f0008")
+    return cmap, SymLogNorm(linthresh=1.0, vmin=0.0, vmax=SCALE_MAX, base=10)
+
+
+def heatmap_figure(
+    grid: Sequence[Sequence[float]],
+    labels: Sequence[Sequence[str]],
+    rows: Sequence[str],
+    columns: Sequence[str],
+    title: str,
+) -> Any:
+    """One acks x fault heatmap (matplotlib Figure) on the fixed scale of `_scale`; the title is
+    wrapped to the figure's width so that none of it is cut off."""
+    import textwrap
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cmap, norm = _scale()
+    width = max(4.8, 1.8 + 1.5 * len(columns))
+    fig, ax = plt.subplots(figsize=(width, 1.6 + 0.9 * len(rows)), dpi=100)
+    im = ax.imshow(grid, cmap=cmap, norm=norm, aspect="auto")
+    ax.set_xticks(range(len(columns)), columns)
+    ax.set_yticks(range(len(rows)), rows)
+    for i, lab in enumerate(labels):
+        for j, text in enumerate(lab):
+            v = grid[i][j]
+            # Dark cells get white text so every figure stays readable.
+            dark = v == v and float(norm(v)) > 0.6
+            ax.text(
+                j, i, text, ha="center", va="center", fontsize=8, color="white" if dark else "black"
+            )
+    chars = int(width * 9)  # ~9 characters of 9 pt text per inch of figure
+    ax.set_title("\n".join(textwrap.wrap(title, chars, break_on_hyphens=False) or [""]), fontsize=9)
+    bar = fig.colorbar(im, ax=ax, fraction=0.04, extend="max")
+    bar.set_ticks([0, 1, 10, 100, 1000, 10_000], labels=["0", "1", "10", "100", "1k", "10k"])
+    fig.tight_layout()
+    return fig
+
+
 def _heatmaps(configs: Sequence[dict[str, Any]], plots: Path) -> list[dict[str, Any]]:
     import matplotlib
 
@@ -143,37 +207,21 @@ def _heatmaps(configs: Sequence[dict[str, Any]], plots: Path) -> list[dict[str, 
                     pooled = _pool(cell, metric) if cell else None
                     if pooled is None or pooled["rate"] is None:
                         row.append(float("nan"))
-                        lab.append("-")
+                        lab.append("no runs")
                     else:
                         row.append(pooled["rate"])
                         lab.append(f"{pooled['rate']:.1f}\n({pooled['runs']} runs)")
                 grid.append(row)
                 labels.append(lab)
-            fig, ax = plt.subplots(
-                figsize=(1.6 + 1.5 * len(nemeses), 1.2 + 0.9 * len(acks)), dpi=100
+            fig = heatmap_figure(
+                grid,
+                labels,
+                [f"acks={a}" for a in acks],
+                nemeses,
+                f"{title} per 10k acked writes: {setting}",
             )
-            im = ax.imshow(grid, cmap="Reds", vmin=0, aspect="auto")
-            ax.set_xticks(range(len(nemeses)), nemeses)
-            ax.set_yticks(range(len(acks)), [f"acks={a}" for a in acks])
-            top = max((v for row in grid for v in row if v == v), default=0.0)
-            for i, lab in enumerate(labels):
-                for j, text in enumerate(lab):
-                    # Dark cells get white text so every figure stays readable.
-                    dark = top > 0 and grid[i][j] == grid[i][j] and grid[i][j] > 0.6 * top
-                    ax.text(
-                        j,
-                        i,
-                        text,
-                        ha="center",
-                        va="center",
-                        fontsize=8,
-                        color="white" if dark else "black",
-                    )
-            ax.set_title(f"{title} per 10k acked writes\n{setting}", fontsize=9)
-            fig.colorbar(im, ax=ax, fraction=0.04)
-            fig.tight_layout()
             slug = re.sub(r"[^a-z0-9]+", "-", f"{n}-{metric}".lower())
-            fig.savefig(plots / f"heatmap-{slug}.png")
+            fig.savefig(plots / f"heatmap-{slug}.png", bbox_inches="tight")
             plt.close(fig)
             figures.append(
                 {"setting": setting, "metric": title, "file": f"plots/heatmap-{slug}.png"}
@@ -181,13 +229,46 @@ def _heatmaps(configs: Sequence[dict[str, Any]], plots: Path) -> list[dict[str, 
     return figures
 
 
-def _link(out: Path, run_path: str) -> tuple[str, bool]:
-    """A relative link from the report to the run's report.html (or its directory)."""
-    target = Path(run_path) / "report.html"
-    exists = target.is_file()
-    if not exists:
-        target = Path(run_path)
-    return os.path.relpath(target, out), exists
+_HREF = re.compile(r'<a href="([^"]*)">(.*?)</a>', re.S)
+
+
+def publish_run(out: Path, run_id: str, run_path: str, max_bytes: int = 1 << 20) -> str | None:
+    """Copy a run's report.html into ``OUT/runs/<run>/`` with the files it links that are at
+    most `max_bytes` (results.json, summary.txt, offset diagrams...); a link to anything not
+    carried (history.jsonl when big, node logs...) becomes plain text marked "not published".
+    Returns the copy's path relative to `out`, or None when the run has no report.html."""
+    src_dir = Path(run_path)
+    src = src_dir / "report.html"
+    if not src.is_file():
+        return None
+    safe = re.sub(r"[^A-Za-z0-9_.=-]+", "_", run_id)
+    rel = Path("runs") / f"{safe}-{zlib.crc32(run_id.encode()):08x}"
+    dst_dir = out / rel
+    if dst_dir.exists():
+        shutil.rmtree(dst_dir)
+    dst_dir.mkdir(parents=True)
+    root = src_dir.resolve()
+
+    def carry(m: re.Match[str]) -> str:
+        href, label = html.unescape(m.group(1)), m.group(2)
+        if href.startswith(("#", "http://", "https://", "mailto:")):
+            return m.group(0)
+        target = (src_dir / href).resolve()
+        if (
+            not Path(href).is_absolute()
+            and target.is_relative_to(root)
+            and target.is_file()
+            and target.stat().st_size <= max_bytes
+        ):
+            copy = dst_dir / target.relative_to(root)
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(target, copy)
+            return m.group(0)
+        return f'{label} <span class="dim">(not published)</span>'
+
+    page = _HREF.sub(carry, src.read_text(encoding="utf-8", errors="replace"))
+    (dst_dir / "report.html").write_text(page, encoding="utf-8")
+    return (rel / "report.html").as_posix()
 
 
 def _fmt(x: float | None, digits: int = 1) -> str:
@@ -264,14 +345,19 @@ def write_report(analysis: Analysis) -> Path:
     )
     _write_csv(analysis, out / "summary.csv")
     figures = _heatmaps(analysis.configs, out / "plots") if analysis.configs else []
+    shutil.rmtree(out / "runs", ignore_errors=True)
+    published = {r["run_id"]: publish_run(out, r["run_id"], r["path"]) for r in analysis.per_run}
     runs = []
     for r in analysis.per_run:
-        href, has_report = _link(out, r["path"])
-        runs.append(dict(r, href=href, has_report=has_report))
+        href = published.get(r["run_id"])
+        runs.append(dict(r, href=href, has_report=href is not None))
     worst = []
     for c in analysis.configs:
         for w in c["worst"]:
-            href, has_report = _link(out, w["path"])
+            if w["run_id"] not in published:
+                published[w["run_id"]] = publish_run(out, w["run_id"], w["path"])
+            href = published[w["run_id"]]
+            has_report = href is not None
             worst.append(
                 dict(
                     w,

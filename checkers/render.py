@@ -88,7 +88,7 @@ def _anomalous_values(results: dict[str, Any]) -> dict[Any, set[Any]]:
         for ex in a.get("examples", []):
             if not isinstance(ex, dict):
                 continue
-            steps = ex.get("steps") if isinstance(ex.get("steps"), list) else []
+            steps: list[Any] = ex["steps"] if isinstance(ex.get("steps"), list) else []
             for part in (ex, *steps):
                 if not isinstance(part, dict) or not _hashable(part.get("key", [])):
                     continue

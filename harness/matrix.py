@@ -47,7 +47,6 @@ from rich.markup import escape
 from rich.table import Table
 
 from isrlab.harness.testconfig import (
-    COMBINED_KINDS,
     SETTINGS,
     SWITCHES,
     ConfigError,
@@ -55,6 +54,7 @@ from isrlab.harness.testconfig import (
     config_name,
     option,
 )
+from isrlab.harness.testconfig import nemesis_kinds as test_nemesis_kinds
 
 __all__ = [
     "ACKS",
@@ -159,20 +159,10 @@ def parse_settings(items: Sequence[str]) -> dict[str, Any]:
 
 
 def nemesis_kinds(spec: str) -> list[str]:
-    """A nemesis spec -> the fault kinds of a test: ``combined``, ``none``, ``kill`` or a
-    ``+`` composition such as ``partition+kill``; ValueError names an unknown kind."""
-    if spec == "combined":
-        return list(COMBINED_KINDS)
-    if spec == "none":
-        return []
-    kinds = [k.strip() for k in spec.split("+")]
-    bad = [k for k in kinds if k not in FAULT_KINDS]
-    if bad or not kinds:
-        raise ValueError(
-            f"unknown fault kind {', '.join(repr(b) for b in bad)} in --nemesis {spec!r}; "
-            f"use {', '.join(FAULT_KINDS)}, combined or none, or join kinds with +"
-        )
-    return list(dict.fromkeys(kinds))
+    """A cell's nemesis spec -> its fault kinds: the grammar of ``isrlab test --nemesis``
+    (`harness.testconfig.nemesis_kinds`: a kind, ``+`` compositions, ``combined``, ``none``);
+    ValueError (`ConfigError`) names an unknown kind."""
+    return list(test_nemesis_kinds(spec))
 
 
 def grid(

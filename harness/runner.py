@@ -479,13 +479,23 @@ def knob_settings(items: Sequence[str] | None, options: Mapping[str, Any]) -> di
     return out
 
 
-def _test_command(test_count: int = 1, set_: list[str] | None = None, **options: Any) -> None:
+def _test_command(
+    test_count: int = 1,
+    set_: list[str] | None = None,
+    old_keys: str | None = None,
+    **options: Any,
+) -> None:
     """Run a Jepsen-style fault-injection test and check its history.
 
     Producers are Kafka 3.x's by default: acks=all with enable.idempotence=true (off by
     default with --acks 0 or 1); --no-idempotence is the at-least-once study."""
     try:
         # every run's configuration is validated before the first run touches a node
+        if old_keys is not None:
+            raise SetupError(
+                f"--keys is now --key-count (the number of keys, test.json's key_count): "
+                f"give --key-count {old_keys}"
+            )
         if test_count < 1:
             raise SetupError(f"--test-count must be at least 1, not {test_count}")
         options = {**options, **knob_settings(set_, options)}
@@ -539,6 +549,14 @@ test_command = with_cli_options(
                 ),
             ],
         ),
+        inspect.Parameter(
+            "old_keys",
+            inspect.Parameter.KEYWORD_ONLY,
+            default=None,
+            annotation=Annotated[
+                str | None, typer.Option("--keys", hidden=True, help="now --key-count")
+            ],
+        ),
     ],
 )
 
@@ -556,7 +574,7 @@ def demo_command(
                 "acks": "all",
                 "idempotence": True,
                 "min_insync_replicas": 2,
-                "nemesis": "partition,kill",
+                "nemesis": "partition+kill",
                 "nemesis_interval": 8,
                 "time_limit": time_limit,
                 "final_time_limit": 40,

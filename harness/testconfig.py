@@ -63,6 +63,7 @@ __all__ = [
     "cli_parameters",
     "config_name",
     "consumer_mode",
+    "nemesis_kinds",
     "nemesis_label",
     "option",
 ]
@@ -101,7 +102,9 @@ class TestConfig:
     )
     nemesis: tuple[str, ...] = _opt(
         ("partition", "kill"),
-        "comma list of fault kinds, or none",
+        "faults: a fault kind, kinds joined by + (partition+kill: each on its own schedule, "
+        "so they overlap), combined (partition+kill+pause+clock) or none; the grammar of "
+        "`isrlab matrix --nemesis`, where a comma lists cells (test.json: the list of kinds)",
         choices=(*FAULT_KINDS, "none"),
     )
     nemesis_interval: float = _opt(
@@ -222,9 +225,7 @@ class TestConfig:
     replication_factor: int = _opt(
         3, "topic replication factor", minimum=1, broker_key="default.replication.factor"
     )
-    key_count: int = _opt(
-        8, "number of keys (topic-partitions)", minimum=1, flag="--keys", setting=True
-    )
+    key_count: int = _opt(8, "number of keys (topic-partitions)", minimum=1, setting=True)
     seed: int | None = _opt(None, "random seed (default: random, saved in test.json)")
     store: str = _opt("store", "run store")
     # Written to test.json only when set (runs never had these keys otherwise).
@@ -298,7 +299,7 @@ class TestConfig:
             if opt is None:
                 others[key] = value
             elif value is not None:
-                kwargs[key] = opt.check(value)
+                kwargs[key] = opt.check(_nemesis_spec(key, value))
         workload = kwargs.get("workload", _BY_NAME["workload"].default)
         knobs = _check_knobs(workload, others)
         if "nemesis" in kwargs:
@@ -327,7 +328,7 @@ class TestConfig:
     def replace(self, **changes: Any) -> TestConfig:
         """A copy with ``changes`` (validated like `from_mapping`; knobs too)."""
         checked: dict[str, Any] = {
-            k: None if v is None else _BY_NAME[k].check(v)
+            k: None if v is None else _BY_NAME[k].check(_nemesis_spec(k, v))
             for k, v in changes.items()
             if k in _BY_NAME
         }
@@ -351,6 +352,40 @@ class TestConfig:
             out[opt.name] = list(value) if isinstance(value, tuple) else value
         out.update({k: list(v) if isinstance(v, tuple) else v for k, v in self.knobs.items()})
         return out
+
+
+def nemesis_kinds(spec: str) -> tuple[str, ...]:
+    """A nemesis spec, the one grammar of ``isrlab test --nemesis`` and of each cell of
+    ``isrlab matrix --nemesis``: a fault kind (``kill``), kinds joined by ``+``
+    (``partition+kill``, each kind on its own schedule), ``combined`` (`COMBINED_KINDS`) or
+    ``none`` -> the test's kinds. A comma is refused (in the matrix it separates cells);
+    `ConfigError` names an unknown kind."""
+    spec = spec.strip()
+    if "," in spec:
+        joined = "+".join(k.strip() for k in spec.split(",") if k.strip())
+        raise ConfigError(
+            f"nemesis (--nemesis) {spec!r}: join fault kinds with + ({joined!r}) to run them "
+            "together; a comma lists separate cells in `isrlab matrix --nemesis`"
+        )
+    if spec == "combined":
+        return COMBINED_KINDS
+    if spec in ("none", ""):
+        return ()
+    kinds = [k.strip() for k in spec.split("+")]
+    known = [k for k in _BY_NAME["nemesis"].choices if k != "none"]
+    bad = [k for k in kinds if k not in known]
+    if bad:
+        raise ConfigError(
+            f"nemesis (--nemesis): unknown fault kind {', '.join(repr(b) for b in bad)} in "
+            f"{spec!r}: a kind must be one of {', '.join(known)}; or give combined or none, "
+            "or join kinds with +"
+        )
+    return tuple(dict.fromkeys(kinds))
+
+
+def _nemesis_spec(key: str, value: Any) -> Any:
+    """``nemesis`` given as text is a spec (`nemesis_kinds`); as a list, the kinds."""
+    return nemesis_kinds(value) if key == "nemesis" and isinstance(value, str) else value
 
 
 def _check_idempotence(kwargs: dict[str, Any]) -> None:
@@ -418,7 +453,7 @@ def _check_eos(kwargs: dict[str, Any], knobs: dict[str, Any]) -> None:
         if kwargs.get("keys") is not None:
             raise ConfigError(
                 "the eos workload takes its keys from the eos knob ({input: [...], output: "
-                "[...]}) or from key_count (--keys N): give eos rather than keys"
+                "[...]}) or from key_count (--key-count N): give eos rather than keys"
             )
         n = kwargs.get("key_count", _BY_NAME["key_count"].default)
         eos = {
@@ -600,6 +635,8 @@ def _cli_annotation(opt: Option) -> Any:
     base: Any = str if opt.kind in (list, dict) else opt.kind
     typ = base | None if opt.optional else base
     help = opt.help
+    if opt.name == "nemesis":
+        help += "; kinds"
     if opt.choices:
         help += f": {', '.join(opt.choices)}"
     assert opt.flag
@@ -609,7 +646,7 @@ def _cli_annotation(opt: Option) -> Any:
 
 def _cli_default(opt: Option) -> Any:
     if isinstance(opt.default, tuple):
-        return ",".join(opt.default)
+        return ("+" if opt.name == "nemesis" else ",").join(opt.default)
     return opt.default
 
 

@@ -34,15 +34,25 @@ def _fail(e: Exception) -> None:
 
 @app.command()
 def up(
-    nodes: int = typer.Option(5, "--nodes", "-n", help="number of nodes (n1..nN)"),
+    node_count: int = typer.Option(
+        5, "--node-count", "-n", help="number of nodes (n1..nN), as `isrlab test --node-count`"
+    ),
     name: str = typer.Option(DEFAULT_NAME, "--name", help="cluster name"),
     subnet: str | None = typer.Option(
         None, "--subnet", help="private IPv4 /24 or larger (default 10.77.0.0/24 for 'default')"
     ),
+    old_nodes: str | None = typer.Option(None, "--nodes", hidden=True, help="now --node-count"),
 ) -> None:
     """Create (or reuse, or repair) the cluster and print its nodes."""
+    if old_nodes is not None:
+        _fail(
+            ClusterError(
+                f"--nodes is now --node-count (a count; --nodes is a host list in `isrlab "
+                f"test`): give --node-count {old_nodes}"
+            )
+        )
     try:
-        c = embedded.up(name, nodes, subnet)
+        c = embedded.up(name, node_count, subnet)
     except ClusterError as e:
         _fail(e)
         return

@@ -70,7 +70,7 @@ def test_non_root_gets_a_clear_message(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_cli_reports_errors_without_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     monkeypatch.setattr(embedded, "_effective_caps", lambda: 0)
-    for cmd in (["up", "--nodes", "3", "--name", "unit"], ["down", "--name", "unit"]):
+    for cmd in (["up", "--node-count", "3", "--name", "unit"], ["down", "--name", "unit"]):
         res = CliRunner().invoke(app, cmd)
         assert res.exit_code == 2, res.output
         assert "needs root" in res.output

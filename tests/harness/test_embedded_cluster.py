@@ -466,7 +466,7 @@ def test_subnet_clash_is_refused_and_leaves_nothing(cluster: EmbeddedCluster) ->
 
 def test_cli_up_status_down() -> None:
     runner = CliRunner()
-    res = runner.invoke(app, ["up", "--nodes", "2", "--name", LIFE, "--subnet", LIFE_NET])
+    res = runner.invoke(app, ["up", "--node-count", "2", "--name", LIFE, "--subnet", LIFE_NET])
     assert res.exit_code == 0, res.output
     res = runner.invoke(app, ["status", "--name", LIFE])
     assert res.exit_code == 0, res.output

@@ -22,7 +22,7 @@ def drive(gen: ScheduleGenerator, n_ops: int) -> list[tuple[int, str]]:
 
 
 def test_each_kind_alternates_and_kinds_overlap():
-    test = make_test({"nemesis": "partition,kill", "nemesis_interval": 10, "seed": 3})
+    test = make_test({"nemesis": "partition+kill", "nemesis_interval": 10, "seed": 3})
     ops = drive(ScheduleGenerator.for_test(test), 40)
     times = [t for t, _ in ops]
     assert times == sorted(times)
@@ -42,8 +42,8 @@ def test_each_kind_alternates_and_kinds_overlap():
 
 
 def test_schedule_is_deterministic_for_a_seed():
-    a = make_test({"nemesis": "partition,kill,pause", "nemesis_interval": 5, "seed": 11})
-    b = make_test({"nemesis": "partition,kill,pause", "nemesis_interval": 5, "seed": 11})
+    a = make_test({"nemesis": "partition+kill+pause", "nemesis_interval": 5, "seed": 11})
+    b = make_test({"nemesis": "partition+kill+pause", "nemesis_interval": 5, "seed": 11})
     assert drive(ScheduleGenerator.for_test(a), 30) == drive(ScheduleGenerator.for_test(b), 30)
 
 
@@ -95,10 +95,10 @@ def _targets(test) -> set[str]:
 
 
 def test_a_test_with_a_group_also_aims_faults_at_its_coordinator():
-    plain = make_test({"nemesis": "kill,partition", "nemesis_interval": 5, "seed": 4})
+    plain = make_test({"nemesis": "kill+partition", "nemesis_interval": 5, "seed": 4})
     assert not {"coordinator", "isolate-coordinator"} & _targets(plain)
     sub = make_test(
-        {"nemesis": "kill,partition", "nemesis_interval": 5, "seed": 4, "subscribe": True}
+        {"nemesis": "kill+partition", "nemesis_interval": 5, "seed": 4, "subscribe": True}
     )
     assert {"coordinator", "isolate-coordinator"} <= _targets(sub)
     # targets given: exactly those

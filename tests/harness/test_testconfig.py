@@ -87,7 +87,13 @@ def _refuses_values_outside_its_bounds(opt: Option) -> None:
 
 def test_the_typed_config_round_trips_through_test_json() -> None:
     config = TestConfig.from_mapping(
-        {"nemesis": "partition,kill,none", "acks": "-1", "seed": 3, "key_count": 2, "poll_ms": 5}
+        {
+            "nemesis": ["partition", "kill", "none"],
+            "acks": "-1",
+            "seed": 3,
+            "key_count": 2,
+            "poll_ms": 5,
+        }
     )
     assert config.acks == "all" and config.nemesis == ("partition", "kill")
     test = json.loads(json.dumps(config.to_test()))
@@ -189,7 +195,8 @@ def no_cluster(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--nemesis", "partition,flood"], "flood"),
+        (["--nemesis", "partition+flood"], "flood"),
+        (["--nemesis", "partition,kill"], "partition+kill"),
         (["--test-count", "0"], "test-count"),
         (["--acks", "2"], "acks"),
         (["--nemesis-targets", "half"], "nemesis_targets"),

@@ -1,36 +1,62 @@
 """`isrlab serve`: browse the run store in a web browser.
 
-Serves the store directory read-only over HTTP on 127.0.0.1 (by default) with an index page that
-lists every run (test name, time, verdict, anomaly types, link to its report.html); everything
-else is the run directories' own files (report.html, history.jsonl, node logs, ...).
+Serves the store directory read-only over HTTP on 127.0.0.1 (by default). The index page
+(`index_html`, rendered from ``serve_index.html.j2``) lists every run, newest first: its verdict,
+test name, time, anomaly types, a link to its report.html and to its folder; everything else is
+the run directories' own files (report.html, history.jsonl, node logs, ...). Only files whose
+real path is under the store's real path are served: a symlink in the store that leads
+elsewhere (``/etc/passwd``) is answered 404, while the store's own ``latest`` links, which
+point at runs in the store, work.
 """
 
 from __future__ import annotations
 
 import functools
-import html
 import http.server
 import json
+import urllib.parse
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
 
+import jinja2
 import typer
+
+TEMPLATE = "serve_index.html.j2"
+
+
+def _inside(path: Path, root: Path) -> bool:
+    """``path``'s real path (symlinks followed) exists and is ``root`` or under it."""
+    try:
+        return path.resolve(strict=True).is_relative_to(root)
+    except (OSError, RuntimeError):
+        return False
+
+
+def _time(stamp: str) -> str:
+    """A run folder's name (``20261124T055840`` or ``...-2``) as a readable UTC time."""
+    try:
+        return datetime.strptime(stamp[:15], "%Y%m%dT%H%M%S").strftime("%Y-%m-%d %H:%M:%S")
+    except ValueError:
+        return stamp
 
 
 def list_runs(store: Path) -> list[dict[str, Any]]:
+    """Every run folder of ``store`` (``<name>/<time>/test.json``), newest first."""
+    root = store.resolve()
     runs = []
     for test_json in sorted(store.glob("*/*/test.json")):
         run = test_json.parent
-        if run.is_symlink():
+        if run.is_symlink() or not _inside(test_json, root):
             continue
         row: dict[str, Any] = {"name": run.parent.name, "time": run.name, "path": run}
         results = run / "results.json"
-        if results.exists():
+        if results.exists() and _inside(results, root):
             try:
                 r = json.loads(results.read_text())
                 row["valid"] = r.get("valid")
-                row["anomalies"] = ", ".join(r.get("anomaly_types", []))
-            except ValueError:
+                row["anomalies"] = ", ".join(str(a) for a in r.get("anomaly_types", []))
+            except (ValueError, AttributeError, OSError):
                 row["valid"] = "unreadable"
         else:
             row["valid"] = "incomplete"
@@ -38,38 +64,38 @@ def list_runs(store: Path) -> list[dict[str, Any]]:
     return sorted(runs, key=lambda r: r["time"], reverse=True)
 
 
+def _href(rel: Path, trailing: str = "") -> str:
+    return "/" + urllib.parse.quote(rel.as_posix()) + trailing
+
+
 def index_html(store: Path) -> str:
+    """The index page: one row per run (verdict, name, time, anomalies, report, files)."""
+    root = store.resolve()
     rows = []
     for r in list_runs(store):
         rel = r["path"].relative_to(store)
-        report = rel / "report.html"
-        link = (
-            f'<a href="/{report}">{html.escape(r["name"])}</a>'
-            if (store / report).exists()
-            else html.escape(r["name"])
-        )
         valid = r.get("valid")
-        color = "#d8f3dc" if valid is True else "#ffccd5" if valid is False else "#fff3b0"
+        report = store / rel / "report.html"
         rows.append(
-            f'<tr style="background:{color}"><td>{link}</td><td>{html.escape(r["time"])}</td>'
-            f"<td>{html.escape(str(r.get('valid')))}</td>"
-            f"<td>{html.escape(r.get('anomalies', ''))}</td>"
-            f'<td><a href="/{rel}/">files</a></td></tr>'
+            {
+                "verdict": {True: "VALID", False: "INVALID"}.get(valid, str(valid).upper()),
+                "verdict_class": {True: "valid", False: "invalid"}.get(valid, "unknown"),
+                "name": r["name"],
+                "time": _time(r["time"]),
+                "anomalies": r.get("anomalies", ""),
+                "report": _href(rel / "report.html") if _inside(report, root) else None,
+                "files": _href(rel, "/"),
+            }
         )
-    body = (
-        "\n".join(rows) or '<tr><td colspan="5">no runs yet: run <code>isrlab test</code></td></tr>'
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(Path(__file__).parent),
+        autoescape=jinja2.select_autoescape(["html", "j2"]),
     )
-    return (
-        "<!doctype html><html><head><meta charset='utf-8'><title>isrlab store</title>"
-        "<style>body{font-family:system-ui,sans-serif;margin:2em}td,th{padding:4px 10px;"
-        "border-bottom:1px solid #ddd;text-align:left}</style></head><body>"
-        f"<h1>isrlab runs in {html.escape(str(store))}</h1><table><tr><th>test</th><th>time</th>"
-        f"<th>valid</th><th>anomalies</th><th></th></tr>{body}</table></body></html>"
-    )
+    return env.get_template(TEMPLATE).render(store=str(store), runs=rows)
 
 
 class StoreHandler(http.server.SimpleHTTPRequestHandler):
-    store: Path
+    store: Path  # the store's real path
 
     def do_GET(self) -> None:
         if self.path in ("/", "/index.html"):
@@ -82,22 +108,32 @@ class StoreHandler(http.server.SimpleHTTPRequestHandler):
             return
         super().do_GET()
 
+    def send_head(self) -> Any:
+        # Everything served (files, directory listings, GET and HEAD) is checked here: the
+        # real path must be under the store's real path.
+        if not _inside(Path(self.translate_path(self.path)), self.store):
+            self.send_error(404, "File not found")
+            return None
+        return super().send_head()
+
     def log_message(self, format: str, *args: Any) -> None:  # quieter than the default
         pass
 
 
 def make_server(store: Path, host: str, port: int) -> http.server.ThreadingHTTPServer:
-    handler = functools.partial(StoreHandler, directory=str(store))
-    StoreHandler.store = store
+    root = store.resolve()
+    handler = functools.partial(StoreHandler, directory=str(root))
+    StoreHandler.store = root
     return http.server.ThreadingHTTPServer((host, port), handler)
 
 
 def serve_command(
     store: Annotated[Path, typer.Argument(help="the run store")] = Path("store"),
     host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="port")] = 8080,
+    port: Annotated[int, typer.Option(help="port (0-65535; 0: any free port)")] = 8080,
 ) -> None:
-    """Browse the run store (reports, histories, logs) in a web browser."""
+    """Browse the run store (reports, histories, logs) in a web browser: an index of every
+    run (verdict, name, time, report); only files under the store's real path are served."""
     if not 0 <= port <= 65535:
         typer.echo(f"isrlab serve: --port must be 0-65535 (0: any free port), not {port}", err=True)
         raise typer.Exit(2)
@@ -105,7 +141,7 @@ def serve_command(
         typer.echo(f"isrlab serve: no store at {store}: run `isrlab test` first", err=True)
         raise typer.Exit(2)
     try:
-        server = make_server(store.resolve(), host, port)
+        server = make_server(store, host, port)
     except OSError as e:
         typer.echo(f"isrlab serve: cannot listen on {host}:{port}: {e.strerror}", err=True)
         raise typer.Exit(2) from None

@@ -18,7 +18,11 @@ import typer
 
 from isrlab.broker.config import BrokerConfig, ConfigError, config_doc_markdown
 
-app = typer.Typer(add_completion=False, help="The isrlab reference broker (Kafka wire protocol).")
+app = typer.Typer(
+    add_completion=False,
+    help="The isrlab reference broker (Kafka wire protocol).",
+    context_settings={"help_option_names": ["-h", "--help"]},  # `-h` is `--help`
+)
 
 
 def _fail(message: str) -> None:

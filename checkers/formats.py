@@ -9,7 +9,8 @@ Two Jepsen renderings are read:
 - Jepsen's log lines (``jepsen.log``): ``INFO  jepsen.util - 3 :invoke :cas [1 2]``, fields
   separated by tabs or spaces, optionally preceded by a timestamp.  Lines that are not
   ``jepsen.util`` op lines (other loggers) are skipped; a ``jepsen.util`` line that does not
-  parse is an error.  In these logs a completion whose value is a bare keyword
+  parse is an error, and so is a file with lines but no op line at all (a misread file must
+  not check as an empty history).  In these logs a completion whose value is a bare keyword
   (``:timed-out``) carries an error, not a value.
 
 Both give op dicts: ``index`` dense from 0, ``time`` in ns (Jepsen's ``:time`` when present,
@@ -223,9 +224,11 @@ def load_jepsen_log(path: str | Path) -> list[dict[str, Any]]:
     path = Path(path)
     fields: list[str] = []
     wheres: list[str] = []
+    other = 0  # non-blank lines that are not op lines
     with path.open(encoding="utf-8") as lines:
         for lineno, line in enumerate(lines, start=1):
             if "jepsen.util" not in line:
+                other += bool(line.strip())
                 continue
             where = f"{path}:{lineno}"
             found = _LOG_LINE.search(line)
@@ -238,6 +241,13 @@ def load_jepsen_log(path: str | Path) -> list[dict[str, Any]]:
                 f"[{found['process']} {found['type']} {found['f']} {found['value'] or 'nil'}]"
             )
             wheres.append(where)
+    if not fields and other:
+        # Nothing recognised is a misread file (a JSONL history, say), not an empty history.
+        raise FormatError(
+            f"{path}: format jepsen-log recognised none of its {other} line(s): no "
+            "'jepsen.util - <process> :<type> :<f> <value>' op line; pick the file's format "
+            "with --format jsonl|edn|jepsen-log"
+        )
     rows = _parse_many(fields, wheres, "log fields")
 
     def ops() -> Iterable[tuple[dict[str, Any], str]]:

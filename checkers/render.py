@@ -24,14 +24,24 @@ from typing import Any
 
 from isrlab.checkers.queue.codec import DATA_FS, entries_in
 
-__all__ = ["render_artifacts", "summary_text"]
+__all__ = ["not_allowed_types", "render_artifacts", "summary_text"]
+
+
+def not_allowed_types(results: dict[str, Any]) -> set[str]:
+    """The anomaly types that make `results` invalid: its `not_allowed`, or, in results
+    written without that field (linearizability results before it was added), every type
+    found, as no linearizability anomaly is ever allowed."""
+    listed = results.get("not_allowed")
+    if isinstance(listed, list | tuple | set):
+        return {str(t) for t in listed}
+    return {str(t) for t in results.get("anomaly_types") or results.get("anomalies") or ()}
 
 
 def summary_text(results: dict[str, Any], per_type: int = 3) -> str:
     valid = results.get("valid")
     verdict = "VALID" if valid is True else "INVALID" if valid is False else "UNKNOWN"
     lines = [f"verdict: {verdict}"]
-    bad = set(results.get("not_allowed", ()))
+    bad = not_allowed_types(results)
     anomalies = results.get("anomalies", {})
     if not anomalies:
         lines.append("no anomalies found")

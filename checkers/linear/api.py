@@ -81,6 +81,7 @@ def results_dict(
         "valid": valid,
         "anomaly_types": sorted(anomalies),
         "anomalies": anomalies,
+        "not_allowed": sorted(anomalies),  # no linearizability anomaly is ever allowed
         "stats": {"checker": "linearizability", "model": result.model.name, **result.stats},
     }
 

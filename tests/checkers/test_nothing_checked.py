@@ -87,3 +87,27 @@ def test_isrlab_check_exits_2_on_an_empty_history(tmp_path: Path) -> None:
         r = CliRunner().invoke(app, [str(p), "--workload", workload, "--json"])
         assert r.exit_code == 2, r.output
         assert '"nothing-checked"' in r.stdout
+
+
+def test_a_format_that_recognises_no_line_is_an_error_naming_it(tmp_path: Path) -> None:
+    """A JSONL history read as a Jepsen log parses nothing: an error, not an empty history."""
+    p = tmp_path / "history.jsonl"
+    write_history(only_assigns_and_failures(), p)
+    log = tmp_path / "jepsen.log"
+    log.write_text("INFO  jepsen.core - Running test\nINFO  jepsen.db - setting up\n")
+    for path in (p, log):
+        for workload in ("queue", "register"):
+            r = CliRunner().invoke(
+                app, [str(path), "--workload", workload, "--format", "jepsen-log", "--json"]
+            )
+            assert r.exit_code == 2, r.output
+            assert r.stdout == "", r.stdout  # no results at all: the input was not understood
+            assert "format jepsen-log recognised none" in r.stderr
+            assert "Traceback" not in r.output
+
+
+def test_an_empty_jepsen_log_is_nothing_checked(tmp_path: Path) -> None:
+    log = tmp_path / "jepsen.log"
+    log.write_text("\n")
+    r = CliRunner().invoke(app, [str(log), "-w", "register", "--format", "jepsen-log", "--json"])
+    assert r.exit_code == 2 and '"nothing-checked"' in r.stdout, r.output

@@ -75,11 +75,12 @@ def index_html(store: Path) -> str:
     for r in list_runs(store):
         rel = r["path"].relative_to(store)
         valid = r.get("valid")
+        verdict = "VALID" if valid is True else "INVALID" if valid is False else str(valid).upper()
         report = store / rel / "report.html"
         rows.append(
             {
-                "verdict": {True: "VALID", False: "INVALID"}.get(valid, str(valid).upper()),
-                "verdict_class": {True: "valid", False: "invalid"}.get(valid, "unknown"),
+                "verdict": verdict,
+                "verdict_class": verdict.lower() if valid in (True, False) else "unknown",
                 "name": r["name"],
                 "time": _time(r["time"]),
                 "anomalies": r.get("anomalies", ""),

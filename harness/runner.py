@@ -169,17 +169,26 @@ class ScheduleGenerator:
         return None
 
 
+def known_hosts_file() -> Path:
+    """Where the host keys of real hosts (``--nodes``, a nodes file without ``known_hosts``)
+    are kept: ``~/.isrlab/known_hosts``."""
+    return Path.home() / ".isrlab" / "known_hosts"
+
+
 @contextlib.contextmanager
 def node_inventory(config: TestConfig) -> Iterator[tuple[Any, TestConfig]]:
     """The nodes to run on: given hosts, or the embedded cluster (brought up if needed).
 
     Yields the inventory and the configuration completed with the embedded cluster's node
     names and work directories."""
-    from isrlab.harness.inventory import load_inventory
+    from isrlab.harness.inventory import SshOptions, load_inventory
 
     if config.nodes or config.nodes_file:
+        # Trust on first use, then strict: unknown host keys are accepted and kept, a changed
+        # key is refused (a nodes file may pin keys: host_key_policy strict, known_hosts).
+        ssh = SshOptions(host_key_policy="accept-new", known_hosts=str(known_hosts_file()))
         try:
-            inv = load_inventory(config.nodes, config.nodes_file)
+            inv = load_inventory(config.nodes, config.nodes_file, ssh=ssh)
         except Exception as e:
             raise SetupError(f"bad --nodes/--nodes-file: {e}") from None
         yield inv, config
@@ -488,7 +497,12 @@ def _test_command(
     """Run a Jepsen-style fault-injection test and check its history.
 
     Producers are Kafka 3.x's by default: acks=all with enable.idempotence=true (off by
-    default with --acks 0 or 1); --no-idempotence is the at-least-once study."""
+    default with --acks 0 or 1); --no-idempotence is the at-least-once study.
+
+    Real hosts (--nodes, --nodes-file): SSH host keys are trusted on first use and kept in
+    ~/.isrlab/known_hosts; a changed key is refused. To pin keys instead, put them in a file
+    (ssh-keyscan HOST >> FILE, then check the fingerprints) and name it in the nodes file
+    with host_key_policy: strict and known_hosts: FILE."""
     try:
         # every run's configuration is validated before the first run touches a node
         if old_keys is not None:

@@ -126,8 +126,16 @@ def _remember_host_key(path: str, node: Node, key: paramiko.PKey) -> None:
             known.load(path)
         if known.lookup(host) is not None:
             return
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         with open(path, "a") as f:
             f.write(f"{host} {key.get_name()} {key.get_base64()}\n")
+    log.warning(
+        "%s: trusting SSH host key %s %s on first use; kept in %s (a changed key is refused)",
+        node.name,
+        key.get_name(),
+        key.fingerprint,
+        path,
+    )
 
 
 def _connect(node: Node, ssh: SshOptions) -> paramiko.SSHClient:
@@ -195,8 +203,15 @@ def _connect(node: Node, ssh: SshOptions) -> paramiko.SSHClient:
                 with contextlib.suppress(OSError, AttributeError):
                     transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # type: ignore[union-attr]
             if ssh.host_key_policy == "accept-new" and ssh.known_hosts and transport is not None:
-                with contextlib.suppress(OSError):
+                try:
                     _remember_host_key(ssh.known_hosts, node, transport.get_remote_server_key())
+                except OSError as e:
+                    client.close()
+                    raise SshConnectError(
+                        node,
+                        f"cannot keep its host key in {ssh.known_hosts}: {e.strerror or e} "
+                        "(a key not kept could not be checked next time)",
+                    ) from None
             return client
         if attempt < ssh.connect_retries:
             log.debug("%s: transient SSH error (%s), retrying in %.2fs", node.name, last, delay)

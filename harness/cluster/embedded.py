@@ -526,6 +526,13 @@ def embedded_cluster(
         previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, on_term)
         if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
             previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
+    run = st.run_lock(name)
+    try:
+        run.__enter__()  # before anything is torn down: the cluster may be another run's
+    except st.ClusterBusy as e:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        raise ClusterError(str(e)) from None
     if not keep:
         atexit.register(teardown)
     try:
@@ -545,5 +552,6 @@ def embedded_cluster(
                         signal.signal(num, handler)
                 atexit.unregister(teardown)
         finally:
+            run.__exit__(None, None, None)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)

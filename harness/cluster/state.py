@@ -147,3 +147,35 @@ def cluster_lock(name: str) -> Iterator[None]:
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
         os.close(fd)
+
+
+class ClusterBusy(Exception):
+    """Another run holds the cluster (see `run_lock`)."""
+
+
+@contextlib.contextmanager
+def run_lock(name: str) -> Iterator[None]:
+    """Hold cluster ``name`` for one run (a test, the demo) for the duration of the block.
+
+    Two runs on one embedded cluster corrupt each other: they share the brokers, topics and
+    ZooKeeper, and the one that ends first tears the cluster down under the other. A second
+    run gets `ClusterBusy` at once, naming the process that holds the cluster. The lock is an
+    flock on ``cluster-<name>.run.lock``, released when the holder exits, however it exits."""
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    path = STATE_DIR / f"cluster-{name}.run.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            raise ClusterBusy(
+                f"the embedded cluster {name!r} is in use by another isrlab run (pid {holder}); "
+                "wait for it to finish, or give this run a cluster of its own with "
+                "--cluster-name NAME"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)

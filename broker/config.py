@@ -77,6 +77,27 @@ def _listeners(v: Any) -> str | None:
     return None
 
 
+def parse_per_ip_overrides(v: str) -> dict[str, int]:
+    """max.connections.per.ip.overrides: host:count[,host:count] (the last ':' splits)."""
+    out: dict[str, int] = {}
+    for item in (part.strip() for part in v.split(",")):
+        if not item:
+            continue
+        host, sep, count = item.rpartition(":")
+        if not sep or not host or not count.isdigit():
+            raise ValueError(f"'{item}' is not of the form host:count")
+        out[host.strip("[]")] = int(count)
+    return out
+
+
+def _per_ip_overrides(v: Any) -> str | None:
+    try:
+        parse_per_ip_overrides(v)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
 DAY_MS = 24 * 3600 * 1000
 
 CONFIG_DEFS: dict[str, ConfigDef] = {
@@ -296,6 +317,46 @@ CONFIG_DEFS: dict[str, ConfigDef] = {
             "socket.request.max.bytes; -1 (Kafka's default): no bound. Otherwise at least "
             "socket.request.max.bytes.",
             _at_least(-1),
+        ),
+        ConfigDef(
+            "max.connections",
+            "int",
+            2147483647,
+            "Most client connections open at once over all listeners; past it new connections "
+            "wait in the listen backlog until one closes (Kafka's blocking accept).",
+            _at_least(0),
+        ),
+        ConfigDef(
+            "max.connections.per.ip",
+            "int",
+            2147483647,
+            "Most connections from one IP address; a connection past it is closed at once.",
+            _at_least(0),
+        ),
+        ConfigDef(
+            "max.connections.per.ip.overrides",
+            "string",
+            "",
+            "Per-address exceptions to max.connections.per.ip: host:count[,host:count] (a "
+            "host name is resolved at start).",
+            _per_ip_overrides,
+        ),
+        ConfigDef(
+            "connections.max.idle.ms",
+            "long",
+            600000,
+            "Close a connection that has neither sent nor been sent anything for this long "
+            "(and has no request being handled).",
+            _at_least(1),
+        ),
+        ConfigDef(
+            "request.read.timeout.ms",
+            "long",
+            30000,
+            "isrlab's own key (Kafka has none): a request frame whose first byte arrived but "
+            "which is not complete after this long (a client trickling bytes) closes its "
+            "connection. Time a frame waits for queued.max.request.bytes does not count.",
+            _at_least(1),
         ),
         ConfigDef(
             "zero.copy.threshold.bytes",

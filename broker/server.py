@@ -25,6 +25,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import threading
 import uuid
 from collections.abc import Callable
@@ -64,14 +65,14 @@ from isrlab.broker.apis.txn import (
     handle_list_transactions,
     handle_write_txn_markers,
 )
-from isrlab.broker.config import BrokerConfig, parse_topic_configs
+from isrlab.broker.config import BrokerConfig, parse_per_ip_overrides, parse_topic_configs
 from isrlab.broker.coordinator.group.service import GroupCoordinatorService
 from isrlab.broker.coordinator.transaction.service import TransactionCoordinatorService
 from isrlab.broker.errors import ErrorCode, KafkaError
 from isrlab.broker.log.errors import KafkaStorageError
 from isrlab.broker.log_manager import LogManager
 from isrlab.broker.network.codec import FileRegion, Request
-from isrlab.broker.network.server import Connection, SocketServer
+from isrlab.broker.network.server import Connection, ConnectionLimits, SocketServer
 from isrlab.broker.partition import AppendResult, HostedPartition, ReadResult
 from isrlab.broker.partition_limit import (
     FDS_PER_PARTITION,
@@ -98,6 +99,28 @@ class PartitionMetadata:
     replicas: list[int]
     isr: list[int]
     offline: list[int] = field(default_factory=list)
+
+
+def connection_limits(config: BrokerConfig) -> ConnectionLimits:
+    """The socket server's connection limits; the hosts of max.connections.per.ip.overrides
+    are resolved to their addresses now (RuntimeError naming one that does not resolve)."""
+    overrides: dict[str, int] = {}
+    for host, limit in parse_per_ip_overrides(config["max.connections.per.ip.overrides"]).items():
+        try:
+            infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+        except OSError as e:
+            raise RuntimeError(
+                f"max.connections.per.ip.overrides: cannot resolve host {host!r}: {e}"
+            ) from None
+        for info in infos:
+            overrides[str(info[4][0])] = limit
+    return ConnectionLimits(
+        max_connections=config["max.connections"],
+        max_connections_per_ip=config["max.connections.per.ip"],
+        per_ip_overrides=overrides,
+        idle_ms=config["connections.max.idle.ms"],
+        read_timeout_ms=config["request.read.timeout.ms"],
+    )
 
 
 class ProducerIdBlocks:
@@ -192,6 +215,7 @@ class KafkaServer:
             self.handle,
             config["socket.request.max.bytes"],
             config.queued_max_request_bytes,
+            connection_limits(config),
         )
         self._handlers = {
             0: handle_produce,

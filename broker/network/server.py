@@ -16,6 +16,14 @@ append done), as Kafka releases a request's buffer when the API layer returns. A
 not fit waits, and its connection is not read meanwhile: asyncio stops reading the socket once
 `STREAM_BUFFER_LIMIT` bytes are buffered, so TCP pushes back on the client. Partial frames thus
 cost at most the budget plus that small buffer per connection.
+
+Connections are limited as Kafka limits them (`ConnectionLimits`): past `max.connections` the
+listening sockets are not accepted from until a connection closes (clients wait in the listen
+backlog, Kafka's blocking accept); past `max.connections.per.ip` (or its override for the address)
+a new connection is closed at once; a connection with nothing sent or received and no request in
+hand for `connections.max.idle.ms` is closed; and a request frame whose first byte arrived must be
+complete within `request.read.timeout.ms` (isrlab's own key; time spent waiting for request memory
+does not count), so a client trickling bytes cannot hold a connection and its memory forever.
 """
 
 from __future__ import annotations
@@ -24,8 +32,11 @@ import asyncio
 import collections
 import contextlib
 import logging
+import socket
 import struct
+import time
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
 from typing import Any
 
 from kafka.protocol.metadata import ApiVersionsResponse
@@ -49,6 +60,25 @@ MAX_INFLIGHT_PER_CONNECTION = 64
 # asyncio's per-connection read buffer: reading pauses at twice this much unread data.
 STREAM_BUFFER_LIMIT = 256 << 10
 
+# Kafka's socket.listen.backlog.size default: connections waiting to be accepted.
+LISTEN_BACKLOG = 50
+INT_MAX = 2147483647
+
+
+@dataclass
+class ConnectionLimits:
+    """Kafka's connection settings (see the module docstring); Kafka's defaults."""
+
+    max_connections: int = INT_MAX
+    max_connections_per_ip: int = INT_MAX
+    per_ip_overrides: dict[str, int] = field(default_factory=dict)  # IP address -> limit
+    idle_ms: int = 600000
+    read_timeout_ms: int = 30000
+
+    def per_ip_limit(self, ip: str) -> int:
+        return self.per_ip_overrides.get(ip, self.max_connections_per_ip)
+
+
 # A handler returns the parts of an encoded response, or None when no response is due (acks=0).
 Handler = Callable[[Request, "Connection"], Coroutine[Any, Any, list[bytes | FileRegion] | None]]
 
@@ -61,7 +91,11 @@ class Connection:
         self.writer = writer
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self.ip: str = peer[0] if peer else "?"
         self.closed = False
+        self.last_activity = time.monotonic()  # last frame read or response sent
+        self.reading = False  # part of a request frame has arrived, not all of it
+        self.inflight = 0  # requests read whose response is not sent yet
 
     async def send(self, parts: list[bytes | FileRegion]) -> None:
         loop = asyncio.get_running_loop()
@@ -84,6 +118,7 @@ class Connection:
             else:
                 self.writer.write(part)
         await self.writer.drain()
+        self.last_activity = time.monotonic()
 
 
 class RequestMemoryPool:
@@ -142,46 +177,141 @@ class SocketServer:
         handler: Handler,
         max_request_bytes: int,
         queued_max_request_bytes: int | None = None,
+        limits: ConnectionLimits | None = None,
     ):
         self.host = host
         self.port = port
         self.handler = handler
         self.max_request_bytes = max_request_bytes
         self.memory = RequestMemoryPool(queued_max_request_bytes)
-        self._server: asyncio.AbstractServer | None = None
+        self.limits = limits or ConnectionLimits()
+        self._listener: socket.socket | None = None
+        self._background: list[asyncio.Task[None]] = []
         self._connections: set[asyncio.Task[Any]] = set()
+        self._open: set[Connection] = set()
+        self._count = 0  # accepted connections not closed yet
+        self._per_ip: collections.Counter[str] = collections.Counter()
+        self._slot_freed: asyncio.Future[None] | None = None
         self.bound_port: int | None = None
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(
-            self._serve, self.host, self.port, reuse_address=True, limit=STREAM_BUFFER_LIMIT
+        loop = asyncio.get_running_loop()
+        infos = await loop.getaddrinfo(
+            self.host, self.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
         )
-        sock = self._server.sockets[0]
+        family, _, _, _, address = infos[0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(address)
+            sock.listen(LISTEN_BACKLOG)
+        except OSError:
+            sock.close()
+            raise
+        sock.setblocking(False)
+        self._listener = sock
         self.bound_port = sock.getsockname()[1]
+        self._background = [
+            asyncio.create_task(self._accept_loop(sock)),
+            asyncio.create_task(self._close_idle()),
+        ]
         log.info("listening on %s:%s", self.host, self.bound_port)
 
     async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
+        for task in self._background:
+            task.cancel()
+        for task in self._background:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self._listener is not None:
+            self._listener.close()
         for task in list(self._connections):
             task.cancel()
         for task in list(self._connections):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        if self._server is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._server.wait_closed(), 2)
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    # ----- accepting, connection limits -----------------------------------------------------
+
+    async def _accept_loop(self, sock: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            while self._count >= self.limits.max_connections:
+                # Kafka's blocking accept: new connections wait in the backlog for a slot
+                self._slot_freed = loop.create_future()
+                await self._slot_freed
+            try:
+                client, address = await loop.sock_accept(sock)
+            except OSError as e:  # e.g. out of file descriptors: try again shortly
+                log.warning("accepting a connection failed: %s", e)
+                await asyncio.sleep(0.1)
+                continue
+            ip = address[0]
+            limit = self.limits.per_ip_limit(ip)
+            if self._per_ip[ip] >= limit:
+                log.warning(
+                    "rejected connection from %s: it already has %d connections "
+                    "(max.connections.per.ip%s=%d)",
+                    ip,
+                    self._per_ip[ip],
+                    ".overrides" if ip in self.limits.per_ip_overrides else "",
+                    limit,
+                )
+                client.close()
+                continue
+            self._count += 1
+            self._per_ip[ip] += 1
+            task = asyncio.create_task(self._serve_socket(client, ip))
+            self._connections.add(task)
+
+    def _release_slot(self, ip: str) -> None:
+        self._count -= 1
+        self._per_ip[ip] -= 1
+        if self._per_ip[ip] <= 0:
+            del self._per_ip[ip]
+        if self._slot_freed is not None and not self._slot_freed.done():
+            self._slot_freed.set_result(None)
+
+    async def _close_idle(self) -> None:
+        """Close connections idle for connections.max.idle.ms: nothing read or sent, no
+        request in hand, no frame half read (that one is bounded by request.read.timeout.ms)."""
+        idle = self.limits.idle_ms / 1000
+        while True:
+            await asyncio.sleep(min(idle / 4, 1.0))
+            now = time.monotonic()
+            for conn in list(self._open):
+                if conn.inflight or conn.reading or now - conn.last_activity < idle:
+                    continue
+                log.info(
+                    "connection %s: idle for more than connections.max.idle.ms=%d; closing",
+                    conn.peer,
+                    self.limits.idle_ms,
+                )
+                conn.closed = True
+                conn.writer.close()
+
+    async def _serve_socket(self, client: socket.socket, ip: str) -> None:
         task = asyncio.current_task()
         assert task is not None
-        self._connections.add(task)
+        try:
+            try:
+                reader, writer = await asyncio.open_connection(
+                    sock=client, limit=STREAM_BUFFER_LIMIT
+                )
+            except OSError:
+                client.close()
+                return
+            await self._serve(reader, writer)
+        finally:
+            self._connections.discard(task)
+            self._release_slot(ip)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         conn = Connection(reader, writer)
+        self._open.add(conn)
         sock = writer.get_extra_info("socket")
         if sock is not None:
             with contextlib.suppress(OSError):
-                import socket
-
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
             await self._loop(conn)
@@ -193,7 +323,7 @@ class SocketServer:
             log.exception("connection %s: unexpected error; closing it", conn.peer)
         finally:
             conn.closed = True
-            self._connections.discard(task)
+            self._open.discard(conn)
             with contextlib.suppress(Exception):
                 writer.close()
 
@@ -229,57 +359,102 @@ class SocketServer:
             task = await pending.get()
             if task is None:
                 return
-            parts = await task
-            if parts is not None:
-                await conn.send(parts)
+            try:
+                parts = await task
+                if parts is not None:
+                    await conn.send(parts)
+            finally:
+                conn.inflight -= 1
+                conn.last_activity = time.monotonic()
 
     async def _read_requests(
         self,
         conn: Connection,
         pending: asyncio.Queue[asyncio.Task[list[bytes | FileRegion] | None] | None],
     ) -> None:
-        reader = conn.reader
         while True:
-            try:
-                head = await reader.readexactly(4)
-            except asyncio.IncompleteReadError as e:
-                if e.partial:
-                    log.warning("connection %s: truncated frame size; closing", conn.peer)
+            frame = await self._read_frame(conn)
+            if frame is None:
                 return
-            (size,) = _SIZE.unpack(head)
-            if size < 0 or size > self.max_request_bytes:
-                log.warning(
-                    "connection %s: frame of %d bytes exceeds socket.request.max.bytes=%d; closing",
-                    conn.peer,
-                    size,
-                    self.max_request_bytes,
-                )
-                return
-            await self.memory.reserve(size)
             try:
-                if not await self._read_one(conn, size, pending):
+                if not await self._dispatch(conn, frame, pending):
                     return
             finally:
-                self.memory.release(size)
+                self.memory.release(len(frame))
 
-    async def _read_one(
+    async def _read_frame(self, conn: Connection) -> bytes | bytearray | None:
+        """The next request frame, its size reserved in the request memory pool (the caller
+        releases it); None: close the connection (end of stream, or a bad or slow frame)."""
+        reader = conn.reader
+        loop = asyncio.get_running_loop()
+        try:
+            first = await reader.readexactly(1)
+        except asyncio.IncompleteReadError:
+            return None
+        conn.reading = True
+        conn.last_activity = time.monotonic()
+        timeout_ms = self.limits.read_timeout_ms
+        deadline = loop.time() + timeout_ms / 1000
+        reserved = 0
+        try:
+            async with asyncio.timeout_at(deadline) as scope:
+                try:
+                    head = first + await reader.readexactly(3)
+                except asyncio.IncompleteReadError:
+                    log.warning("connection %s: truncated frame size; closing", conn.peer)
+                    return None
+                (size,) = _SIZE.unpack(head)
+                if size < 0 or size > self.max_request_bytes:
+                    log.warning(
+                        "connection %s: frame of %d bytes exceeds socket.request.max.bytes=%d; "
+                        "closing",
+                        conn.peer,
+                        size,
+                        self.max_request_bytes,
+                    )
+                    return None
+                # waiting for request memory is the broker's doing: not counted
+                scope.reschedule(None)
+                waited_from = loop.time()
+                await self.memory.reserve(size)
+                reserved = size
+                scope.reschedule(deadline + loop.time() - waited_from)
+                try:
+                    frame = await read_frame(reader, size)
+                except asyncio.IncompleteReadError:
+                    log.warning(
+                        "connection %s: truncated frame (wanted %d bytes); closing",
+                        conn.peer,
+                        size,
+                    )
+                    return None
+                reserved = 0  # handed to the caller with the frame
+        except TimeoutError:
+            log.warning(
+                "connection %s: request not complete after request.read.timeout.ms=%d; closing",
+                conn.peer,
+                timeout_ms,
+            )
+            return None
+        finally:
+            if reserved:  # the frame was not read: give its memory back here
+                self.memory.release(reserved)
+        conn.reading = False
+        conn.last_activity = time.monotonic()
+        return frame
+
+    async def _dispatch(
         self,
         conn: Connection,
-        size: int,
+        frame: bytes | bytearray,
         pending: asyncio.Queue[asyncio.Task[list[bytes | FileRegion] | None] | None],
     ) -> bool:
-        """Read, decode and start one request of `size` bytes; False: close the connection."""
-        try:
-            frame = await read_frame(conn.reader, size)
-        except asyncio.IncompleteReadError:
-            log.warning(
-                "connection %s: truncated frame (wanted %d bytes); closing", conn.peer, size
-            )
-            return False
+        """Decode one request and start its handler; False: close the connection."""
         try:
             request = decode_request(memoryview(frame))
         except UnsupportedVersion as e:
             if e.api_key == 18:
+                conn.inflight += 1
                 await pending.put(_done(_api_versions_unsupported(e.correlation_id)))
                 return True
             log.warning("connection %s: %s; closing", conn.peer, e)
@@ -287,7 +462,7 @@ class SocketServer:
         except FrameError as e:
             log.warning("connection %s: %s; closing", conn.peer, e)
             return False
-        del frame
+        conn.inflight += 1
         await pending.put(asyncio.create_task(self.handler(request, conn)))
         # Let the new handler run up to its first await (its append) before reading on.
         await asyncio.sleep(0)

@@ -6,7 +6,7 @@
 - each PATH is a history file, a run directory (its history file is checked, and test.json
   supplies workload, policy and eos keys; command-line options win), or a directory of them:
   every run directory below it and every other history file (`*.jsonl`; `*.edn` with
-  `--format edn`; `*.log`, `*.txt` with `--format jepsen-log`), in sorted order, symbolic
+  `--format edn`; `*.log` with `--format jepsen-log`), in sorted order, symbolic
   links not followed;
 - one PATH that is a file or a run directory: a summary (or with `--json` exactly the
   results JSON), and bad input is one line on stderr;
@@ -48,7 +48,7 @@ _HISTORY_NAMES = {
     "jepsen-log": ("jepsen.log", "history.txt", "history.log"),
 }
 # Files a directory walk takes as histories, by format.
-_SUFFIXES = {"jsonl": (".jsonl",), "edn": (".edn",), "jepsen-log": (".log", ".txt")}
+_SUFFIXES = {"jsonl": (".jsonl",), "edn": (".edn",), "jepsen-log": (".log",)}
 
 
 class _BadInput(Exception):
@@ -442,8 +442,11 @@ def check_command(
         typer.Option(help="give up on a history after this many seconds (verdict unknown)"),
     ] = None,
 ) -> None:
-    """Check histories for anomalies; exit 0 valid, 1 invalid, 2 unknown or bad input (several
-    histories: one line each, and the worst exit code of them)."""
+    """Check histories (files, run directories, or directories of them) for anomalies.
+
+    Exit 0 valid, 1 invalid, 2 unknown (nothing checked, a timeout) or bad input. Several
+    histories are checked in one process: one line each, and the worst exit code of them
+    (2 over 1 over 0)."""
     try:
         o = _options(fmt, workload, allow, disallow, eos_input, eos_output, timeout, out, save)
         if o.out is not None and o.out.exists() and not o.out.is_dir():

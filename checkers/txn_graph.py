@@ -35,8 +35,6 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from itertools import chain
 from typing import Any
 
-import networkx as nx
-
 __all__ = [
     "CYCLE_RULES",
     "PROCESS",
@@ -234,8 +232,11 @@ def _components(succ: Mapping[int, Iterable[int]], keep: Collection[int]) -> lis
 
     The graph is a networkx `DiGraph` of the edges (a, b) for a in `keep` and b in
     `succ[a]`, in turn, that have b in `keep`; the components are networkx's, in its
-    order (which decides which cycles are explained first).
+    order (which decides which cycles are explained first). networkx is imported here, on
+    the first cycle search: it is a tenth of a second of `isrlab check`'s start-up otherwise.
     """
+    import networkx as nx
+
     g = nx.DiGraph()
     g.add_edges_from((a, b) for a in keep for b in succ.get(a, ()) if b in keep)
     return [c for c in nx.strongly_connected_components(g) if len(c) > 1]

@@ -30,7 +30,7 @@ _Click = Any  # a click command (typer's vendored click); typed loosely on purpo
 def _check() -> tuple[Callable[..., Any], str | None]:
     from isrlab.checkers.cli import check_command
 
-    return check_command, "Check history files, directories of runs, or run directories."
+    return check_command, check_command.__doc__
 
 
 def _test() -> tuple[Callable[..., Any], str | None]:

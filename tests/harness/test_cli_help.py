@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -78,3 +79,26 @@ def test_check_starts_without_the_other_commands_modules(argv: list[str]) -> Non
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert "Usage: isrlab check" in out.stdout
     assert out.stdout.strip().splitlines()[-1] == "LOADED []", out.stdout[-500:]
+
+
+def test_a_queue_check_starts_without_networkx_or_the_other_commands(tmp_path: Path) -> None:
+    """A valid history has no cycle to search: networkx (a tenth of a second) stays unloaded,
+    and so do the other commands' modules and rich (the --json output needs none of them)."""
+    from isrlab.checkers.history import write_history
+    from tests.checkers.hist import H
+
+    h = H()
+    h.send(0, "t/0", 1, 0)
+    h.poll(1, {"t/0": [[0, 1]]})
+    p = tmp_path / "history.jsonl"
+    write_history(h.ops, p)
+    argv = ["check", str(p), "-w", "queue", "--json"]
+    code = (
+        "import sys\n"
+        f"sys.argv = ['isrlab', *{argv!r}]\n"
+        "from isrlab.harness.cli import main\n"
+        "try:\n    main()\nexcept SystemExit as e:\n    print('EXIT', e.code)\n"
+        f"print('LOADED', [m for m in {(*HEAVY, 'networkx', 'rich')!r} if m in sys.modules])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-2:] == ["EXIT 0", "LOADED []"], out.stdout[-500:]

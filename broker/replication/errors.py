@@ -23,6 +23,7 @@ class ErrorCode(IntEnum):
     INVALID_REPLICATION_FACTOR = 38
     FENCED_LEADER_EPOCH = 74
     UNKNOWN_LEADER_EPOCH = 75
+    OFFSET_NOT_AVAILABLE = 78
 
 
 # Errors after which a follower simply retries the same request after a back-off: the leader

@@ -412,11 +412,19 @@ class Partition:
     ) -> ListOffsetsResponse:
         """ListOffsets: the earliest offset (log start) and the latest one ``replica_id`` may
         see (LEO for a follower, else HW or, ``read_committed``, LSO); leader only, with the
-        same leader epoch check as Fetch. A timestamp lookup must find an offset below
-        ``latest`` to count."""
+        same leader epoch check as Fetch, and for clients OFFSET_NOT_AVAILABLE while the HW
+        is below the leader epoch's start offset (KIP-207). A timestamp lookup must find an
+        offset below ``latest`` to count."""
         error = self._epoch_error(current_leader_epoch)
         if error is not None:
             return ListOffsetsResponse(self.tp, error, -1, -1, self.leader_epoch)
+        if replica_id < 0 and self.leader_epoch_start_offset > self._hw:
+            # KIP-207: a new leader's HW may lag the old leader's until its followers catch
+            # up; answering with it would move a client's "latest" backwards. Kafka answers
+            # OFFSET_NOT_AVAILABLE (retriable) until the HW reaches the epoch's start offset.
+            return ListOffsetsResponse(
+                self.tp, ErrorCode.OFFSET_NOT_AVAILABLE, -1, -1, self.leader_epoch
+            )
         return ListOffsetsResponse(
             self.tp,
             ErrorCode.NONE,

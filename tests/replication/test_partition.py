@@ -522,3 +522,24 @@ def test_follower_fetches_again_after_a_refused_append() -> None:
 def test_unknown_leader_error_codes_are_retried() -> None:
     assert follower_error(56) is ErrorCode.REPLICA_NOT_AVAILABLE  # KAFKA_STORAGE_ERROR
     assert follower_error(74) is ErrorCode.FENCED_LEADER_EPOCH
+
+
+def test_list_offsets_of_a_new_leader_wait_for_its_hw_to_reach_the_epoch_start() -> None:
+    """KIP-207 (Kafka 2.2+): a new leader's HW may lag the old leader's; until it reaches the
+    start of the new epoch, clients get OFFSET_NOT_AVAILABLE (retriable), never a latest
+    offset below one the old leader gave out. (Missing until a harness run's
+    hw-regression-realtime after a failover was looked into.)"""
+    p = leader(isr=(0, 1), epoch=3)
+    produce(p, 5)
+    p.on_fetch(1, 3, 3, now=0)  # follower 1 has 0..2: HW 3, LEO 5
+    assert p.on_list_offsets(3).latest == 3
+    # re-elected at epoch 4 (as after a failover back to it): the epoch starts at its LEO, 5
+    p.become_leader(LeaderAndIsr(0, 4, (0, 1), 1), (0, 1), now=0)
+    assert p.leader_epoch_start_offset == 5 and p.high_watermark == 3
+    for read_committed in (False, True):
+        answer = p.on_list_offsets(4, read_committed=read_committed)
+        assert (answer.error, answer.latest) == (ErrorCode.OFFSET_NOT_AVAILABLE, -1)
+    assert p.on_list_offsets(-1, replica_id=1).latest == 5  # followers are not held back
+    p.on_fetch(1, 5, 4, now=0)  # follower 1 catches up: HW 5
+    answer = p.on_list_offsets(4)
+    assert (answer.error, answer.latest) == (ErrorCode.NONE, 5)

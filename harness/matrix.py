@@ -412,8 +412,9 @@ def matrix_command(
     nemesis: Annotated[
         str,
         typer.Option(
-            help="faults, comma-separated: partition, kill, pause, clock, combined (all four), "
-            "none, or kinds joined by + (partition+kill)"
+            help="faults, comma-separated, one cell each: a kind (partition, kill, pause, "
+            "clock, ...), combined (all four), none, or kinds joined by + (partition+kill); "
+            "each cell's spec is what `isrlab test --nemesis` takes"
         ),
     ] = "partition,kill,pause,clock,combined",
     consumer: Annotated[

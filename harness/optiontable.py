@@ -12,6 +12,7 @@ way, so every option, wherever it lives, is validated by the same code.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -142,6 +143,8 @@ class Option:
                 value = float(raw)
             except (TypeError, ValueError):
                 raise self._fail(f"takes a number, not {raw!r}") from None
+            if not math.isfinite(value):
+                raise self._fail(f"takes a finite number, not {raw!r}")
         elif self.kind is dict:
             if not isinstance(raw, Mapping):
                 raise self._fail(f"takes a mapping of key to value, not {raw!r}")

@@ -125,3 +125,16 @@ def test_cluster_up_refuses_bad_values_with_exit_2(
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 2 and "error:" in res.output, res.output
     assert res.exception is None or isinstance(res.exception, SystemExit)
+
+
+@pytest.mark.parametrize("value", ["nan", "inf"])
+@pytest.mark.parametrize(
+    "flag",
+    ["--time-limit", "--rate", "--nemesis-interval", "--recovery-time", "--final-time-limit"],
+)
+def test_test_refuses_numbers_that_are_not_finite(
+    no_nodes: list[str], tmp_path: Path, flag: str, value: str
+) -> None:
+    code, out = invoke(["test", "--store", str(tmp_path), "--nodes", "n1", flag, value])
+    assert code == 2 and flag in out and "finite" in out, out
+    assert no_nodes == []

@@ -49,7 +49,7 @@ from isrlab.pipeline.store import CONFIG_COLUMNS, discover_runs
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["Analysis", "analyze"]
+__all__ = ["SMALL_STORE_RUNS", "Analysis", "analyze", "shuffle_partitions_for"]
 
 
 @dataclass
@@ -106,6 +106,20 @@ def _runs_frame(spark: SparkSession, rows: list[dict[str, Any]]) -> DataFrame:
     return df.repartition(max(1, min(len(rows), parallelism * 8)))
 
 
+#: A store of at most this many runs is small: `analyze` starts Spark for a short job
+#: (`spark_session(small=True)`) and shuffles into fewer partitions.
+SMALL_STORE_RUNS = 20
+
+
+def shuffle_partitions_for(runs: int) -> int:
+    """Spark SQL shuffle partitions for a store of `runs` runs.
+
+    The shuffles here (aggregation, join) move one small row per run, so partitions only add
+    tasks: one per 25 runs, at most 8 (what every store used before, and still uses from 176
+    runs up). A one-run store then shuffles into one partition instead of eight."""
+    return max(1, min(8, -(-runs // 25)))
+
+
 def analyze(
     store: Path,
     out: Path,
@@ -114,8 +128,15 @@ def analyze(
     spark: SparkSession | None = None,
     console: Console | None = None,
     report: bool = True,
+    tuned: bool = True,
 ) -> Analysis:
-    """Analyse every run of `store` into `out` (see the module doc); returns the figures."""
+    """Analyse every run of `store` into `out` (see the module doc); returns the figures.
+
+    Sized to the store (`tuned`): `shuffle_partitions_for` its runs is set on the session for
+    this analysis (and restored afterwards), and a store of at most `SMALL_STORE_RUNS` runs
+    starts its own Spark with `spark_session(small=True)`. `tuned=False` keeps the settings
+    every store had before (8 shuffle partitions, the JVM's defaults): the benchmark's
+    baseline (benchmarks/bench_analyze.py)."""
     from pyspark.sql import functions as F
 
     console = console or Console(stderr=True)
@@ -128,105 +149,114 @@ def analyze(
     for b in bad:
         console.print(f"[yellow]skipping malformed run {b.run_id}:[/] {b.reason}")
     out.mkdir(parents=True, exist_ok=True)
-    spark = spark or spark_session(master)
+    n_runs = len(runs) + len(bad)
+    spark = spark or spark_session(master, small=tuned and n_runs <= SMALL_STORE_RUNS)
     seconds["start"] = time.perf_counter() - t0
-    parquet = out / "parquet"
-    rows = [run_row(r) for r in runs]
-    with StageProgress(spark, console) as progress:
-        runs_df = _runs_frame(spark, rows) if rows else None
-        t = time.perf_counter()
-        per_run: list[dict[str, Any]] = []
-        configs: list[dict[str, Any]] = []
-        if runs_df is not None:
-            progress.stage("ingest + check")
-            runs_df.drop("test_json").write.mode("overwrite").parquet(str(parquet / "runs"))
-            records_dir = parquet / "records"
-            shutil.rmtree(records_dir, ignore_errors=True)
-            records_dir.mkdir(parents=True)
-            (
-                runs_df.select("run_id", "path", "test_json")
-                .mapInArrow(partial(_ingest_and_check, str(records_dir)), RESULTS_DDL)
-                .write.mode("overwrite")
-                .parquet(str(parquet / "results"))
-            )
-            seconds["ingest_check"] = time.perf_counter() - t
+    previous = spark.conf.get("spark.sql.shuffle.partitions") or "200"  # Spark's default
+    n_shuffle = shuffle_partitions_for(len(runs)) if tuned else 8
+    spark.conf.set("spark.sql.shuffle.partitions", str(n_shuffle))
+    try:
+        parquet = out / "parquet"
+        rows = [run_row(r) for r in runs]
+        with StageProgress(spark, console) as progress:
+            runs_df = _runs_frame(spark, rows) if rows else None
             t = time.perf_counter()
-            progress.stage("aggregate")
-            results = spark.read.parquet(str(parquet / "results"))
-            meta = spark.read.parquet(str(parquet / "runs")).select(
-                "run_id", "path", *CONFIG_COLUMNS
-            )
-            # Small from here on (one row per run): cached, as every figure reads it.
-            joined = results.drop("results_json").join(F.broadcast(meta), "run_id").cache()
-            # Malformed runs are listed apart; configurations count checked runs only.
-            checked_df = joined.where(F.col("status") == "checked")
-            config_sums = checked_df.groupBy(*CONFIG_COLUMNS).agg(
-                F.count("*").alias("runs"),
-                F.sum(F.when(F.col("valid") == "true", 1).otherwise(0)).alias("valid"),
-                F.sum(F.when(F.col("valid") == "false", 1).otherwise(0)).alias("invalid"),
-                F.sum(F.when(F.col("valid") == "unknown", 1).otherwise(0)).alias("unknown"),
-                F.coalesce(F.sum("acked_writes"), F.lit(0)).alias("acked_writes"),
-            )
-            exploded = checked_df.select(
-                "run_id",
-                "path",
-                *CONFIG_COLUMNS,
-                "acked_writes",
-                "anomaly_examples",
-                F.explode("anomaly_counts").alias("type", "count"),
-            )
-            type_sums = exploded.groupBy(*CONFIG_COLUMNS, "type").agg(
-                F.sum("count").alias("count"), F.count("*").alias("runs_with")
-            )
-            allowed = F.col("type").isin(sorted(DEFAULT_ALLOWED))
-            (
-                exploded.select(
+            per_run: list[dict[str, Any]] = []
+            configs: list[dict[str, Any]] = []
+            if runs_df is not None:
+                progress.stage("ingest + check")
+                runs_df.drop("test_json").write.mode("overwrite").parquet(str(parquet / "runs"))
+                records_dir = parquet / "records"
+                shutil.rmtree(records_dir, ignore_errors=True)
+                records_dir.mkdir(parents=True)
+                (
+                    runs_df.select("run_id", "path", "test_json")
+                    .mapInArrow(partial(_ingest_and_check, str(records_dir)), RESULTS_DDL)
+                    .write.mode("overwrite")
+                    .parquet(str(parquet / "results"))
+                )
+                seconds["ingest_check"] = time.perf_counter() - t
+                t = time.perf_counter()
+                progress.stage("aggregate")
+                results = spark.read.parquet(str(parquet / "results"))
+                meta = spark.read.parquet(str(parquet / "runs")).select(
+                    "run_id", "path", *CONFIG_COLUMNS
+                )
+                # Small from here on (one row per run): cached, as every figure reads it.
+                joined = results.drop("results_json").join(F.broadcast(meta), "run_id").cache()
+                # Malformed runs are listed apart; configurations count checked runs only.
+                checked_df = joined.where(F.col("status") == "checked")
+                config_sums = checked_df.groupBy(*CONFIG_COLUMNS).agg(
+                    F.count("*").alias("runs"),
+                    F.sum(F.when(F.col("valid") == "true", 1).otherwise(0)).alias("valid"),
+                    F.sum(F.when(F.col("valid") == "false", 1).otherwise(0)).alias("invalid"),
+                    F.sum(F.when(F.col("valid") == "unknown", 1).otherwise(0)).alias("unknown"),
+                    F.coalesce(F.sum("acked_writes"), F.lit(0)).alias("acked_writes"),
+                )
+                exploded = checked_df.select(
                     "run_id",
+                    "path",
                     *CONFIG_COLUMNS,
-                    "type",
-                    "count",
-                    (~allowed).alias("invalidating"),
                     "acked_writes",
-                    F.when(
-                        F.col("acked_writes") > 0,
-                        F.col("count") / F.col("acked_writes") * 10_000,
-                    ).alias("rate_per_10k"),
-                    F.col("anomaly_examples")[F.col("type")].alias("example"),
-                    F.concat(F.col("path"), F.lit("/report.html")).alias("report"),
+                    "anomaly_examples",
+                    F.explode("anomaly_counts").alias("type", "count"),
                 )
-                .coalesce(1)
-                .write.mode("overwrite")
-                .parquet(str(out / "anomalies.parquet"))
-            )
-            run_rows = joined.select(
-                "run_id",
-                "path",
-                *CONFIG_COLUMNS,
-                "status",
-                "error",
-                "valid",
-                "ops",
-                "acked_writes",
-                "anomaly_counts",
-            ).collect()
-            per_run = sorted((r.asDict() for r in run_rows), key=lambda r: r["run_id"])
-            for r in per_run:
-                r["anomaly_counts"] = dict(sorted((r["anomaly_counts"] or {}).items()))
-                r["invalid_count"] = sum(
-                    n for t, n in r["anomaly_counts"].items() if t not in DEFAULT_ALLOWED
+                type_sums = exploded.groupBy(*CONFIG_COLUMNS, "type").agg(
+                    F.sum("count").alias("count"), F.count("*").alias("runs_with")
                 )
-                if r["status"] != "checked":
-                    console.print(f"[yellow]skipping malformed run {r['run_id']}:[/] {r['error']}")
-                    malformed.append(
-                        {"run_id": r["run_id"], "path": r["path"], "reason": r["error"] or ""}
+                allowed = F.col("type").isin(sorted(DEFAULT_ALLOWED))
+                (
+                    exploded.select(
+                        "run_id",
+                        *CONFIG_COLUMNS,
+                        "type",
+                        "count",
+                        (~allowed).alias("invalidating"),
+                        "acked_writes",
+                        F.when(
+                            F.col("acked_writes") > 0,
+                            F.col("count") / F.col("acked_writes") * 10_000,
+                        ).alias("rate_per_10k"),
+                        F.col("anomaly_examples")[F.col("type")].alias("example"),
+                        F.concat(F.col("path"), F.lit("/report.html")).alias("report"),
                     )
-            configs = summarize(
-                [r.asDict() for r in config_sums.collect()],
-                [r.asDict() for r in type_sums.collect()],
-                per_run,
-            )
-            joined.unpersist()
-            seconds["aggregate"] = time.perf_counter() - t
+                    .coalesce(1)
+                    .write.mode("overwrite")
+                    .parquet(str(out / "anomalies.parquet"))
+                )
+                run_rows = joined.select(
+                    "run_id",
+                    "path",
+                    *CONFIG_COLUMNS,
+                    "status",
+                    "error",
+                    "valid",
+                    "ops",
+                    "acked_writes",
+                    "anomaly_counts",
+                ).collect()
+                per_run = sorted((r.asDict() for r in run_rows), key=lambda r: r["run_id"])
+                for r in per_run:
+                    r["anomaly_counts"] = dict(sorted((r["anomaly_counts"] or {}).items()))
+                    r["invalid_count"] = sum(
+                        n for t, n in r["anomaly_counts"].items() if t not in DEFAULT_ALLOWED
+                    )
+                    if r["status"] != "checked":
+                        console.print(
+                            f"[yellow]skipping malformed run {r['run_id']}:[/] {r['error']}"
+                        )
+                        malformed.append(
+                            {"run_id": r["run_id"], "path": r["path"], "reason": r["error"] or ""}
+                        )
+                configs = summarize(
+                    [r.asDict() for r in config_sums.collect()],
+                    [r.asDict() for r in type_sums.collect()],
+                    per_run,
+                )
+                joined.unpersist()
+                seconds["aggregate"] = time.perf_counter() - t
+    finally:
+        spark.conf.set("spark.sql.shuffle.partitions", previous)
     checked = sum(1 for r in per_run if r["status"] == "checked")
     analysis = Analysis(
         store=store.resolve(),

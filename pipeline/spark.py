@@ -28,7 +28,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["SparkUnavailable", "StageProgress", "check_java", "spark_session"]
+__all__ = [
+    "SMALL_STORE_JAVA_OPTIONS",
+    "SparkUnavailable",
+    "StageProgress",
+    "check_java",
+    "spark_session",
+]
 
 
 class SparkUnavailable(Exception):
@@ -62,8 +68,20 @@ def check_java() -> str:
     return banner.splitlines()[0]
 
 
-def spark_session(master: str = "local[*]", app_name: str = "isrlab-analyze") -> SparkSession:
-    """A SparkSession on `master`; reuses the active one (tests share one per session)."""
+#: JVM options of an embedded (local) Spark started for a small store: the C1 compiler only
+#: and the serial collector. Such a run is over before C2 pays for itself, and the JVM's own
+#: start-up and first queries are most of its time; large stores keep the JVM's defaults.
+SMALL_STORE_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
+
+def spark_session(
+    master: str = "local[*]", app_name: str = "isrlab-analyze", *, small: bool = False
+) -> SparkSession:
+    """A SparkSession on `master`; reuses the active one (tests share one per session).
+
+    `small` (a store of few runs, local masters only): start the JVM for a short job
+    (`SMALL_STORE_JAVA_OPTIONS`) and run Spark SQL without whole-stage code generation, whose
+    compilation costs more than it saves on one row per run."""
     try:
         from pyspark.sql import SparkSession
     except ImportError:
@@ -92,6 +110,10 @@ def spark_session(master: str = "local[*]", app_name: str = "isrlab-analyze") ->
         builder = builder.config("spark.ui.enabled", "false").config(
             "spark.driver.memory", os.environ.get("ISRLAB_SPARK_DRIVER_MEMORY", "4g")
         )
+        if small:
+            builder = builder.config(
+                "spark.driver.extraJavaOptions", SMALL_STORE_JAVA_OPTIONS
+            ).config("spark.sql.codegen.wholeStage", "false")
     try:
         spark = builder.getOrCreate()
     except Exception as e:  # py4j / JVM launch errors have many types

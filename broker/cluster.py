@@ -70,7 +70,8 @@ class ClusterKafkaServer(KafkaServer):
         self.controller = ControllerService(
             self.zk, self.broker_id, config["unclean.leader.election.enable"]
         )
-        self._brokers: dict[int, tuple[str, int]] = {}
+        # broker id -> listener name -> advertised (host, port)
+        self._brokers: dict[int, dict[str, tuple[str, int]]] = {}
         self._brokers_gen = 0
         self._states: dict[tuple[str, int], LeaderAndIsr] = {}
         self._watched_topics: set[str] = set()
@@ -113,11 +114,11 @@ class ClusterKafkaServer(KafkaServer):
         self.txn_coordinator.start()
         self.replica_manager.start()
         await self.socket_server.start()
-        host, port = self.config.advertised()
-        if port == 0:
-            port = self.bound_port
-        self._advertised = (host, port)
-        await asyncio.to_thread(self.zk.register_broker, self.broker_id, host, port)
+        endpoints = self.advertised_addresses()
+        host, port = endpoints[self.inter_broker_listener]
+        # what register_broker takes after the id: the inter-broker address, every listener's
+        self._advertised: tuple[Any, ...] = (host, port, endpoints)
+        await asyncio.to_thread(self.zk.register_broker, self.broker_id, *self._advertised)
         # The membership view is loaded before start() returns; watches keep it current.
         ids = await asyncio.to_thread(self.zk.zk.get_children, "/brokers/ids")
         self._brokers = await asyncio.to_thread(self._lookup_brokers, sorted(int(i) for i in ids))
@@ -179,12 +180,12 @@ class ClusterKafkaServer(KafkaServer):
                 "broker %d: ZooKeeper session was renewed; registered again", self.broker_id
             )
 
-    def _lookup_brokers(self, ids: list[int]) -> dict[int, tuple[str, int]]:
+    def _lookup_brokers(self, ids: list[int]) -> dict[int, dict[str, tuple[str, int]]]:
         out = {}
         for b in ids:
-            addr = self.zk.broker_address(b)
-            if addr is not None:
-                out[b] = addr
+            endpoints = self.zk.broker_endpoints(b)
+            if endpoints is not None:
+                out[b] = endpoints
         return out
 
     def _on_brokers(self, children: list[str]) -> None:
@@ -275,8 +276,9 @@ class ClusterKafkaServer(KafkaServer):
     def on_partition_hosted(self, hp: HostedPartition) -> None:
         self._watch_state(hp.tp)
 
-    def live_brokers(self) -> dict[int, tuple[str, int]]:
-        return dict(self._brokers)
+    def live_brokers(self, listener: str | None = None) -> dict[int, tuple[str, int]]:
+        name = listener or self.inter_broker_listener
+        return {b: eps[name] for b, eps in self._brokers.items() if name in eps}
 
     def controller_id(self) -> int:
         # From a watch, never a ZooKeeper read here: Metadata must not block the event loop

@@ -67,13 +67,45 @@ def _cleanup_policy(v: Any) -> str | None:
     return f"String must be one of: {', '.join(CLEANUP_POLICIES)}" if bad else None
 
 
-_LISTENER = re.compile(r"^(?P<name>[A-Za-z_]+)://(?P<host>[^:\s]*):(?P<port>\d+)$")
+_LISTENER = re.compile(
+    r"^(?P<name>[A-Za-z0-9_]+)://(?P<host>\[[0-9A-Fa-f:.]*\]|[^:\s\[\]]*):(?P<port>\d+)$"
+)
+# The security protocols Kafka knows; this broker serves the first only.
+SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+SERVED_PROTOCOLS = ("PLAINTEXT",)
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One listener: NAME://host:port and the security protocol its name maps to."""
+
+    name: str
+    host: str
+    port: int
+    protocol: str
+
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{self.name}://{host}:{self.port}"
 
 
 def _listeners(v: Any) -> str | None:
     for item in v:
-        if not _LISTENER.match(item):
-            return f"'{item}' is not of the form PLAINTEXT://host:port"
+        m = _LISTENER.match(item)
+        if not m:
+            return f"'{item}' is not of the form NAME://host:port (e.g. PLAINTEXT://:9092)"
+        if int(m.group("port")) > 65535:
+            return f"'{item}': port {m.group('port')} is not between 0 and 65535"
+    return None
+
+
+def _protocol_map(v: Any) -> str | None:
+    for item in v:
+        name, sep, protocol = item.partition(":")
+        if not sep or not _LISTENER.match(f"{name}://:0"):
+            return f"'{item}' is not of the form LISTENER_NAME:SECURITY_PROTOCOL"
+        if protocol not in SECURITY_PROTOCOLS:
+            return f"'{item}': security protocol must be one of {', '.join(SECURITY_PROTOCOLS)}"
     return None
 
 
@@ -108,15 +140,37 @@ CONFIG_DEFS: dict[str, ConfigDef] = {
             "listeners",
             "list",
             ["PLAINTEXT://127.0.0.1:9092"],
-            "Where to accept Kafka clients (PLAINTEXT only).",
+            "Where to accept Kafka clients: NAME://host:port, comma separated, each name once; "
+            "every one is bound (an empty host: every interface). Each name's security "
+            "protocol comes from listener.security.protocol.map and must be PLAINTEXT, the "
+            "only one this broker serves; any other stops the start.",
             _listeners,
+        ),
+        ConfigDef(
+            "listener.security.protocol.map",
+            "list",
+            [f"{p}:{p}" for p in SECURITY_PROTOCOLS],
+            "Listener name to security protocol, NAME:PROTOCOL comma separated (e.g. "
+            "INTERNAL:PLAINTEXT to name a second PLAINTEXT listener).",
+            _protocol_map,
         ),
         ConfigDef(
             "advertised.listeners",
             "list",
             None,
-            "Address given to clients in Metadata (defaults to listeners).",
+            "Addresses given to clients (Metadata, FindCoordinator) and registered for the "
+            "other brokers, per listener name, a subset of the names in listeners (unset: "
+            "listeners). A client is given the addresses of the listener it connected to. An "
+            "empty or 0.0.0.0 host is given as 127.0.0.1, a port 0 as the bound port.",
             _listeners,
+        ),
+        ConfigDef(
+            "inter.broker.listener.name",
+            "string",
+            None,
+            "The listener other brokers (replica fetchers, coordinators) connect to; one of "
+            "advertised.listeners (unset: PLAINTEXT, as security.inter.broker.protocol's "
+            "default names it).",
         ),
         ConfigDef(
             "log.dirs", "list", ["/tmp/isrlab-logs"], "Data directories (the first is used)."
@@ -821,6 +875,9 @@ class BrokerConfig(Mapping[str, Any]):
 
     def check(self) -> None:
         """Rules that span keys (each key's own rules are checked as it is parsed)."""
+        self.listener_endpoints()
+        self.advertised_endpoints()
+        self.inter_broker_listener()
         queued, frame = self["queued.max.request.bytes"], self["socket.request.max.bytes"]
         if queued is not None and 0 < queued < frame:
             raise ConfigError(
@@ -858,19 +915,90 @@ class BrokerConfig(Mapping[str, Any]):
     def log_dir(self) -> Path:
         return Path(self["log.dirs"][0])
 
-    def listener(self) -> tuple[str, int]:
-        m = _LISTENER.match(self["listeners"][0])
-        assert m is not None  # validated on parse
-        return m.group("host") or "0.0.0.0", int(m.group("port"))
+    def _protocols(self) -> dict[str, str]:
+        return dict(item.split(":", 1) for item in self["listener.security.protocol.map"])
 
-    def advertised(self) -> tuple[str, int]:
-        listeners = self["advertised.listeners"] or self["listeners"]
-        m = _LISTENER.match(listeners[0])
-        assert m is not None
-        host = m.group("host") or "127.0.0.1"
-        if host == "0.0.0.0":
-            host = "127.0.0.1"
-        return host, int(m.group("port"))
+    def _endpoints(self, key: str, items: list[str]) -> list[Endpoint]:
+        protocols = self._protocols()
+        seen: dict[str, str] = {}
+        ports: dict[int, str] = {}
+        out = []
+        for item in items:
+            m = _LISTENER.match(item)
+            assert m is not None  # validated on parse
+            name, host, port = m.group("name"), m.group("host").strip("[]"), int(m.group("port"))
+            map_note = (
+                f" (listener.security.protocol.map={','.join(self['listener.security.protocol.map'])})"
+                if self.is_explicit("listener.security.protocol.map")
+                else ""
+            )
+            protocol = protocols.get(name)
+            if protocol is None:
+                raise ConfigError(
+                    f"{key}: listener {item} has no security protocol in "
+                    f"listener.security.protocol.map{map_note}; add {name}:PLAINTEXT to it"
+                )
+            if protocol not in SERVED_PROTOCOLS:
+                raise ConfigError(
+                    f"{key}: listener {item} uses security protocol {protocol}{map_note}; this "
+                    f"broker serves {', '.join(SERVED_PROTOCOLS)} only (no TLS, no SASL)"
+                )
+            if name in seen:
+                raise ConfigError(
+                    f"{key}: listener name {name} is used twice ({seen[name]}, {item}); each "
+                    "listener needs its own name"
+                )
+            if port != 0 and port in ports and key == "listeners":
+                raise ConfigError(
+                    f"{key}: {ports[port]} and {item} use the same port; each listener needs "
+                    "its own port"
+                )
+            seen[name] = item
+            ports[port] = item
+            out.append(Endpoint(name, host, port, protocol))
+        return out
+
+    def listener_endpoints(self) -> list[Endpoint]:
+        """The listeners to bind, in the order given (an empty host: every interface)."""
+        if not self["listeners"]:
+            raise ConfigError("listeners: at least one listener is needed")
+        return self._endpoints("listeners", self["listeners"])
+
+    def advertised_endpoints(self) -> list[Endpoint]:
+        """The addresses given out per listener name (0 ports are filled in once bound)."""
+        if self["advertised.listeners"] is None:
+            endpoints = self.listener_endpoints()
+        else:
+            endpoints = self._endpoints("advertised.listeners", self["advertised.listeners"])
+            bound = {e.name for e in self.listener_endpoints()}
+            for e in endpoints:
+                if e.name not in bound:
+                    raise ConfigError(
+                        f"advertised.listeners: listener name {e.name} is not in listeners "
+                        f"({','.join(self['listeners'])}); advertised.listeners names a subset"
+                    )
+        return [
+            Endpoint(
+                e.name, "127.0.0.1" if e.host in ("", "0.0.0.0") else e.host, e.port, e.protocol
+            )
+            for e in endpoints
+        ]
+
+    def inter_broker_listener(self) -> str:
+        """The listener name other brokers connect to."""
+        name = self["inter.broker.listener.name"] or "PLAINTEXT"
+        advertised = [e.name for e in self.advertised_endpoints()]
+        if name not in advertised:
+            how = (
+                "inter.broker.listener.name"
+                if self["inter.broker.listener.name"]
+                else "inter.broker.listener.name (unset, so PLAINTEXT)"
+            )
+            raise ConfigError(
+                f"{how} must be one of the advertised listener names ({', '.join(advertised)}); "
+                "set inter.broker.listener.name"
+            )
+        return str(name)
 
     def topic_defaults(self) -> dict[str, Any]:
         return {topic_key: self[broker_key] for topic_key, broker_key in TOPIC_CONFIG_KEYS.items()}

@@ -72,7 +72,7 @@ from isrlab.broker.errors import ErrorCode, KafkaError
 from isrlab.broker.log.errors import KafkaStorageError
 from isrlab.broker.log_manager import LogManager
 from isrlab.broker.network.codec import FileRegion, Request
-from isrlab.broker.network.server import Connection, ConnectionLimits, SocketServer
+from isrlab.broker.network.server import Connection, ConnectionLimits, Listener, SocketServer
 from isrlab.broker.partition import AppendResult, HostedPartition, ReadResult
 from isrlab.broker.partition_limit import (
     FDS_PER_PARTITION,
@@ -208,14 +208,14 @@ class KafkaServer:
         self._topics: dict[str, TopicInfo] = {}
         self.cluster_id = self._load_cluster_id()
         self.producer_ids = ProducerIdBlocks(config.log_dir / "producer-id-block")
-        host, port = config.listener()
+        self.inter_broker_listener = config.inter_broker_listener()
         self.socket_server = SocketServer(
-            host,
-            port,
+            [Listener(e.name, e.host, e.port) for e in config.listener_endpoints()],
             self.handle,
             config["socket.request.max.bytes"],
             config.queued_max_request_bytes,
             connection_limits(config),
+            self.inter_broker_listener,
         )
         self._handlers = {
             0: handle_produce,
@@ -407,12 +407,20 @@ class KafkaServer:
     def topics_snapshot(self) -> dict[str, TopicInfo]:
         return dict(self._topics)
 
-    def live_brokers(self) -> dict[int, tuple[str, int]]:
-        host, _ = self.config.advertised()
-        port = self.config.advertised()[1] or self.bound_port
-        if port == 0:
-            port = self.bound_port
-        return {self.broker_id: (host, port)}
+    def advertised_addresses(self) -> dict[str, tuple[str, int]]:
+        """This broker's address per listener name, as given out (a 0 port: the bound one)."""
+        out = {}
+        for e in self.config.advertised_endpoints():
+            port = e.port or self.socket_server.bound_ports.get(e.name, 0)
+            out[e.name] = (e.host, port)
+        return out
+
+    def live_brokers(self, listener: str | None = None) -> dict[int, tuple[str, int]]:
+        """Live brokers and their address on `listener` (a client's: the one it connected
+        to), by default the inter-broker listener; a broker without that listener is left
+        out, as Kafka leaves it out of Metadata."""
+        address = self.advertised_addresses().get(listener or self.inter_broker_listener)
+        return {self.broker_id: address} if address is not None else {}
 
     def controller_id(self) -> int:
         return self.broker_id

@@ -76,7 +76,13 @@ class KafkaZkClient:
 
     # ----- brokers --------------------------------------------------------------------------
 
-    def register_broker(self, broker_id: int, host: str, port: int) -> bool:
+    def register_broker(
+        self,
+        broker_id: int,
+        host: str,
+        port: int,
+        endpoints: dict[str, tuple[str, int]] | None = None,
+    ) -> bool:
         """Create this broker's ephemeral `/brokers/ids/<id>` in the current session; True if
         it was created now, False if the session already holds it.
 
@@ -84,13 +90,19 @@ class KafkaZkClient:
         session of ours that has not expired yet, or to another live broker: waited for, then
         refused. Never decided by a plain read (a ZooKeeper follower may still show a znode
         whose session the leader already expired): the create goes through the leader, and the
-        owner check follows a sync."""
+        owner check follows a sync.
+
+        `endpoints`: listener name -> advertised (host, port), every one PLAINTEXT (default:
+        one PLAINTEXT listener at host:port, which also fills Kafka's legacy host/port)."""
+        endpoints = endpoints or {"PLAINTEXT": (host, port)}
         data = {
             "version": 5,
             "host": host,
             "port": port,
-            "endpoints": [f"PLAINTEXT://{host}:{port}"],
-            "listener_security_protocol_map": {"PLAINTEXT": "PLAINTEXT"},
+            "endpoints": [
+                f"{name}://{f'[{h}]' if ':' in h else h}:{p}" for name, (h, p) in endpoints.items()
+            ],
+            "listener_security_protocol_map": {name: "PLAINTEXT" for name in endpoints},
             "jmx_port": -1,
             "timestamp": str(int(time.time() * 1000)),
         }
@@ -122,6 +134,22 @@ class KafkaZkClient:
             return None
         obj = json.loads(data)
         return obj["host"], int(obj["port"])
+
+    def broker_endpoints(self, broker_id: int) -> dict[str, tuple[str, int]] | None:
+        """A live broker's advertised (host, port) per listener name, None if not live."""
+        try:
+            data, _ = self.zk.get(f"/brokers/ids/{broker_id}")
+        except NoNodeError:
+            return None
+        obj = json.loads(data)
+        out: dict[str, tuple[str, int]] = {}
+        for url in obj.get("endpoints") or []:
+            name, _, rest = str(url).partition("://")
+            host, _, port = rest.rpartition(":")
+            out[name] = (host.strip("[]"), int(port))
+        if not out and obj.get("host"):  # registered before endpoints were written
+            out["PLAINTEXT"] = (obj["host"], int(obj["port"]))
+        return out
 
     # ----- controller -----------------------------------------------------------------------
 

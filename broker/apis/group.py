@@ -63,7 +63,7 @@ KEY_TYPE_TRANSACTION = 1
 
 
 async def _find_one(
-    server: KafkaServer, key: str, key_type: int
+    server: KafkaServer, key: str, key_type: int, listener: str = ""
 ) -> tuple[int, str, int, int, str | None]:
     """(node id, host, port, error, message) of the coordinator of `key`: the leader of the
     internal topic's partition for it (created on first use, as Kafka does)."""
@@ -88,7 +88,7 @@ async def _find_one(
         p = server.txn_coordinator.core.partition_for(key)
     if err:
         return -1, "", -1, int(err), f"{topic} is not available yet"
-    address = coordinator_address(server, topic, p)
+    address = coordinator_address(server, topic, p, listener or None)
     if address is None:
         return (
             -1,
@@ -109,13 +109,13 @@ async def handle_find_coordinator(server: KafkaServer, request: Request) -> Resp
         C = cls.Coordinator
         coordinators = []
         for key in req.coordinator_keys:
-            node, host, port, err, msg = await _find_one(server, key, key_type)
+            node, host, port, err, msg = await _find_one(server, key, key_type, request.listener)
             coordinators.append(
                 C(key=key, node_id=node, host=host, port=port, error_code=err, error_message=msg)
             )
         resp = cls(throttle_time_ms=0, coordinators=coordinators)
     else:
-        node, host, port, err, msg = await _find_one(server, req.key, key_type)
+        node, host, port, err, msg = await _find_one(server, req.key, key_type, request.listener)
         resp = cls(
             throttle_time_ms=0,
             error_code=err,

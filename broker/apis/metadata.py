@@ -94,7 +94,7 @@ async def handle_metadata(server: KafkaServer, request: Request) -> list[bytes |
         )
     brokers = [
         cls.MetadataResponseBroker(node_id=b, host=h, port=p, rack=None)
-        for b, (h, p) in sorted(server.live_brokers().items())
+        for b, (h, p) in sorted(server.live_brokers(request.listener).items())
     ]
     resp = cls(
         throttle_time_ms=0,

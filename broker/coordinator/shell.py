@@ -194,12 +194,13 @@ class CoordinatorShell:
 
 
 def coordinator_address(
-    server: KafkaServer, topic: str, partition: int
+    server: KafkaServer, topic: str, partition: int, listener: str | None = None
 ) -> tuple[int, str, int] | None:
-    """(broker id, host, port) of the leader of an internal topic's partition, None if it has
-    no live leader."""
+    """(broker id, host, port) of the leader of an internal topic's partition on `listener`
+    (a client's: the one it connected to; default the inter-broker one), None if it has no
+    live leader."""
     leader = server.partition_metadata((topic, partition)).leader
-    address = server.live_brokers().get(leader) if leader >= 0 else None
+    address = server.live_brokers(listener).get(leader) if leader >= 0 else None
     if address is None:
         return None
     return leader, address[0], address[1]

@@ -124,6 +124,7 @@ class Request:
     body: Any
     size: int
     client_host: str = ""  # the peer's address, set by the server (JoinGroup records it)
+    listener: str = ""  # the listener it arrived on, set by the server ("": not over a socket)
 
     @property
     def name(self) -> str:

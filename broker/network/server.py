@@ -86,9 +86,12 @@ Handler = Callable[[Request, "Connection"], Coroutine[Any, Any, list[bytes | Fil
 class Connection:
     """State of one client connection, visible to handlers."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+    def __init__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, listener: str = ""
+    ):
         self.reader = reader
         self.writer = writer
+        self.listener = listener  # the name of the listener it connected to
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         self.ip: str = peer[0] if peer else "?"
@@ -169,53 +172,102 @@ async def read_frame(reader: asyncio.StreamReader, size: int) -> bytes | bytearr
     return frame
 
 
+@dataclass(frozen=True)
+class Listener:
+    name: str
+    host: str  # "" binds every interface
+    port: int  # 0: any free port (see SocketServer.bound_ports)
+
+
 class SocketServer:
+    """Serves every listener; they share the request memory and the connection limits.
+    Connections on the inter-broker listener are let in past max.connections when there are
+    several listeners, and the least recently active connection of another listener is closed
+    to make room (Kafka's protected listener)."""
+
     def __init__(
         self,
-        host: str,
-        port: int,
+        listeners: list[Listener],
         handler: Handler,
         max_request_bytes: int,
         queued_max_request_bytes: int | None = None,
         limits: ConnectionLimits | None = None,
+        inter_broker_listener: str | None = None,
     ):
-        self.host = host
-        self.port = port
+        self.listeners = listeners
+        self.protected = inter_broker_listener if len(listeners) > 1 else None
         self.handler = handler
         self.max_request_bytes = max_request_bytes
         self.memory = RequestMemoryPool(queued_max_request_bytes)
         self.limits = limits or ConnectionLimits()
-        self._listener: socket.socket | None = None
+        self._sockets: list[socket.socket] = []
         self._background: list[asyncio.Task[None]] = []
         self._connections: set[asyncio.Task[Any]] = set()
         self._open: set[Connection] = set()
         self._count = 0  # accepted connections not closed yet
         self._per_ip: collections.Counter[str] = collections.Counter()
-        self._slot_freed: asyncio.Future[None] | None = None
-        self.bound_port: int | None = None
+        self._slot_waiters: list[asyncio.Future[None]] = []
+        self.bound_ports: dict[str, int] = {}  # listener name -> the port it is bound to
+
+    @property
+    def bound_port(self) -> int | None:
+        """The first listener's port."""
+        return self.bound_ports.get(self.listeners[0].name)
 
     async def start(self) -> None:
+        """Bind every listener (an error on one closes those already bound)."""
         loop = asyncio.get_running_loop()
-        infos = await loop.getaddrinfo(
-            self.host, self.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )
+        try:
+            for listener in self.listeners:
+                sock = await self._bind(loop, listener)
+                self._sockets.append(sock)
+                self.bound_ports[listener.name] = sock.getsockname()[1]
+        except OSError:
+            for sock in self._sockets:
+                sock.close()
+            self._sockets = []
+            raise
+        self._background = [
+            asyncio.create_task(self._accept_loop(sock, listener.name))
+            for sock, listener in zip(self._sockets, self.listeners, strict=True)
+        ]
+        self._background.append(asyncio.create_task(self._close_idle()))
+        for listener in self.listeners:
+            log.info(
+                "listening on %s://%s:%s",
+                listener.name,
+                listener.host or "0.0.0.0",
+                self.bound_ports[listener.name],
+            )
+
+    @staticmethod
+    async def _bind(loop: asyncio.AbstractEventLoop, listener: Listener) -> socket.socket:
+        try:
+            infos = await loop.getaddrinfo(
+                listener.host or None,
+                listener.port,
+                type=socket.SOCK_STREAM,
+                flags=socket.AI_PASSIVE,
+            )
+        except OSError as e:
+            raise OSError(
+                f"listener {listener.name}: cannot resolve {listener.host!r}: {e}"
+            ) from None
         family, _, _, _, address = infos[0]
         sock = socket.socket(family, socket.SOCK_STREAM)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind(address)
             sock.listen(LISTEN_BACKLOG)
-        except OSError:
+        except OSError as e:
             sock.close()
-            raise
+            raise OSError(
+                e.errno,
+                f"listener {listener.name} cannot bind {listener.host or '0.0.0.0'}:{listener.port}: "
+                f"{e.strerror}",
+            ) from None
         sock.setblocking(False)
-        self._listener = sock
-        self.bound_port = sock.getsockname()[1]
-        self._background = [
-            asyncio.create_task(self._accept_loop(sock)),
-            asyncio.create_task(self._close_idle()),
-        ]
-        log.info("listening on %s:%s", self.host, self.bound_port)
+        return sock
 
     async def stop(self) -> None:
         for task in self._background:
@@ -223,8 +275,8 @@ class SocketServer:
         for task in self._background:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        if self._listener is not None:
-            self._listener.close()
+        for sock in self._sockets:
+            sock.close()
         for task in list(self._connections):
             task.cancel()
         for task in list(self._connections):
@@ -233,13 +285,9 @@ class SocketServer:
 
     # ----- accepting, connection limits -----------------------------------------------------
 
-    async def _accept_loop(self, sock: socket.socket) -> None:
+    async def _accept_loop(self, sock: socket.socket, listener: str) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            while self._count >= self.limits.max_connections:
-                # Kafka's blocking accept: new connections wait in the backlog for a slot
-                self._slot_freed = loop.create_future()
-                await self._slot_freed
             try:
                 client, address = await loop.sock_accept(sock)
             except OSError as e:  # e.g. out of file descriptors: try again shortly
@@ -259,18 +307,49 @@ class SocketServer:
                 )
                 client.close()
                 continue
+            if listener == self.protected:
+                if self._count >= self.limits.max_connections:
+                    self._close_least_recent(other_than=listener)
+            else:
+                # Kafka's ConnectionQuotas.inc: the accepted connection waits for a slot and
+                # this listener accepts nothing else meanwhile (the rest wait in the backlog)
+                while self._count >= self.limits.max_connections:
+                    waiter = loop.create_future()
+                    self._slot_waiters.append(waiter)
+                    try:
+                        await waiter
+                    except asyncio.CancelledError:
+                        client.close()
+                        raise
             self._count += 1
             self._per_ip[ip] += 1
-            task = asyncio.create_task(self._serve_socket(client, ip))
+            task = asyncio.create_task(self._serve_socket(client, ip, listener))
             self._connections.add(task)
+
+    def _close_least_recent(self, other_than: str) -> None:
+        others = [c for c in self._open if c.listener != other_than and not c.closed]
+        if others:
+            victim = min(others, key=lambda c: c.last_activity)
+            log.info(
+                "max.connections=%d reached: closing %s (listener %s) for a connection on the "
+                "inter-broker listener %s",
+                self.limits.max_connections,
+                victim.peer,
+                victim.listener,
+                other_than,
+            )
+            victim.closed = True
+            victim.writer.close()
 
     def _release_slot(self, ip: str) -> None:
         self._count -= 1
         self._per_ip[ip] -= 1
         if self._per_ip[ip] <= 0:
             del self._per_ip[ip]
-        if self._slot_freed is not None and not self._slot_freed.done():
-            self._slot_freed.set_result(None)
+        waiters, self._slot_waiters = self._slot_waiters, []
+        for waiter in waiters:  # each looks again
+            if not waiter.done():
+                waiter.set_result(None)
 
     async def _close_idle(self) -> None:
         """Close connections idle for connections.max.idle.ms: nothing read or sent, no
@@ -290,7 +369,7 @@ class SocketServer:
                 conn.closed = True
                 conn.writer.close()
 
-    async def _serve_socket(self, client: socket.socket, ip: str) -> None:
+    async def _serve_socket(self, client: socket.socket, ip: str, listener: str) -> None:
         task = asyncio.current_task()
         assert task is not None
         try:
@@ -301,13 +380,15 @@ class SocketServer:
             except OSError:
                 client.close()
                 return
-            await self._serve(reader, writer)
+            await self._serve(reader, writer, listener)
         finally:
             self._connections.discard(task)
             self._release_slot(ip)
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        conn = Connection(reader, writer)
+    async def _serve(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, listener: str
+    ) -> None:
+        conn = Connection(reader, writer, listener)
         self._open.add(conn)
         sock = writer.get_extra_info("socket")
         if sock is not None:
@@ -462,6 +543,7 @@ class SocketServer:
         except FrameError as e:
             log.warning("connection %s: %s; closing", conn.peer, e)
             return False
+        request.listener = conn.listener
         conn.inflight += 1
         await pending.put(asyncio.create_task(self.handler(request, conn)))
         # Let the new handler run up to its first await (its append) before reading on.

@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from isrlab.broker.log.record_batch import COMPRESSION_NAMES, check_crc, iter_batches
 from tests.broker.rawclient import RawClient, fetch_request
+from tests.broker.test_compaction_live import wait_for_cleaning
 
 pytestmark = pytest.mark.integration
 
@@ -129,3 +132,72 @@ def test_api_versions_lists_produce_from_version_0_but_v0_to_v2_are_refused(brok
     finally:
         client.close()
     assert "Produce v2" in broker.log_text()
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_dump_log_prints_the_records_of_every_codec(broker, codec) -> None:  # type: ignore[no-untyped-def]
+    topic = f"d-{codec}"
+    p = Producer({"bootstrap.servers": broker.bootstrap, "compression.type": codec})
+    for v in VALUES[:5]:
+        p.produce(topic, v, partition=0)
+    assert p.flush(30) == 0
+    segments = sorted(str(s) for s in (broker.log_dir / f"{topic}-0").glob("*.log"))
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "isrlab.broker",
+            "dump-log",
+            "--print-data-log",
+            "--files",
+            *segments,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 0, run.stderr
+    assert f"compresscodec: {codec}" in run.stdout
+    assert "cannot decode" not in run.stdout
+    assert VALUES[4].decode() in run.stdout
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_the_cleaner_compacts_compressed_batches_and_keeps_their_codec(  # type: ignore[no-untyped-def]
+    broker_factory, codec
+) -> None:
+    broker = broker_factory({"log.cleaner.backoff.ms": "100"})
+    topic = f"compact-{codec}"
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    config = {
+        "cleanup.policy": "compact",
+        "segment.bytes": "4096",
+        "min.cleanable.dirty.ratio": "0.01",
+    }
+    admin.create_topics([NewTopic(topic, 1, 1, config=config)])[topic].result(10)
+    p = Producer({"bootstrap.servers": broker.bootstrap, "compression.type": codec, "linger.ms": 5})
+    latest: dict[bytes, bytes] = {}
+    for n in range(2000):
+        key, value = b"key-%d" % (n % 10), b"value-%05d " % n * 4
+        p.produce(topic, value, key, partition=0)
+        latest[key] = value
+        if n % 100 == 99:
+            p.flush(30)
+    assert p.flush(30) == 0
+    wait_for_cleaning(broker.log_dir, at_least=1000, tp=(topic, 0))
+    stored = stored_batches(broker.log_dir, topic)
+    assert set(codecs_of(stored)) == {codec}  # rewritten batches keep the producer's codec
+    c = Consumer(
+        {"bootstrap.servers": broker.bootstrap, "group.id": "t", "enable.auto.commit": False}
+    )
+    c.assign([TopicPartition(topic, 0, 0)])
+    got: list[tuple[bytes, bytes]] = []
+    for _ in range(60):
+        batch = c.consume(1000, timeout=0.5)
+        got += [(m.key(), m.value()) for m in batch if m.error() is None]
+        if not batch and got:
+            break
+    c.close()
+    assert len(got) < 2000  # compacted
+    seen = dict(got)
+    assert seen == latest

@@ -97,7 +97,8 @@ class Connection:
         self.ip: str = peer[0] if peer else "?"
         self.closed = False
         self.last_activity = time.monotonic()  # last frame read or response sent
-        self.reading = False  # part of a request frame has arrived, not all of it
+        self.frame_started: float | None = None  # first byte of a frame not complete yet
+        self.frame_paused = False  # that frame waits for request memory (not the client)
         self.inflight = 0  # requests read whose response is not sent yet
 
     async def send(self, parts: list[bytes | FileRegion]) -> None:
@@ -132,6 +133,14 @@ class RequestMemoryPool:
         self.capacity = capacity
         self.available = capacity if capacity is not None else 0
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    def fits(self, size: int) -> bool:
+        return self.capacity is None or (self.available >= size and not self._waiters)
+
+    def take(self, size: int) -> None:
+        """Reserve `size` bytes that `fits`."""
+        if self.capacity is not None:
+            self.available -= size
 
     async def reserve(self, size: int) -> None:
         if self.capacity is None:
@@ -231,7 +240,7 @@ class SocketServer:
             asyncio.create_task(self._accept_loop(sock, listener.name))
             for sock, listener in zip(self._sockets, self.listeners, strict=True)
         ]
-        self._background.append(asyncio.create_task(self._close_idle()))
+        self._background.append(asyncio.create_task(self._watch_connections()))
         for listener in self.listeners:
             log.info(
                 "listening on %s://%s:%s",
@@ -351,21 +360,36 @@ class SocketServer:
             if not waiter.done():
                 waiter.set_result(None)
 
-    async def _close_idle(self) -> None:
-        """Close connections idle for connections.max.idle.ms: nothing read or sent, no
-        request in hand, no frame half read (that one is bounded by request.read.timeout.ms)."""
+    async def _watch_connections(self) -> None:
+        """Close connections idle for connections.max.idle.ms (nothing read or sent, no
+        request in hand, no frame begun) and those whose frame has not completed within
+        request.read.timeout.ms of its first byte (time waiting for request memory aside)."""
         idle = self.limits.idle_ms / 1000
+        read_timeout = self.limits.read_timeout_ms / 1000
         while True:
-            await asyncio.sleep(min(idle / 4, 1.0))
+            await asyncio.sleep(min(idle / 4, read_timeout / 4, 1.0))
             now = time.monotonic()
             for conn in list(self._open):
-                if conn.inflight or conn.reading or now - conn.last_activity < idle:
+                if conn.closed:
                     continue
-                log.info(
-                    "connection %s: idle for more than connections.max.idle.ms=%d; closing",
-                    conn.peer,
-                    self.limits.idle_ms,
-                )
+                started = conn.frame_started
+                if started is not None:
+                    if conn.frame_paused or now - started < read_timeout:
+                        continue
+                    log.warning(
+                        "connection %s: request not complete after "
+                        "request.read.timeout.ms=%d; closing",
+                        conn.peer,
+                        self.limits.read_timeout_ms,
+                    )
+                elif conn.inflight or now - conn.last_activity < idle:
+                    continue
+                else:
+                    log.info(
+                        "connection %s: idle for more than connections.max.idle.ms=%d; closing",
+                        conn.peer,
+                        self.limits.idle_ms,
+                    )
                 conn.closed = True
                 conn.writer.close()
 
@@ -465,62 +489,52 @@ class SocketServer:
 
     async def _read_frame(self, conn: Connection) -> bytes | bytearray | None:
         """The next request frame, its size reserved in the request memory pool (the caller
-        releases it); None: close the connection (end of stream, or a bad or slow frame)."""
+        releases it); None: close the connection (end of stream or a bad frame). A frame
+        begun but slow to complete is closed by `_watch_connections`."""
         reader = conn.reader
-        loop = asyncio.get_running_loop()
-        try:
-            first = await reader.readexactly(1)
-        except asyncio.IncompleteReadError:
+        head = await reader.read(4)  # as soon as anything arrives: the frame has begun
+        if not head:
             return None
-        conn.reading = True
-        conn.last_activity = time.monotonic()
-        timeout_ms = self.limits.read_timeout_ms
-        deadline = loop.time() + timeout_ms / 1000
-        reserved = 0
+        conn.frame_started = conn.last_activity = time.monotonic()
         try:
-            async with asyncio.timeout_at(deadline) as scope:
+            if len(head) < 4:
                 try:
-                    head = first + await reader.readexactly(3)
+                    head += await reader.readexactly(4 - len(head))
                 except asyncio.IncompleteReadError:
                     log.warning("connection %s: truncated frame size; closing", conn.peer)
                     return None
-                (size,) = _SIZE.unpack(head)
-                if size < 0 or size > self.max_request_bytes:
-                    log.warning(
-                        "connection %s: frame of %d bytes exceeds socket.request.max.bytes=%d; "
-                        "closing",
-                        conn.peer,
-                        size,
-                        self.max_request_bytes,
-                    )
-                    return None
-                # waiting for request memory is the broker's doing: not counted
-                scope.reschedule(None)
-                waited_from = loop.time()
+            (size,) = _SIZE.unpack(head)
+            if size < 0 or size > self.max_request_bytes:
+                log.warning(
+                    "connection %s: frame of %d bytes exceeds socket.request.max.bytes=%d; closing",
+                    conn.peer,
+                    size,
+                    self.max_request_bytes,
+                )
+                return None
+            if not self.memory.fits(size):
+                # waiting for request memory is the broker's doing: the read clock stops
+                conn.frame_paused = True
+                waited_from = time.monotonic()
                 await self.memory.reserve(size)
-                reserved = size
-                scope.reschedule(deadline + loop.time() - waited_from)
-                try:
-                    frame = await read_frame(reader, size)
-                except asyncio.IncompleteReadError:
+                conn.frame_started += time.monotonic() - waited_from
+                conn.frame_paused = False
+            else:
+                self.memory.take(size)
+            try:
+                frame = await read_frame(reader, size)
+            except BaseException as e:
+                self.memory.release(size)  # the frame was not read: give its memory back
+                if isinstance(e, asyncio.IncompleteReadError):
                     log.warning(
                         "connection %s: truncated frame (wanted %d bytes); closing",
                         conn.peer,
                         size,
                     )
                     return None
-                reserved = 0  # handed to the caller with the frame
-        except TimeoutError:
-            log.warning(
-                "connection %s: request not complete after request.read.timeout.ms=%d; closing",
-                conn.peer,
-                timeout_ms,
-            )
-            return None
+                raise
         finally:
-            if reserved:  # the frame was not read: give its memory back here
-                self.memory.release(reserved)
-        conn.reading = False
+            conn.frame_started = None
         conn.last_activity = time.monotonic()
         return frame
 

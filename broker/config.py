@@ -95,7 +95,7 @@ def _listeners(v: Any) -> str | None:
         if not m:
             return f"'{item}' is not of the form NAME://host:port (e.g. PLAINTEXT://:9092)"
         if int(m.group("port")) > 65535:
-            return f"'{item}': port {m.group('port')} is not between 0 and 65535"
+            return f"port {m.group('port')} is not between 0 and 65535"
     return None
 
 

@@ -119,7 +119,7 @@ class LaggingFailoverFault:
     def __init__(self, db: ClusterDB, rng: random.Random, sleep: Any = None) -> None:
         self.db = db
         self.rng = rng
-        self.killed: set[str] = set()
+        self._kills = KillFault(db, rng)  # the killed leaders, started again by stop
         self._sleep = sleep or time.sleep
 
     def start(self, value: Any) -> dict[str, Any]:
@@ -140,18 +140,14 @@ class LaggingFailoverFault:
         finally:
             _each(paused, self.db.resume)
         if killed:
-            self.killed.add(leader)
+            self._kills.killed.add(leader)
         hit = leader if killed else None
         return {"key": key, "lag_ms": lag_ms, "leader": hit, "followers": paused}
 
     def stop(self, value: Any = None) -> dict[str, Any]:
-        nodes = sorted(self.killed)
-        _each(nodes, self.db.start)
-        self.killed.clear()
-        return {"nodes": nodes}
+        return self._kills.stop(value)
 
     def heal(self) -> list[str]:
         resumed = PauseFault(self.db, self.rng).heal()
-        started = KillFault(self.db, self.rng).heal()
-        self.killed.clear()
+        started = self._kills.heal()
         return sorted(set(resumed) | set(started))

@@ -15,7 +15,9 @@ state. `install(monkeypatch)` makes the clients' `Producer` and `Consumer` its f
   object garbage collected: it stopped heartbeating) starts a new generation, and every
   member goes through an eager rebalance (revoke everything, assign its share, round robin)
   in its next poll; positions start at the group's committed offsets (else the
-  beginning); a consumer commit of an old generation is refused (ILLEGAL_GENERATION).
+  beginning), once no open transaction holds offsets of the assigned partitions (KIP-447's
+  require_stable: the assignment waits); a consumer commit of an old generation is refused
+  (ILLEGAL_GENERATION).
 - Faults: `hang` (set: send_offsets_to_transaction, commit_transaction and
   abort_transaction block until `released` is set), `send_errors` (the delivery reports of the
   next sends: a KafkaError, None for a normal delivery, "never" for no report at all),
@@ -322,6 +324,10 @@ class FakeConsumer:
             if self.pending is None:
                 return
             gen, parts = self.pending
+            if any(tp in txn.offsets for txn in k.txns.values() for tp in parts):
+                # KIP-447: an open transaction holds offsets of these partitions; the fetch of
+                # committed offsets (require_stable) waits until it commits or aborts
+                return
             self.pending = None
             if self.positions and self.callbacks.get("revoke"):
                 self.callbacks["revoke"](

@@ -23,6 +23,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason=why))
 
 
+class Refusals(list[str]):
+    """The names of the calls a test refused: ``refuse(obj, attr)`` replaces ``obj.attr`` by a
+    function that records ``name`` (default: the attribute's name) and fails the call."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        super().__init__()
+        self._monkeypatch = monkeypatch
+
+    def refuse(self, obj: object, attr: str, name: str | None = None) -> None:
+        label = name or attr
+
+        def refused(*a: object, **k: object) -> None:
+            self.append(label)
+            raise AssertionError(f"{label} called")
+
+        self._monkeypatch.setattr(obj, attr, refused)
+
+
 def leftovers(name: str, subnet: str) -> list[str]:
     """Everything of cluster ``name`` still present on the host (empty when clean)."""
     p = embedded.plan(name, 1, subnet)

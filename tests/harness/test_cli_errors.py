@@ -13,6 +13,7 @@ import typer
 from typer.testing import CliRunner
 
 from isrlab.harness import matrix, runner, seeds, serve
+from tests.harness.conftest import Refusals
 from tests.typer_app import subcommand_app
 
 COMMANDS: dict[str, Callable[..., Any]] = {
@@ -26,18 +27,10 @@ COMMANDS: dict[str, Callable[..., Any]] = {
 @pytest.fixture
 def no_nodes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Any attempt to reach nodes or run a test is recorded and refused."""
-    calls: list[str] = []
-
-    def refuse(name: str) -> Any:
-        def f(*a: Any, **k: Any) -> Any:
-            calls.append(name)
-            raise AssertionError(f"{name} called")
-
-        return f
-
-    monkeypatch.setattr(runner, "node_inventory", refuse("node_inventory"))
-    monkeypatch.setattr(seeds, "node_inventory", refuse("node_inventory"))
-    monkeypatch.setattr(matrix, "run_matrix", refuse("run_matrix"))
+    calls = Refusals(monkeypatch)
+    calls.refuse(runner, "node_inventory")
+    calls.refuse(seeds, "node_inventory")
+    calls.refuse(matrix, "run_matrix")
     monkeypatch.setattr(os, "geteuid", lambda: 0)  # (seeds asks for root first)
     return calls
 

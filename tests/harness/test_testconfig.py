@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from isrlab.harness import runner, testconfig
 from isrlab.harness.testconfig import OPTIONS, ConfigError, Option, TestConfig
 from isrlab.harness.workloads.queue.options import KNOBS
+from tests.harness.conftest import Refusals
 from tests.typer_app import subcommand_app
 
 
@@ -175,20 +176,12 @@ def test_help_lists_every_option_of_the_table() -> None:
 @pytest.fixture()
 def no_cluster(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Records any attempt to reach nodes (inventory, deploy, run) instead of doing it."""
-    calls: list[str] = []
-
-    def refuse(name: str) -> Any:
-        def f(*a: Any, **k: Any) -> Any:
-            calls.append(name)
-            raise AssertionError(f"{name} called")
-
-        return f
-
-    monkeypatch.setattr(runner, "node_inventory", refuse("node_inventory"))
-    monkeypatch.setattr(runner, "run_test", refuse("run_test"))
     from isrlab.harness import db
 
-    monkeypatch.setattr(db.KafkaDB, "setup", refuse("KafkaDB.setup"))
+    calls = Refusals(monkeypatch)
+    calls.refuse(runner, "node_inventory")
+    calls.refuse(runner, "run_test")
+    calls.refuse(db.KafkaDB, "setup", "KafkaDB.setup")
     return calls
 
 

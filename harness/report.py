@@ -282,6 +282,9 @@ def render_report(run_dir: Path, examples_per_type: int = 5) -> Path:
     valid = results.get("valid")
     verdict_class = {True: "valid", False: "invalid"}.get(valid, "unknown")
     verdict_text = {True: "VALID", False: "INVALID"}.get(valid, "UNKNOWN")
+    nothing = (results.get("stats") or {}).get("nothing-checked")
+    if nothing:
+        verdict_text += f": nothing checked ({nothing})"
     # results.json names the types that invalidate the run; the others found are allowed.
     not_allowed = set(results.get("not_allowed", results.get("anomaly_types", [])))
     anomalies = []

@@ -124,3 +124,34 @@ def test_a_run_that_checked_nothing_exits_unknown_not_valid():
     alive.send(0, "t0/0", 1, 0)
     alive.poll(1, {"t0/0": [[0, 1]]})
     assert exit_code(check_queue(alive.ops)) == 0
+
+
+def test_an_idle_run_is_recorded_unknown_in_results_and_report(tmp_path) -> None:
+    """`isrlab test` on a cluster that acknowledged and served nothing: the history's checker
+    calls an ok empty poll something checked (the spec's rule), but the run as a whole checked
+    nothing, so results.json, the report and the exit code say "unknown", never valid."""
+    import json
+
+    from isrlab.checkers.history import write_history
+    from isrlab.harness.runner import check_run, exit_code
+    from tests.checkers.hist import H
+
+    dead = H()
+    dead.invoke(0, "send", [["send", "t0/0", 1]])
+    dead.complete(0, "info", "send", [["send", "t0/0", 1]], error="timeout")
+    dead.poll(1, {"t0/0": []})
+    test = {"name": "idle", "workload": "queue", "acks": "all"}
+    (tmp_path / "test.json").write_text(json.dumps(test))
+    write_history(dead.ops, tmp_path / "history.jsonl")
+    check_run(tmp_path, test)
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["valid"] == "unknown" and exit_code(results) == 2
+    assert "none was read" in results["stats"]["nothing-checked"]
+    assert "UNKNOWN: nothing checked" in (tmp_path / "report.html").read_text()
+
+    alive = H()
+    alive.send(0, "t0/0", 1, 0)
+    alive.poll(1, {"t0/0": [[0, 1]]})
+    write_history(alive.ops, tmp_path / "history.jsonl")
+    assert check_run(tmp_path, test)["valid"] is True
+    assert "VALID</div>" in (tmp_path / "report.html").read_text()

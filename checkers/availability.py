@@ -15,6 +15,18 @@ liveness bugs):
   first invocation, between two oks, or to its last completion, or to the end of the history
   when an op is still open) while the other processes completed at least one ok op per second
   of that stretch.
+- stuck consumers (queue histories; Bufstream's "stuck consumer"): a process whose polls keep
+  completing ok and empty (at least `min_polls` of them, nothing for any key) for `stuck_s`
+  seconds or more while a key it is assigned has a record beyond its position known to be
+  readable. A record at offset o of
+  key k is known readable from the first ok poll (by any process) that returned it, or from the
+  ok send that acknowledged it when some poll later read k at o or beyond (a lost write is a
+  safety anomaly, not a stuck consumer). The process's assignment and position are followed
+  through its ok `assign` ops (added keys start from the beginning, as the harness's client
+  assigns them), `subscribe` ops and recorded rebalances (assigned keys start at the
+  `committed` offset when recorded, else the beginning), and its own polls. Each stretch says
+  whether it lay wholly inside fault windows (a consumer cut off from a leader is expected to
+  starve until the heal; one still starved after it is a liveness bug).
 
 What an op is (`is_client_completion`): the completion of a client op; nemesis ops and the
 harness's `crash` pseudo-op (a client torn down) are not ops. `op_counts` counts them; the
@@ -28,7 +40,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterable, Sequence
-from itertools import pairwise
+from itertools import accumulate, pairwise
 from typing import Any
 
 __all__ = [
@@ -184,6 +196,186 @@ def _stuck(
     return sorted(out, key=lambda s: (-s["seconds"], str(s["process"])))
 
 
+def _reads(op: dict[str, Any]) -> Iterable[tuple[str, list[Any]]]:
+    """(key, records) of every poll micro-op of an ok poll or txn completion."""
+    value = op.get("value")
+    if op.get("f") not in ("poll", "txn") or not isinstance(value, list):
+        return
+    for m in value:
+        if isinstance(m, list) and len(m) > 1 and m[0] == "poll" and isinstance(m[1], dict):
+            yield from m[1].items()
+
+
+def _offsets(records: list[Any]) -> list[int]:
+    return [r[0] for r in records if isinstance(r, list) and r and isinstance(r[0], int)]
+
+
+def _sent(op: dict[str, Any]) -> Iterable[tuple[str, int]]:
+    """(key, offset) of the acknowledged sends of an ok send or txn completion."""
+    value = op.get("value")
+    if op.get("f") not in ("send", "txn") or not isinstance(value, list):
+        return
+    for m in value:
+        if (
+            isinstance(m, list)
+            and len(m) > 2
+            and m[0] == "send"
+            and isinstance(m[2], list)
+            and m[2]
+            and isinstance(m[2][0], int)
+        ):
+            yield m[1], m[2][0]
+
+
+class _Readable:
+    """When each offset of a key was first known readable (the module doc's rule)."""
+
+    def __init__(self, ops: Sequence[dict[str, Any]]) -> None:
+        first: dict[str, dict[int, float]] = {}
+        max_read: dict[str, int] = {}
+        acked: list[tuple[str, int, float]] = []
+        for op in ops:
+            if op.get("type") != "ok" or op.get("process") == "nemesis":
+                continue
+            t = op["time"] / NS
+            for k, records in _reads(op):
+                for o in _offsets(records):
+                    seen = first.setdefault(k, {})
+                    if o not in seen:
+                        seen[o] = t
+                    if o > max_read.get(k, -1):
+                        max_read[k] = o
+            acked.extend((k, o, t) for k, o in _sent(op))
+        for k, o, t in acked:
+            if o <= max_read.get(k, -1):
+                seen = first.setdefault(k, {})
+                seen[o] = min(seen.get(o, t), t)
+        # Per key: offsets ascending with the earliest time any offset at or above each was
+        # readable (a suffix minimum), so "the first time something past position p was
+        # readable" is one bisection; and times ascending with the highest offset readable by
+        # then (a prefix maximum).
+        self._offs: dict[str, list[int]] = {}
+        self._since: dict[str, list[float]] = {}
+        self._times: dict[str, list[float]] = {}
+        self._upto: dict[str, list[int]] = {}
+        for k, seen in first.items():
+            offs = sorted(seen)
+            since = [seen[o] for o in offs]
+            for i in range(len(since) - 2, -1, -1):
+                since[i] = min(since[i], since[i + 1])
+            self._offs[k], self._since[k] = offs, since
+            by_time = sorted((t, o) for o, t in seen.items())
+            upto = list(accumulate((o for _, o in by_time), max))
+            self._times[k], self._upto[k] = [t for t, _ in by_time], upto
+
+    def past(self, key: str, position: int, now: float) -> int | None:
+        """The highest offset of `key` known readable at `now` if some record past `position`
+        (the last offset read) was readable by then, else None."""
+        offs = self._offs.get(key)
+        if not offs:
+            return None
+        i = bisect.bisect_right(offs, position)
+        if i == len(offs) or self._since[key][i] > now:
+            return None
+        return self._upto[key][bisect.bisect_right(self._times[key], now) - 1]
+
+
+def _stuck_consumers(
+    ops: Sequence[dict[str, Any]],
+    windows: Sequence[tuple[str, float, float]],
+    stuck_s: float,
+    min_polls: int = 3,
+) -> list[dict[str, Any]]:
+    readable = _Readable(ops)
+    # per process: key -> last offset read (-1: from the beginning); None: assignment unknown
+    pos: dict[Any, dict[str, int] | None] = {}
+    # per process, an open stretch of empty polls while behind:
+    # {"from", "to", "polls", "keys": {key: [next offset to read, highest readable]}}
+    open_: dict[Any, dict[str, Any]] = {}
+    out: list[dict[str, Any]] = []
+
+    def close(p: Any) -> None:
+        st = open_.pop(p, None)
+        if st is None or st["to"] - st["from"] < stuck_s or st["polls"] < min_polls:
+            return
+        a, b = st["from"], st["to"]
+        out.append(
+            {
+                "process": p,
+                "from_s": round(a, 3),
+                "to_s": round(b, 3),
+                "seconds": round(b - a, 3),
+                "empty_polls": st["polls"],
+                "behind": {
+                    k: {"position": v[0], "readable_up_to": v[1]}
+                    for k, v in sorted(st["keys"].items())
+                },
+                "in_fault": any(w[1] <= a and b <= w[2] for w in windows),
+            }
+        )
+
+    for op in ops:
+        p = op.get("process")
+        typ = op.get("type")
+        if p == "nemesis" or typ == "invoke" or op.get("f") in NOT_OPS:
+            continue
+        t = op["time"] / NS
+        f = op.get("f")
+        mine = pos.get(p, {})
+        # The op first (it replaces the assignment), then the rebalances during it.
+        if f in ("assign", "subscribe"):
+            if typ != "ok" or not isinstance(op.get("value"), list):
+                mine = None  # half done or unknown: say nothing until the next assignment
+            elif f == "assign":
+                keep = mine or {}
+                mine = {k: keep.get(k, -1) for k in op["value"] if isinstance(k, str)}
+            else:
+                mine = {}
+            close(p)
+        reb = op.get("rebalance")
+        if isinstance(reb, dict) and mine is not None:
+            for k in reb.get("revoked") or []:
+                mine.pop(k, None)
+            committed = reb.get("committed") or {}
+            for k in reb.get("assigned") or []:
+                c = committed.get(k)
+                mine[k] = c - 1 if isinstance(c, int) and c >= 0 else -1
+            close(p)  # a new assignment: a new stretch
+        pos[p] = mine
+        if typ == "info":
+            close(p)  # the process is gone
+            continue
+        if typ != "ok" or mine is None or f not in ("poll", "txn"):
+            continue
+        polls = [m for m in op.get("value") or [] if isinstance(m, list) and m[:1] == ["poll"]]
+        if not polls:
+            continue  # a txn without a poll micro-op says nothing of the consumer
+        got = dict(_reads(op))
+        if any(got.values()):  # progress (bare values without offsets too)
+            for k, records in got.items():
+                if k in mine:
+                    mine[k] = max(mine[k], *_offsets(records), -1)
+            close(p)
+            continue
+        behind = {}
+        for k, last in mine.items():
+            upto = readable.past(k, last, t)
+            if upto is not None:
+                behind[k] = [last + 1, upto]
+        if not behind:
+            close(p)  # caught up: an empty poll is what it should get
+            continue
+        st = open_.get(p)
+        if st is None:  # from the first empty poll after a record was readable
+            open_[p] = st = {"from": t, "to": t, "polls": 0, "keys": {}}
+        st["to"] = t
+        st["polls"] += 1
+        st["keys"].update(behind)
+    for p in list(open_):
+        close(p)
+    return sorted(out, key=lambda s: (-s["seconds"], str(s["process"])))
+
+
 def availability(
     ops: Sequence[dict[str, Any]],
     *,
@@ -236,6 +428,7 @@ def availability(
             }
         )
     stuck = _stuck(ops, ok_times, end_s, stuck_s)
+    consumers = _stuck_consumers(ops, windows, stuck_s)
     return {
         "baseline_ok_per_s": None if baseline is None else round(baseline, 3),
         "baseline_s": [round(first, 3), round(base_end, 3)],
@@ -244,4 +437,6 @@ def availability(
         "windows": out_windows,
         "stuck": stuck[:max_stuck],
         "stuck_count": len(stuck),
+        "stuck_consumers": consumers[:max_stuck],
+        "stuck_consumer_count": len(consumers),
     }

@@ -246,6 +246,19 @@ which a process completed no ok op while the others completed at least one per s
 <td>{{ '%.1f' % st.seconds }}</td><td>{{ st.others_ok }}</td></tr>{% endfor %}
 </table>{% if avail.stuck_count > avail.stuck|length %}<p>… {{ avail.stuck_count - avail.stuck|length }} more</p>{% endif %}
 {% else %}<p>None: no process went {{ avail.stuck_s }} s without an ok op while others progressed.</p>{% endif %}
+<h3>Stuck consumers</h3>
+{% if avail.stuck_consumers %}<p>{{ avail.stuck_consumer_count }} stretch(es) of {{ avail.stuck_s }} s or
+more in which a process's polls all came back empty although a key it was assigned had records
+past its position that were readable (another poll returned them): a consumer that stopped
+reading while the log moved on.</p>
+<table><tr><th>process</th><th>from (s)</th><th>to (s)</th><th>seconds</th><th>empty polls</th>
+<th>behind on (next offset → readable up to)</th><th>inside a fault</th></tr>
+{% for st in avail.stuck_consumers %}<tr><td>{{ st.process }}</td><td>{{ '%.2f' % st.from_s }}</td>
+<td>{{ '%.2f' % st.to_s }}</td><td>{{ '%.1f' % st.seconds }}</td><td>{{ st.empty_polls }}</td>
+<td>{% for k, b in st.behind.items() %}<code>{{ k }}</code> {{ b.position }} → {{ b.readable_up_to }}{% if not loop.last %}, {% endif %}{% endfor %}</td>
+<td>{{ 'yes' if st.in_fault else '<b>no</b>'|safe }}</td></tr>{% endfor %}
+</table>{% if avail.stuck_consumer_count > avail.stuck_consumers|length %}<p>… {{ avail.stuck_consumer_count - avail.stuck_consumers|length }} more</p>{% endif %}
+{% else %}<p>None: no process polled empty for {{ avail.stuck_s }} s while records it was assigned were readable.</p>{% endif %}
 <h2>Operations per process</h2>
 <p>Each bar is one operation from invoke to completion: green ok, red fail, yellow info (unknown).</p>
 {{ timeline_svg }}

@@ -358,8 +358,8 @@ def check_run(run_dir: Path, test: Mapping[str, Any]) -> dict[str, Any]:
         nothing_checked(results, warning)
     (run_dir / "results.json").write_text(json.dumps(results, indent=2, default=str))
     render_artifacts(ops, results, run_dir)
-    render_report(run_dir)
-    return results
+    render_report(run_dir)  # adds the optional `availability` field to results.json
+    return dict(json.loads((run_dir / "results.json").read_text()))
 
 
 def producer_summary(config: TestConfig) -> str:
@@ -471,6 +471,12 @@ def print_summary(run_dir: Path, results: Mapping[str, Any]) -> None:
     console.print(
         f"\n[bold {color}]valid: {v}[/]   anomalies: {', '.join(results.get('anomaly_types', [])) or 'none'}"
     )
+    avail = results.get("availability") or {}
+    if avail.get("stuck_consumer_count"):
+        console.print(
+            f"[yellow]liveness: {avail['stuck_consumer_count']} stretch(es) of stuck consumers "
+            "(polls empty while their keys had readable records; see the report)[/]"
+        )
     for name, info in sorted(results.get("anomalies", {}).items()):
         console.print(f"  {name}: {info.get('count')}")
         for ex in info.get("examples", [])[:2]:

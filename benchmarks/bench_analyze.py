@@ -78,11 +78,11 @@ def measure(store: Path, out: Path, tuned: bool) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--small", default="1,20", help="run counts of the small stores")
-    ap.add_argument("--large", default="100", help="run counts of the large stores")
+    ap.add_argument("--large", default="100", help="run counts of the large stores (0: none)")
     ap.add_argument("--ops", type=int, default=5000, help="history lines per run")
     ap.add_argument("--repeats", type=int, default=1)
     args = ap.parse_args()
-    sizes = [int(x) for x in f"{args.small},{args.large}".split(",") if x.strip()]
+    sizes = [int(x) for x in f"{args.small},{args.large}".split(",") if x.strip() and int(x) > 0]
     print(f"# {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; {args.ops} ops per run")
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-analyze-") as tmp:

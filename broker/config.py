@@ -13,6 +13,7 @@ precedence over the file.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -842,12 +843,17 @@ class BrokerConfig(Mapping[str, Any]):
     def __init__(self, values: Mapping[str, str] | None = None, source: str = "<overrides>"):
         self._values: dict[str, Any] = {name: d.default for name, d in CONFIG_DEFS.items()}
         self._explicit: set[str] = set()
+        # listener.name.<name>.max.connections, by listener name (upper case, as in listeners)
+        self.listener_max_connections: dict[str, int] = {}
         self.update_raw(values or {}, source)
         self.check()
 
     def update_raw(self, raw: Mapping[str, str], source: str) -> None:
         for key, value in raw.items():
             d = CONFIG_DEFS.get(key)
+            if d is None and key.startswith(LISTENER_PREFIX):
+                self._set_listener_key(key, value, source)
+                continue
             if d is None:
                 close = [k for k in CONFIG_DEFS if k.split(".")[-1] == key.split(".")[-1]]
                 hint = f" (did you mean {close[0]}?)" if close else ""
@@ -857,6 +863,24 @@ class BrokerConfig(Mapping[str, Any]):
                 )
             self._values[key] = parse_value(d, value)
             self._explicit.add(key)
+
+    def _set_listener_key(self, key: str, value: str, source: str) -> None:
+        """Kafka's listener-prefixed keys: `listener.name.<listener, lower case>.<key>`. Of the
+        keys Kafka takes per listener, this broker serves max.connections (no TLS, no SASL)."""
+        name, _, rest = key[len(LISTENER_PREFIX) :].partition(".")
+        if rest not in LISTENER_KEYS or not name:
+            raise ConfigError(
+                f"{source}: unknown configuration key {key!r}: of Kafka's per-listener keys "
+                f"(listener.name.<listener>.<key>) this broker understands "
+                f"{', '.join(LISTENER_KEYS)} only"
+            )
+        if name != name.lower():
+            raise ConfigError(
+                f"{source}: {key}: the listener name in a listener.name. key is written in lower "
+                f"case, as Kafka reads it: listener.name.{name.lower()}.{rest}"
+            )
+        parsed = parse_value(dataclasses.replace(LISTENER_KEYS[rest], name=key), value)
+        self.listener_max_connections[name.upper()] = int(parsed)
 
     @classmethod
     def load(cls, path: Path | None, overrides: Iterable[str] = ()) -> BrokerConfig:
@@ -875,7 +899,13 @@ class BrokerConfig(Mapping[str, Any]):
 
     def check(self) -> None:
         """Rules that span keys (each key's own rules are checked as it is parsed)."""
-        self.listener_endpoints()
+        names = [e.name for e in self.listener_endpoints()]
+        for name in self.listener_max_connections:
+            if name not in names:
+                raise ConfigError(
+                    f"listener.name.{name.lower()}.max.connections: there is no listener named "
+                    f"{name} in listeners ({','.join(self['listeners'])})"
+                )
         self.advertised_endpoints()
         self.inter_broker_listener()
         queued, frame = self["queued.max.request.bytes"], self["socket.request.max.bytes"]
@@ -1022,6 +1052,23 @@ def parse_topic_configs(
     return out
 
 
+LISTENER_PREFIX = "listener.name."
+#: The keys Kafka lets a listener override (`listener.name.<listener>.<key>`) that this broker
+#: serves, each with its own definition.
+LISTENER_KEYS: dict[str, ConfigDef] = {
+    "max.connections": ConfigDef(
+        "listener.name.<listener>.max.connections",
+        "int",
+        None,
+        "Most connections open at once on this listener (its name in lower case, e.g. "
+        "listener.name.internal.max.connections); a new one waits in the listen backlog while the "
+        "listener or the broker (max.connections) is full. The inter-broker listener may pass "
+        "max.connections but not its own limit.",
+        _at_least(0),
+    ),
+}
+
+
 def config_doc_markdown() -> str:
     lines = [
         "# Broker configuration",
@@ -1044,6 +1091,15 @@ def config_doc_markdown() -> str:
             else default
         )
         lines.append(f"| `{d.name}` | {d.kind} | `{default}` | {d.doc} |")
+    lines += [
+        "",
+        "Per-listener keys (Kafka's `listener.name.<listener>.` prefix, the listener's name in "
+        "lower case); unset, the broker-wide key alone applies:",
+        "",
+        "| key | type | default | meaning |",
+        "|---|---|---|---|",
+    ]
+    lines += [f"| `{d.name}` | {d.kind} | (unset) | {d.doc} |" for d in LISTENER_KEYS.values()]
     lines += [
         "",
         "Topic-level keys accepted by CreateTopics (default from the broker key):",

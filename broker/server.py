@@ -118,6 +118,7 @@ def connection_limits(config: BrokerConfig) -> ConnectionLimits:
         max_connections=config["max.connections"],
         max_connections_per_ip=config["max.connections.per.ip"],
         per_ip_overrides=overrides,
+        per_listener=dict(config.listener_max_connections),
         idle_ms=config["connections.max.idle.ms"],
         read_timeout_ms=config["request.read.timeout.ms"],
     )

@@ -17,9 +17,9 @@ not fit waits, and its connection is not read meanwhile: asyncio stops reading t
 `STREAM_BUFFER_LIMIT` bytes are buffered, so TCP pushes back on the client. Partial frames thus
 cost at most the budget plus that small buffer per connection.
 
-Connections are limited as Kafka limits them (`ConnectionLimits`): past `max.connections` the
-listening sockets are not accepted from until a connection closes (clients wait in the listen
-backlog, Kafka's blocking accept); past `max.connections.per.ip` (or its override for the address)
+Connections are limited as Kafka limits them (`ConnectionLimits`): past `max.connections` (or a
+listener's own `listener.name.<l>.max.connections`) the listening sockets are not accepted from
+until a connection closes (clients wait in the listen backlog, Kafka's blocking accept); past `max.connections.per.ip` (or its override for the address)
 a new connection is closed at once; a connection with nothing sent or received and no request in
 hand for `connections.max.idle.ms` is closed; and a request frame whose first byte arrived must be
 complete within `request.read.timeout.ms` (isrlab's own key; time spent waiting for request memory
@@ -72,6 +72,7 @@ class ConnectionLimits:
     max_connections: int = INT_MAX
     max_connections_per_ip: int = INT_MAX
     per_ip_overrides: dict[str, int] = field(default_factory=dict)  # IP address -> limit
+    per_listener: dict[str, int] = field(default_factory=dict)  # listener name -> limit
     idle_ms: int = 600000
     read_timeout_ms: int = 30000
 
@@ -215,6 +216,7 @@ class SocketServer:
         self._open: set[Connection] = set()
         self._count = 0  # accepted connections not closed yet
         self._per_ip: collections.Counter[str] = collections.Counter()
+        self._per_listener: collections.Counter[str] = collections.Counter()
         self._slot_waiters: list[asyncio.Future[None]] = []
         self.bound_ports: dict[str, int] = {}  # listener name -> the port it is bound to
 
@@ -316,24 +318,30 @@ class SocketServer:
                 )
                 client.close()
                 continue
-            if listener == self.protected:
-                if self._count >= self.limits.max_connections:
-                    self._close_least_recent(other_than=listener)
-            else:
-                # Kafka's ConnectionQuotas.inc: the accepted connection waits for a slot and
-                # this listener accepts nothing else meanwhile (the rest wait in the backlog)
-                while self._count >= self.limits.max_connections:
-                    waiter = loop.create_future()
-                    self._slot_waiters.append(waiter)
-                    try:
-                        await waiter
-                    except asyncio.CancelledError:
-                        client.close()
-                        raise
+            # Kafka's ConnectionQuotas.inc: the accepted connection waits for a slot (of its
+            # listener, listener.name.<l>.max.connections, and of the broker, max.connections,
+            # which the inter-broker listener may pass) and this listener accepts nothing else
+            # meanwhile (the rest wait in the backlog).
+            while not self._slot_free(listener):
+                waiter = loop.create_future()
+                self._slot_waiters.append(waiter)
+                try:
+                    await waiter
+                except asyncio.CancelledError:
+                    client.close()
+                    raise
+            if listener == self.protected and self._count >= self.limits.max_connections:
+                self._close_least_recent(other_than=listener)
             self._count += 1
             self._per_ip[ip] += 1
+            self._per_listener[listener] += 1
             task = asyncio.create_task(self._serve_socket(client, ip, listener))
             self._connections.add(task)
+
+    def _slot_free(self, listener: str) -> bool:
+        if self._per_listener[listener] >= self.limits.per_listener.get(listener, INT_MAX):
+            return False
+        return listener == self.protected or self._count < self.limits.max_connections
 
     def _close_least_recent(self, other_than: str) -> None:
         others = [c for c in self._open if c.listener != other_than and not c.closed]
@@ -350,8 +358,9 @@ class SocketServer:
             victim.closed = True
             victim.writer.close()
 
-    def _release_slot(self, ip: str) -> None:
+    def _release_slot(self, ip: str, listener: str) -> None:
         self._count -= 1
+        self._per_listener[listener] -= 1
         self._per_ip[ip] -= 1
         if self._per_ip[ip] <= 0:
             del self._per_ip[ip]
@@ -407,7 +416,7 @@ class SocketServer:
             await self._serve(reader, writer, listener)
         finally:
             self._connections.discard(task)
-            self._release_slot(ip)
+            self._release_slot(ip, listener)
 
     async def _serve(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, listener: str

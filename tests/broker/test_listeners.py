@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
-from kafka.protocol.metadata import MetadataRequest
+from kafka.protocol.metadata import ApiVersionsRequest, MetadataRequest
 
 from isrlab.broker.config import BrokerConfig, ConfigError
 from tests.broker.conftest import BrokerProcess, free_port
@@ -96,7 +96,8 @@ def metadata_brokers(port: int) -> list[tuple[int, str, int]]:
         c.close()
 
 
-def test_every_listener_is_bound_and_clients_get_their_listeners_address(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def two_listeners(tmp_path: Path, extra: dict[str, str]) -> tuple[BrokerProcess, int, int]:
+    """A started broker with listeners PLAINTEXT (p1) and INTERNAL (p2, the inter-broker one)."""
     p1, p2 = free_port(), free_port()
     b = BrokerProcess(
         tmp_path / "logs",
@@ -104,11 +105,18 @@ def test_every_listener_is_bound_and_clients_get_their_listeners_address(tmp_pat
         {
             "listeners": f"PLAINTEXT://127.0.0.1:{p1},INTERNAL://127.0.0.1:{p2}",
             "listener.security.protocol.map": TWO_LISTENERS_MAP,
-            "advertised.listeners": f"PLAINTEXT://localhost:{p1},INTERNAL://127.0.0.1:{p2}",
             "inter.broker.listener.name": "INTERNAL",
+            **{k: v.format(p1=p1, p2=p2) for k, v in extra.items()},
         },
     )
     b.start()
+    return b, p1, p2
+
+
+def test_every_listener_is_bound_and_clients_get_their_listeners_address(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    b, p1, p2 = two_listeners(
+        tmp_path, {"advertised.listeners": "PLAINTEXT://localhost:{p1},INTERNAL://127.0.0.1:{p2}"}
+    )
     try:
         assert metadata_brokers(p1) == [(0, "localhost", p1)]
         assert metadata_brokers(p2) == [(0, "127.0.0.1", p2)]
@@ -137,21 +145,8 @@ def test_every_listener_is_bound_and_clients_get_their_listeners_address(tmp_pat
 def test_max_connections_lets_the_inter_broker_listener_in(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """Kafka's protected listener: with several listeners, a connection on the inter-broker
     one is accepted past max.connections and the least recently active other one closed."""
-    p1, p2 = free_port(), free_port()
-    b = BrokerProcess(
-        tmp_path / "logs",
-        p1,
-        {
-            "listeners": f"PLAINTEXT://127.0.0.1:{p1},INTERNAL://127.0.0.1:{p2}",
-            "listener.security.protocol.map": TWO_LISTENERS_MAP,
-            "inter.broker.listener.name": "INTERNAL",
-            "max.connections": "2",
-        },
-    )
-    b.start()
+    b, p1, p2 = two_listeners(tmp_path, {"max.connections": "2"})
     try:
-        from kafka.protocol.metadata import ApiVersionsRequest
-
         clients = [RawClient(p1), RawClient(p1)]
         for c in clients:
             assert c.call(ApiVersionsRequest[0]()).error_code == 0
@@ -164,3 +159,56 @@ def test_max_connections_lets_the_inter_broker_listener_in(tmp_path) -> None:  #
             c.close()
     finally:
         b.stop()
+
+
+def test_a_listeners_own_max_connections_makes_its_connections_wait(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """listener.name.<l>.max.connections (Kafka's per-listener limit): past it, that listener's
+    new connections wait to be accepted, even on the inter-broker listener, while the other
+    listener still accepts."""
+    b, p1, p2 = two_listeners(
+        tmp_path,
+        {
+            "listener.name.plaintext.max.connections": "1",
+            "listener.name.internal.max.connections": "1",
+        },
+    )
+    try:
+        first = RawClient(p1)
+        assert first.call(ApiVersionsRequest[0]()).error_code == 0
+        internal = RawClient(p2)  # the other listener has its own slot
+        assert internal.call(ApiVersionsRequest[0]()).error_code == 0
+        waiting = [RawClient(p1), RawClient(p2)]  # connected (backlog) but not accepted
+        for c in waiting:
+            c.send_frame(c.encode(ApiVersionsRequest[0]()))
+            c.sock.settimeout(1.0)
+            with pytest.raises(TimeoutError):
+                c.sock.recv(1)
+        first.close()
+        internal.close()  # slots free: each waiting connection is accepted and served
+        for c in waiting:
+            c.sock.settimeout(10)
+            assert len(c.recv_frame()) > 8
+            c.close()
+    finally:
+        b.stop()
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "expected"),
+    [
+        ("listener.name.external.max.connections", "5", "no listener named EXTERNAL"),
+        ("listener.name.INTERNAL.max.connections", "5", "lower case"),
+        ("listener.name.internal.max.connections", "-1", "must be >= 0"),
+        ("listener.name.internal.max.connections", "x", "listener.name.internal.max.connections"),
+        ("listener.name.internal.ssl.keystore.location", "/k", "max.connections only"),
+    ],
+)
+def test_per_listener_key_errors(key: str, value: str, expected: str) -> None:
+    raw = {
+        "listeners": "PLAINTEXT://:9092,INTERNAL://:9093",
+        "listener.security.protocol.map": TWO_LISTENERS_MAP,
+        "inter.broker.listener.name": "INTERNAL",
+        key: value,
+    }
+    with pytest.raises(ConfigError, match=expected):
+        BrokerConfig(raw)

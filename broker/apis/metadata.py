@@ -48,6 +48,8 @@ async def handle_metadata(server: KafkaServer, request: Request) -> list[bytes |
     allow_auto = getattr(req, "allow_auto_topic_creation", True)
     if allow_auto is None:
         allow_auto = True
+    # The brokers with an endpoint on the listener this client came in on.
+    reachable = server.live_brokers(request.listener)
     topics = []
     for name in names:
         problem = topic_name_problem(name)
@@ -72,11 +74,19 @@ async def handle_metadata(server: KafkaServer, request: Request) -> list[bytes |
         partitions = []
         for p in sorted(info.assignment):
             st = server.partition_metadata((name, p))
+            leader, error = st.leader, ErrorCode.NONE
+            if leader < 0:
+                error = ErrorCode.LEADER_NOT_AVAILABLE
+            elif leader not in reachable:
+                # Kafka's MetadataCache: a live leader without this client's listener is no
+                # leader to it; Metadata v6+ says why (LISTENER_NOT_FOUND).
+                leader = -1
+                error = ErrorCode.LISTENER_NOT_FOUND if v >= 6 else ErrorCode.LEADER_NOT_AVAILABLE
             partitions.append(
                 P(
-                    error_code=int(ErrorCode.LEADER_NOT_AVAILABLE if st.leader < 0 else 0),
+                    error_code=int(error),
                     partition_index=p,
-                    leader_id=st.leader,
+                    leader_id=leader,
                     leader_epoch=st.leader_epoch,
                     replica_nodes=st.replicas,
                     isr_nodes=st.isr,
@@ -94,7 +104,7 @@ async def handle_metadata(server: KafkaServer, request: Request) -> list[bytes |
         )
     brokers = [
         cls.MetadataResponseBroker(node_id=b, host=h, port=p, rack=None)
-        for b, (h, p) in sorted(server.live_brokers(request.listener).items())
+        for b, (h, p) in sorted(reachable.items())
     ]
     resp = cls(
         throttle_time_ms=0,

@@ -31,6 +31,22 @@ def brokers_seen(host: str, port: int) -> dict[int, tuple[str, int]]:
     return {b.node_id: (b.host, b.port) for b in resp.brokers}
 
 
+def partitions_seen(host: str, port: int, topic: str, version: int) -> dict[int, tuple[int, int]]:
+    """{partition: (error code, leader id)} of `topic` in a Metadata response of `version`."""
+    client = RawClient(port, host=host)
+    try:
+        M = MetadataRequest[version]
+        fields: dict[str, Any] = {"allow_auto_topic_creation": False}
+        if version >= 8:
+            fields["include_cluster_authorized_operations"] = False
+            fields["include_topic_authorized_operations"] = False
+        resp = client.call(M(topics=[M.MetadataRequestTopic(name=topic)], **fields))
+    finally:
+        client.close()
+    [t] = resp.topics
+    return {p.partition_index: (p.error_code, p.leader_id) for p in t.partitions}
+
+
 def established(remote: tuple[str, int]) -> bool:
     """An established TCP connection to remote (read from /proc/net/tcp)."""
 
@@ -55,7 +71,9 @@ def test_clients_on_plaintext_brokers_replicating_over_internal(zookeeper: Any, 
         tmp_path / "c",
         2,
         {
-            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,INTERNAL:PLAINTEXT",
+            "listener.security.protocol.map": (
+                "PLAINTEXT:PLAINTEXT,INTERNAL:PLAINTEXT,EXTERNAL:PLAINTEXT"
+            ),
             "inter.broker.listener.name": "INTERNAL",
             "min.insync.replicas": "2",
         },
@@ -66,6 +84,10 @@ def test_clients_on_plaintext_brokers_replicating_over_internal(zookeeper: Any, 
         b.overrides["listeners"] = (
             f"PLAINTEXT://{b.host}:{b.port},INTERNAL://{b.host}:{internal[i]}"
         )
+    # broker 1 alone also has an EXTERNAL listener
+    b1 = c.brokers[1]
+    external = (b1.host, free_port(b1.host))
+    b1.overrides["listeners"] += f",EXTERNAL://{external[0]}:{external[1]}"
     try:
         c.start()
         plaintext = {i: (b.host, b.port) for i, b in c.brokers.items()}
@@ -84,6 +106,7 @@ def test_clients_on_plaintext_brokers_replicating_over_internal(zookeeper: Any, 
             [
                 f"PLAINTEXT://{plaintext[1][0]}:{plaintext[1][1]}",
                 f"INTERNAL://{inter[1][0]}:{inter[1][1]}",
+                f"EXTERNAL://{external[0]}:{external[1]}",
             ]
         )
         assert (data["host"], data["port"]) == inter[1]
@@ -106,5 +129,17 @@ def test_clients_on_plaintext_brokers_replicating_over_internal(zookeeper: Any, 
         assert got == [f"v{i}".encode() for i in range(20)]
         # the follower's fetcher is connected to the leader's INTERNAL port (no client is)
         assert established(inter[c.partition("l").leader])
+        # A client on EXTERNAL sees broker 1 only; a partition led by broker 2 has no leader it
+        # can reach: LISTENER_NOT_FOUND (Metadata v6+), LEADER_NOT_AVAILABLE before (Kafka's).
+        assert brokers_seen(*external) == {1: external}
+        c.create_topic("x", 4, 2)
+        c.wait_for(lambda: all(c.partition("x", p).leader >= 0 for p in range(4)), what="leaders")
+        leaders = {p: c.partition("x", p).leader for p in range(4)}
+        assert set(leaders.values()) == {1, 2}
+        for version, unreachable in ((9, 72), (5, 5)):
+            got = partitions_seen(*external, "x", version)
+            assert got == {
+                p: (0, 1) if leader == 1 else (unreachable, -1) for p, leader in leaders.items()
+            }
     finally:
         c.stop()

@@ -277,6 +277,7 @@ def run_test(config: TestConfig, progress: bool = True) -> tuple[Path, dict[str,
         (run_dir / "test.json").write_text(json.dumps(test, indent=2, default=str))
         db = KafkaDB(test, inventory, run_dir, progress=lambda m: say(f"  {m}"))
         nem = None
+        workload: Workload | None = None
         try:
             failure = None
             try:
@@ -318,10 +319,9 @@ def run_test(config: TestConfig, progress: bool = True) -> tuple[Path, dict[str,
             _run_with_progress(interp, config, progress)
             history.close()
         finally:
-            if test.get("workload") == "eos":
-                from isrlab.harness.workloads.eos.client import drop_zombies
-
-                drop_zombies()  # (a zombie copier whose thread was abandoned)
+            if workload is not None:
+                with contextlib.suppress(Exception):
+                    workload.close()
             if nem is not None:
                 with contextlib.suppress(Exception):
                     nem.close()

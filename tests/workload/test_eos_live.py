@@ -146,7 +146,10 @@ def run_live(
     history = HistoryWriter(path)
     factory = client_factory(test, {"n1": broker.bootstrap}, workload)
     gen = queue_test(workload, test, nemesis_gen=nemesis_gen)
-    Interpreter(gen, history, factory, test["concurrency"], nemesis=nemesis).run()
+    try:
+        Interpreter(gen, history, factory, test["concurrency"], nemesis=nemesis).run()
+    finally:
+        workload.close()  # (zombie copiers left at the end)
     history.close()
     return test, workload, load_history(path)
 

@@ -187,6 +187,13 @@ class EosWorkload:
         every offset known at the start of the drain."""
         return clients(_Draining(self, each_thread(lambda: FinalPolls(self))))
 
+    def close(self) -> None:
+        """Drop the zombie copiers (knob `copier_zombies`) still held, those of abandoned
+        threads included."""
+        from isrlab.harness.workloads.eos.client import drop_zombies
+
+        drop_zombies()
+
 
 class _Draining:
     """The drain's generator; marks the workload as draining when first asked."""

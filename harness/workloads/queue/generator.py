@@ -67,6 +67,11 @@ class Workload(Protocol):
 
     def final_generator(self) -> Generator: ...
 
+    def close(self) -> None:
+        """Release what the workload holds beyond its clients; called once after the run,
+        whatever its end."""
+        ...
+
 
 def _max_offsets(event: Op, polls: bool = True, sends: bool = True) -> dict[str, int]:
     """Key -> highest offset an (ok or info) completion sent or polled."""
@@ -240,6 +245,9 @@ class QueueWorkload:
         """The drain: every thread crashes its client, assigns all keys from the beginning
         and polls until it has read every offset known at the start of the drain."""
         return clients(each_thread(lambda: FinalPolls(self)))
+
+    def close(self) -> None:
+        """Nothing outlives the queue workload's clients."""
 
 
 _CRASH: Op = {"f": "crash", "value": None}

@@ -107,6 +107,28 @@ def dump_log(
     )
 
 
+@app.command("replica-records")
+def replica_records_command(
+    log_dir: Annotated[Path, typer.Option("--log-dir", help="a log directory (log.dirs)")],
+    topics: Annotated[
+        str, typer.Option("--topics", help="comma-separated topics (default: every topic)")
+    ] = "",
+) -> None:
+    """Print every data record of a log directory's partitions as JSON lines (topic,
+    partition, offset, leader_epoch, producer_id, value), whole batches with a good CRC only."""
+    import json
+
+    from isrlab.broker.log.inventory import replica_records
+
+    if not log_dir.is_dir():
+        typer.echo(f"isrlab-broker: {log_dir} is not a directory", err=True)
+        raise typer.Exit(2)
+    wanted = {t for t in topics.split(",") if t} or None
+    out = sys.stdout
+    for row in replica_records(log_dir, wanted):
+        out.write(json.dumps(row, separators=(",", ":")) + "\n")
+
+
 @app.command("config-doc")
 def config_doc() -> None:
     """Print the configuration reference (Markdown)."""

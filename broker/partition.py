@@ -36,6 +36,7 @@ from isrlab.broker.log.errors import (
     LogError,
     OffsetOutOfRangeError,
 )
+from isrlab.broker.log.inventory import record_truncation
 from isrlab.broker.log.log import AppendOrigin, FetchDataInfo, Log
 from isrlab.broker.log.producer_state import (
     CompletedTxn,
@@ -120,13 +121,29 @@ class LogAdapter:
             log.warning(
                 "%s: truncating log from %d to %d", self.owner.name, self.log.log_end_offset, offset
             )
+            self._journal(offset, "truncate")
             self.log.truncate_to(offset)
             self.owner.reload_producer_state()
 
     def truncate_fully_and_start_at(self, offset: int) -> None:
         log.warning("%s: truncating fully, restarting at %d", self.owner.name, offset)
+        self._journal(self.log.log_start_offset, "truncate-fully")
         self.log.truncate_fully_and_start_at(offset)
         self.owner.reload_producer_state()
+
+    def _journal(self, offset: int, kind: str) -> None:
+        """The records about to be cut, in the log directory's truncation journal
+        (broker.log.inventory: what explains a write no client could find)."""
+        if offset < self.log.log_end_offset:
+            record_truncation(
+                self.log.dir,
+                self.log.topic,
+                self.log.partition,
+                self.log.log_end_offset,
+                offset,
+                getattr(getattr(self.owner, "core", None), "leader_epoch", -1),
+                kind,
+            )
 
     def append_as_leader(self, records: Any, leader_epoch: int) -> tuple[int, int]:
         """Validate one produced batch, check its producer sequence and append it; raises

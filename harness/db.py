@@ -70,6 +70,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import Any
 
+from isrlab.broker.log.inventory import TRUNCATION_JOURNAL
 from isrlab.harness import zookeeper
 from isrlab.harness.inventory import Inventory, Node
 from isrlab.harness.remote import Remote, RemoteCommandError, on_nodes
@@ -766,8 +767,12 @@ echo {wh.deps_key} > {deps_marker}
     # ---------------------------------------------------------------- logs
 
     def collect_logs(self, run_dir: Path | str | None = None) -> dict[str, Path]:
-        """Copy each node's logs, configs and a data-dir listing into ``run_dir/<node>/``."""
+        """Copy each node's logs, configs and a data-dir listing into ``run_dir/<node>/``, and
+        what its replicas of the test's topics hold (``replica-records.jsonl``, from
+        `isrlab-broker replica-records`) and its truncation journal (``truncations.jsonl``):
+        the reconciliation of unseen writes reads both (checkers/unseen.py)."""
         base = Path(run_dir or self.run_dir)
+        topics = sorted({str(k).rsplit("/", 1)[0] for k in self.test.get("keys") or []})
 
         def grab(r: Remote) -> Path:
             name = r.node.name
@@ -780,6 +785,15 @@ echo {wh.deps_key} > {deps_marker}
                 check=False,
             )
             (dest / "data-listing.txt").write_text(listing.stdout)
+            data = self.path(name, "broker", "data")
+            records = r.exec(
+                f"{self.path(name, 'venv', 'bin', 'python')} -m isrlab.broker replica-records "
+                f"--log-dir {data} --topics {','.join(topics) or 'none'} 2>/dev/null",
+                check=False,
+            )
+            (dest / "replica-records.jsonl").write_text(records.stdout)
+            journal = r.exec(f"cat {data}/{TRUNCATION_JOURNAL} 2>/dev/null", check=False)
+            (dest / "truncations.jsonl").write_text(journal.stdout)
             res = r.exec(
                 f"cd {w} 2>/dev/null && tar -czf - --ignore-failed-read logs "
                 "broker/server.properties zk/zoo.cfg run/clock-offset 2>/dev/null",

@@ -209,6 +209,11 @@ code,pre{background:#f4f4f4;padding:1px 4px}pre{padding:8px;overflow-x:auto;whit
 {% for a in anomalies %}<tr class="{{ 'allowed' if a.allowed else '' }}"><td><a href="#{{ a.name }}">{{ a.name }}</a></td><td>{{ a.count }}</td><td>{{ 'allowed' if a.allowed else 'NOT allowed' }}</td></tr>{% endfor %}
 </table>
 {% for a in anomalies %}<h3 id="{{ a.name }}">{{ a.name }} ({{ a.count }})</h3>
+{% if a.classes %}<p class="classes">What the replicas hold of these writes (the nodes' logs and
+truncation journals after the run): {% for c, n in a.classes.items() %}<b>{{ c }}</b> {{ n }}{% if not loop.last %}, {% endif %}{% endfor %}.
+<i>not-yet-read</i>: on a replica past every offset read; <i>present-not-served</i>: on a replica
+where reads went past it; <i>truncated</i>: cut by a truncation (node, epoch in the examples);
+<i>never-reached-a-replica</i>: on no replica and in no journal.</p>{% endif %}
 {% for ex in a.examples %}<div class="case"><pre>{{ ex }}</pre></div>{% endfor %}
 {% if a.count > a.examples|length %}<p>… and {{ a.count - a.examples|length }} more in results.json</p>{% endif %}
 {% endfor %}
@@ -308,6 +313,7 @@ def render_report(run_dir: Path, examples_per_type: int = 5) -> Path:
                 "name": name,
                 "count": info.get("count", 0),
                 "allowed": allowed,
+                "classes": info.get("classes"),
                 "examples": [
                     _example_text(e) for e in info.get("examples", [])[:examples_per_type]
                 ],

@@ -345,6 +345,7 @@ def check_run(run_dir: Path, test: Mapping[str, Any]) -> dict[str, Any]:
     from isrlab.checkers.api import check, policy_from_test
     from isrlab.checkers.history import load_history, nothing_checked
     from isrlab.checkers.render import render_artifacts
+    from isrlab.checkers.unseen import annotate as annotate_unseen
     from isrlab.harness.report import render_report
 
     ops = load_history(run_dir / "history.jsonl")
@@ -356,6 +357,7 @@ def check_run(run_dir: Path, test: Mapping[str, Any]) -> dict[str, Any]:
         # The run as a whole checked nothing (Jepsen's stats checker fails such a run): its
         # verdict is "unknown", with the reason where the spec keeps it.
         nothing_checked(results, warning)
+    annotate_unseen(results, ops, run_dir)  # what the replicas say of unread acknowledged writes
     (run_dir / "results.json").write_text(json.dumps(results, indent=2, default=str))
     render_artifacts(ops, results, run_dir)
     render_report(run_dir)  # adds the optional `availability` field to results.json

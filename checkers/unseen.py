@@ -1,0 +1,208 @@
+"""What became of every acknowledged write no client read: the reconciliation of `lost-write` and
+`unseen` with what the replicas hold.
+
+Jepsen cannot tell a lost write from a very late one (its `unseen` is a heuristic). isrlab owns
+the broker: after a run the harness collects from every node what its replicas of the test's
+topics hold (`<node>/replica-records.jsonl`, `isrlab-broker replica-records`: offset, leader
+epoch of the batch, producer id, value) and its truncation journal (`<node>/truncations.jsonl`:
+every log truncation with the records it cut; broker/log/inventory.py). Each acknowledged write
+(a send in an `ok` op) that no `ok` op read is put in one class:
+
+- ``not-yet-read``: a replica holds it at an offset past everything any `ok` poll read of its
+  key: the data is there, the clients' final reads stopped short of it.
+- ``present-not-served``: a replica holds it at or below an offset that `ok` polls read past:
+  it is on disk, yet the reads went by it (a replica holding what the leader served without
+  it: a diverged log).
+- ``truncated``: no replica holds it, and a truncation journal shows it cut: which node, at
+  which offset range, under which leader epoch (the epoch the truncating replica followed).
+- ``never-reached-a-replica``: no replica holds it and no journal has it: it never reached a
+  log that kept it on disk (acknowledged by a leader that lost it in a crash or power loss
+  before writing or flushing it, or with acks=0 never written at all).
+
+Values are compared as the text the harness writes (decimal integers). A value sent to a key is
+looked for in that key's partition only.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["CLASSES", "annotate", "classify", "load_replicas"]
+
+CLASSES = ("not-yet-read", "present-not-served", "truncated", "never-reached-a-replica")
+#: at most this many classified writes are listed in results.json (the counts cover all)
+MAX_LISTED = 200
+
+
+def _sends(op: Mapping[str, Any]) -> Iterable[tuple[str, Any, int | None]]:
+    value = op.get("value")
+    if op.get("f") not in ("send", "txn") or not isinstance(value, list):
+        return
+    for m in value:
+        if isinstance(m, list) and len(m) > 2 and m[0] == "send":
+            res = m[2]
+            if isinstance(res, list) and len(res) == 2:
+                yield m[1], res[1], res[0] if isinstance(res[0], int) else None
+            else:
+                yield m[1], res, None
+
+
+def _reads(op: Mapping[str, Any]) -> Iterable[tuple[str, Any, int | None]]:
+    value = op.get("value")
+    if op.get("f") not in ("poll", "txn") or not isinstance(value, list):
+        return
+    for m in value:
+        if isinstance(m, list) and len(m) > 1 and m[0] == "poll" and isinstance(m[1], dict):
+            for k, records in m[1].items():
+                for r in records or []:
+                    if isinstance(r, list) and len(r) == 2:
+                        yield k, r[1], r[0] if isinstance(r[0], int) else None
+                    else:
+                        yield k, r, None
+
+
+class Replicas:
+    """What the nodes' replicas hold and cut, by key and value text."""
+
+    def __init__(self) -> None:
+        #: (key, value text) -> [(node, offset, leader epoch)]
+        self.held: dict[tuple[str, str], list[tuple[str, int, int]]] = {}
+        #: (key, value text) -> [truncation facts]
+        self.cut: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        self.nodes: list[str] = []
+
+    def __bool__(self) -> bool:
+        return bool(self.nodes)
+
+
+def load_replicas(run_dir: Path) -> Replicas:
+    """Read every ``<node>/replica-records.jsonl`` and ``<node>/truncations.jsonl`` of a run."""
+    reps = Replicas()
+    for node_dir in sorted(p for p in Path(run_dir).iterdir() if p.is_dir()):
+        records = node_dir / "replica-records.jsonl"
+        if not records.exists():
+            continue
+        node = node_dir.name
+        reps.nodes.append(node)
+        for line in records.read_text().splitlines():
+            try:
+                row = json.loads(line)
+                key = f"{row['topic']}/{row['partition']}"
+                if "offset" in row:
+                    reps.held.setdefault((key, str(row["value"])), []).append(
+                        (node, int(row["offset"]), int(row["leader_epoch"]))
+                    )
+            except (ValueError, KeyError, TypeError):
+                continue
+        journal = node_dir / "truncations.jsonl"
+        if journal.exists():
+            for line in journal.read_text().splitlines():
+                try:
+                    entry = json.loads(line)
+                    key = f"{entry['topic']}/{entry['partition']}"
+                    fact = {
+                        "node": node,
+                        "to_offset": entry["to_offset"],
+                        "log_end_offset": entry["log_end_offset"],
+                        "leader_epoch": entry["leader_epoch"],
+                        "kind": entry.get("kind"),
+                        "time_ms": entry.get("time_ms"),
+                    }
+                    for offset, epoch, _pid, value in entry["records"]:
+                        cut = dict(fact, offset=offset, written_in_epoch=epoch)
+                        reps.cut.setdefault((key, str(value)), []).append(cut)
+                except (ValueError, KeyError, TypeError):
+                    continue
+    return reps
+
+
+def classify(ops: Sequence[Mapping[str, Any]], replicas: Replicas) -> list[dict[str, Any]]:
+    """One entry per acknowledged write no `ok` op read: key, value, acknowledged offset,
+    class, and where it is (``held``: [[node, offset, leader epoch]]) or what cut it
+    (``truncations``)."""
+    read: set[tuple[str, Any]] = set()
+    max_read: dict[str, int] = {}
+    acked: dict[tuple[str, Any], int | None] = {}
+    for op in ops:
+        if op.get("type") != "ok" or op.get("process") == "nemesis":
+            continue
+        for k, v, o in _reads(op):
+            read.add((k, v))
+            if o is not None and o > max_read.get(k, -1):
+                max_read[k] = o
+        for k, v, o in _sends(op):
+            acked.setdefault((k, v), o)
+    out = []
+    for (k, v), offset in acked.items():
+        if (k, v) in read:
+            continue
+        text = str(v)
+        held = replicas.held.get((k, text), [])
+        entry: dict[str, Any] = {"key": k, "value": v, "offset": offset}
+        if held:
+            past = all(o > max_read.get(k, -1) for _, o, _ in held)
+            entry["class"] = "not-yet-read" if past else "present-not-served"
+            entry["held"] = [list(h) for h in sorted(held)]
+        elif (k, text) in replicas.cut:
+            entry["class"] = "truncated"
+            entry["truncations"] = replicas.cut[(k, text)]
+        else:
+            entry["class"] = "never-reached-a-replica"
+        out.append(entry)
+    out.sort(key=lambda e: (str(e["key"]), e["offset"] if e["offset"] is not None else -1))
+    return out
+
+
+def annotate(results: dict[str, Any], ops: Sequence[Mapping[str, Any]], run_dir: Path) -> None:
+    """Add the classification to `results` (optional fields, docs/history-format.md):
+    ``unseen_writes`` ({"nodes", "classes": {class: count}, "writes": [...]}), and under the
+    `lost-write` and `unseen` anomalies their ``classes`` counts; each `lost-write` example
+    gets its write's ``class`` and facts. Does nothing when no node's replicas were collected."""
+    replicas = load_replicas(run_dir)
+    if not replicas:
+        return
+    writes = classify(ops, replicas)
+    by_write = {(w["key"], str(w["value"])): w for w in writes}
+    results["unseen_writes"] = {
+        "nodes": replicas.nodes,
+        "classes": dict(Counter(w["class"] for w in writes)),
+        "count": len(writes),
+        "writes": writes[:MAX_LISTED],
+    }
+    anomalies = results.get("anomalies") or {}
+    lost = anomalies.get("lost-write")
+    if isinstance(lost, dict):
+        classes: Counter[str] = Counter()
+        for ex in lost.get("examples", []):
+            w = by_write.get((ex.get("key"), str(ex.get("value"))))
+            if w is not None:
+                ex["class"] = w["class"]
+                for fact in ("held", "truncations"):
+                    if fact in w:
+                        ex[fact] = w[fact]
+        # every lost write (not only the examples): unread, acknowledged at or below a read
+        max_read = _max_read(ops)
+        for w in writes:
+            if w["offset"] is not None and w["offset"] <= max_read.get(w["key"], -1):
+                classes[w["class"]] += 1
+        lost["classes"] = dict(classes)
+    unseen = anomalies.get("unseen")
+    if isinstance(unseen, dict):
+        unseen["classes"] = dict(Counter(w["class"] for w in writes))
+        for ex in unseen.get("examples", []):
+            key = ex.get("key")
+            ex["classes"] = dict(Counter(w["class"] for w in writes if w["key"] == key))
+
+
+def _max_read(ops: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for op in ops:
+        if op.get("type") == "ok" and op.get("process") != "nemesis":
+            for k, _v, o in _reads(op):
+                if o is not None and o > out.get(k, -1):
+                    out[k] = o
+    return out

@@ -62,12 +62,15 @@ def summarize(
     type_counts: Iterable[Mapping[str, Any]],
     runs: Sequence[Mapping[str, Any]],
     worst: int = 3,
+    unseen_classes: Iterable[Mapping[str, Any]] = (),
 ) -> list[dict[str, Any]]:
     """One dict per configuration from Spark's sums, sorted by configuration.
 
     configs (checked runs only): CONFIG_COLUMNS + runs, valid, invalid, unknown,
     acked_writes. type_counts: CONFIG_COLUMNS + type, count, runs_with. runs: per-run
     rows with CONFIG_COLUMNS + run_id, path, valid, acked_writes, invalid_count.
+    unseen_classes: CONFIG_COLUMNS + class, count (checkers.unseen's classes of unread
+    acknowledged writes), summed into each configuration's ``unseen_classes``.
     """
     out: dict[tuple[Any, ...], dict[str, Any]] = {}
     for c in configs:
@@ -77,6 +80,7 @@ def summarize(
             entry[f"runs_{f}"] = int(c[f] or 0)
         entry["acked_writes"] = int(c["acked_writes"] or 0)
         entry["anomalies"] = {}
+        entry["unseen_classes"] = {}
         entry["worst"] = []
         out[config_key(c)] = entry
     for t in type_counts:
@@ -85,7 +89,11 @@ def summarize(
         slot["runs_with"] = int(t["runs_with"])
         slot["allowed_by_default"] = t["type"] in DEFAULT_ALLOWED
         entry["anomalies"][t["type"]] = slot
+    for u in unseen_classes:
+        entry = out[config_key(u)]
+        entry["unseen_classes"][u["class"]] = int(u["count"])
     for entry in out.values():
+        entry["unseen_classes"] = dict(sorted(entry["unseen_classes"].items()))
         invalid = sum(
             a["count"] for name, a in entry["anomalies"].items() if name not in DEFAULT_ALLOWED
         )

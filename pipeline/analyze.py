@@ -204,6 +204,13 @@ def analyze(
                 type_sums = exploded.groupBy(*CONFIG_COLUMNS, "type").agg(
                     F.sum("count").alias("count"), F.count("*").alias("runs_with")
                 )
+                class_sums = (
+                    checked_df.select(
+                        *CONFIG_COLUMNS, F.explode("unseen_classes").alias("class", "count")
+                    )
+                    .groupBy(*CONFIG_COLUMNS, "class")
+                    .agg(F.sum("count").alias("count"))
+                )
                 allowed = F.col("type").isin(sorted(DEFAULT_ALLOWED))
                 (
                     exploded.select(
@@ -252,6 +259,7 @@ def analyze(
                     [r.asDict() for r in config_sums.collect()],
                     [r.asDict() for r in type_sums.collect()],
                     per_run,
+                    unseen_classes=[r.asDict() for r in class_sums.collect()],
                 )
                 joined.unpersist()
                 seconds["aggregate"] = time.perf_counter() - t

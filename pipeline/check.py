@@ -13,8 +13,9 @@ A run the checker cannot read (malformed history, unknown workload) becomes a ro
 (``"true"`` | ``"false"`` | ``"unknown"``, null when malformed), ``ops`` (history lines),
 ``acked_writes`` (sends in ``ok`` completions: the denominator of every rate),
 ``anomaly_counts`` (type -> count), ``anomaly_examples`` (type -> the first example's
-explanation), ``not_allowed`` (types that invalidate the run) and
-``results_json`` (the checker's whole results dict, exactly as `isrlab check --json`).
+explanation), ``not_allowed`` (types that invalidate the run), ``unseen_classes`` (what the
+replicas say of the acknowledged writes no ok op read, class -> count, `checkers.unseen`; empty
+when the run has no collected replica records) and ``results_json`` (the checker's whole results dict, exactly as `isrlab check --json`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import pyarrow as pa
 from isrlab.checkers.api import WORKLOADS, check, policy_from_test
 from isrlab.checkers.history import HistoryError, load_history
 from isrlab.checkers.queue.codec import sends_in
+from isrlab.checkers.unseen import annotate as annotate_unseen
 
 __all__ = ["RESULTS_DDL", "RESULTS_SCHEMA", "acked_writes", "check_run", "results_table"]
 
@@ -43,6 +45,7 @@ RESULTS_SCHEMA = pa.schema(
         ("anomaly_counts", pa.map_(pa.string(), pa.int64())),
         ("anomaly_examples", pa.map_(pa.string(), pa.string())),
         ("not_allowed", pa.list_(pa.string())),
+        ("unseen_classes", pa.map_(pa.string(), pa.int64())),
         ("results_json", pa.string()),
     ]
 )
@@ -50,7 +53,7 @@ RESULTS_DDL = (
     "run_id string, status string, error string, valid string, ops bigint, "
     "acked_writes bigint, anomaly_counts map<string, bigint>, "
     "anomaly_examples map<string, string>, not_allowed array<string>, "
-    "results_json string"
+    "unseen_classes map<string, bigint>, results_json string"
 )
 
 
@@ -99,6 +102,7 @@ def check_run(
         "anomaly_counts": [],
         "anomaly_examples": [],
         "not_allowed": [],
+        "unseen_classes": [],
         "results_json": None,
     }
     policy = policy_from_test(test)
@@ -111,6 +115,8 @@ def check_run(
         if on_history is not None:
             on_history(ops)
         results = check(ops, workload, **policy)
+        if workload == "queue":
+            annotate_unseen(results, ops, Path(path))
     except HistoryError as e:
         row["error"] = f"history.jsonl: {e}"
         return row
@@ -127,6 +133,7 @@ def check_run(
         anomaly_counts=[(name, int(a.get("count", 0))) for name, a in sorted(anomalies.items())],
         anomaly_examples=[(name, _first_explanation(a)) for name, a in sorted(anomalies.items())],
         not_allowed=list(results.get("not_allowed") or []),
+        unseen_classes=sorted((results.get("unseen_writes") or {}).get("classes", {}).items()),
         results_json=orjson.dumps(results, option=orjson.OPT_NON_STR_KEYS).decode(),
     )
     return row

@@ -23,13 +23,14 @@ import html
 import re
 import shutil
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import orjson
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
+from isrlab.checkers.unseen import CLASSES as UNSEEN_CLASSES
 from isrlab.harness.testconfig import CONSUMER_MODES, option
 from isrlab.pipeline.aggregate import rate_interval
 from isrlab.pipeline.store import ABSENT, SWITCHES
@@ -43,6 +44,7 @@ __all__ = [
     "heatmap_figure",
     "publish_run",
     "switch_tables",
+    "unseen_by_acks",
     "write_report",
 ]
 
@@ -100,6 +102,21 @@ def _pool(configs: Sequence[dict[str, Any]], metric: str) -> dict[str, Any]:
         "low": r[1] if r else None,
         "high": r[2] if r else None,
     }
+
+
+def unseen_by_acks(configs: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, int]]:
+    """acks setting -> {class: count} of the acknowledged writes no ok op read, summed over
+    every configuration with that acks (checkers.unseen's classes; runs without collected
+    replica records add nothing)."""
+    out: dict[str, dict[str, int]] = {}
+    for c in configs:
+        classes = c.get("unseen_classes") or {}
+        if not classes:
+            continue
+        slot = out.setdefault(str(c.get("acks")), {})
+        for name, n in classes.items():
+            slot[name] = slot.get(name, 0) + int(n)
+    return dict(sorted(out.items()))
 
 
 def switch_tables(configs: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -296,6 +313,7 @@ def _write_csv(analysis: Analysis, path: Path) -> None:
         "unseen_per_10k",
         "unseen_low",
         "unseen_high",
+        *[f"unseen_class:{k}" for k in UNSEEN_CLASSES],
         *[f"count:{t}" for t in types],
     ]
     with path.open("w", newline="") as fh:
@@ -320,6 +338,7 @@ def _write_csv(analysis: Analysis, path: Path) -> None:
                     _fmt(c["invalid"]["high"], 4),
                     *[_fmt(x, 4) for x in (lost_r or (None, None, None))],
                     *[_fmt(x, 4) for x in (unseen_r or (None, None, None))],
+                    *[(c.get("unseen_classes") or {}).get(k, 0) for k in UNSEEN_CLASSES],
                     *[c["anomalies"].get(t, {}).get("count", 0) for t in types],
                 ]
             )
@@ -381,6 +400,8 @@ def write_report(analysis: Analysis) -> Path:
         configs=[dict(c, setting=_setting(c)) for c in analysis.configs],
         figures=figures,
         switches=switch_tables(analysis.configs),
+        unseen_by_acks=unseen_by_acks(analysis.configs),
+        unseen_classes=UNSEEN_CLASSES,
         runs=runs,
         worst=worst[:20],
     )

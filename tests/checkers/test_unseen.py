@@ -115,3 +115,31 @@ def test_no_collected_replicas_leaves_results_alone(tmp_path: Path) -> None:
     before = json.dumps(results, sort_keys=True)
     annotate(results, ops, tmp_path)
     assert json.dumps(results, sort_keys=True) == before
+
+
+def test_the_pipeline_counts_classes_per_acks_setting(tmp_path: Path) -> None:
+    """pipeline.check.check_run carries the classes of a run with collected replica records;
+    summarize sums them per configuration and the report per acks setting."""
+    from isrlab.pipeline.aggregate import summarize
+    from isrlab.pipeline.check import check_run
+    from isrlab.pipeline.report import unseen_by_acks
+
+    cluster(tmp_path)
+    write_history(history(), tmp_path / "history.jsonl")
+    row = check_run("r1", tmp_path, {"workload": "queue"})
+    assert dict(row["unseen_classes"]) == {
+        "never-reached-a-replica": 1,
+        "not-yet-read": 1,
+        "truncated": 1,
+    }
+    cfg = {"acks": "1", "nemesis": "kill", "consumer": "assign"}
+    from isrlab.pipeline.store import CONFIG_COLUMNS
+
+    base = {col: cfg.get(col) for col in CONFIG_COLUMNS}
+    configs = [dict(base, runs=1, valid=0, invalid=1, unknown=0, acked_writes=6)]
+    classes = [dict(base, **{"class": k, "count": n}) for k, n in row["unseen_classes"]]
+    [summary] = summarize(configs, [], [], unseen_classes=classes)
+    assert summary["unseen_classes"]["truncated"] == 1
+    assert unseen_by_acks([summary, dict(summary, acks="all", unseen_classes={})]) == {
+        "1": {"never-reached-a-replica": 1, "not-yet-read": 1, "truncated": 1}
+    }

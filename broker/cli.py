@@ -3,6 +3,7 @@
 isrlab-broker start --config server.properties [--override key=value ...]
 isrlab-broker dump-log --files 00000000000000000000.log [--print-data-log] [--offsets-decoder]
     [--transaction-log-decoder]
+isrlab-broker power-loss --log-dirs DIR[,DIR...]
 isrlab-broker config-doc
 """
 
@@ -127,6 +128,28 @@ def replica_records_command(
     out = sys.stdout
     for row in replica_records(log_dir, wanted):
         out.write(json.dumps(row, separators=(",", ":")) + "\n")
+
+
+@app.command("power-loss")
+def power_loss(
+    log_dirs: Annotated[
+        str, typer.Option("--log-dirs", help="comma-separated log directories (log.dirs)")
+    ],
+) -> None:
+    """Leave log directories as a power loss would: run after kill -9 of their broker. Every
+    file is cut back to what its last successful fsync put on disk, and files whose directory
+    entry never reached disk are deleted (from the broker's journal, .isrlab-synced; see
+    docs/durability.md, "Power loss")."""
+    from isrlab.broker.log.durable import JournalError, apply_power_loss
+
+    dirs = [d for d in log_dirs.split(",") if d]
+    if not dirs:
+        _fail("--log-dirs names no directory")
+    for d in dirs:
+        try:
+            typer.echo(apply_power_loss(d).summary())
+        except (JournalError, OSError) as e:
+            _fail(f"power-loss: {e}")
 
 
 @app.command("config-doc")

@@ -327,6 +327,15 @@ CONFIG_DEFS: dict[str, ConfigDef] = {
             _at_least(0),
         ),
         ConfigDef(
+            "isrlab.power.journal.enable",
+            "bool",
+            True,
+            "isrlab's own key (Kafka has none): record, after each successful fsync, how much of "
+            "each file reached disk, in `.isrlab-synced` in the log dir (compacted at start-up). The "
+            "power-loss nemesis (`isrlab-broker power-loss`) cuts files back to it; false "
+            "records nothing (and removes an old journal), so a power loss cannot be applied.",
+        ),
+        ConfigDef(
             "log.flush.scheduler.interval.ms",
             "long",
             1000,

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from isrlab.broker.config import BrokerConfig
+from isrlab.broker.log import durable
 from isrlab.broker.log.checkpoint import OffsetCheckpointFile
 from isrlab.broker.log.cleaner import CleanerConfig, LogCleaner
 from isrlab.broker.log.errors import KafkaStorageError
@@ -78,6 +79,9 @@ class LogManager:
         self.config = config
         self.dir = config.log_dir
         self.dir.mkdir(parents=True, exist_ok=True)
+        # Record what reaches disk (isrlab's power-loss nemesis cuts files back to it); first,
+        # before any file here is written.
+        durable.attach(self.dir, enabled=config["isrlab.power.journal.enable"])
         self.logs: dict[TopicPartition, Log] = {}
         self._recovery_cp = OffsetCheckpointFile(self.dir / self.RECOVERY_POINT)
         self._log_start_cp = OffsetCheckpointFile(self.dir / self.LOG_START)

@@ -69,6 +69,7 @@ from isrlab.broker.config import BrokerConfig, parse_per_ip_overrides, parse_top
 from isrlab.broker.coordinator.group.service import GroupCoordinatorService
 from isrlab.broker.coordinator.transaction.service import TransactionCoordinatorService
 from isrlab.broker.errors import ErrorCode, KafkaError
+from isrlab.broker.log import durable
 from isrlab.broker.log.errors import KafkaStorageError
 from isrlab.broker.log_manager import LogManager
 from isrlab.broker.network.codec import FileRegion, Request
@@ -138,13 +139,8 @@ class ProducerIdBlocks:
     def allocate(self) -> int:
         if self._next >= self._end:
             start = int(self.path.read_text()) if self.path.exists() else 0
-            tmp = self.path.with_suffix(".tmp")
-            try:
-                tmp.write_text(str(start + self.BLOCK))
-                os.replace(tmp, self.path)
-            except OSError:
-                tmp.unlink(missing_ok=True)
-                raise
+            # durable before use: a power loss must not hand out the same ids again
+            durable.write_atomically(self.path, str(start + self.BLOCK).encode())
             self._next, self._end = start, start + self.BLOCK
         pid = self._next
         self._next += 1
@@ -274,7 +270,9 @@ class KafkaServer:
                 )
             return props.get("cluster.id", "isrlab")
         cid = uuid.uuid4().hex[:22]
-        path.write_text(f"version=0\nbroker.id={self.broker_id}\ncluster.id={cid}\n")
+        # fsynced, as Kafka writes it (a power loss must not leave it empty)
+        text = f"version=0\nbroker.id={self.broker_id}\ncluster.id={cid}\n"
+        durable.write_atomically(path, text.encode())
         return cid
 
     def check_hosted_partitions(self) -> None:

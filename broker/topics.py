@@ -11,12 +11,13 @@ preferred leader) and topic-level config overrides. Two stores keep them with th
 from __future__ import annotations
 
 import json
-import os
 import re
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
+
+from isrlab.broker.log import durable
 
 LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]+$")
 MAX_TOPIC_LENGTH = 249
@@ -107,8 +108,9 @@ class LocalTopicStore:
         with open(tmp, "w") as f:
             f.write(data)
             f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+            durable.fsync_fd(f.fileno(), tmp)
+        durable.replace(tmp, self.path)
+        durable.fsync_dir(self.path.parent)
 
 
 def assign_replicas(

@@ -26,6 +26,7 @@ import os
 from pathlib import Path
 from typing import ClassVar
 
+from isrlab.broker.log import durable
 from isrlab.broker.log.errors import KafkaStorageError
 
 
@@ -112,6 +113,7 @@ class AbstractIndex:
         fd = os.open(self.path, os.O_RDWR)
         try:
             os.ftruncate(fd, rounded)
+            durable.truncated(self.path, rounded)
             self._length = rounded
             self._entries = min(self._entries, self.max_entries)
             self._map(fd)
@@ -182,11 +184,7 @@ class AbstractIndex:
     def flush(self) -> None:
         """fsync the file; on Linux that writes the pages dirtied through the mapping too (they
         are the file's page cache), so no separate msync."""
-        fd = os.open(self.path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        durable.fsync_file(self.path)
 
     def close(self) -> None:
         """Trim to the valid entries and release the mapping."""
@@ -209,9 +207,9 @@ class AbstractIndex:
             self._mmap = None
 
     def rename_to(self, path: Path) -> None:
-        os.replace(self.path, path)
+        durable.replace(self.path, path)
         self.path = path
 
     def delete(self) -> None:
         self.close_handler()
-        self.path.unlink(missing_ok=True)
+        durable.unlink(self.path, missing_ok=True)

@@ -25,12 +25,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Generic, TypeVar
 
+from isrlab.broker.log import durable
 from isrlab.broker.log.errors import KafkaStorageError
 from isrlab.broker.rate_limited_log import RateLimitedLog
 
@@ -89,18 +89,14 @@ class CheckpointFile(Generic[T]):
             with open(tmp, "w", encoding="utf-8") as out:
                 out.write("\n".join(lines) + "\n")
                 out.flush()
-                os.fsync(out.fileno())
-            os.replace(tmp, self.path)
-            dir_fd = os.open(self.path.parent, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
+                durable.fsync_fd(out.fileno(), tmp)
+            durable.replace(tmp, self.path)
+            durable.fsync_dir(self.path.parent)
         except OSError as exc:
             # Never leave a .tmp behind (on a full disk it would hold the last free blocks); the
             # old checkpoint, if any, is still whole.
             with contextlib.suppress(OSError):
-                tmp.unlink(missing_ok=True)
+                durable.unlink(tmp, missing_ok=True)
             raise KafkaStorageError(f"cannot write checkpoint {self.path}: {exc}") from exc
 
     def read(self) -> list[T]:

@@ -54,7 +54,7 @@ from typing import Any, TypeVar
 
 from crc32c import crc32c
 
-from isrlab.broker.log import cleaner_records
+from isrlab.broker.log import cleaner_records, durable
 from isrlab.broker.log.checkpoint import OffsetCheckpointFile
 from isrlab.broker.log.errors import KafkaStorageError, LogError, SegmentsChangedError
 from isrlab.broker.log.log import Log
@@ -532,7 +532,7 @@ class Cleaner:
             time_index_path(directory, base, CLEANED_SUFFIX),
             txn_index_path(directory, base, CLEANED_SUFFIX),
         ):
-            path.unlink(missing_ok=True)
+            durable.unlink(path, missing_ok=True)
         cleaned = LogSegment(
             directory,
             base,

@@ -47,14 +47,12 @@ import bisect
 import enum
 import itertools
 import logging
-import os
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from isrlab.broker.log import recovery
+from isrlab.broker.log import durable, recovery
 from isrlab.broker.log.cleaner_records import first_keyless
 from isrlab.broker.log.errors import (
     InvalidRecordError,
@@ -281,11 +279,11 @@ class Log:
                             time_index_path(directory, later),
                             txn_index_path(directory, later),
                         ):
-                            path.unlink(missing_ok=True)
+                            durable.unlink(path, missing_ok=True)
                     break
             if clean:
                 # Forget the marker durably before any write: a crash from here on must recover.
-                marker.unlink()
+                durable.unlink(marker)
                 _fsync_dir(directory)
             if not segments:
                 start = log_start_offset if log_start_offset is not None else 0
@@ -918,7 +916,7 @@ class Log:
             segment.close_handlers()
         self._delete_due_segments()
         self._closed = True
-        shutil.rmtree(self._dir, ignore_errors=True)
+        durable.rmtree(self._dir)
 
     def __repr__(self) -> str:
         return (
@@ -1003,7 +1001,7 @@ def _load_or_rebuild_epoch_cache(
         logger.warning("%s does not match the record batches: %s; rebuilding it", path, problem)
     except KafkaStorageError as exc:
         logger.warning("%s; rebuilding it from the record batches", exc)
-    path.unlink(missing_ok=True)
+    durable.unlink(path, missing_ok=True)
     cache = LeaderEpochFileCache(path)
     for segment in segments:
         for header in segment.batches():
@@ -1013,11 +1011,7 @@ def _load_or_rebuild_epoch_cache(
 
 
 def _fsync_dir(directory: Path) -> None:
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    durable.fsync_dir(directory)
 
 
 def _complete_swaps(directory: Path) -> set[int]:
@@ -1041,7 +1035,7 @@ def _complete_swaps(directory: Path) -> set[int]:
         next_offset = recovery.next_offset_of_file(path, base)
         if next_offset is None:
             logger.warning("Deleting %s: not a whole cleaned segment", path)
-            path.unlink()
+            durable.unlink(path)
             continue
         for other in list(directory.iterdir()):
             other_stem, _, suffix = other.name.partition(".")
@@ -1051,15 +1045,15 @@ def _complete_swaps(directory: Path) -> set[int]:
                 and base <= int(other_stem) < max(next_offset, base + 1)
                 and f".{suffix}" in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX)
             ):
-                other.unlink()
+                durable.unlink(other)
         for index in (offset_index_path(directory, base), time_index_path(directory, base)):
-            index.unlink(missing_ok=True)
+            durable.unlink(index, missing_ok=True)
         # the cleaned segment's .txnindex (the aborted transactions of the segments it
         # replaces) cannot be rebuilt from its batches alone: it is kept
         swapped_txn_index = txn_index_path(directory, base, SWAP_SUFFIX)
         if swapped_txn_index.exists():
-            os.replace(swapped_txn_index, txn_index_path(directory, base))
-        os.replace(path, log_path(directory, base))
+            durable.replace(swapped_txn_index, txn_index_path(directory, base))
+        durable.replace(path, log_path(directory, base))
         logger.info(
             "Completed an interrupted log cleaning swap of segment %d in %s", base, directory
         )
@@ -1080,7 +1074,7 @@ def _remove_strays_and_list_segments(directory: Path) -> list[int]:
     for path in directory.iterdir():
         name = path.name
         if name.endswith((DELETED_SUFFIX, CLEANED_SUFFIX, SWAP_SUFFIX, ".tmp")):
-            path.unlink(missing_ok=True)
+            durable.unlink(path, missing_ok=True)
             continue
         stem, _, _ = name.partition(".")
         suffix = name[len(stem) :]
@@ -1092,7 +1086,7 @@ def _remove_strays_and_list_segments(directory: Path) -> list[int]:
             indexes.append((path, stem))
     for path, stem in indexes:
         if int(stem) not in logs:
-            path.unlink(missing_ok=True)
+            durable.unlink(path, missing_ok=True)
     return sorted(logs)
 
 

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -48,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 import crc32c
 
+from isrlab.broker.log import durable
 from isrlab.broker.log.control import EndTxnMarker, parse_end_txn_marker
 from isrlab.broker.log.errors import LogError
 from isrlab.broker.log.record_batch import BatchHeader, ByteBuffer, iter_batches
@@ -463,11 +463,11 @@ class ProducerStateManager:
         with open(tmp, "wb") as f:
             f.write(json.dumps(body, sort_keys=True, separators=(",", ":")).encode())
             f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+            durable.fsync_fd(f.fileno(), tmp)
+        durable.replace(tmp, path)
         self._dirty = False
         for _, old in self.snapshot_files()[:-keep]:
-            old.unlink(missing_ok=True)
+            durable.unlink(old, missing_ok=True)
         return path
 
     def load_latest_snapshot(
@@ -484,7 +484,7 @@ class ProducerStateManager:
         limit = log_end if at_most is None else min(log_end, at_most)
         for offset, path in reversed(self.snapshot_files()):
             if offset > log_end:
-                path.unlink(missing_ok=True)
+                durable.unlink(path, missing_ok=True)
                 continue
             if offset < log_start:
                 continue
@@ -498,7 +498,7 @@ class ProducerStateManager:
                     path,
                     exc,
                 )
-                path.unlink(missing_ok=True)
+                durable.unlink(path, missing_ok=True)
                 continue
             if offset > limit:
                 continue
@@ -522,4 +522,4 @@ class ProducerStateManager:
     def truncate_snapshots_after(self, offset: int) -> None:
         for off, path in self.snapshot_files():
             if off > offset:
-                path.unlink(missing_ok=True)
+                durable.unlink(path, missing_ok=True)

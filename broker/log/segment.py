@@ -35,6 +35,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import BinaryIO, TypeVar, cast
 
+from isrlab.broker.log import durable
 from isrlab.broker.log.abstract_index import CorruptIndexError
 from isrlab.broker.log.errors import (
     CorruptRecordError,
@@ -612,6 +613,7 @@ class LogSegment:
                 truncated,
             )
             os.ftruncate(self._file.fileno(), valid)
+            durable.truncated(self._path, valid)
             self._size = valid
         self._next_offset = next_offset
         self.time_index.maybe_append(
@@ -642,6 +644,7 @@ class LogSegment:
         self.time_index.resize(self.max_index_size)
         removed = self._size - header.position
         os.ftruncate(self._file.fileno(), header.position)
+        durable.truncated(self._path, header.position)
         self._size = header.position
         # Rescan rather than trust the sparse time index, so retention and timestamp search
         # see the exact largest timestamp left (truncation is rare: leader changes only).
@@ -690,7 +693,7 @@ class LogSegment:
     def flush(self) -> None:
         """fsync the ``.log`` file and its indexes."""
         try:
-            os.fsync(self._file.fileno())
+            durable.fsync_fd(self._file.fileno(), self._path)
             self.offset_index.flush()
             self.time_index.flush()
             self.txn_index.flush()
@@ -724,7 +727,7 @@ class LogSegment:
         """Rename the files (log, indexes, .txnindex if any) from the current suffix to
         ``new_suffix`` (e.g. ``.deleted``)."""
         new_log = log_path(self.dir, self.base_offset, new_suffix)
-        os.replace(self._path, new_log)
+        durable.replace(self._path, new_log)
         self._path = new_log
         for index, old, new in (
             (
@@ -742,16 +745,16 @@ class LogSegment:
                 index.rename_to(new)
             else:
                 with contextlib.suppress(FileNotFoundError):
-                    os.replace(old, new)
+                    durable.replace(old, new)
         self.txn_index.rename_to(txn_index_path(self.dir, self.base_offset, new_suffix))
         self._suffix = new_suffix
 
     def delete(self) -> None:
         """Close and remove the segment's files."""
         self.close_handlers()
-        self._path.unlink(missing_ok=True)
-        offset_index_path(self.dir, self.base_offset, self._suffix).unlink(missing_ok=True)
-        time_index_path(self.dir, self.base_offset, self._suffix).unlink(missing_ok=True)
+        durable.unlink(self._path, missing_ok=True)
+        durable.unlink(offset_index_path(self.dir, self.base_offset, self._suffix), missing_ok=True)
+        durable.unlink(time_index_path(self.dir, self.base_offset, self._suffix), missing_ok=True)
         self.txn_index.delete()
 
     def __repr__(self) -> str:

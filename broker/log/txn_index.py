@@ -28,6 +28,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+from isrlab.broker.log import durable
 from isrlab.broker.log.errors import KafkaStorageError
 
 TXN_INDEX_SUFFIX = ".txnindex"
@@ -143,7 +144,7 @@ class TransactionIndex:
             self._unflushed = False
             return
         try:
-            os.fsync(fd)
+            durable.fsync_fd(fd, self.path)
         finally:
             os.close(fd)
         self._unflushed = False
@@ -153,8 +154,9 @@ class TransactionIndex:
             if entries:
                 with open(self.path, "r+b") as f:
                     f.truncate(len(entries) * ENTRY_SIZE)
+                durable.truncated(self.path, len(entries) * ENTRY_SIZE)
             else:
-                self.path.unlink(missing_ok=True)
+                durable.unlink(self.path, missing_ok=True)
         except OSError as exc:
             raise KafkaStorageError(f"cannot truncate {self.path}: {exc}") from exc
         self._entries = entries
@@ -170,7 +172,7 @@ class TransactionIndex:
     def reset(self) -> None:
         """Drop every entry (recovery rebuilds them)."""
         self._entries = []
-        self.path.unlink(missing_ok=True)
+        durable.unlink(self.path, missing_ok=True)
         self._unflushed = False
 
     def collect_aborted(
@@ -189,11 +191,11 @@ class TransactionIndex:
 
     def rename_to(self, path: Path) -> None:
         with contextlib.suppress(FileNotFoundError):
-            os.replace(self.path, path)
+            durable.replace(self.path, path)
         self.path = path
 
     def delete(self) -> None:
-        self.path.unlink(missing_ok=True)
+        durable.unlink(self.path, missing_ok=True)
         self._entries = []
         self._unflushed = False
 

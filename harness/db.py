@@ -59,6 +59,8 @@ process and wipes data and logs (the venv stays, so the next run skips the insta
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import shlex
 import socket
@@ -202,6 +204,7 @@ class KafkaDB:
         except ConfigError as e:
             raise DBError(str(e)) from None
         self._admin: Any = None
+        self._zk: Any = None  # a kazoo client, opened by partition_state
 
     # ---------------------------------------------------------------- helpers
 
@@ -549,8 +552,31 @@ echo {wh.deps_key} > {deps_marker}
         r.stop_daemon(self.zk_pidfile(name), wait=5)
         r.exec("rm -rf " + " ".join(self.path(name, d) for d in ("broker", "zk", "run", "logs")))
 
+    def partition_state(self, topic: str, partition: int) -> tuple[str | None, list[str], int]:
+        """(leader node, ISR nodes, leader epoch) of ``topic/partition`` as the controller last
+        wrote them in the partition's state znode in ZooKeeper (Kafka's
+        ``/brokers/topics/<t>/partitions/<p>/state``), read directly from the ensemble: what
+        the targeted schedules watch. Raises (kazoo's errors, KeyError) when unreadable."""
+        if self._zk is None:
+            from kazoo.client import KazooClient
+
+            hosts, _, chroot = self.zk_connect().partition("/")
+            zk = KazooClient(hosts=hosts + "/" + chroot, timeout=5.0)
+            zk.start(timeout=10)
+            self._zk = zk
+        data, _ = self._zk.get(f"/brokers/topics/{topic}/partitions/{partition}/state")
+        state = json.loads(data)
+        leader = int(state["leader"])
+        isr = [n for n in (self.broker_node(int(b)) for b in state["isr"]) if n]
+        return (self.broker_node(leader) if leader >= 0 else None), isr, int(state["leader_epoch"])
+
     def close(self) -> None:
         self._admin = None
+        if self._zk is not None:
+            with contextlib.suppress(Exception):
+                self._zk.stop()
+                self._zk.close()
+            self._zk = None
 
     # ---------------------------------------------------------------- process faults
 

@@ -37,6 +37,7 @@ from isrlab.nemeses.clock import ClockFault
 from isrlab.nemeses.packet import PacketFault, check_available
 from isrlab.nemeses.partition import DEFAULT_SHAPES, SHAPES, PartitionFault
 from isrlab.nemeses.process import KillFault, LaggingFailoverFault, PauseFault
+from isrlab.nemeses.targeted import IsrSqueezeFault, LeaderFlapFault, ZkCutFault
 
 # The targets a schedule draws from when none are given (``coordinator`` needs a group).
 DEFAULT_TARGETS: tuple[str, ...] = ("one", "minority", "leader", "controller")
@@ -49,7 +50,13 @@ KINDS: tuple[str, ...] = (
     "clock",
     "packet",
     "lagging-failover",
+    "isr-squeeze",
+    "leader-flap",
+    "zk-cut",
 )
+
+#: the targeted schedules (nemeses.targeted): they watch the state znode and aim at one key
+TARGETED: tuple[str, ...] = ("isr-squeeze", "leader-flap", "zk-cut")
 
 PACKET_BEHAVIOURS: tuple[dict[str, str], ...] = (
     {"delay": "50ms", "jitter": "10ms"},
@@ -140,6 +147,12 @@ def build(kinds: str | Sequence[str], db: ClusterDB, test: dict[str, Any]) -> Ne
             faults[kind] = PacketFault(db, rng)
         elif kind == "lagging-failover":
             faults[kind] = LaggingFailoverFault(db, rng)
+        elif kind == "isr-squeeze":
+            faults[kind] = IsrSqueezeFault(db, rng)
+        elif kind == "leader-flap":
+            faults[kind] = LeaderFlapFault(db, rng)
+        elif kind == "zk-cut":
+            faults[kind] = ZkCutFault(db, rng)
     return Nemesis(faults, db)
 
 
@@ -153,10 +166,12 @@ def heal_all(db: ClusterDB, faults: dict[str, Fault] | None = None) -> dict[str,
     faults.setdefault("clock", ClockFault(db, rng))
     faults.setdefault("pause", PauseFault(db, rng))
     faults.setdefault("kill", KillFault(db, rng))
+    faults.setdefault("zk-cut", ZkCutFault(db, rng))
     out: dict[str, Any] = {}
     errors: list[str] = []
     # network first (so restarted brokers find their peers), then clocks, then processes
-    for kind in ("partition", "partition-iptables", "packet", "clock", "pause", "kill"):
+    network = ("partition", "partition-iptables", "zk-cut", "isr-squeeze", "packet")
+    for kind in (*network, "leader-flap", "clock", "pause", "kill"):
         fault = faults.get(kind)
         if fault is None:
             continue
@@ -194,6 +209,17 @@ def start_value(
     keys: Sequence[str],
 ) -> dict[str, Any]:
     """A random ``start-<kind>`` value (what the schedule draws)."""
+    if kind in TARGETED:
+        # (targets do not apply: each aims at one key's leader and followers)
+        targeted: dict[str, Any] = {}
+        if keys:
+            targeted["key"] = rng.choice(list(keys))
+        if kind == "isr-squeeze":
+            targeted["to"] = rng.choice(["min", "leader"])
+            targeted["then"] = rng.choice(["kill", "isolate"])
+        elif kind == "leader-flap":
+            targeted["gap_ms"] = rng.choice([200, 500, 1000])
+        return targeted
     if kind == "lagging-failover":
         # (targets do not apply: it always aims at one key's leader and followers)
         lagging: dict[str, Any] = {"lag_ms": rng.choice([1000, 2000, 3000])}
@@ -272,6 +298,7 @@ def final_ops(kinds: str | Sequence[str]) -> list[dict[str, Any]]:
 __all__ = [
     "DEFAULT_TARGETS",
     "KINDS",
+    "TARGETED",
     "Nemesis",
     "build",
     "default_key",

@@ -1,0 +1,271 @@
+"""Targeted schedules: faults that watch the cluster and go for the sequences known to lose data.
+
+Random schedules rarely line up the dangerous sequences (the published matrix needed 150-s runs
+and shortened timers before min ISR 1 or unclean election lost anything). Each fault here reads
+the partition's state znode in ZooKeeper (leader, ISR, leader epoch: ``db.partition_state``,
+what the controller last wrote), waits for the state it needs, and only then strikes. Each is a
+``start-<kind>`` / ``stop-<kind>`` pair like any fault; the completion records what was seen and
+done, so a run's history says which sequence happened.
+
+``isr-squeeze`` (``{"key", "to": "min" | "leader", "then": "kill" | "isolate", "wait_s"}``)
+    SIGSTOP in-sync followers of the key's partition, one more than the ISR may lose (``to``
+    ``min``: down to min.insync.replicas; ``leader``: every follower), wait (up to ``wait_s``,
+    default three times replica.lag.time.max.ms) until the state znode shows the ISR shrunk to
+    that size, then fail the leader (kill -9, or cut it off from every node) and SIGCONT the
+    followers. With the ISR at its smallest the leader acknowledges writes nobody else holds:
+    min ISR 1 ("ISR of one") and unclean election lose them when it fails; the safe settings
+    keep the partition offline or elect only a replica that has them. ``stop`` starts the
+    killed leader again or heals the isolation.
+``leader-flap`` (``{"key", "gap_ms"}``, KIP-279's scenario)
+    kill -9 the leader, wait for the controller to elect another (the state znode's leader
+    changes), restart one follower (kill -9 and start) right away, wait ``gap_ms`` (default
+    500), and kill -9 the second leader too: two leader changes in quick succession, while a
+    restarted follower truncates against leaders that keep changing. Before KIP-101 (follower
+    truncation to the high watermark) the replicas' logs diverge. ``stop`` starts every broker
+    it killed.
+``zk-cut`` (``{"key", "pause_follower"}``)
+    cut the key's leader off from ZooKeeper only (``iptables`` OUTPUT DROP of TCP to the
+    ZooKeeper client port on the leader's node, in our own chain ``ISRLAB-ZKCUT``): followers
+    and clients still reach it, but its ISR changes and its ZooKeeper session cannot. With
+    ``pause_follower`` (default true) one in-sync follower is SIGSTOPped too, so the leader
+    tries to shrink its ISR while it cannot write the state znode and its session expires
+    behind its back. ``stop`` removes the rule and resumes the follower.
+
+A fault that finds no leader, or no follower to act on, completes with ``error`` and does
+nothing. ``heal()`` of each undoes what it may have left (rules, paused and dead brokers).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+from isrlab.nemeses.base import ClusterDB, default_key
+from isrlab.nemeses.partition import PartitionFault
+from isrlab.nemeses.process import KillFault, PauseFault
+
+ZK_CLIENT_PORT = 2181
+ZKCUT_CHAIN = "ISRLAB-ZKCUT"
+POLL_S = 0.25
+
+
+def _split(key: str) -> tuple[str, int]:
+    topic, _, part = key.rpartition("/")
+    return topic, int(part)
+
+
+class _Watching:
+    """What the targeted faults share: the db, a clock and the state znode polls."""
+
+    def __init__(
+        self,
+        db: ClusterDB,
+        rng: random.Random,
+        sleep: Callable[[float], None] | None = None,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        self.db = db
+        self.rng = rng
+        self._sleep = sleep or time.sleep
+        self._clock = clock or time.monotonic
+        self._kills = KillFault(db, rng)
+        self._pauses = PauseFault(db, rng)
+
+    def state(self, key: str) -> tuple[str | None, list[str], int] | None:
+        try:
+            return self.db.partition_state(*_split(key))
+        except Exception:
+            return None
+
+    def wait_for(
+        self, key: str, done: Callable[[tuple[str | None, list[str], int]], bool], wait_s: float
+    ) -> tuple[tuple[str | None, list[str], int] | None, float]:
+        """Poll the state znode until `done(state)` or `wait_s`; (last state, seconds waited)."""
+        start = self._clock()
+        state = self.state(key)
+        while (state is None or not done(state)) and self._clock() - start < wait_s:
+            self._sleep(POLL_S)
+            state = self.state(key)
+        return state, round(self._clock() - start, 3)
+
+    def kill(self, node: str) -> bool:
+        if self.db.kill(node):
+            self._kills.killed.add(node)
+            return True
+        return False
+
+    def pause(self, nodes: list[str]) -> list[str]:
+        hit = [n for n in nodes if self.db.pause(n)]
+        self._pauses.paused.update(hit)
+        return hit
+
+    def resume(self, nodes: list[str]) -> None:
+        for n in nodes:
+            self.db.resume(n)
+            self._pauses.paused.discard(n)
+
+    def heal(self) -> list[str]:
+        resumed = self._pauses.heal()
+        started = self._kills.heal()
+        return sorted(set(resumed) | set(started))
+
+
+class IsrSqueezeFault(_Watching):
+    kind = "isr-squeeze"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._isolation = PartitionFault(self.db, self.rng, "route")
+        self._isolated = False
+
+    def start(self, value: Any) -> dict[str, Any]:
+        value = value or {}
+        key = str(value.get("key") or default_key(self.db))
+        to = str(value.get("to", "min"))
+        then = str(value.get("then", "kill"))
+        test = self.db.test
+        lag_ms = int(test.get("replica_lag_time_max_ms") or 10000)
+        wait_s = float(value.get("wait_s", 3 * lag_ms / 1000))
+        state = self.state(key)
+        leader, isr, epoch = state or (None, [], -1)
+        if leader is None:
+            return {"key": key, "error": "no leader in the state znode"}
+        target = 1 if to == "leader" else max(1, int(test.get("min_insync_replicas") or 1))
+        followers = [n for n in isr if n != leader]
+        victims = self.rng.sample(followers, max(0, len(isr) - target))
+        out: dict[str, Any] = {
+            "key": key,
+            "to": to,
+            "then": then,
+            "leader": leader,
+            "leader_epoch": epoch,
+            "isr_before": isr,
+        }
+        if not victims:
+            return {**out, "error": f"the ISR {isr} is already at {target}: nothing to squeeze"}
+        paused = self.pause(victims)
+        try:
+            seen, waited = self.wait_for(
+                key,
+                lambda s: s[0] == leader and len(s[1]) <= target,
+                wait_s,
+            )
+            out.update(paused=paused, waited_s=waited, isr_at_failure=seen[1] if seen else None)
+            if seen is None or seen[0] != leader or len(seen[1]) > target:
+                return {**out, "error": f"the ISR did not shrink to {target} in {wait_s} s"}
+            if then == "isolate":
+                out["isolated"] = self._isolation.start({"shape": "isolate-leader", "key": key})
+                self._isolated = True
+            else:
+                out["killed"] = leader if self.kill(leader) else None
+        finally:
+            self.resume(paused)
+        return out
+
+    def stop(self, value: Any = None) -> dict[str, Any]:
+        out: dict[str, Any] = self._kills.stop(value)
+        if self._isolated:
+            out["healed"] = self._isolation.stop(None)
+            self._isolated = False
+        return out
+
+    def heal(self) -> list[str]:
+        self._isolated = False
+        return sorted(set(super().heal()) | set(self._isolation.heal()))
+
+
+class LeaderFlapFault(_Watching):
+    kind = "leader-flap"
+
+    def start(self, value: Any) -> dict[str, Any]:
+        value = value or {}
+        key = str(value.get("key") or default_key(self.db))
+        gap_ms = int(value.get("gap_ms", 500))
+        wait_s = float(value.get("wait_s", 30))
+        state = self.state(key)
+        first, isr, epoch = state or (None, [], -1)
+        if first is None:
+            return {"key": key, "error": "no leader in the state znode"}
+        out: dict[str, Any] = {"key": key, "gap_ms": gap_ms, "leaders": [first], "epochs": [epoch]}
+        if len(isr) < 2:
+            return {**out, "error": f"the ISR {isr} has no follower to take over"}
+        self.kill(first)
+        seen, waited = self.wait_for(key, lambda s: s[0] not in (None, first), wait_s)
+        if seen is None or seen[0] in (None, first):
+            return {**out, "error": f"no new leader within {wait_s} s"}
+        second = seen[0]
+        out["leaders"].append(second)
+        out["epochs"].append(seen[2])
+        restarted = [n for n in seen[1] if n not in (first, second)]
+        if restarted:
+            follower = self.rng.choice(restarted)
+            self.db.kill(follower)
+            self.db.start(follower)
+            out["restarted"] = follower
+        self._sleep(gap_ms / 1000)
+        self.kill(second)
+        third, waited2 = self.wait_for(key, lambda s: s[0] not in (None, second), wait_s)
+        out["waited_s"] = round(waited + waited2, 3)
+        if third is not None and third[0] is not None:
+            out["leaders"].append(third[0])
+            out["epochs"].append(third[2])
+        return out
+
+    def stop(self, value: Any = None) -> dict[str, Any]:
+        return self._kills.stop(value)
+
+
+class ZkCutFault(_Watching):
+    kind = "zk-cut"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.cut: set[str] = set()
+
+    def start(self, value: Any) -> dict[str, Any]:
+        value = value or {}
+        key = str(value.get("key") or default_key(self.db))
+        state = self.state(key)
+        leader, isr, epoch = state or (None, [], -1)
+        if leader is None:
+            return {"key": key, "error": "no leader in the state znode"}
+        self.db.remote(leader).exec(
+            f"iptables -w -N {ZKCUT_CHAIN} 2>/dev/null || true; "
+            f"iptables -w -C OUTPUT -j {ZKCUT_CHAIN} 2>/dev/null || "
+            f"iptables -w -I OUTPUT -j {ZKCUT_CHAIN}; "
+            f"iptables -w -A {ZKCUT_CHAIN} -p tcp --dport {ZK_CLIENT_PORT} -j DROP"
+        )
+        self.cut.add(leader)
+        out: dict[str, Any] = {"key": key, "leader": leader, "leader_epoch": epoch, "isr": isr}
+        followers = [n for n in isr if n != leader]
+        if value.get("pause_follower", True) and followers:
+            out["paused"] = self.pause([self.rng.choice(followers)])
+        return out
+
+    def stop(self, value: Any = None) -> dict[str, Any]:
+        nodes = sorted(self.cut)
+        for node in nodes:
+            _uncut(self.db, node)
+        self.cut.clear()
+        paused = sorted(self._pauses.paused)
+        self.resume(paused)
+        return {"nodes": nodes, "resumed": paused}
+
+    def heal(self) -> list[str]:
+        healed = [n for n in self.db.names if _uncut(self.db, n)]
+        self.cut.clear()
+        return sorted(set(healed) | set(super().heal()))
+
+
+def _uncut(db: ClusterDB, node: str) -> bool:
+    """Remove the zk-cut chain and its jump on `node`; True if there was one."""
+    res = db.remote(node).exec(
+        f"if iptables -w -L {ZKCUT_CHAIN} -n >/dev/null 2>&1; then "
+        f"iptables -w -F {ZKCUT_CHAIN}; "
+        f"while iptables -w -D OUTPUT -j {ZKCUT_CHAIN} 2>/dev/null; do :; done; "
+        f"iptables -w -X {ZKCUT_CHAIN}; echo removed; fi",
+        check=False,
+    )
+    return "removed" in (res.stdout or "")

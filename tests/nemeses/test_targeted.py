@@ -1,0 +1,183 @@
+"""Targeted schedules (nemeses.targeted, issue 17) against a fake cluster whose state znode
+answers as a controller would: each fault waits for the state it needs, then strikes, and
+undoes what it did."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from isrlab.nemeses.compose import TARGETED, parse_kinds, schedule
+from isrlab.nemeses.targeted import ZKCUT_CHAIN, IsrSqueezeFault, LeaderFlapFault, ZkCutFault
+
+
+@dataclass
+class Result:
+    stdout: str = ""
+
+
+@dataclass
+class FakeCluster:
+    """Three brokers; partition t0/0 led by n1 with ISR [n1, n2, n3]. A paused follower drops
+    out of the ISR after `lag_polls` state reads; a killed leader is replaced by the first live
+    ISR member."""
+
+    test: dict[str, Any] = field(
+        default_factory=lambda: {
+            "keys": ["t0/0"],
+            "min_insync_replicas": 2,
+            "replica_lag_time_max_ms": 1000,
+        }
+    )
+    names: list[str] = field(default_factory=lambda: ["n1", "n2", "n3"])
+    leader: str | None = "n1"
+    isr: list[str] = field(default_factory=lambda: ["n1", "n2", "n3"])
+    epoch: int = 0
+    lag_polls: int = 3
+    shrinks: bool = True
+    paused: set[str] = field(default_factory=set)
+    dead: set[str] = field(default_factory=set)
+    calls: list[tuple[str, str]] = field(default_factory=list)
+    rules: dict[str, list[str]] = field(default_factory=dict)
+    polls: int = 0
+
+    def partition_state(self, topic: str, partition: int) -> tuple[str | None, list[str], int]:
+        self.polls += 1
+        if self.shrinks and self.polls > self.lag_polls:
+            self.isr = [n for n in self.isr if n not in self.paused]
+        return self.leader, list(self.isr), self.epoch
+
+    def pause(self, node: str) -> bool:
+        self.calls.append(("pause", node))
+        self.paused.add(node)
+        return True
+
+    def resume(self, node: str) -> bool:
+        self.calls.append(("resume", node))
+        self.paused.discard(node)
+        return True
+
+    def kill(self, node: str) -> bool:
+        self.calls.append(("kill", node))
+        alive = node not in self.dead
+        self.dead.add(node)
+        if node == self.leader:
+            self.isr = [n for n in self.isr if n != node] or self.isr
+            nxt = next((n for n in self.isr if n not in self.dead and n != node), None)
+            self.leader, self.epoch = nxt, self.epoch + 1
+        return alive
+
+    def start(self, node: str) -> int:
+        self.calls.append(("start", node))
+        self.dead.discard(node)
+        return 1
+
+    def broker_state(self, node: str) -> str:
+        return "down" if node in self.dead else "up"
+
+    def remote(self, node: str) -> Any:
+        cluster = self
+
+        class Shell:
+            def exec(self, cmd: str, check: bool = True) -> Result:
+                cluster.calls.append(("exec", node))
+                if f"-A {ZKCUT_CHAIN}" in cmd:
+                    cluster.rules.setdefault(node, []).append(cmd)
+                    return Result()
+                if f"-X {ZKCUT_CHAIN}" in cmd and cluster.rules.pop(node, None):
+                    return Result("removed\n")
+                return Result()
+
+        return Shell()
+
+
+def fault(cls: type, cluster: FakeCluster) -> Any:
+    now = [0.0]
+
+    def sleep(s: float) -> None:
+        now[0] += s
+
+    return cls(cluster, random.Random(1), sleep=sleep, clock=lambda: now[0])
+
+
+def test_isr_squeeze_to_min_isr_kills_the_leader_once_the_isr_shrank() -> None:
+    c = FakeCluster()
+    done = fault(IsrSqueezeFault, c).start({"key": "t0/0", "to": "min", "then": "kill"})
+    assert "error" not in done, done
+    assert len(done["paused"]) == 1 and done["isr_before"] == ["n1", "n2", "n3"]
+    assert len(done["isr_at_failure"]) == 2 and done["killed"] == "n1"
+    # the follower is paused before the kill and resumed after it
+    order = [k for k, n in c.calls if k in ("pause", "kill", "resume")]
+    assert order == ["pause", "kill", "resume"]
+    assert not c.paused
+
+
+def test_isr_squeeze_to_the_leader_alone_pauses_every_follower() -> None:
+    c = FakeCluster()
+    f = fault(IsrSqueezeFault, c)
+    done = f.start({"key": "t0/0", "to": "leader"})
+    assert sorted(done["paused"]) == ["n2", "n3"] and done["isr_at_failure"] == ["n1"]
+    assert f.stop(None) == {"nodes": ["n1"]}
+    assert ("start", "n1") in c.calls
+
+
+def test_isr_squeeze_gives_up_when_the_isr_does_not_shrink() -> None:
+    c = FakeCluster(shrinks=False)
+    done = fault(IsrSqueezeFault, c).start({"key": "t0/0", "wait_s": 2})
+    assert "did not shrink" in done["error"]
+    assert not any(k == "kill" for k, _ in c.calls) and not c.paused
+    assert done["waited_s"] >= 2
+
+
+def test_leader_flap_changes_leaders_twice_with_a_follower_restarted_between() -> None:
+    c = FakeCluster()
+    f = fault(LeaderFlapFault, c)
+    done = f.start({"key": "t0/0", "gap_ms": 200})
+    assert done["leaders"] == ["n1", "n2", "n3"] and done["epochs"] == [0, 1, 2]
+    assert done["restarted"] == "n3"
+    kills = [n for k, n in c.calls if k == "kill"]
+    assert kills == ["n1", "n3", "n2"]  # the first leader, the restarted follower, the second
+    f.stop(None)
+    assert not c.dead
+
+
+def test_zk_cut_drops_the_leaders_zookeeper_traffic_and_stop_removes_it() -> None:
+    c = FakeCluster()
+    f = fault(ZkCutFault, c)
+    done = f.start({"key": "t0/0"})
+    assert done["leader"] == "n1" and "--dport 2181 -j DROP" in c.rules["n1"][0]
+    assert len(done["paused"]) == 1
+    stopped = f.stop(None)
+    assert stopped["nodes"] == ["n1"] and not c.rules and not c.paused
+    # heal_all from a fresh fault (a harness that lost its nemesis) finds a leftover rule
+    f.start({"key": "t0/0", "pause_follower": False})
+    assert "n1" in fault(ZkCutFault, c).heal() and not c.rules
+
+
+def test_no_leader_is_an_error_that_does_nothing() -> None:
+    for cls in (IsrSqueezeFault, LeaderFlapFault, ZkCutFault):
+        c = FakeCluster(leader=None)
+        assert "no leader" in fault(cls, c).start({"key": "t0/0"})["error"]
+        assert c.calls == []
+
+
+def test_schedules_draw_the_targeted_kinds_with_a_key() -> None:
+    assert parse_kinds(",".join(TARGETED)) == list(TARGETED)
+    stream = schedule(list(TARGETED), 1.0, 3, keys=["t0/0", "t1/0"])
+    ops = list(itertools.islice((o for o in stream if o.get("f")), 30))
+    starts = [o for o in ops if o["f"].startswith("start-")]
+    assert {o["f"] for o in starts} == {f"start-{k}" for k in TARGETED}
+    assert all(o["value"]["key"] in ("t0/0", "t1/0") for o in starts)
+    assert {o["value"]["to"] for o in starts if o["f"] == "start-isr-squeeze"} <= {"min", "leader"}
+
+
+@pytest.mark.parametrize("kind", TARGETED)
+def test_every_targeted_kind_is_a_nemesis_kind(kind: str) -> None:
+    from isrlab.nemeses.compose import build
+
+    nem = build(kind, FakeCluster(), {"seed": 1})  # type: ignore[arg-type]
+    assert nem.kinds == [kind]

@@ -11,6 +11,15 @@ stops the start with one KafkaStorageError naming it. A checkpoint that cannot b
 start, after retention or at close is logged and the broker goes on: the periodic writers retry,
 and an older checkpoint only means a longer recovery. `close` closes every log it can and
 reports what it could not, so a shutdown never stops half-way.
+
+Log directory failure: a read that meets a corrupt batch no recovery checked
+(``recovery.CorruptLogData``) takes the log directory offline, as Kafka's LogDirFailureChannel
+does with a KafkaStorageException. The broker has one log dir, so, like Kafka when its last log
+dir fails, it halts (exit status 1) after one ERROR line naming the file, the byte offset and
+what to do; it leaves every ISR when its ZooKeeper session ends and the controller elects other
+leaders. Before halting it writes the partition's recovery point back to the damaged segment's
+base offset, so the next start rescans that segment and refuses the directory with
+``LogDirFailure``'s one line instead of serving the batch again.
 """
 
 from __future__ import annotations
@@ -18,8 +27,11 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import logging
+import os
 import shutil
+import sys
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -30,7 +42,7 @@ from isrlab.broker.log.checkpoint import OffsetCheckpointFile
 from isrlab.broker.log.cleaner import CleanerConfig, LogCleaner
 from isrlab.broker.log.errors import KafkaStorageError
 from isrlab.broker.log.log import Log, LogConfig
-from isrlab.broker.log.recovery import LogDirFailure
+from isrlab.broker.log.recovery import CorruptLogData, LogDirFailure
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +76,13 @@ def _policy(value: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
     return tuple(item.strip() for item in value if item.strip())
 
 
+def halt(status: int) -> None:
+    """Kafka's Exit.halt: end the process now, without shutdown hooks (after the log lines)."""
+    logging.shutdown()
+    sys.stderr.flush()
+    os._exit(status)
+
+
 def parse_dir_name(name: str) -> TopicPartition | None:
     topic, sep, part = name.rpartition("-")
     if not sep or not part.isdigit() or not topic:
@@ -94,6 +113,9 @@ class LogManager:
         # would supersede must stay. None falls back to the high watermark.
         self.last_stable_offset: Callable[[TopicPartition], int | None] = lambda tp: None
         self._loop: asyncio.AbstractEventLoop | None = None
+        #: how the broker ends when its log dir goes offline (tests replace it)
+        self.halt: Callable[[int], None] = halt
+        self.offline_reason: str | None = None
         # Log compaction (cleanup.policy=compact): threads started with the schedulers; they
         # plan and swap on the event loop (_run_on_loop), the logs' only thread.
         self.cleaner = LogCleaner(
@@ -138,6 +160,7 @@ class LogManager:
                     "full disk) and start again"
                 ) from e
             lg = self.logs[tp]
+            lg.on_storage_failure = functools.partial(self._log_dir_failed, tp)
             log.info(
                 "loaded %s-%d: log start %d, end %d (%.1f ms)",
                 tp[0],
@@ -163,8 +186,32 @@ class LogManager:
             path = self.dir / f"{tp[0]}-{tp[1]}"
             path.mkdir(parents=True, exist_ok=True)
             lg = Log.open(path, log_config_from(topic_config))
+            lg.on_storage_failure = functools.partial(self._log_dir_failed, tp)
             self.logs[tp] = lg
         return lg
+
+    def _log_dir_failed(self, tp: TopicPartition, exc: KafkaStorageError) -> None:
+        """Take the log dir offline: the broker halts (see the module docstring)."""
+        if self.offline_reason is not None:
+            return
+        part_dir = self.dir / f"{tp[0]}-{tp[1]}"
+        self.offline_reason = str(exc)
+        if isinstance(exc, CorruptLogData):
+            offsets = self._recovery_points()
+            offsets[tp] = min(offsets.get(tp, 0), exc.segment_base)
+            try:
+                self._recovery_cp.write(offsets)
+            except (KafkaStorageError, OSError) as e:
+                log.error("could not write %s: %s", self._recovery_cp.path, e)
+        log.error(
+            "Shutdown broker because all log dirs in %s have failed: %s. The next start "
+            "rescans the segment and refuses %s until it is restored from a replica (move the "
+            "directory away and restart; it re-replicates)",
+            self.dir,
+            exc,
+            part_dir,
+        )
+        self.halt(1)
 
     def delete(self, tp: TopicPartition) -> None:
         self.cleaner.abort(tp)

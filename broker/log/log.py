@@ -204,6 +204,9 @@ class Log:
         #: called with the new segment's base offset when the log rolls (before anything is
         #: appended to it): the partition snapshots its producer state there, as Kafka does
         self.on_roll: Callable[[int], None] | None = None
+        #: told when a read meets damage no recovery checked (``recovery.CorruptLogData``):
+        #: the log manager takes the log directory offline
+        self.on_storage_failure: Callable[[KafkaStorageError], None] | None = None
 
     # -- opening -----------------------------------------------------------------------------
 
@@ -599,6 +602,12 @@ class Log:
                 continue  # nothing at or after the offset in this segment
             if region.size == 0:
                 break  # out of budget or at max_offset
+            try:
+                recovery.verify_read(segment, region.position, region.size)
+            except recovery.CorruptLogData as exc:
+                if self.on_storage_failure is not None:
+                    self.on_storage_failure(exc)
+                raise
             result.regions.append(region)
             last = (segment, region)
             remaining -= region.size
@@ -970,6 +979,8 @@ def _load_segment(
     if not indexes_missing:
         index_problem, invalid = recovery.check_tail(segment)
     if index_problem is None and invalid is None:
+        # the batches before the tail were not checked: the first read of them checks them
+        recovery.mark_unchecked(segment, segment.offset_index.last_entry[1])
         return None
     whole = recovery.scan(segment)
     if whole.invalid is not None:

@@ -20,6 +20,18 @@ two rules, so that damage never turns into reused offsets or silently dropped re
 
 The scans here read the ``.log`` file through their own read-only mapping and change nothing;
 ``LogSegment.recover`` does the truncating and index rebuilding once the caller agrees.
+
+**Reads check what no recovery checked.** A segment used as it is at start-up (a clean stop,
+or wholly below the recovery point) had only its tail checked: its batches before the last
+offset index entry were never CRC-checked by this process (``mark_unchecked``). The first
+read that serves them (a consumer's or a follower's fetch) checks them (``verify_read``), once
+per batch (a fetch, or the producer-state replay after a start); one that fails raises
+``CorruptLogData``, and the log manager takes the log
+directory offline (Kafka's KafkaStorageException path: with one log dir the broker halts, so
+it leaves every ISR and the controller elects elsewhere) instead of serving it. Kafka's leader
+sends such a batch unchecked (sendfile) and leaves it to the follower's append and to consumers
+with ``check.crcs``; a follower would then be stuck behind it and a consumer without the
+check would read garbage.
 """
 
 from __future__ import annotations
@@ -27,6 +39,7 @@ from __future__ import annotations
 import bisect
 import mmap
 import os
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -49,6 +62,69 @@ _INT32_MAX = 0x7FFFFFFF
 
 class LogDirFailure(KafkaStorageError):
     """The partition directory holds damage recovery must not truncate; the broker refuses it."""
+
+
+class CorruptLogData(KafkaStorageError):
+    """A read met a batch that fails the recovery checks in a region no recovery checked: the
+    log directory must go offline (see the module docstring). ``segment_base`` is the base
+    offset of the damaged segment: a start that rescans from there finds the damage again."""
+
+    def __init__(self, message: str, path: Path, position: int, segment_base: int) -> None:
+        super().__init__(message)
+        self.path = path
+        self.position = position
+        self.segment_base = segment_base
+
+
+# segment -> [checked up to (a batch boundary), end of the region no recovery checked]
+_unchecked: weakref.WeakKeyDictionary[LogSegment, list[int]] = weakref.WeakKeyDictionary()
+
+
+def mark_unchecked(segment: LogSegment, end: int) -> None:
+    """The batches of ``segment`` before byte ``end`` were loaded without a CRC check."""
+    if end > 0:
+        _unchecked[segment] = [0, end]
+    else:
+        _unchecked.pop(segment, None)
+
+
+def unchecked_end(segment: LogSegment) -> int:
+    """How far the region no check covered yet reaches (0: every batch was checked)."""
+    state = _unchecked.get(segment)
+    return 0 if state is None else state[1]
+
+
+def verify_read(segment: LogSegment, position: int, size: int) -> None:
+    """Check the batches a read of ``size`` bytes from ``position`` (a batch boundary) serves
+    from the segment's unchecked region; raise CorruptLogData at the first that fails."""
+    state = _unchecked.get(segment)
+    if state is None or size <= 0:
+        return
+    checked_to, end = state
+    contiguous = position <= checked_to
+    start = checked_to if contiguous else position
+    stop = min(position + size, end)
+    if start >= stop:
+        return
+    with _mapped(segment.log_file) as buf:
+        stop = min(stop, len(buf))
+        here = start
+        while here < stop:
+            try:
+                header = _check_batch(buf, here, len(buf), segment.base_offset)
+            except (CorruptRecordError, InvalidRecordError) as exc:
+                raise CorruptLogData(
+                    f"corrupt record batch in {segment.log_file} at byte offset {here} "
+                    f"({exc}), met while reading it (no recovery had checked it)",
+                    segment.log_file,
+                    here,
+                    segment.base_offset,
+                ) from exc
+            here = header.end_position
+    if contiguous:
+        state[0] = max(checked_to, here)
+        if state[0] >= end:
+            _unchecked.pop(segment, None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,14 +400,18 @@ def refuse(segment: LogSegment, invalid: InvalidBatch, why: str) -> LogDirFailur
 
 
 __all__ = [
+    "CorruptLogData",
     "InvalidBatch",
     "LogDirFailure",
     "Scan",
     "check_tail",
     "epoch_cache_problem",
+    "mark_unchecked",
     "next_offset_of_file",
     "refusal",
     "refuse",
     "scan",
+    "unchecked_end",
     "valid_batch_after",
+    "verify_read",
 ]

@@ -219,6 +219,9 @@ class LogSegment:
         # reads of caught-up followers and consumers land here and skip the index + scan.
         self._recent: list[BatchHeader] = []
         self._recent_last: list[int] = []
+        # an offset index entry was found pointing elsewhere than at the batch it names: the
+        # index is not used for lookups any more (see translate_offset)
+        self._index_distrusted = False
 
     # -- open files --------------------------------------------------------------------------
 
@@ -405,11 +408,43 @@ class LogSegment:
                 return None  # past the last batch
             if recent[i].position >= starting_position:
                 return recent[i]
-        _, position = self.offset_index.lookup(offset)
+        entry_offset, position = self.offset_index.lookup(offset)
+        if self._index_distrusted:
+            position = 0
+        # An entry names a batch's last offset and its position: the batch found there must be
+        # that one. A damaged entry would otherwise skip records silently (Kafka's index sanity
+        # check looks at the last entry only); the segment scans from its start instead.
+        check = position > 0 and position >= starting_position
         for header in self._iter_headers(max(position, starting_position)):
+            if check:
+                check = False
+                if header.last_offset != entry_offset:
+                    self._distrust_index(entry_offset, position, header)
+                    return self.translate_offset(offset, starting_position)
             if header.last_offset >= offset:
                 return header
+        if check:  # no whole batch where the entry points
+            self._distrust_index(entry_offset, position, None)
+            return self.translate_offset(offset, starting_position)
         return None
+
+    def _distrust_index(self, offset: int, position: int, found: BatchHeader | None) -> None:
+        self._index_distrusted = True
+        what = (
+            f"the batch of offsets {found.base_offset}..{found.last_offset}"
+            if found is not None
+            else "no whole batch"
+        )
+        logger.warning(
+            "Found a corrupted index file %s: entry (%d, %d) points at %s; lookups in segment "
+            "%s scan it from its start (to rebuild the index, stop the broker, delete the "
+            "index file and start it)",
+            self.offset_index.path,
+            offset,
+            position,
+            what,
+            self._path,
+        )
 
     # -- appending ---------------------------------------------------------------------------
 

@@ -34,6 +34,8 @@ from typing import Any
 
 from isrlab.nemeses.base import TARGETS, ClusterDB, Fault, NemesisError, default_key
 from isrlab.nemeses.clock import ClockFault
+from isrlab.nemeses.corrupt import CorruptFault
+from isrlab.nemeses.corrupt import start_value as corrupt_value
 from isrlab.nemeses.packet import PacketFault, check_available
 from isrlab.nemeses.partition import DEFAULT_SHAPES, SHAPES, PartitionFault
 from isrlab.nemeses.process import KillFault, LaggingFailoverFault, PauseFault
@@ -48,6 +50,7 @@ KINDS: tuple[str, ...] = (
     "pause",
     "kill",
     "clock",
+    "corrupt",
     "packet",
     "lagging-failover",
     "isr-squeeze",
@@ -142,6 +145,8 @@ def build(kinds: str | Sequence[str], db: ClusterDB, test: dict[str, Any]) -> Ne
             faults[kind] = KillFault(db, rng)
         elif kind == "clock":
             faults[kind] = ClockFault(db, rng)
+        elif kind == "corrupt":
+            faults[kind] = CorruptFault(db, rng)  # type: ignore[arg-type]
         elif kind == "packet":
             check_available(db)
             faults[kind] = PacketFault(db, rng)
@@ -233,6 +238,8 @@ def start_value(
             value["key"] = rng.choice(list(keys))
         return value
     target = rng.choice(list(targets))
+    if kind == "corrupt":
+        return corrupt_value(rng, target, list(keys))
     value = {"target": target}
     if target == "leader" and keys:
         value["key"] = rng.choice(list(keys))

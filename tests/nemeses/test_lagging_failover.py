@@ -6,51 +6,16 @@ lagging-failover` runs (docs/transactions.md)."""
 from __future__ import annotations
 
 import random
-from typing import Any
 
 import pytest
 
 from isrlab.nemeses.compose import KINDS, build, schedule
 from isrlab.nemeses.process import LaggingFailoverFault
+from tests.nemeses.conftest import RecordingDB
 
 
-class RecordingDB:
-    names = ["n1", "n2", "n3", "n4", "n5"]
-
-    def __init__(self, leader: str | None = "n2", followers: tuple[str, ...] = ("n3", "n4")):
-        self.calls: list[tuple[str, str]] = []
-        self.leader = leader
-        self.followers = list(followers)
-        self.test: dict[str, Any] = {"keys": ["t0/0", "t1/0"]}
-        self.kill_fails = False
-        self.down: set[str] = set()
-
-    def replicas_of(self, topic: str, partition: int) -> tuple[str | None, list[str]]:
-        self.calls.append(("replicas_of", f"{topic}/{partition}"))
-        return self.leader, list(self.followers)
-
-    def pause(self, node: str) -> bool:
-        self.calls.append(("pause", node))
-        return True
-
-    def resume(self, node: str) -> bool:
-        self.calls.append(("resume", node))
-        return True
-
-    def kill(self, node: str) -> bool:
-        self.calls.append(("kill", node))
-        if self.kill_fails:
-            raise RuntimeError("ssh went away")
-        self.down.add(node)
-        return True
-
-    def start(self, node: str) -> int:
-        self.calls.append(("start", node))
-        self.down.discard(node)
-        return 1
-
-    def broker_state(self, node: str) -> str:
-        return "down" if node in self.down else "running"
+def lagging_db(leader: str | None = "n2", followers: tuple[str, ...] = ("n3", "n4")) -> RecordingDB:
+    return RecordingDB(leader=leader, followers=followers, keys=("t0/0", "t1/0"))
 
 
 def fault(db: RecordingDB) -> tuple[LaggingFailoverFault, list[float]]:
@@ -64,7 +29,7 @@ def fault(db: RecordingDB) -> tuple[LaggingFailoverFault, list[float]]:
 
 
 def test_followers_lag_then_the_leader_dies_then_the_followers_come_back() -> None:
-    db = RecordingDB()
+    db = lagging_db()
     f, slept = fault(db)
     done = f.start({"key": "t1/0", "lag_ms": 1500})
     assert done == {"key": "t1/0", "lag_ms": 1500, "leader": "n2", "followers": ["n3", "n4"]}
@@ -81,7 +46,7 @@ def test_followers_lag_then_the_leader_dies_then_the_followers_come_back() -> No
 
 
 def test_the_followers_are_resumed_even_when_the_kill_fails() -> None:
-    db = RecordingDB()
+    db = lagging_db()
     db.kill_fails = True
     f, _ = fault(db)
     with pytest.raises(RuntimeError):
@@ -93,7 +58,7 @@ def test_the_followers_are_resumed_even_when_the_kill_fails() -> None:
 def test_a_key_without_a_leader_or_in_sync_followers_is_left_alone(
     leader: str | None, followers: tuple[str, ...]
 ) -> None:
-    db = RecordingDB(leader, followers)
+    db = lagging_db(leader, followers)
     f, slept = fault(db)
     done = f.start({"key": "t0/0"})
     assert "error" in done and not slept
@@ -101,7 +66,7 @@ def test_a_key_without_a_leader_or_in_sync_followers_is_left_alone(
 
 
 def test_heal_resumes_everyone_and_starts_the_dead() -> None:
-    db = RecordingDB()
+    db = lagging_db()
     f, _ = fault(db)
     f.start({"key": "t0/0", "lag_ms": 1})
     healed = f.heal()
@@ -125,5 +90,5 @@ def test_the_schedule_draws_a_key_and_a_lag() -> None:
 
 
 def test_build_gives_the_fault() -> None:
-    nem = build("lagging-failover", RecordingDB(), {"seed": 1})  # type: ignore[arg-type]
+    nem = build("lagging-failover", lagging_db(), {"seed": 1})  # type: ignore[arg-type]
     assert isinstance(nem.faults["lagging-failover"], LaggingFailoverFault)

@@ -14,6 +14,7 @@ from isrlab import nemeses
 from isrlab.nemeses.base import NemesisError, resolve_targets
 from isrlab.nemeses.packet import netem_args
 from isrlab.nemeses.partition import grudge
+from tests.nemeses.conftest import RecordingDB
 
 
 def reach(g: dict[str, list[str]], a: str) -> set[str]:
@@ -80,35 +81,8 @@ def test_unknown_shapes_and_tiny_clusters_are_refused() -> None:
         grudge("halves", ["n1"], random.Random(0))
 
 
-class FakeDB:
-    def __init__(self, n: int = 5, leader: str | None = "n3", controller: str | None = "n2"):
-        self.test: dict[str, Any] = {"keys": ["t0/0"], "seed": 1}
-        self._names = nodes_of(n)
-        self._leader = leader
-        self._controller = controller
-        self.calls: list[tuple[str, str]] = []
-
-    @property
-    def names(self) -> list[str]:
-        return self._names
-
-    def leader_of(self, topic: str, partition: int) -> str | None:
-        return self._leader
-
-    def controller(self) -> str | None:
-        return self._controller
-
-    def pause(self, node: str) -> bool:
-        self.calls.append(("pause", node))
-        return True
-
-    def resume(self, node: str) -> bool:
-        self.calls.append(("resume", node))
-        return True
-
-
 def test_targets() -> None:
-    db: Any = FakeDB()
+    db: Any = RecordingDB()
     rng = random.Random(3)
     assert len(resolve_targets("one", db, rng)) == 1
     assert len(resolve_targets("minority", db, rng)) == 2
@@ -117,7 +91,7 @@ def test_targets() -> None:
     assert resolve_targets("leader", db, rng) == ["n3"]
     assert resolve_targets("controller", db, rng) == ["n2"]
     # no leader known: still one node, never an empty target
-    assert len(resolve_targets("leader", FakeDB(leader=None), rng)) == 1  # type: ignore[arg-type]
+    assert len(resolve_targets("leader", RecordingDB(leader=None), rng)) == 1  # type: ignore[arg-type]
     with pytest.raises(NemesisError, match="unknown target"):
         resolve_targets("some", db, rng)
 
@@ -181,7 +155,7 @@ def test_netem_arguments() -> None:
 
 
 def test_invoke_routes_ops_and_records_failures_as_errors() -> None:
-    db: Any = FakeDB()
+    db: Any = RecordingDB()
     nem = nemeses.build(["pause"], db, db.test)
     done = nem.invoke({"process": "nemesis", "type": "info", "f": "start-pause",
                        "value": {"target": "leader"}})  # fmt: skip

@@ -20,14 +20,31 @@ Rules, per partition, whenever membership or state changes:
   (the last leader if it was in the ISR), as Kafka does, so it can lead again when it returns;
 - every decision bumps ``leader_epoch``; one write per partition is in flight at a time.
 
+With ``eligible_leader_replicas`` (KIP-966, the broker key ``eligible.leader.replicas.enable``,
+default true) the ISR holds live members only and may become empty, and the state znode
+carries the eligible leader replicas (``state.next_elr``):
+
+- dead brokers, and brokers that registered after an unclean shutdown (reported by the shell:
+  ``unclean_shutdown``), leave the ISR; a broker that shut down uncleanly also leaves the ELR;
+- election order: the current leader if still valid; the first assigned replica that is live
+  and in the ISR; when the ISR is empty, the first assigned live ELR member (it leads with an
+  ISR of itself, the other ELR members stay eligible); when ISR and ELR are both empty, the
+  last known leader (``last_known_elr``) if it is live: Kafka 4.x's choice, the behaviour
+  before KIP-966 when nobody else is eligible; then unclean election if enabled; otherwise the
+  partition stays offline (leader -1) until an eligible replica registers;
+- an ELR-only change (an eligible replica's unclean restart) does not bump ``leader_epoch``.
+
+Without it the rules above the paragraph apply unchanged: the last ISR member stays in the ISR
+and is elected again whatever it lost (KIP-966's "last replica standing").
+
 A state znode carrying a newer ``controller_epoch`` than ours means another controller took
 over: this one is fenced and stops writing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 import orjson
 
@@ -37,6 +54,7 @@ from isrlab.broker.replication.state import (
     LeaderAndIsr,
     TopicPartition,
     WriteStateZnode,
+    next_elr,
     partition_state_path,
     topic_path,
 )
@@ -84,9 +102,27 @@ ControllerAction = WriteStateZnode | ReadStateZnode | NotifyBrokers | WriteAssig
 class Controller:
     """Elections and ISR cleanup for every partition, decided from cached ZooKeeper state."""
 
-    def __init__(self, controller_epoch: int, unclean_leader_election: bool = False) -> None:
+    def __init__(
+        self,
+        controller_epoch: int,
+        unclean_leader_election: bool = False,
+        eligible_leader_replicas: bool = True,
+        min_insync_replicas: int | Callable[[str], int] = 1,
+    ) -> None:
+        """``min_insync_replicas``: a number, or the topic's value by topic name (the ELR
+        depends on it)."""
         self.controller_epoch = controller_epoch
         self.unclean_leader_election = unclean_leader_election
+        self.eligible_leader_replicas = eligible_leader_replicas
+        self._min_isr = (
+            min_insync_replicas
+            if callable(min_insync_replicas)
+            else (lambda _topic, n=min_insync_replicas: n)
+        )
+        # Brokers that registered after an unclean shutdown, per partition, until a decision
+        # taking them into account is written (KIP-966: they leave the ISR and the ELR).
+        self._unclean: dict[TopicPartition, frozenset[int]] = {}
+        self._pending_unclean: dict[TopicPartition, frozenset[int]] = {}
         self.live_brokers: frozenset[int] = frozenset()
         self.assignments: dict[TopicPartition, tuple[int, ...]] = {}
         self.states: dict[TopicPartition, LeaderAndIsr] = {}
@@ -101,12 +137,17 @@ class Controller:
         assignments: Mapping[TopicPartition, Sequence[int]],
         states: Mapping[TopicPartition, LeaderAndIsr],
         live_brokers: Iterable[int],
+        unclean_shutdown: Mapping[TopicPartition, Iterable[int]] | None = None,
     ) -> list[ControllerAction]:
         """Controller failover: take over what ZooKeeper holds, fix what needs fixing and
-        tell every live broker the state of its partitions."""
+        tell every live broker the state of its partitions. ``unclean_shutdown``: per
+        partition, the live brokers that registered after an unclean shutdown since its state
+        was last written (the shell compares registration and state znode zxids)."""
         self.assignments = {tp: tuple(r) for tp, r in assignments.items()}
         self.states = dict(states)
         self.live_brokers = frozenset(live_brokers)
+        for tp, brokers in (unclean_shutdown or {}).items():
+            self._mark_unclean(tp, brokers)
         actions: list[ControllerAction] = []
         for tp in sorted(self.assignments):
             decided = self._decide_and_write(tp)
@@ -116,9 +157,17 @@ class Controller:
                 actions += self._notify(tp, self.states[tp])
         return actions
 
-    def on_broker_change(self, live_brokers: Iterable[int]) -> list[ControllerAction]:
-        """The set of registered brokers changed (ephemeral /brokers/ids children)."""
+    def on_broker_change(
+        self, live_brokers: Iterable[int], unclean_shutdown: Iterable[int] = ()
+    ) -> list[ControllerAction]:
+        """The set of registered brokers changed (ephemeral /brokers/ids children).
+        ``unclean_shutdown``: brokers that (re)registered after an unclean shutdown (their
+        registration says so; KIP-966's broker registration with no previous broker epoch)."""
         new_live = frozenset(live_brokers)
+        unclean = frozenset(unclean_shutdown)
+        if unclean:
+            for tp, replicas in self.assignments.items():
+                self._mark_unclean(tp, unclean.intersection(replicas))
         started = new_live - self.live_brokers
         self.live_brokers = new_live
         actions: list[ControllerAction] = []
@@ -137,8 +186,15 @@ class Controller:
     ) -> list[ControllerAction]:
         """Outcome of a WriteStateZnode this controller emitted."""
         written = self._pending.pop(tp, None)
+        used = self._pending_unclean.pop(tp, frozenset())
         if written is None:
             return []
+        if ok and used:
+            left = self._unclean.get(tp, frozenset()) - used
+            if left:
+                self._unclean[tp] = left
+            else:
+                self._unclean.pop(tp, None)
         if not ok:
             # Someone (the leader, changing its ISR) wrote first: re-read, then decide again.
             self._reading.add(tp)
@@ -149,6 +205,8 @@ class Controller:
             isr=written.isr,
             controller_epoch=written.controller_epoch,
             zk_version=new_version,
+            elr=written.elr,
+            last_known_elr=written.last_known_elr,
         )
         self.states[tp] = state
         actions = self._notify(tp, state)
@@ -216,6 +274,13 @@ class Controller:
         return actions
 
     # ------------------------------------------------------------------ decisions
+    def _mark_unclean(self, tp: TopicPartition, brokers: Iterable[int]) -> None:
+        if not self.eligible_leader_replicas:
+            return  # before KIP-966 nobody looked at how a broker had stopped
+        marked = self._unclean.get(tp, frozenset()).union(brokers)
+        if marked:
+            self._unclean[tp] = marked
+
     def _notify(self, tp: TopicPartition, state: LeaderAndIsr) -> list[ControllerAction]:
         replicas = self.assignments[tp]
         targets = tuple(r for r in replicas if r in self.live_brokers)
@@ -228,10 +293,13 @@ class Controller:
             self._dirty.add(tp)
             return []
         current = self.states.get(tp)
+        unclean = self._unclean.get(tp, frozenset())
         target = self.decide(tp)
         if target is None:
+            self._unclean.pop(tp, None)  # nothing to change for them
             return []
         self._pending[tp] = target
+        self._pending_unclean[tp] = unclean
         expected = None if current is None else current.zk_version
         return [WriteStateZnode(tp, target, expected_version=expected)]
 
@@ -251,6 +319,8 @@ class Controller:
                 controller_epoch=self.controller_epoch,
                 zk_version=-1,
             )
+        if self.eligible_leader_replicas:
+            return self._decide_with_elr(tp, current)
         live_isr = tuple(r for r in current.isr if r in live)
         if current.leader != NO_LEADER and current.leader in live:
             if live_isr == current.isr:
@@ -276,3 +346,53 @@ class Controller:
         if current.leader == NO_LEADER and kept == current.isr:
             return None
         return current.new_leader(NO_LEADER, kept, self.controller_epoch)
+
+    def _decide_with_elr(self, tp: TopicPartition, current: LeaderAndIsr) -> LeaderAndIsr | None:
+        """KIP-966's decision (see the module docstring)."""
+        replicas = self.assignments[tp]
+        live = self.live_brokers
+        unclean = self._unclean.get(tp, frozenset())
+        epoch = self.controller_epoch
+        isr = tuple(r for r in current.isr if r in live and r not in unclean)
+        elr = next_elr(current.isr, current.elr, isr, self._min_isr(tp.topic), unclean)
+        if current.leader in isr:
+            if isr == current.isr:
+                if elr == current.elr and not current.last_known_elr:
+                    return None
+                # An ELR-only change needs no epoch bump (KIP-966).
+                return replace(current, elr=elr, last_known_elr=(), controller_epoch=epoch)
+            return current.new_leader(current.leader, isr, epoch, elr=elr)
+        for r in replicas:
+            if r in isr:
+                return current.new_leader(r, isr, epoch, elr=elr)
+        if not isr:
+            for r in replicas:
+                if r in elr and r in live:
+                    others = tuple(e for e in elr if e != r)
+                    return current.new_leader(r, (r,), epoch, elr=others)
+        # The last leader, remembered when the ISR first became empty.
+        if current.last_known_elr:
+            last_known = current.last_known_elr
+        elif current.leader != NO_LEADER:
+            last_known = (current.leader,)
+        else:
+            last_known = current.isr[:1]  # a state written without ELR keeps its last leader
+        if not isr and not elr and len(last_known) == 1 and last_known[0] in live:
+            # Nobody eligible is left (they all shut down uncleanly): Kafka 4.x elects the last
+            # known leader, as Kafka did before KIP-966, rather than stay offline for ever.
+            return current.new_leader(last_known[0], last_known, epoch)
+        if self.unclean_leader_election:
+            live_assigned = [r for r in replicas if r in live]
+            if live_assigned:
+                return current.new_leader(live_assigned[0], (live_assigned[0],), epoch)
+        kept_last = last_known if not isr else ()
+        if current.leader == NO_LEADER and (isr, elr, kept_last) == (
+            current.isr,
+            current.elr,
+            current.last_known_elr,
+        ):
+            return None
+        if current.leader == NO_LEADER and isr == current.isr:
+            # Still offline, only the ELR changed: no epoch bump.
+            return replace(current, elr=elr, last_known_elr=kept_last, controller_epoch=epoch)
+        return current.new_leader(NO_LEADER, isr, epoch, elr=elr, last_known_elr=kept_last)

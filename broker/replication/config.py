@@ -9,6 +9,10 @@ historic follower-truncation algorithms:
   offset without checking the epoch it belongs to and so can diverge after fast leader changes;
 - ``high-watermark``: pre-KIP-101, a follower truncates to its own, possibly stale, high
   watermark whenever it starts following a new leader (acked data can be lost).
+
+``eligible.leader.replicas.enable`` (KIP-966, default true): a leader that shrinks the ISR below
+``min.insync.replicas`` records the replicas it removed as eligible leader replicas in the state
+znode (``broker.replication.state.next_elr``); false writes no ELR (Kafka before 4.0).
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ class ReplicationConfig:
     replica_fetch_backoff_ms: int = 1_000
     # How long a follower waits for a response before it gives up and re-sends.
     replica_socket_timeout_ms: int = 30_000
+    # KIP-966: keep the eligible leader replicas in the state znode on ISR changes.
+    eligible_leader_replicas_enable: bool = True
 
     def __post_init__(self) -> None:
         if self.min_insync_replicas < 1:
@@ -71,6 +77,13 @@ class ReplicationConfig:
                     kwargs[field_name] = int(props[key])
                 except ValueError:
                     raise ValueError(f"{key} must be an integer, got {props[key]!r}") from None
+        if "eligible.leader.replicas.enable" in props:
+            value = props["eligible.leader.replicas.enable"].strip().lower()
+            if value not in ("true", "false"):
+                raise ValueError(
+                    f"eligible.leader.replicas.enable must be true or false, got {value!r}"
+                )
+            kwargs["eligible_leader_replicas_enable"] = value == "true"
         if "replica.truncation.mode" in props:
             value = props["replica.truncation.mode"]
             try:

@@ -15,7 +15,9 @@ Leader (``become_leader``):
   follower at the leader's LEO is caught up). ISR changes are proposed as compare-and-set
   writes of the state znode (:class:`WriteStateZnode`); one at a time; the shell answers with
   ``on_isr_update_result``. A failed write means someone else (the controller) changed the
-  state: the leader stops proposing until it is told the new state.
+  state: the leader stops proposing until it is told the new state. With
+  ``eligible.leader.replicas.enable`` each proposal carries KIP-966's ELR
+  (``state.next_elr``): the replicas it drops while the ISR is below min.insync.replicas.
 - Produce: NOT_LEADER_OR_FOLLOWER on non-leaders, NOT_ENOUGH_REPLICAS before appending when
   acks=all and |ISR| < min.insync.replicas; acks=0 never answers, acks=1 answers after the
   append, acks=all waits in the delayed-produce purgatory until HW > last offset (success),
@@ -67,7 +69,13 @@ from isrlab.broker.replication.replica_log import (
     UNDEFINED_EPOCH_OFFSET,
     ReplicaLog,
 )
-from isrlab.broker.replication.state import NO_LEADER, LeaderAndIsr, TopicPartition, WriteStateZnode
+from isrlab.broker.replication.state import (
+    NO_LEADER,
+    LeaderAndIsr,
+    TopicPartition,
+    WriteStateZnode,
+    next_elr,
+)
 
 ACKS_ALL = -1
 NO_EPOCH_CHECK = -1
@@ -141,6 +149,8 @@ class Partition:
         self.controller_epoch = -1
         self.zk_version = -1
         self.isr: tuple[int, ...] = ()
+        self.elr: tuple[int, ...] = ()
+        self.last_known_elr: tuple[int, ...] = ()
         self.assigned_replicas: tuple[int, ...] = ()
         self.leader_epoch_start_offset = UNKNOWN_OFFSET
         self._remote: dict[int, Replica] = {}
@@ -255,6 +265,7 @@ class Partition:
         ):
             if state.zk_version > self.zk_version:
                 self.isr, self.zk_version = state.isr, state.zk_version
+                self.elr, self.last_known_elr = state.elr, state.last_known_elr
             return []
         actions: list[Action] = []
         if self.role is Role.LEADER:
@@ -278,6 +289,7 @@ class Partition:
         self.controller_epoch = state.controller_epoch
         self.zk_version = state.zk_version
         self.isr = tuple(state.isr)
+        self.elr, self.last_known_elr = tuple(state.elr), tuple(state.last_known_elr)
         self.assigned_replicas = tuple(assigned)
         self._pending_isr = None
         self._isr_update_blocked = False
@@ -288,6 +300,7 @@ class Partition:
         if state.zk_version <= self.zk_version:
             return []
         self.isr, self.zk_version = tuple(state.isr), state.zk_version
+        self.elr, self.last_known_elr = tuple(state.elr), tuple(state.last_known_elr)
         self.controller_epoch = state.controller_epoch
         self._pending_isr = None
         self._isr_update_blocked = False
@@ -497,12 +510,16 @@ class Partition:
 
     # ------------------------------------------------------------------ leader: ISR and HW
     def _propose_isr(self, isr: tuple[int, ...]) -> WriteStateZnode:
+        elr: tuple[int, ...] = ()
+        if self.config.eligible_leader_replicas_enable:
+            elr = next_elr(self.isr, self.elr, isr, self.config.min_insync_replicas)
         proposal = LeaderAndIsr(
             leader=self.broker_id,
             leader_epoch=self.leader_epoch,
             isr=isr,
             controller_epoch=self.controller_epoch,
             zk_version=self.zk_version,
+            elr=elr,
         )
         self._pending_isr = proposal
         return WriteStateZnode(self.tp, proposal, expected_version=self.zk_version)
@@ -549,6 +566,7 @@ class Partition:
             self._isr_update_blocked = True
             return []
         self.isr, self.zk_version = pending.isr, new_version
+        self.elr, self.last_known_elr = pending.elr, pending.last_known_elr
         actions: list[Action] = []
         if len(self.isr) < self.config.min_insync_replicas:
             actions += self._fail_delayed_produces(ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND)

@@ -22,6 +22,9 @@ such a crash no other broker may crash until the damaged one is back in the ISR.
 are otherwise unrestricted.
 
 Subclasses flip one historic switch each; with it the same checks must fail.
+:class:`LastReplicaStandingMachine` widens the budget the way KIP-966 allows (the last ISR
+member may lose its tail while another eligible replica is up); without eligible leader
+replicas (:class:`NoEligibleLeaderReplicasMachine`) the same budget loses acked records.
 """
 
 from __future__ import annotations
@@ -289,3 +292,65 @@ class LsoIgnoresTransactionsMachine(TransactionalClusterMachine):
     """The LSO rule removed: the invariant must catch an open transaction below it."""
 
     PARTITION = _LsoIsHighWatermark
+
+
+class LastReplicaStandingMachine(ClusterMachine):
+    """KIP-966's budget: brokers may also stop cleanly (flushed, registering next time after a
+    clean shutdown), and a lossy crash may also hit the leader of an ISR below
+    min.insync.replicas (the "last replica standing") while another eligible leader replica
+    is intact: alive, or stopped cleanly. Eligible leader replicas must then keep every
+    acked record, whether the damaged replica comes back before the intact one or after."""
+
+    def _may_crash(self, b: int, lossy: bool) -> bool:
+        if super()._may_crash(b, lossy):
+            return True
+        if not lossy or not self.c.alive[b] or self.tainted - {b}:
+            return False
+        return self._another_eligible_replica_is_intact(b)
+
+    def _another_eligible_replica_is_intact(self, b: int) -> bool:
+        st = self.c.zk_state
+        return st is not None and any(e != b and e not in self.c.crashed for e in st.elr)
+
+    @rule(victim=st.sampled_from(["follower", *BROKERS]))
+    def shutdown(self, victim: int | str) -> None:
+        """A clean stop (no data lost; the controller hears of it at once)."""
+        b = self._target(victim)
+        if b is not None and self.c.alive[b] and not self.tainted - {b}:
+            self.c.shutdown(b)
+
+    @rule()
+    def squeeze_isr_to_the_leader(self) -> None:
+        """Cut the leader off from its followers until it shrinks the ISR to itself."""
+        leader = self.c.leader()
+        if leader is None:
+            return
+        for b in BROKERS:
+            if b != leader:
+                self.c.isolate(b)
+        self.c.produce(acks=1)  # followers at the leader's end would count as caught up
+        self.c.advance(11_000)
+        self.c.deliver_all()
+
+    @precondition(lambda self: self._on("lossy"))
+    @rule(detected=st.booleans())
+    def lose_the_last_replica_standing(self, detected: bool) -> None:
+        """The sole ISR member loses its unflushed tail (KIP-966's scenario)."""
+        state = self.c.zk_state
+        if state is None or state.isr != (state.leader,) or not self._may_crash(state.leader, True):
+            return
+        self.c.crash(state.leader, lose_unflushed=True)
+        self.tainted.add(state.leader)
+        if detected or not self._on("expire"):
+            self.c.expire(state.leader)
+
+
+class NoEligibleLeaderReplicasMachine(LastReplicaStandingMachine):
+    """eligible.leader.replicas.enable=false under the same budget (no ELR is recorded, so
+    any lossy crash of the last ISR member is allowed): the last replica standing is elected
+    again whatever it lost."""
+
+    CONFIG = config(eligible_leader_replicas_enable=False)
+
+    def _another_eligible_replica_is_intact(self, b: int) -> bool:
+        return True

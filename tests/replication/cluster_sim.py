@@ -18,7 +18,7 @@ production path.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from isrlab.broker.controller import Controller, NotifyBrokers, ReadStateZnode, WriteAssignmentZnode
@@ -84,7 +84,14 @@ class SimCluster:
         self.zk_state: LeaderAndIsr | None = None
         self.network: list[Message] = []
         self.isolated: set[int] = set()
-        self.controller = Controller(1, unclean_leader_election)
+        self.controller = Controller(
+            1,
+            unclean_leader_election,
+            eligible_leader_replicas=self.config.eligible_leader_replicas_enable,
+            min_insync_replicas=self.config.min_insync_replicas,
+        )
+        # Brokers whose last stop was a crash: they register with an unclean shutdown.
+        self.crashed: set[int] = set()
         self.acked: dict[int, int] = {}
         self.acked_acks1: dict[int, int] = {}
         self.produce_errors: dict[int, ErrorCode] = {}
@@ -104,10 +111,7 @@ class SimCluster:
         if not ok:
             return False, current.zk_version if current else -1
         version = 0 if current is None else current.zk_version + 1
-        st = write.state
-        self.zk_state = LeaderAndIsr(
-            st.leader, st.leader_epoch, st.isr, st.controller_epoch, zk_version=version
-        )
+        self.zk_state = replace(write.state, zk_version=version)
         return True, version
 
     def _run_controller(self, actions: list[ControllerAction]) -> None:
@@ -278,10 +282,21 @@ class SimCluster:
     def crash(self, b: int, lose_unflushed: bool = False) -> None:
         """Kill broker ``b``; its ZooKeeper session lives on until :meth:`expire`."""
         self.alive[b] = False
+        self.crashed.add(b)
         self.network = [m for m in self.network if b not in (m.src, m.dst)]
         if lose_unflushed:
             self.logs[b].crash()
         self.trace.append(f"crash {b} lose_unflushed={lose_unflushed}")
+
+    def shutdown(self, b: int) -> None:
+        """Stop broker ``b`` cleanly: its log is flushed, its session closed at once (the
+        controller hears of it), and it registers next time after a clean shutdown."""
+        self.logs[b].flush()
+        self.alive[b] = False
+        self.crashed.discard(b)
+        self.network = [m for m in self.network if b not in (m.src, m.dst)]
+        self.trace.append(f"shutdown {b}")
+        self.expire(b)
 
     def isolate(self, b: int) -> None:
         """Cut ``b`` off from the brokers outside the isolated group (ZooKeeper unaffected)."""
@@ -313,7 +328,9 @@ class SimCluster:
         KAFKA-1120) and the broker only reads its partition state from ZooKeeper."""
         self.alive[b] = True
         self.partitions[b] = self.partition_class(TP, b, self.logs[b], self.config)
-        self.trace.append(f"restart {b} noticed={noticed}")
+        unclean = {b} & self.crashed
+        self.crashed.discard(b)
+        self.trace.append(f"restart {b} noticed={noticed} unclean={bool(unclean)}")
         if not noticed and b in self.registered:
             assert self.zk_state is not None
             self.network.append(Message("leader_and_isr", -1, b, (self.zk_state, self.brokers)))
@@ -321,7 +338,7 @@ class SimCluster:
         if b in self.registered:
             self._run_controller(self.controller.on_broker_change(self.registered - {b}))
         self.registered.add(b)
-        self._run_controller(self.controller.on_broker_change(self.registered))
+        self._run_controller(self.controller.on_broker_change(self.registered, unclean))
 
     def flush(self, b: int) -> None:
         self.logs[b].flush()

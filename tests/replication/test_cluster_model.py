@@ -14,7 +14,9 @@ from tests.replication.cluster_machine import (
     ClusterMachine,
     HighWatermarkTruncationMachine,
     IsrOfOneMachine,
+    LastReplicaStandingMachine,
     LsoIgnoresTransactionsMachine,
+    NoEligibleLeaderReplicasMachine,
     TransactionalClusterMachine,
     UncleanElectionMachine,
 )
@@ -41,6 +43,10 @@ def test_safe_settings_keep_acked_records_and_committed_prefixes() -> None:
     run(ClusterMachine, examples=150)
 
 
+def test_eligible_leader_replicas_survive_the_last_replica_standing_losing_its_tail() -> None:
+    run(LastReplicaStandingMachine, examples=150)
+
+
 def test_transactions_keep_the_lso_between_log_start_and_hw_and_below_open_ones() -> None:
     run(TransactionalClusterMachine, examples=100)
 
@@ -62,6 +68,7 @@ def test_safe_settings_soak() -> None:
         (HighWatermarkTruncationMachine, "acked value"),
         (UncleanElectionMachine, "acked value"),
         (IsrOfOneMachine, "acked value"),
+        (NoEligibleLeaderReplicasMachine, "acked value"),
     ],
 )
 def test_historic_switch_loses_acked_data(

@@ -23,9 +23,18 @@ def writes(actions: list[ControllerAction]) -> list[WriteStateZnode]:
 
 
 def running(
-    state: LeaderAndIsr, live: tuple[int, ...] = (0, 1, 2), unclean: bool = False
+    state: LeaderAndIsr,
+    live: tuple[int, ...] = (0, 1, 2),
+    unclean: bool = False,
+    elr: bool = True,
+    min_isr: int = 2,
 ) -> Controller:
-    c = Controller(controller_epoch=3, unclean_leader_election=unclean)
+    c = Controller(
+        controller_epoch=3,
+        unclean_leader_election=unclean,
+        eligible_leader_replicas=elr,
+        min_insync_replicas=min_isr,
+    )
     c.load({TP: (0, 1, 2)}, {TP: state}, live)
     return c
 
@@ -79,8 +88,8 @@ def test_follower_loss_shrinks_isr_with_epoch_bump() -> None:
     assert (w.state.leader, w.state.leader_epoch, w.state.isr) == (0, 5, (0, 2))
 
 
-def test_last_isr_member_is_kept_and_partition_goes_offline() -> None:
-    c = running(LeaderAndIsr(0, 1, (0,), 1, zk_version=1), live=(0, 1, 2))
+def test_last_isr_member_is_kept_and_partition_goes_offline_without_elr() -> None:
+    c = running(LeaderAndIsr(0, 1, (0,), 1, zk_version=1), live=(0, 1, 2), elr=False)
     state = commit(c, c.on_broker_change([1, 2]), 2)
     assert (state.leader, state.isr, state.leader_epoch) == (-1, (0,), 2)
     assert writes(c.on_broker_change([2])) == []  # out-of-sync replicas are not eligible
@@ -88,8 +97,8 @@ def test_last_isr_member_is_kept_and_partition_goes_offline() -> None:
     assert (state.leader, state.isr, state.leader_epoch) == (0, (0,), 3)
 
 
-def test_all_isr_members_dead_keeps_last_leader() -> None:
-    c = running(LeaderAndIsr(1, 1, (0, 1), 1, zk_version=1))
+def test_all_isr_members_dead_keeps_last_leader_without_elr() -> None:
+    c = running(LeaderAndIsr(1, 1, (0, 1), 1, zk_version=1), elr=False)
     state = commit(c, c.on_broker_change([2]), 2)
     assert (state.leader, state.isr) == (-1, (1,))
 

@@ -12,8 +12,12 @@ from tests.replication.cluster_sim import SimCluster
 A, B, C = 0, 1, 2
 
 
-def cfg(mode: TruncationMode = TruncationMode.LEADER_EPOCH, min_isr: int = 1) -> ReplicationConfig:
-    return ReplicationConfig(min_insync_replicas=min_isr, truncation_mode=mode)
+def cfg(
+    mode: TruncationMode = TruncationMode.LEADER_EPOCH, min_isr: int = 1, elr: bool = True
+) -> ReplicationConfig:
+    return ReplicationConfig(
+        min_insync_replicas=min_isr, truncation_mode=mode, eligible_leader_replicas_enable=elr
+    )
 
 
 def committed_value(c: SimCluster, acks: int = ACKS_ALL) -> int:
@@ -67,9 +71,10 @@ def kip101_scenario_2(mode: TruncationMode) -> SimCluster:
     c.crash(A)
     c.crash(B, lose_unflushed=True)  # B loses m2
     c.expire(A)  # the controller still thinks B is up and elects it
-    c.expire(B)  # then B is gone too: offline, ISR keeps B
-    assert c.zk_state is not None and c.zk_state.leader == -1 and c.zk_state.isr == (B,)
-    c.restart(B)
+    c.expire(B)  # then B is gone too: offline; B is the last leader (KIP-966: ISR empty)
+    st = c.zk_state
+    assert st is not None and st.leader == -1 and st.isr == () and st.last_known_elr == (B,)
+    c.restart(B)  # after an unclean shutdown, but nobody else is eligible: B leads again
     c.settle()
     assert c.leader() == B
     c.produce(acks=1)  # m3 lands at offset 1
@@ -162,8 +167,8 @@ def test_isr_of_one_with_min_insync_2_refuses_the_write() -> None:
 
 
 # ---------------------------------------------------------------- unclean election
-def unclean_scenario(unclean: bool) -> tuple[SimCluster, int]:
-    c = SimCluster(3, cfg(min_isr=2), unclean_leader_election=unclean)
+def unclean_scenario(unclean: bool, elr: bool = True) -> tuple[SimCluster, int]:
+    c = SimCluster(3, cfg(min_isr=2, elr=elr), unclean_leader_election=unclean)
     c.settle()
     c.crash(C)
     c.expire(C)
@@ -183,14 +188,29 @@ def test_unclean_election_elects_out_of_sync_replica_and_loses_acked_record() ->
     assert c.leader() == C and value not in c.values(C)
 
 
-def test_clean_election_waits_for_an_isr_member() -> None:
-    c, value = unclean_scenario(unclean=False)
+def test_clean_election_waits_for_an_isr_member_without_elr() -> None:
+    c, value = unclean_scenario(unclean=False, elr=False)
     assert c.leader() is None and c.zk_state is not None and c.zk_state.leader == -1
     c.restart(B)
     c.settle()
     assert c.leader() == B and value in c.values(B)
     c.settle()
     assert c.values(C) == c.values(B)  # C truncated nothing committed and caught up
+
+
+def test_clean_election_waits_for_an_eligible_replica() -> None:
+    c, value = unclean_scenario(unclean=False)
+    st = c.zk_state
+    assert c.leader() is None and st is not None and st.leader == -1
+    assert (st.isr, st.elr, st.last_known_elr) == ((), (A, B), (B,))
+    c.restart(B)  # crashed: an unclean shutdown, so not eligible while A may return
+    c.settle()
+    assert c.leader() is None and c.zk_state is not None and c.zk_state.elr == (A,)
+    c.restart(A)  # crashed too: nobody eligible is left, the last leader (B) is elected
+    c.settle()
+    assert c.leader() == B and value in c.values(B)
+    c.settle()
+    assert c.values(C) == c.values(B) == c.values(A)
 
 
 # ---------------------------------------------------------------- acks=1 failover

@@ -77,7 +77,13 @@ from isrlab.harness import zookeeper
 from isrlab.harness.inventory import Inventory, Node
 from isrlab.harness.remote import Remote, RemoteCommandError, on_nodes
 from isrlab.harness.ssh import ConnectionPool, ControlError
-from isrlab.harness.testconfig import BROKER_SETTINGS, ConfigError, option, render_broker_value
+from isrlab.harness.testconfig import (
+    BROKER_SETTINGS,
+    ConfigError,
+    flush_policy_properties,
+    option,
+    render_broker_value,
+)
 from isrlab.harness.wheelhouse import (
     PROJECT_ROOT,
     Wheelhouse,
@@ -383,6 +389,8 @@ echo {wh.deps_key} > {deps_marker}
         for key, prop in BROKER_SETTINGS.items():
             if self.test.get(key) is not None:
                 props[prop] = render_broker_value(self.test[key])
+        if self.test.get("flush_policy"):
+            props.update(flush_policy_properties(str(self.test["flush_policy"])))
         for k, v in (self.test.get("broker_config") or {}).items():
             props[str(k)] = str(v)
         return "".join(f"{k}={v}\n" for k, v in props.items())
@@ -600,6 +608,43 @@ echo {wh.deps_key} > {deps_marker}
             # without an init); kill -0 still succeeds on it, so forget its pid file
             self.remote(node).exec(f"rm -f {self.broker_pidfile(node)}")
         return self._start_broker(self.remote(node))
+
+    def power_loss(self, node: str) -> str:
+        """Cut the (dead) broker's log dir back to what reached disk (``isrlab-broker
+        power-loss``, from the broker's fsync journal); returns its one-line summary."""
+        res = self.remote(node).exec(
+            f"{self.path(node, 'venv', 'bin', 'python')} -m isrlab.broker power-loss "
+            f"--log-dirs {self.path(node, 'broker', 'data')}",
+            check=False,
+        )
+        if not res.ok:
+            raise DBError(f"{node}: power loss failed: {(res.stderr or res.stdout).strip()}")
+        return res.stdout.strip()
+
+    def zookeeper_nodes(self) -> list[str]:
+        return [n.name for n in self.zk_nodes]
+
+    def kill_zookeeper(self, node: str) -> bool:
+        """SIGKILL the node's ZooKeeper server and wait (up to 10 s) until it is gone; True if
+        it was running."""
+        r = self.remote(node)
+        if not r.signal_daemon(self.zk_pidfile(node), "KILL"):
+            return False
+        deadline = time.monotonic() + 10.0
+        while r.daemon_running(self.zk_pidfile(node)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return True
+
+    def start_zookeeper_on(self, node: str) -> int:
+        """Start the node's ZooKeeper server again (no-op if it runs)."""
+        return self.remote(node).start_daemon(
+            "zookeeper",
+            shlex.join(zookeeper.command(self.path(node, "zk", "zoo.cfg"))),
+            pidfile=self.zk_pidfile(node),
+            logfile=self.path(node, "logs", "zookeeper.log"),
+            cwd=self.path(node, "zk"),
+            verify=0.0,
+        )
 
     def pause(self, node: str) -> bool:
         return self.remote(node).signal_daemon(self.broker_pidfile(node), "STOP")

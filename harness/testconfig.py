@@ -76,6 +76,16 @@ WORKLOAD_OPTIONS: dict[str, type[QueueOptions]] = {
 }
 
 
+# flush_policy's values: Kafka's default, fsync on every append, and time-based flushes
+FLUSH_POLICIES: tuple[str, ...] = (
+    "never",
+    "every-append",
+    "interval:100",
+    "interval:1000",
+    "interval:10000",
+)
+
+
 @dataclass(frozen=True)
 class TestConfig:
     """One test, typed. Build it with `from_mapping` (validates); `to_test()` is test.json."""
@@ -248,6 +258,15 @@ class TestConfig:
         "broker log.flush.interval.ms (unset: page cache, as Kafka)",
         minimum=0,
         broker_key="log.flush.interval.ms",
+        always_in_json=False,
+    )
+    flush_policy: str = _opt(
+        "never",
+        "broker flush policy: never (page cache only, Kafka's default), every-append "
+        "(log.flush.interval.messages=1: fsync before acknowledging) or interval:<ms> "
+        "(log.flush.interval.ms=<ms>); a matrix --switch",
+        choices=FLUSH_POLICIES,
+        switch=True,
         always_in_json=False,
     )
     clock_mode: str = _opt(
@@ -545,6 +564,23 @@ def option(name: str) -> Option:
     return _BY_NAME[name]
 
 
+def flush_policy_properties(policy: str) -> dict[str, str]:
+    # (the option's choices are FLUSH_POLICIES; any interval:<ms> maps the same way)
+    """The broker keys of a ``flush_policy``: ``never`` none, ``every-append``
+    log.flush.interval.messages=1, ``interval:<ms>`` log.flush.interval.ms=<ms>."""
+    if policy == "never":
+        return {}
+    if policy == "every-append":
+        return {"log.flush.interval.messages": "1"}
+    kind, _, ms = policy.partition(":")
+    if kind == "interval" and ms.isdigit():
+        return {"log.flush.interval.ms": str(int(ms))}
+    raise ConfigError(
+        f"flush_policy (--flush-policy) must be never, every-append or interval:<ms>, "
+        f"not {policy!r}"
+    )
+
+
 def render_broker_value(value: Any) -> str:
     """A test value as a server.properties value (booleans as Kafka writes them, acks "all"
     as -1)."""
@@ -621,6 +657,8 @@ def config_name(test: Mapping[str, Any]) -> str:
         parts.append("unclean")
     if test.get("truncation_mode") not in (None, "leader-epoch"):
         parts.append(str(test["truncation_mode"]))
+    if test.get("flush_policy") not in (None, "never"):
+        parts.append("flush-" + str(test["flush_policy"]).replace(":", ""))
     for name, short in zip(TIMINGS, ("lag", "zk"), strict=True):
         if test.get(name) is not None and int(test[name]) != _BY_NAME[name].absent:
             parts.append(f"{short}{int(test[name])}")

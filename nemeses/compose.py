@@ -38,6 +38,7 @@ from isrlab.nemeses.corrupt import CorruptFault
 from isrlab.nemeses.corrupt import start_value as corrupt_value
 from isrlab.nemeses.packet import PacketFault, check_available
 from isrlab.nemeses.partition import DEFAULT_SHAPES, SHAPES, PartitionFault
+from isrlab.nemeses.power import PowerFault
 from isrlab.nemeses.process import KillFault, LaggingFailoverFault, PauseFault
 from isrlab.nemeses.targeted import IsrSqueezeFault, LeaderFlapFault, ZkCutFault
 
@@ -49,6 +50,8 @@ KINDS: tuple[str, ...] = (
     "partition-iptables",
     "pause",
     "kill",
+    "power",
+    "power-zookeeper",
     "clock",
     "corrupt",
     "packet",
@@ -143,6 +146,8 @@ def build(kinds: str | Sequence[str], db: ClusterDB, test: dict[str, Any]) -> Ne
             faults[kind] = PauseFault(db, rng)
         elif kind == "kill":
             faults[kind] = KillFault(db, rng)
+        elif kind in ("power", "power-zookeeper"):
+            faults[kind] = PowerFault(db, rng, zookeeper=kind == "power-zookeeper")  # type: ignore[arg-type]
         elif kind == "clock":
             faults[kind] = ClockFault(db, rng)
         elif kind == "corrupt":
@@ -176,7 +181,7 @@ def heal_all(db: ClusterDB, faults: dict[str, Fault] | None = None) -> dict[str,
     errors: list[str] = []
     # network first (so restarted brokers find their peers), then clocks, then processes
     network = ("partition", "partition-iptables", "zk-cut", "isr-squeeze", "packet")
-    for kind in (*network, "leader-flap", "clock", "pause", "kill"):
+    for kind in (*network, "leader-flap", "clock", "pause", "power-zookeeper", "power", "kill"):
         fault = faults.get(kind)
         if fault is None:
             continue

@@ -46,7 +46,10 @@ log = logging.getLogger(__name__)
 
 JOURNAL_NAME = ".isrlab-synced"
 JOURNAL_TMP = JOURNAL_NAME + ".tmp"
-_OWN_FILES = (JOURNAL_NAME, JOURNAL_TMP)
+#: isrlab's truncation journal (broker.log.inventory.TRUNCATION_JOURNAL): the observer's notes,
+#: which a power loss leaves alone, as it does this module's journal
+TRUNCATION_JOURNAL = "isrlab-truncations.jsonl"
+_OWN_FILES = (JOURNAL_NAME, JOURNAL_TMP, TRUNCATION_JOURNAL)
 
 PathLike = str | os.PathLike[str]
 
@@ -422,11 +425,17 @@ def apply_power_loss(log_dir: PathLike) -> PowerLossReport:
 
     Every file whose directory entry never reached disk is deleted (a directory with everything
     under it); every other file is cut back to its synced length (to 0 if no byte of it was
-    synced). Afterwards what is left is on disk: the journal is rewritten as its baseline.
+    synced). Before a partition's segment is cut or deleted, the records it loses are appended
+    to the log dir's truncation journal (``inventory.record_power_loss``, kind ``power-loss``):
+    the reconciliation of unseen writes names them. isrlab's own files (this journal, the
+    truncation journal) are left alone. Afterwards what is left is on disk: the journal is
+    rewritten as its baseline.
     """
     root = os.path.abspath(log_dir)
     if not os.path.isdir(root):
         raise JournalError(f"{log_dir} is not a directory")
+    from isrlab.broker.log.inventory import is_segment, record_power_loss
+
     state = read_journal(root)
     report = PowerLossReport(root)
     gone: list[str] = []
@@ -435,6 +444,13 @@ def apply_power_loss(log_dir: PathLike) -> PowerLossReport:
             continue
         full = os.path.join(root, rel)
         if rel not in state.durable:
+            # the records of every segment about to vanish, in the truncation journal first
+            doomed = [Path(full)]
+            if is_dir:
+                doomed = sorted(p for p in Path(full).rglob("*") if p.is_file())
+            for path in doomed:
+                if is_segment(path):
+                    record_power_loss(path, 0)
             if is_dir:
                 shutil.rmtree(full)
             else:
@@ -446,6 +462,8 @@ def apply_power_loss(log_dir: PathLike) -> PowerLossReport:
             continue
         size = os.stat(full).st_size
         keep = state.synced.get(rel)
+        if size > (keep or 0) and is_segment(Path(full)):
+            record_power_loss(Path(full), keep or 0)
         if keep is None:
             if size:
                 os.truncate(full, 0)

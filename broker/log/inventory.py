@@ -10,9 +10,11 @@ unseen and lost acknowledged writes, `checkers/unseen.py`):
 - The truncation journal `isrlab-truncations.jsonl` in each log directory: one JSON line per
   truncation of a partition's log (a follower truncating to its leader's epoch end offset or
   to its high watermark, a replica reset to a new start offset), written by
-  `record_truncation` before the records are cut, holding the records cut. It is isrlab's own
-  file (Kafka only logs "Truncating to offset N"): written with a plain append, not fsynced,
-  so a power loss may drop its last lines.
+  `record_truncation` before the records are cut, holding the records cut; and the segments a
+  power loss cuts or deletes (`record_power_loss`, kind ``power-loss``, written by
+  ``durable.apply_power_loss``). It is isrlab's own file (Kafka only logs "Truncating to
+  offset N"): the observer's notes, written with a plain append, not fsynced, and left alone
+  by the power-loss model (as the journal of synced lengths is).
 
 `isrlab-broker replica-records` prints `stored_records` of every partition of a log directory
 as JSON lines; the harness runs it on every node after a run.
@@ -27,11 +29,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from isrlab.broker.log.durable import TRUNCATION_JOURNAL
 from isrlab.broker.log.errors import LogError
 from isrlab.broker.log.record_batch import BatchHeader, check_crc, iter_batches
 from isrlab.broker.log.segment import LOG_SUFFIX
 
-TRUNCATION_JOURNAL = "isrlab-truncations.jsonl"
+__all__ = [
+    "TRUNCATION_JOURNAL",
+    "Inventory",
+    "StoredRecord",
+    "is_segment",
+    "record_power_loss",
+    "record_truncation",
+    "replica_records",
+    "segment_files",
+    "show_value",
+    "stored_records",
+    "whole_batches",
+]
 
 
 @dataclass(frozen=True)
@@ -138,6 +153,75 @@ def record_truncation(
             "log_end_offset": log_end_offset,
             "to_offset": to_offset,
             "leader_epoch": leader_epoch,
+            "records": cut,
+        }
+        with open(partition_dir.parent / TRUNCATION_JOURNAL, "a", encoding="utf-8") as f:
+            f.write(json.dumps(entry, separators=(",", ":")) + "\n")
+    except (OSError, ValueError, LogError):
+        pass
+
+
+def _latest_epoch(partition_dir: Path) -> int:
+    """The last epoch of a partition's leader-epoch-checkpoint (-1 when there is none)."""
+    try:
+        lines = (partition_dir / "leader-epoch-checkpoint").read_text().split()
+        return int(lines[-2]) if len(lines) >= 4 else -1
+    except (OSError, ValueError, IndexError):
+        return -1
+
+
+def is_segment(path: Path) -> bool:
+    """A live segment of a partition directory: ``<topic>-<p>/<20 digits>.log``."""
+    topic, _, part = path.parent.name.rpartition("-")
+    stem = path.name[: -len(LOG_SUFFIX)]
+    return (
+        bool(topic)
+        and part.isdigit()
+        and path.name.endswith(LOG_SUFFIX)
+        and len(stem) == 20
+        and stem.isdigit()
+    )
+
+
+def record_power_loss(segment: Path, keep: int) -> None:
+    """Before a power loss cuts the segment file `segment` back to its first `keep` bytes
+    (``keep`` 0 when it is emptied or deleted), append to the log directory's truncation
+    journal the records it loses, with kind ``power-loss``: every whole batch that does not
+    end within the bytes kept (a batch cut through is lost whole: recovery drops a torn tail).
+    ``leader_epoch`` is the last epoch of the partition's leader-epoch-checkpoint as the
+    page cache held it. Never raises, as `record_truncation`."""
+    from kafka.record.default_records import DefaultRecordBatch
+
+    try:
+        partition_dir = segment.parent
+        topic, _, part = partition_dir.name.rpartition("-")
+        data = segment.read_bytes()
+        headers = whole_batches(data)
+        lost = [h for h in headers if h.end_position > keep and not h.is_control]
+        if not lost:
+            return
+        cut = []
+        for header in lost:
+            try:
+                check_crc(data, header)
+            except LogError:
+                continue
+            batch = DefaultRecordBatch(data[header.position : header.end_position])
+            for r in batch:
+                value = None if r.value is None else bytes(r.value)
+                cut.append(
+                    [r.offset, header.partition_leader_epoch, header.producer_id, show_value(value)]
+                )
+        entry = {
+            "time_ms": int(time.time() * 1000),
+            "topic": topic,
+            "partition": int(part),
+            "kind": "power-loss",
+            "log_end_offset": headers[-1].last_offset + 1,
+            "to_offset": lost[0].base_offset,
+            "leader_epoch": _latest_epoch(partition_dir),
+            "segment": segment.name,
+            "bytes": [len(data), keep],
             "records": cut,
         }
         with open(partition_dir.parent / TRUNCATION_JOURNAL, "a", encoding="utf-8") as f:

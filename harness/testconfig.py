@@ -266,6 +266,8 @@ class TestConfig:
         "(log.flush.interval.messages=1: fsync before acknowledging) or interval:<ms> "
         "(log.flush.interval.ms=<ms>); a matrix --switch",
         choices=FLUSH_POLICIES,
+        column="string",
+        absent="never",
         switch=True,
         always_in_json=False,
     )

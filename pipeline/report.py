@@ -43,6 +43,7 @@ __all__ = [
     "NEMESIS_ORDER",
     "heatmap_figure",
     "publish_run",
+    "storage_rows",
     "switch_tables",
     "unseen_by_acks",
     "write_report",
@@ -117,6 +118,35 @@ def unseen_by_acks(configs: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, 
         for name, n in classes.items():
             slot[name] = slot.get(name, 0) + int(n)
     return dict(sorted(out.items()))
+
+
+#: nemesis kinds that damage storage (nemeses.power, nemeses.corrupt)
+STORAGE_FAULTS = ("power", "power-zookeeper", "corrupt")
+
+
+def storage_rows(configs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The configurations whose faults include a storage fault (power loss, corruption), with
+    their flush policy: the published report's storage-fault section."""
+    rows = []
+    for c in configs:
+        kinds = str(c.get("nemesis") or "").replace("+", ",").split(",")
+        if not any(k in STORAGE_FAULTS for k in kinds):
+            continue
+        lost = (c.get("anomalies") or {}).get("lost-write") or {}
+        rows.append(
+            {
+                "acks": c.get("acks"),
+                "nemesis": c.get("nemesis"),
+                "flush_policy": c.get("flush_policy") or "never",
+                "runs": c.get("runs"),
+                "runs_invalid": c.get("runs_invalid"),
+                "acked_writes": c.get("acked_writes"),
+                "lost_writes": int(lost.get("count", 0)),
+                "anomalies": {k: a.get("count", 0) for k, a in (c.get("anomalies") or {}).items()},
+                "unseen_classes": c.get("unseen_classes") or {},
+            }
+        )
+    return rows
 
 
 def switch_tables(configs: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -401,6 +431,7 @@ def write_report(analysis: Analysis) -> Path:
         figures=figures,
         switches=switch_tables(analysis.configs),
         unseen_by_acks=unseen_by_acks(analysis.configs),
+        storage=storage_rows(analysis.configs),
         unseen_classes=UNSEEN_CLASSES,
         runs=runs,
         worst=worst[:20],

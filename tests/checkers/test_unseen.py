@@ -143,3 +143,26 @@ def test_the_pipeline_counts_classes_per_acks_setting(tmp_path: Path) -> None:
     assert unseen_by_acks([summary, dict(summary, acks="all", unseen_classes={})]) == {
         "1": {"never-reached-a-replica": 1, "not-yet-read": 1, "truncated": 1}
     }
+
+
+def test_the_published_report_has_a_storage_fault_section() -> None:
+    from isrlab.pipeline.report import storage_rows
+
+    base = {"acks": "all", "runs": 2, "runs_invalid": 1, "acked_writes": 100, "unseen_classes": {}}
+    configs = [
+        dict(base, nemesis="partition", anomalies={}),
+        dict(
+            base,
+            nemesis="power",
+            flush_policy="never",
+            anomalies={"lost-write": {"count": 4}},
+            unseen_classes={"truncated": 4},
+        ),
+        dict(base, nemesis="kill+corrupt", flush_policy="every-append", anomalies={}),
+    ]
+    rows = storage_rows(configs)
+    assert [(r["nemesis"], r["flush_policy"], r["lost_writes"]) for r in rows] == [
+        ("power", "never", 4),
+        ("kill+corrupt", "every-append", 0),
+    ]
+    assert rows[0]["unseen_classes"] == {"truncated": 4}

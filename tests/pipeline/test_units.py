@@ -34,6 +34,7 @@ def test_config_of_fills_kafka_defaults_and_labels_faults() -> None:
         "txn_verification": True,  # runs from before the transaction switches ran with them on
         "txn_epoch_fencing": True,
         "txn_marker_acks": "all",
+        "flush_policy": "never",  # runs from before the flush-policy switch: Kafka's default
         "replica_lag_time_max_ms": 10000,
         "zk_session_timeout_ms": 6000,
     }

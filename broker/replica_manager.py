@@ -28,6 +28,7 @@ from isrlab.broker.errors import ErrorCode, KafkaError
 from isrlab.broker.log.checkpoint import OffsetCheckpointFile
 from isrlab.broker.log.errors import KafkaStorageError
 from isrlab.broker.log.log import Log
+from isrlab.broker.log.recovery import LogDirFailure
 from isrlab.broker.network.client import ConnectionFailed, KafkaConnection
 from isrlab.broker.partition import AppendResult, HostedPartition, ReadResult
 from isrlab.broker.replication import (
@@ -127,9 +128,13 @@ class ReplicaManager:
             self._hw_start = dict(self._hw_cp.read())
         except FileNotFoundError:
             self._hw_start = {}
-        except Exception as e:
-            log.warning("ignoring unreadable %s: %s", self._hw_cp.path, e)
-            self._hw_start = {}
+        except KafkaStorageError as e:
+            # Kafka: reading the high-watermark checkpoint raises KafkaStorageException, the
+            # log dir goes offline (with its only log dir, the broker does not run)
+            raise LogDirFailure(
+                f"the log dir goes offline, as in Kafka: {e} (the high watermarks are learned "
+                "again from the leaders)"
+            ) from e
         self._connections: dict[tuple[int, TopicPartition], KafkaConnection] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loops: list[asyncio.Task[None]] = []

@@ -1,7 +1,9 @@
 """File corruption on brokers' disks: bit flips, truncation, and an old disk coming back.
 
-``start-corrupt`` with ``{"target": T, "key": K, "mode": M, ...}`` acts on the target nodes
-(``nemeses.base.resolve_targets``: one, minority, majority, all, leader of K, ...). Each node's
+``start-corrupt`` with ``{"target": T, "key": K, "mode": M, ...}`` acts on the target nodes,
+chosen by ``nemeses.base.resolve_targets`` (one, minority, majority, all, leader of K, ...)
+among the replicas of K's partition (its leader and the in-sync followers the metadata names;
+every node when the cluster cannot tell): a minority is a minority of the copies. Each node's
 broker is killed (SIGKILL), its files are damaged, and it is started again: a disk returns
 what was written to it, so damage is only seen by a process that reads the file after the page
 cache let go of it, which is what a restart gives. The broker meets the damage at its start (the
@@ -25,7 +27,7 @@ checkpoints. ``segment`` = ``first`` (default: the oldest segment, below the rec
 once the log has rolled), ``last`` (the active one) or ``middle`` picks the segment for the
 segment files.
 
-Completions: ``{"target": T, "key": K, "mode": M, "nodes": [...], "damage": [{"node",
+Completions: ``{"target": T, "key": K, "mode": M, "replicas": [...], "nodes": [...], "damage": [{"node",
 "file", "size", "flips": [[byte offset, bit], ...]} | {..., "truncated_to": n} | {"node",
 "copy"} | {"node", "error"}]}``: exactly what was done, so a history says which bytes changed.
 ``stop-corrupt`` answers ``{"nodes": [...], "restored": [...]}`` (bit flips and truncations
@@ -41,7 +43,7 @@ from __future__ import annotations
 import posixpath
 import random
 import shlex
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from isrlab.nemeses.base import ClusterDB, NemesisError, default_key, resolve_targets
 from isrlab.nemeses.process import KillFault, _each
@@ -77,6 +79,17 @@ class CorruptDB(ClusterDB, Protocol):
     """What the corrupt fault needs beyond ``ClusterDB`` (``harness.db.KafkaDB`` has it)."""
 
     def path(self, node: str, *parts: str) -> str: ...
+
+
+class _Replicas:
+    """The DB seen through one partition's replicas: ``names`` are the replicas."""
+
+    def __init__(self, db: ClusterDB, names: list[str]) -> None:
+        self._db = db
+        self.names = names
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._db, name)
 
 
 def start_value(rng: random.Random, target: str, keys: list[str]) -> dict[str, Any]:
@@ -148,7 +161,9 @@ class CorruptFault:
                 raise NemesisError(f"corrupt: bits must be at least 1, not {bits}")
         if mode == "truncate" and "at" in value:
             _fraction(value["at"], "at")
-        nodes = resolve_targets(target, self.db, self.rng, key)
+        replicas = self._replicas(key)
+        among = cast(ClusterDB, _Replicas(self.db, replicas)) if replicas else self.db
+        nodes = resolve_targets(target, among, self.rng, key)
         # the random draws happen here, in node order, so they do not depend on thread timing
         plans = [(n, random.Random(self.rng.random())) for n in nodes]
         done = _each(
@@ -156,7 +171,18 @@ class CorruptFault:
             lambda n: self._one(n, dict(plans)[n], mode, file, which, key, value),
         )
         hit = [d["node"] for d in done if "error" not in d]
-        return {"target": target, "key": key, "mode": mode, "nodes": hit, "damage": done}
+        out = {"target": target, "key": key, "mode": mode, "nodes": hit, "damage": done}
+        if replicas:
+            out["replicas"] = replicas
+        return out
+
+    def _replicas(self, key: str) -> list[str]:
+        topic, _, part = key.rpartition("/")
+        try:
+            leader, followers = self.db.replicas_of(topic, int(part))
+        except Exception:
+            return []
+        return sorted({n for n in (leader, *followers) if n})
 
     def _one(
         self,

@@ -102,11 +102,17 @@ class CheckpointFile(Generic[T]):
     def read(self) -> list[T]:
         """The entries, or [] if the file does not exist."""
         try:
-            text = self.path.read_text(encoding="utf-8")
+            raw = self.path.read_bytes()
         except FileNotFoundError:
             return []
-        except (OSError, UnicodeDecodeError) as exc:
+        except OSError as exc:
             raise KafkaStorageError(f"cannot read checkpoint {self.path}: {exc}") from exc
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            number = raw.count(b"\n", 0, exc.start) + 1
+            line = raw.split(b"\n")[number - 1].decode("utf-8", "replace")
+            raise self._malformed(number, line, f"not UTF-8 text ({exc.reason})") from None
         lines = text.splitlines()
         if len(lines) < 2:
             raise self._malformed(1, text[:80], "expected a version line and a count line")

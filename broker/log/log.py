@@ -996,10 +996,13 @@ def _load_segment(
 def _load_or_rebuild_epoch_cache(
     directory: Path, segments: list[LogSegment], log_start_offset: int, compacted: bool = False
 ) -> LeaderEpochFileCache:
-    """The leader-epoch-checkpoint, or, if it is unreadable or contradicts the batches (see
+    """The leader-epoch-checkpoint, or, if it contradicts the batches (see
     ``recovery.epoch_cache_problem``), the cache rebuilt from the batches.
 
     Every batch carries its partitionLeaderEpoch, so the cache is derived data like the indexes.
+    A file that cannot be read or does not parse is Kafka's KafkaStorageException while the log
+    loads: the log dir goes offline (LogDirFailure: the broker does not start), with one line
+    saying how to have it rebuilt (delete it) or to restore the partition from a replica.
     """
     path = directory / LEADER_EPOCH_CHECKPOINT
     try:
@@ -1011,7 +1014,10 @@ def _load_or_rebuild_epoch_cache(
             return loaded
         logger.warning("%s does not match the record batches: %s; rebuilding it", path, problem)
     except KafkaStorageError as exc:
-        logger.warning("%s; rebuilding it from the record batches", exc)
+        raise recovery.LogDirFailure(
+            f"the log dir goes offline, as in Kafka: {exc}; or move {directory} away and start "
+            "again to restore the partition from a replica"
+        ) from exc
     durable.unlink(path, missing_ok=True)
     cache = LeaderEpochFileCache(path)
     for segment in segments:

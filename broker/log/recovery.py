@@ -346,8 +346,14 @@ def epoch_cache_problem(
                 f"epoch {epoch} starts at offset {start}, but the batch there starts at "
                 f"{header.base_offset} with epoch {header.partition_leader_epoch}"
             )
-    if log_end > log_start_offset and entries:
+    if log_end > log_start_offset:
         last = batch_at(log_end - 1)
+        if last is not None and last.partition_leader_epoch >= 0 and not entries:
+            # a deleted file (what the broker says to do with a malformed one) is rebuilt
+            return (
+                f"no entries, but the last batch (offset {last.base_offset}) has epoch "
+                f"{last.partition_leader_epoch}"
+            )
         if last is not None and last.partition_leader_epoch >= 0:
             covering = [epoch for epoch, start in entries if start <= last.base_offset]
             expected = covering[-1] if covering else None

@@ -159,12 +159,12 @@ def cut_half(path: Path) -> None:
 # file (relative to the log dir) -> the log line naming it when it is cut in half
 DERIVED = {
     "recovery-point-offset-checkpoint": "ignoring unreadable checkpoint",
-    "replication-offset-checkpoint": "ignoring unreadable",
     "log-start-offset-checkpoint": "ignoring unreadable checkpoint",
-    f"{TOPIC}-0/leader-epoch-checkpoint": "rebuilding it",
     f"{TOPIC}-0/{1000:020d}.snapshot": "Deleting corrupt producer state snapshot",
     f"{TOPIC}-0/{0:020d}.timeindex": "Rebuilding index files for segment",
 }
+# Kafka's KafkaStorageException while loading: the log dir goes offline
+OFFLINE = ["replication-offset-checkpoint", f"{TOPIC}-0/leader-epoch-checkpoint"]
 
 
 @pytest.mark.parametrize("name", sorted(DERIVED))
@@ -182,4 +182,28 @@ def test_a_cut_derived_file_is_logged_and_recovered(filled: Path, tmp_path: Path
     assert end_offset(broker.port, TOPIC) == 1000
     assert decode_values(fetch_all(broker.port, TOPIC)) == [(i, value(i)) for i in range(1000)]
     assert produce_acked(broker.port, [b"after"]) == 1000
+    broker.stop()
+
+
+@pytest.mark.parametrize("name", OFFLINE)
+def test_a_cut_leader_epoch_or_high_watermark_file_takes_the_log_dir_offline(
+    filled: Path, tmp_path: Path, name: str
+):
+    broker = broker_on_copy(filled, tmp_path)
+    path = broker.log_dir / name
+    if not path.exists():
+        path.write_text("0\n1\ndurable 0 1000\n")  # the checkpoint a longer run would have
+    cut_half(path)
+    with pytest.raises(RuntimeError, match="broker exited"):
+        broker.start()
+    assert exit_status(broker) == 2
+    line = broker.log_text().strip().splitlines()[-1]
+    assert line.startswith(
+        "isrlab-broker: cannot start: the log dir goes offline, as in Kafka: malformed "
+        f"checkpoint file {path}, line "
+    )
+    assert "delete the file" in line and "Traceback" not in broker.log_text()
+    path.unlink()  # what the line says to do: the broker starts and serves everything
+    broker.start()
+    assert decode_values(fetch_all(broker.port, TOPIC)) == [(i, value(i)) for i in range(1000)]
     broker.stop()

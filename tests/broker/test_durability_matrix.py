@@ -27,6 +27,7 @@ from tests.log.test_torn_files import (
     TP,
     damage,
     expected_log,
+    goes_offline,
     idempotent_batch,
     target,
 )
@@ -79,6 +80,15 @@ def test_torn_file_matrix_live(broker_factory, kind: str, how: str, clean: bool)
     damage(target(root, kind), kind, how)
 
     before = len(broker.log_text())
+    refusal = goes_offline(kind, how)
+    if refusal is not None:  # Kafka's offline log dir: one line, exit status 2
+        with pytest.raises(RuntimeError, match="broker exited"):
+            broker.start()
+        assert broker.proc is not None and broker.proc.wait(10) == 2
+        broker.proc = None
+        line = broker.log_text()[before:].strip().splitlines()[-1]
+        assert re.search("isrlab-broker: cannot start: " + refusal, line), line
+        return
     broker.start()
     log = broker.log_text()[before:]
     leo = BATCHES * BATCH_RECORDS - (BATCH_RECORDS if (kind, how) in LOST_LAST_BATCH else 0)

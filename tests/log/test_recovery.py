@@ -204,12 +204,22 @@ def test_epoch_cache_is_trimmed_to_the_recovered_log(open_log: Opener) -> None:
     assert again.leader_epoch_cache.epoch_entries() == [(1, 0)]
 
 
-def test_garbage_epoch_checkpoint_is_rebuilt_from_the_batches(open_log: Opener) -> None:
+def test_garbage_epoch_checkpoint_takes_the_log_dir_offline_a_deleted_one_is_rebuilt(
+    open_log: Opener,
+) -> None:
     log = open_log(CONFIG)
     fill(log, 2, epoch=1)
     fill(log, 3, epoch=4)
     log.close()
-    (log.dir / "leader-epoch-checkpoint").write_text("0\n7\ngarbage\n")
+    path = log.dir / "leader-epoch-checkpoint"
+    path.write_text("0\n7\ngarbage\n")
+    # Kafka: KafkaStorageException while loading, the log dir goes offline
+    with pytest.raises(
+        LogDirFailure, match=f"offline, as in Kafka: malformed checkpoint file {path}"
+    ):
+        open_log(CONFIG)
+    assert path.read_text() == "0\n7\ngarbage\n"  # nothing changed on disk
+    path.unlink()  # what the line says to do
     again = open_log(CONFIG)
     assert again.leader_epoch_cache.epoch_entries() == [(1, 0), (4, 6)]
     assert (again.dir / "leader-epoch-checkpoint").read_text() == "0\n2\n1 0\n4 6\n"

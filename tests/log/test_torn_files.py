@@ -28,6 +28,7 @@ from isrlab.broker.log.checkpoint import OffsetCheckpointFile
 from isrlab.broker.log.log import CLEAN_SHUTDOWN_FILE, Log
 from isrlab.broker.log.producer_state import ProducerStateManager
 from isrlab.broker.log.record_batch import iter_batches
+from isrlab.broker.log.recovery import LogDirFailure
 from isrlab.broker.log_manager import LogManager
 from isrlab.broker.replica_manager import LocalStateStore, ReplicaManager
 from isrlab.broker.replication.config import ReplicationConfig
@@ -160,19 +161,32 @@ def reload(root: Path) -> tuple[LogManager, Log, ReplicaManager]:
     manager = LogManager(cfg)
     manager.load(topic_configs(cfg))
     log = manager.logs[TP]
-    replicas = ReplicaManager(
-        0,
-        root,
-        replication=lambda topic: ReplicationConfig(),
-        broker_address=lambda broker: None,
-        state_store=LocalStateStore(),
-    )
+    try:
+        replicas = ReplicaManager(
+            0,
+            root,
+            replication=lambda topic: ReplicationConfig(),
+            broker_address=lambda broker: None,
+            state_store=LocalStateStore(),
+        )
+    except LogDirFailure:
+        manager.close()
+        raise
     replicas.add(TP, log, topic_configs(cfg)[TP[0]])
     return manager, log, replicas
 
 
 # What each cell logs (a regex on the broker's log) and how many records the damage destroys.
 LOST_LAST_BATCH = {("segment", "cut"), ("segment", "flip")}
+
+
+def goes_offline(kind: str, how: str) -> str | None:
+    """The refusal (a regex) of a cell where Kafka takes the log dir offline: a
+    leader-epoch-checkpoint or replication-offset-checkpoint that does not parse (a flipped
+    byte in these cells still parses)."""
+    if kind in ("leader-epoch-checkpoint", "replication-offset-checkpoint") and how != "flip":
+        return r"the log dir goes offline, as in Kafka: malformed checkpoint file .*" + kind
+    return None
 
 
 def expected_log(kind: str, how: str, clean: bool) -> str | None:
@@ -216,6 +230,11 @@ def test_torn_file_matrix(
     damage(target(root, kind), kind, how)
     caplog.set_level(logging.INFO)
 
+    refusal = goes_offline(kind, how)
+    if refusal is not None:
+        with pytest.raises(LogDirFailure, match=refusal):
+            reload(root)
+        return
     manager, log, replicas = reload(root)
     try:
         lost = BATCH_RECORDS if (kind, how) in LOST_LAST_BATCH else 0

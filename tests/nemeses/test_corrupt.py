@@ -22,7 +22,8 @@ SEGMENTS = (0, 300, 600)
 def cluster(tmp_path: Path, n: int = 5) -> RecordingDB:
     """Every node's data dir holds partition t0-0 (three segments with their indexes, a
     .txnindex of the last, a snapshot, the leader-epoch file) and the log-dir checkpoints; python is this one."""
-    db = RecordingDB(n, root=tmp_path)
+    followers = tuple(f"n{i}" for i in range(2, min(n, 3) + 1))
+    db = RecordingDB(n, leader="n1", followers=followers, root=tmp_path)  # replicas n1..n3
     for node in db.names:
         data = tmp_path / node / "broker" / "data"
         part = data / "t0-0"
@@ -98,12 +99,12 @@ def test_every_file_kind_is_found_and_truncated(tmp_path: Path, file: str) -> No
     assert not db.down
 
 
-def test_minority_damages_two_of_five_and_leaves_the_others_alone(tmp_path: Path) -> None:
+def test_minority_damages_one_of_the_three_replicas_and_nothing_else(tmp_path: Path) -> None:
     db = cluster(tmp_path)
     before = snapshot_of(tmp_path)
     done = fault(db, seed=4).start({"target": "minority", "file": "index", "bits": 3})
     hit = done["nodes"]
-    assert len(hit) == 2
+    assert done["replicas"] == ["n1", "n2", "n3"] and len(hit) == 1 and hit[0] in done["replicas"]
     after = snapshot_of(tmp_path)
     touched = {k.split("/")[0] for k in before if before[k] != after[k]}
     assert touched <= set(hit) and touched

@@ -27,6 +27,8 @@ from kazoo.protocol.states import KazooState
 from isrlab.broker.config import BrokerConfig
 from isrlab.broker.controller_service import ControllerService
 from isrlab.broker.errors import ErrorCode, KafkaError
+from isrlab.broker.network.codec import FileRegion, Request
+from isrlab.broker.network.server import Connection
 from isrlab.broker.partition import HostedPartition
 from isrlab.broker.replication import LeaderAndIsr, TopicPartition, WriteStateZnode
 from isrlab.broker.server import KafkaServer, PartitionMetadata
@@ -80,6 +82,9 @@ class ClusterKafkaServer(KafkaServer):
         self._pid_end = -1
         self._background: set[asyncio.Future[Any]] = set()
         self._controller_seen = -1
+        # Set once this incarnation is registered and has loaded the membership view: client
+        # and replica requests wait for it (see `handle`).
+        self._serving = asyncio.Event()
 
     def _spawn(self, coro: Any) -> None:
         fut = asyncio.ensure_future(coro)
@@ -122,6 +127,7 @@ class ClusterKafkaServer(KafkaServer):
         # The membership view is loaded before start() returns; watches keep it current.
         ids = await asyncio.to_thread(self.zk.zk.get_children, "/brokers/ids")
         self._brokers = await asyncio.to_thread(self._lookup_brokers, sorted(int(i) for i in ids))
+        self._serving.set()
         self.zk.zk.add_listener(self._on_session_state)
         self.zk.zk.ChildrenWatch("/brokers/ids", self._on_brokers)
         self.zk.zk.ChildrenWatch("/brokers/topics", self._on_topics)
@@ -142,6 +148,7 @@ class ClusterKafkaServer(KafkaServer):
             return
         # a controller task that died with an error must not keep the logs from being closed
         await self._stop_step("stop the controller", self.controller.stop)
+        self._serving.set()  # requests still waiting are answered by the stopping broker
         await super().stop()
         # Closing the session deletes our ephemeral znodes at once (no session-timeout wait),
         # but must not hang the shutdown when ZooKeeper is unreachable.
@@ -272,6 +279,22 @@ class ClusterKafkaServer(KafkaServer):
         self.replica_manager.notifier.notify(tp)
 
     # ----- KafkaServer overrides ------------------------------------------------------------
+
+    async def handle(
+        self, request: Request, conn: Connection | None
+    ) -> list[bytes | FileRegion] | None:
+        """As `KafkaServer.handle`, once the broker is registered in ZooKeeper.
+
+        The listeners are bound first (a 0 port is advertised as the bound one), but a request
+        read before the registration waits for it, as Kafka enables request processing only
+        after registering the broker (KafkaServer.startup). A broker started again before its
+        old session expired can register only once it has (`KafkaZkClient.register_broker`),
+        up to zookeeper.session.timeout.ms later; answering meanwhile would give Metadata from
+        an empty membership view (no broker, every topic), and librdkafka decommissions every
+        broker such an answer leaves out: the consumer that asked fetched nothing more."""
+        if conn is not None and not self._serving.is_set():
+            await self._serving.wait()
+        return await super().handle(request, conn)
 
     def on_partition_hosted(self, hp: HostedPartition) -> None:
         self._watch_state(hp.tp)

@@ -80,7 +80,7 @@ def test_torn_file_matrix_live(broker_factory, kind: str, how: str, clean: bool)
     damage(target(root, kind), kind, how)
 
     before = len(broker.log_text())
-    refusal = goes_offline(kind, how)
+    refusal = goes_offline(kind, target(root, kind))
     if refusal is not None:  # Kafka's offline log dir: one line, exit status 2
         with pytest.raises(RuntimeError, match="broker exited"):
             broker.start()

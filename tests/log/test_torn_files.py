@@ -25,6 +25,8 @@ import pytest
 
 from isrlab.broker.config import BrokerConfig, parse_topic_configs
 from isrlab.broker.log.checkpoint import OffsetCheckpointFile
+from isrlab.broker.log.errors import KafkaStorageError
+from isrlab.broker.log.leader_epoch_checkpoint import LeaderEpochFileCache
 from isrlab.broker.log.log import CLEAN_SHUTDOWN_FILE, Log
 from isrlab.broker.log.producer_state import ProducerStateManager
 from isrlab.broker.log.record_batch import iter_batches
@@ -180,11 +182,18 @@ def reload(root: Path) -> tuple[LogManager, Log, ReplicaManager]:
 LOST_LAST_BATCH = {("segment", "cut"), ("segment", "flip")}
 
 
-def goes_offline(kind: str, how: str) -> str | None:
-    """The refusal (a regex) of a cell where Kafka takes the log dir offline: a
-    leader-epoch-checkpoint or replication-offset-checkpoint that does not parse (a flipped
-    byte in these cells still parses)."""
-    if kind in ("leader-epoch-checkpoint", "replication-offset-checkpoint") and how != "flip":
+def goes_offline(kind: str, path: Path) -> str | None:
+    """The refusal (a regex) of a cell where Kafka takes the log dir offline: a damaged
+    leader-epoch-checkpoint or replication-offset-checkpoint that no longer parses (a flipped
+    byte may still parse: then it is handled as any contradiction)."""
+    if kind not in ("leader-epoch-checkpoint", "replication-offset-checkpoint"):
+        return None
+    try:
+        if kind == "leader-epoch-checkpoint":
+            LeaderEpochFileCache(path)
+        else:
+            OffsetCheckpointFile(path).read()
+    except KafkaStorageError:
         return r"the log dir goes offline, as in Kafka: malformed checkpoint file .*" + kind
     return None
 
@@ -230,7 +239,7 @@ def test_torn_file_matrix(
     damage(target(root, kind), kind, how)
     caplog.set_level(logging.INFO)
 
-    refusal = goes_offline(kind, how)
+    refusal = goes_offline(kind, target(root, kind))
     if refusal is not None:
         with pytest.raises(LogDirFailure, match=refusal):
             reload(root)

@@ -31,6 +31,7 @@ from typing import Any, Protocol
 
 from isrlab.broker.errors import ErrorCode
 from isrlab.broker.log.errors import (
+    CorruptRecordError,
     InvalidRecordError,
     KafkaStorageError,
     LogError,
@@ -480,10 +481,21 @@ class HostedPartition:
     def on_fetch_response(
         self, request_id: int, error: int, records: bytes, hw: int, log_start: int, leo: int
     ) -> None:
+        fetch_offset = self.log.log_end_offset
         try:
             actions = self.core.on_fetch_response(
                 request_id, follower_error(error), records, hw, log_start, leo, now_ms()
             )
+        except (CorruptRecordError, InvalidRecordError) as e:
+            # Kafka's fetcher: log it and fetch again (the partition is not failed); the
+            # follower stays behind and leaves the ISR while the leader serves such data
+            log.error(
+                "%s: Found invalid messages during fetch at offset %d: %s",
+                self.name,
+                fetch_offset,
+                e,
+            )
+            actions = []
         except (LogError, OSError) as e:  # the core fetches again after the back-off
             log.error("%s: follower append failed: %s", self.name, e)
             actions = []

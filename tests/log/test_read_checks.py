@@ -86,3 +86,36 @@ def test_what_recovery_rescanned_is_not_checked_again(
     monkeypatch.setattr(recovery, "_check_batch", lambda *a: calls.append(1))
     assert len(decode_values(log.read(0, 1 << 20).read_bytes())) == 30
     assert calls == []
+
+
+def test_a_follower_never_appends_a_corrupt_batch_and_fetches_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The fetcher side (Kafka's AbstractFetcherThread): a batch whose CRC fails is logged as
+    invalid messages at the fetch offset, nothing is appended, and the follower fetches the
+    same offset again after the back-off."""
+    import asyncio
+
+    from isrlab.broker.partition import HostedPartition
+    from isrlab.broker.replication import ErrorCode as CoreError
+    from isrlab.broker.replication import LeaderAndIsr, ReplicationConfig
+    from tests.broker.test_partition_txn import RecordingIO
+
+    loop = asyncio.new_event_loop()
+    log = Log.open(tmp_path / "t-0", LogConfig(segment_bytes=4_000, file_delete_delay_ms=0))
+    io = RecordingIO()
+    hp = HostedPartition(("t", 0), log, 1, {}, ReplicationConfig(replica_fetch_backoff_ms=0), io)
+    try:
+        hp.become(LeaderAndIsr(0, 0, (0, 1), 1), [0, 1])  # follow broker 0
+        fetch = io.sent[-1]
+        data = bytearray(make_batch(3))
+        data[-2] ^= 0x10  # a byte of the last record: the CRC fails
+        hp.on_fetch_response(fetch.request_id, int(CoreError.NONE), bytes(data), 3, 0, 3)
+        assert log.log_end_offset == 0
+        assert "t-0: Found invalid messages during fetch at offset 0" in caplog.text
+        sent = len(io.sent)
+        hp.tick()
+        assert len(io.sent) == sent + 1 and io.sent[-1].fetch_offset == 0
+    finally:
+        log.close_without_flush()
+        loop.close()

@@ -27,6 +27,9 @@ from kazoo.protocol.states import KazooState
 from isrlab.broker.config import BrokerConfig
 from isrlab.broker.controller_service import ControllerService
 from isrlab.broker.errors import ErrorCode, KafkaError
+from isrlab.broker.log import durable
+from isrlab.broker.log.log import CLEAN_SHUTDOWN_FILE
+from isrlab.broker.log_manager import parse_dir_name
 from isrlab.broker.network.codec import FileRegion, Request
 from isrlab.broker.network.server import Connection
 from isrlab.broker.partition import HostedPartition
@@ -70,7 +73,11 @@ class ClusterKafkaServer(KafkaServer):
         super().__init__(config, state_store=ZkStateStore(self.zk))
         self.topic_store = ZkTopicStore(self.zk)  # type: ignore[assignment]
         self.controller = ControllerService(
-            self.zk, self.broker_id, config["unclean.leader.election.enable"]
+            self.zk,
+            self.broker_id,
+            config["unclean.leader.election.enable"],
+            eligible_leader_replicas=config["eligible.leader.replicas.enable"],
+            min_insync_replicas=lambda t: self.replication_config(t).min_insync_replicas,
         )
         # broker id -> listener name -> advertised (host, port)
         self._brokers: dict[int, dict[str, tuple[str, int]]] = {}
@@ -105,6 +112,8 @@ class ClusterKafkaServer(KafkaServer):
         topics = await asyncio.to_thread(self._read_topics)
         self.topic_store.cache = topics  # type: ignore[attr-defined]
         self._topics = dict(topics)
+        # KIP-966: whether the previous run closed every log (Log.open removes the markers).
+        clean_shutdown = self._logs_closed_cleanly()
         self.check_hosted_partitions()
         self.log_manager.load({n: self.topic_config(n) for n in self._topics})
         for name, info in self._topics.items():
@@ -123,7 +132,17 @@ class ClusterKafkaServer(KafkaServer):
         host, port = endpoints[self.inter_broker_listener]
         # what register_broker takes after the id: the inter-broker address, every listener's
         self._advertised: tuple[Any, ...] = (host, port, endpoints)
-        await asyncio.to_thread(self.zk.register_broker, self.broker_id, *self._advertised)
+        # Only the first registration of this process can report an unclean shutdown: after a
+        # session expiry the broker re-registers with its logs intact.
+        await asyncio.to_thread(
+            self.zk.register_broker, self.broker_id, *self._advertised, clean_shutdown
+        )
+        if not clean_shutdown and any(self.log_manager.logs):
+            log.warning(
+                "broker %d: the previous run did not close its logs cleanly; registered so "
+                "(its replicas are not elected from the eligible leader replicas)",
+                self.broker_id,
+            )
         # The membership view is loaded before start() returns; watches keep it current.
         ids = await asyncio.to_thread(self.zk.zk.get_children, "/brokers/ids")
         self._brokers = await asyncio.to_thread(self._lookup_brokers, sorted(int(i) for i in ids))
@@ -134,6 +153,24 @@ class ClusterKafkaServer(KafkaServer):
         self.zk.zk.DataWatch("/controller", self._on_controller)
         self.controller.start()
         log.info("broker %d registered in ZooKeeper as %s:%d", self.broker_id, host, port)
+
+    def _logs_closed_cleanly(self) -> bool:
+        """Whether the previous run stopped cleanly: the log dir's clean-shutdown marker
+        (written by ``stop`` once every log closed, as Kafka has one per log dir) and every
+        partition's. The log dir's marker is removed here, durably: a crash from now on is
+        an unclean shutdown. A log dir never used (no marker, no partition) counts as
+        unclean too: it holds nothing of what it may once have had."""
+        root = self.log_manager.dir
+        marker = root / CLEAN_SHUTDOWN_FILE
+        clean = marker.exists() and all(
+            (child / CLEAN_SHUTDOWN_FILE).exists()
+            for child in root.iterdir()
+            if child.is_dir() and parse_dir_name(child.name) is not None
+        )
+        if marker.exists():
+            durable.unlink(marker)
+            durable.fsync_dir(root)
+        return clean
 
     def _read_topics(self) -> dict[str, TopicInfo]:
         out = {}
@@ -150,6 +187,12 @@ class ClusterKafkaServer(KafkaServer):
         await self._stop_step("stop the controller", self.controller.stop)
         self._serving.set()  # requests still waiting are answered by the stopping broker
         await super().stop()
+        if not self.stop_failures:
+            # Every log closed: the next start registers after a clean shutdown (KIP-966).
+            try:
+                durable.write_atomically(self.log_manager.dir / CLEAN_SHUTDOWN_FILE, b"")
+            except OSError as e:
+                log.warning("could not write the clean-shutdown marker: %s", e)
         # Closing the session deletes our ephemeral znodes at once (no session-timeout wait),
         # but must not hang the shutdown when ZooKeeper is unreachable.
         try:

@@ -461,6 +461,15 @@ CONFIG_DEFS: dict[str, ConfigDef] = {
             "HISTORIC FAILURE SWITCH: elect an out-of-sync replica when no ISR member is alive.",
         ),
         ConfigDef(
+            "eligible.leader.replicas.enable",
+            "bool",
+            True,
+            "KIP-966 eligible leader replicas: replicas leaving an ISR below min.insync.replicas "
+            "stay electable, and a replica that restarted after an unclean shutdown is not "
+            "elected while an eligible one may return. HISTORIC FAILURE SWITCH when false: the "
+            "last ISR member is elected again whatever it lost. Set it alike on every broker.",
+        ),
+        ConfigDef(
             "replica.truncation.mode",
             "string",
             "leader-epoch",

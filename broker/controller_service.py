@@ -9,7 +9,15 @@ away (the controller died or lost its ZooKeeper session). The active controller 
 - deletion requests (children of `/admin/delete_topics`) -> the topic's znodes are removed,
 
 and executes what it returns: conditional state-znode writes (reporting the outcome back), re-reads
-after a version conflict. `NotifyBrokers` needs no message: brokers watch their partitions' state
+after a version conflict.
+
+KIP-966 in ZooKeeper mode: a broker's epoch is its registration's czxid (Kafka's ZooKeeper
+broker epoch) and its registration says whether it started after a clean shutdown. A broker
+whose epoch changed since the controller last looked registered anew; if it says unclean, the
+core is told (``unclean_shutdown``), once. A new epoch for a broker that never looked absent (a
+bounce inside one watch event) is handled as a failure then a start. After a controller
+failover the registrations are compared with each state znode instead: an unclean
+registration newer than the state's last write (czxid > mzxid) was not yet taken into account. `NotifyBrokers` needs no message: brokers watch their partitions' state
 znodes, so a written state is the notification (a documented difference from Kafka's
 LeaderAndIsr request).
 """
@@ -19,8 +27,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from typing import Any
 
+from kazoo.exceptions import NoNodeError
 from kazoo.protocol.states import KazooState
 
 from isrlab.broker.controller.controller import (
@@ -30,17 +40,33 @@ from isrlab.broker.controller.controller import (
     ReadStateZnode,
     WriteAssignmentZnode,
 )
-from isrlab.broker.replication import LeaderAndIsr, TopicPartition, WriteStateZnode
+from isrlab.broker.replication import (
+    LeaderAndIsr,
+    TopicPartition,
+    WriteStateZnode,
+    partition_state_path,
+)
 from isrlab.broker.zk_client import KafkaZkClient
 
 log = logging.getLogger(__name__)
 
 
 class ControllerService:
-    def __init__(self, zk: KafkaZkClient, broker_id: int, unclean_leader_election: bool):
+    def __init__(
+        self,
+        zk: KafkaZkClient,
+        broker_id: int,
+        unclean_leader_election: bool,
+        eligible_leader_replicas: bool = True,
+        min_insync_replicas: Callable[[str], int] | int = 1,
+    ):
         self.zk = zk
         self.broker_id = broker_id
         self.unclean = unclean_leader_election
+        self.eligible_leader_replicas = eligible_leader_replicas
+        self.min_insync_replicas = min_insync_replicas
+        # broker id -> broker epoch (registration czxid) of the live brokers last seen
+        self._epochs: dict[int, int] = {}
         self.core: Controller | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self._events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
@@ -106,8 +132,19 @@ class ControllerService:
             return
         elif kind == "brokers":
             live = sorted(int(c) for c in value)
+            regs = await asyncio.to_thread(self._registrations, live)
+            renewed = {b for b, (epoch, _) in regs.items() if self._epochs.get(b) != epoch}
+            bounced = {b for b in renewed if b in self._epochs}
+            unclean = sorted(b for b in renewed if not regs[b][1])
+            self._epochs = {b: epoch for b, (epoch, _) in regs.items()}
             log.info("controller: live brokers %s", live)
-            await self._execute(self.core.on_broker_change(live))
+            if unclean:
+                log.warning("controller: brokers %s registered after an unclean shutdown", unclean)
+            if bounced:
+                # Restarted between two looks: a failure, then a start (Kafka's broker epoch).
+                await self._execute(self.core.on_broker_change(sorted(set(live) - bounced)))
+            if self.core is not None:
+                await self._execute(self.core.on_broker_change(live, unclean))
         elif kind == "topics":
             for name in value:
                 if any(tp.topic == name for tp in self.core.assignments):
@@ -130,20 +167,46 @@ class ControllerService:
         if epoch is None:
             return
         log.info("broker %d is now the controller (epoch %d)", self.broker_id, epoch)
-        self.core = Controller(epoch, unclean_leader_election=self.unclean)
-        assignments, states = await asyncio.to_thread(self._read_all)
+        self.core = Controller(
+            epoch,
+            unclean_leader_election=self.unclean,
+            eligible_leader_replicas=self.eligible_leader_replicas,
+            min_insync_replicas=self.min_insync_replicas,
+        )
+        assignments, states, written_at = await asyncio.to_thread(self._read_all)
         live = await asyncio.to_thread(self.zk.broker_ids)
-        await self._execute(self.core.load(assignments, states, live))
+        regs = await asyncio.to_thread(self._registrations, live)
+        self._epochs = {b: e for b, (e, _) in regs.items()}
+        unclean = {
+            tp: [b for b, (e, clean) in regs.items() if not clean and e > written_at[tp]]
+            for tp in states
+        }
+        await self._execute(self.core.load(assignments, states, live, unclean))
         self._watch_cluster()
         # Catch up with deletions requested while nobody was controller.
         for name in await asyncio.to_thread(self.zk.deletion_requests):
             await self._handle("deletions", [name])
 
+    def _registrations(self, live: list[int]) -> dict[int, tuple[int, bool]]:
+        """Broker epoch and clean-shutdown flag of each live broker still registered."""
+        out = {}
+        for b in live:
+            reg = self.zk.broker_registration(b)
+            if reg is not None:
+                out[b] = reg
+        return out
+
     def _read_all(
         self,
-    ) -> tuple[dict[TopicPartition, list[int]], dict[TopicPartition, LeaderAndIsr]]:
+    ) -> tuple[
+        dict[TopicPartition, list[int]],
+        dict[TopicPartition, LeaderAndIsr],
+        dict[TopicPartition, int],
+    ]:
+        """Assignments, partition states and the zxid of each state's last write (mzxid)."""
         assignments: dict[TopicPartition, list[int]] = {}
         states: dict[TopicPartition, LeaderAndIsr] = {}
+        written_at: dict[TopicPartition, int] = {}
         for name in self.zk.topics():
             info = self.zk.topic(name)
             if info is None:
@@ -151,10 +214,13 @@ class ControllerService:
             for p, replicas in info.assignment.items():
                 tp = TopicPartition(name, p)
                 assignments[tp] = replicas
-                st = self.zk.partition_state(tp)
-                if st is not None:
-                    states[tp] = st
-        return assignments, states
+                try:  # one read: the state and when it was written go together
+                    data, stat = self.zk.zk.get(partition_state_path(tp))
+                except NoNodeError:
+                    continue
+                states[tp] = LeaderAndIsr.from_json(data, stat.version)
+                written_at[tp] = stat.mzxid
+        return assignments, states, written_at
 
     async def _execute(self, actions: list[ControllerAction]) -> None:
         queue = list(actions)
@@ -164,11 +230,12 @@ class ControllerService:
                 ok, version = await asyncio.to_thread(self.zk.write_state, a)
                 if ok:
                     log.info(
-                        "controller: %s leader=%d epoch=%d isr=%s",
+                        "controller: %s leader=%d epoch=%d isr=%s elr=%s",
                         a.tp,
                         a.state.leader,
                         a.state.leader_epoch,
                         list(a.state.isr),
+                        list(a.state.elr),
                     )
                 queue += self.core.on_write_result(a.tp, ok, version)
             elif isinstance(a, ReadStateZnode):

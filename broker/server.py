@@ -445,6 +445,7 @@ class KafkaServer:
             replica_lag_time_max_ms=int(self.config["replica.lag.time.max.ms"]),
             truncation_mode=TruncationMode(self.config["replica.truncation.mode"]),
             replica_fetch_wait_max_ms=int(self.config["replica.fetch.wait.max.ms"]),
+            eligible_leader_replicas_enable=bool(self.config["eligible.leader.replicas.enable"]),
         )
 
     def broker_address(self, broker_id: int) -> tuple[str, int] | None:

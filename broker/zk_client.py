@@ -82,6 +82,7 @@ class KafkaZkClient:
         host: str,
         port: int,
         endpoints: dict[str, tuple[str, int]] | None = None,
+        clean_shutdown: bool = True,
     ) -> bool:
         """Create this broker's ephemeral `/brokers/ids/<id>` in the current session; True if
         it was created now, False if the session already holds it.
@@ -93,7 +94,11 @@ class KafkaZkClient:
         owner check follows a sync.
 
         `endpoints`: listener name -> advertised (host, port), every one PLAINTEXT (default:
-        one PLAINTEXT listener at host:port, which also fills Kafka's legacy host/port)."""
+        one PLAINTEXT listener at host:port, which also fills Kafka's legacy host/port).
+
+        `clean_shutdown` (isrlab's field, KIP-966's broker registration adapted to ZooKeeper):
+        false when this process started from logs its previous run did not close cleanly, so
+        the controller takes it out of the eligible leader replicas."""
         endpoints = endpoints or {"PLAINTEXT": (host, port)}
         data = {
             "version": 5,
@@ -105,6 +110,7 @@ class KafkaZkClient:
             "listener_security_protocol_map": {name: "PLAINTEXT" for name in endpoints},
             "jmx_port": -1,
             "timestamp": str(int(time.time() * 1000)),
+            "clean_shutdown": clean_shutdown,
         }
         path = f"/brokers/ids/{broker_id}"
         deadline = time.monotonic() + self.zk._session_timeout / 1000 + 5
@@ -150,6 +156,19 @@ class KafkaZkClient:
         if not out and obj.get("host"):  # registered before endpoints were written
             out["PLAINTEXT"] = (obj["host"], int(obj["port"]))
         return out
+
+    def broker_registration(self, broker_id: int) -> tuple[int, bool] | None:
+        """A live broker's epoch (its registration's czxid, as Kafka's ZooKeeper mode has it)
+        and whether it registered after a clean shutdown (true when the field is absent)."""
+        try:
+            data, stat = self.zk.get(f"/brokers/ids/{broker_id}")
+        except NoNodeError:
+            return None
+        try:
+            clean = json.loads(data).get("clean_shutdown", True) is not False
+        except (ValueError, AttributeError):
+            clean = True
+        return stat.czxid, clean
 
     # ----- controller -----------------------------------------------------------------------
 

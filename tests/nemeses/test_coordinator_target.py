@@ -12,11 +12,11 @@ from isrlab import nemeses
 from isrlab.nemeses.base import coordinator_node, resolve_targets
 from isrlab.nemeses.partition import DEFAULT_SHAPES, PartitionFault, grudge
 from isrlab.nemeses.process import KillFault, PauseFault
-from tests.nemeses.test_schedule_shapes import FakeDB
+from tests.nemeses.conftest import RecordingDB
 
 
-class GroupDB(FakeDB):
-    """FakeDB with a consumer group whose coordinator it names (None: cannot tell)."""
+class GroupDB(RecordingDB):
+    """RecordingDB with a consumer group whose coordinator it names (None: cannot tell)."""
 
     def __init__(self, coordinator: str | None = "n4", group: str | None = "g1") -> None:
         super().__init__()

@@ -18,12 +18,12 @@ from isrlab.nemeses.base import resolve_targets, txn_coordinator_node
 from isrlab.nemeses.partition import DEFAULT_SHAPES, SHAPES, PartitionFault, grudge
 from isrlab.nemeses.process import KillFault, PauseFault
 from tests.harness.test_db_unit import _fake_broker, inventory
+from tests.nemeses.conftest import RecordingDB
 from tests.nemeses.test_coordinator_target import _Shell
-from tests.nemeses.test_schedule_shapes import FakeDB
 
 
-class TxnDB(FakeDB):
-    """FakeDB whose transactional ids have coordinators (id -> node; "error": none answers)."""
+class TxnDB(RecordingDB):
+    """RecordingDB whose transactional ids have coordinators (id -> node; "error": none answers)."""
 
     def __init__(self, coordinators: dict[str, str | None] | None = None) -> None:
         super().__init__()

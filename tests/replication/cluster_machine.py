@@ -257,8 +257,12 @@ class HighWatermarkTruncationMachine(ClusterMachine):
 
 
 class UncleanElectionMachine(ClusterMachine):
-    """unclean.leader.election.enable=true: out-of-sync replicas may be elected."""
+    """unclean.leader.election.enable=true: out-of-sync replicas may be elected. Without eligible
+    leader replicas, as Kafka had it before KIP-966: with them an unclean election happens
+    only once no eligible replica is alive either, and a counterexample takes minutes to find
+    (test_scenarios.py::test_unclean_election_* runs with them)."""
 
+    CONFIG = config(eligible_leader_replicas_enable=False)
     UNCLEAN = True
 
 

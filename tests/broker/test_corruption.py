@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -59,10 +60,15 @@ def filled(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root / "logs"
 
 
-def broker_on_copy(filled: Path, tmp_path: Path) -> BrokerProcess:
+@pytest.fixture
+def on_copy(filled: Path, tmp_path: Path) -> Iterator[BrokerProcess]:
+    """A broker (not started) on a copy of the filled log dir; stopped after the test
+    whatever happened in it."""
     logs = tmp_path / "logs"
     shutil.copytree(filled, logs)
-    return BrokerProcess(logs, free_port(), OVERRIDES)
+    broker = BrokerProcess(logs, free_port(), OVERRIDES)
+    yield broker
+    broker.stop()
 
 
 def part(broker: BrokerProcess) -> Path:
@@ -92,8 +98,8 @@ def all_crcs_good(data: bytes) -> bool:
     return True
 
 
-def test_a_corrupt_batch_below_the_checked_tail_is_never_served(filled: Path, tmp_path: Path):
-    broker = broker_on_copy(filled, tmp_path)
+def test_a_corrupt_batch_below_the_checked_tail_is_never_served(on_copy: BrokerProcess):
+    broker = on_copy
     segment = part(broker) / f"{0:020d}.log"
     position, size, base = batches(segment)[1]  # offsets 100..199, far below the tail
     assert base == 100
@@ -129,10 +135,8 @@ def test_a_corrupt_batch_below_the_checked_tail_is_never_served(filled: Path, tm
     assert f"{segment} at byte offset {position}" in line and "valid batch follows" in line
 
 
-def test_a_damaged_offset_index_entry_never_makes_a_fetch_skip_records(
-    filled: Path, tmp_path: Path
-):
-    broker = broker_on_copy(filled, tmp_path)
+def test_a_damaged_offset_index_entry_never_makes_a_fetch_skip_records(on_copy: BrokerProcess):
+    broker = on_copy
     index = part(broker) / f"{0:020d}.index"
     entries = index.read_bytes()
     assert len(entries) >= 16  # the first entry is not the last (the start checks that one)
@@ -168,8 +172,8 @@ OFFLINE = ["replication-offset-checkpoint", f"{TOPIC}-0/leader-epoch-checkpoint"
 
 
 @pytest.mark.parametrize("name", sorted(DERIVED))
-def test_a_cut_derived_file_is_logged_and_recovered(filled: Path, tmp_path: Path, name: str):
-    broker = broker_on_copy(filled, tmp_path)
+def test_a_cut_derived_file_is_logged_and_recovered(on_copy: BrokerProcess, name: str):
+    broker = on_copy
     path = broker.log_dir / name
     if not path.exists():
         path.write_text("0\n1\ndurable 0 1000\n")  # the checkpoint a longer run would have
@@ -187,9 +191,9 @@ def test_a_cut_derived_file_is_logged_and_recovered(filled: Path, tmp_path: Path
 
 @pytest.mark.parametrize("name", OFFLINE)
 def test_a_cut_leader_epoch_or_high_watermark_file_takes_the_log_dir_offline(
-    filled: Path, tmp_path: Path, name: str
+    on_copy: BrokerProcess, name: str
 ):
-    broker = broker_on_copy(filled, tmp_path)
+    broker = on_copy
     path = broker.log_dir / name
     if not path.exists():
         path.write_text("0\n1\ndurable 0 1000\n")  # the checkpoint a longer run would have

@@ -113,6 +113,9 @@ def _kip101_scenario_1(cluster_factory, mode: str) -> tuple[int, int]:
             "replica.truncation.mode": mode,
             "min.insync.replicas": "2",
             "replica.high.watermark.checkpoint.interval.ms": "3600000",
+            # Kafka of KIP-101's time: with eligible leader replicas (KIP-966) B, restarted
+            # after a kill -9, is not elected while A, eligible, may return.
+            "eligible.leader.replicas.enable": "false",
         },
         per_broker={
             1: {"zookeeper.session.timeout.ms": "12000"},

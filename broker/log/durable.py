@@ -267,7 +267,7 @@ def attach(log_dir: PathLike, enabled: bool = True) -> Journal | None:
     for stale in [d for d in _journals if not os.path.isdir(d)]:  # removed log dirs (tests)
         detach(stale)
     if not enabled:
-        for name in _OWN_FILES:
+        for name in (JOURNAL_NAME, JOURNAL_TMP):  # not the truncation journal: still true
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(root, name))
         return None

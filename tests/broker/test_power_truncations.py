@@ -126,3 +126,12 @@ def test_files_other_than_segments_are_cut_without_a_journal_entry(root: Path) -
     (part / "00000000000000000000.log.deleted").write_bytes(batch([7]))
     apply_power_loss(root)
     assert journal(root) == []
+
+
+def test_turning_the_bookkeeping_off_keeps_the_truncation_journal(tmp_path: Path) -> None:
+    d = tmp_path / "off"
+    durable.attach(d)
+    (d / TRUNCATION_JOURNAL).write_text('{"kind":"truncate","records":[]}\n')
+    durable.attach(d, enabled=False)
+    assert not (d / durable.JOURNAL_NAME).exists()
+    assert (d / TRUNCATION_JOURNAL).read_text() == '{"kind":"truncate","records":[]}\n'

@@ -14,10 +14,12 @@ every log truncation with the records it cut; broker/log/inventory.py). Each ack
   it is on disk, yet the reads went by it (a replica holding what the leader served without
   it: a diverged log).
 - ``truncated``: no replica holds it, and a truncation journal shows it cut: which node, at
-  which offset range, under which leader epoch (the epoch the truncating replica followed).
+  which offset range, under which leader epoch (the epoch the truncating replica followed), and
+  by what (`kind`: ``truncate`` / ``truncate-fully``, a replica following its leader;
+  ``power-loss``, the `power` nemesis cutting files back to what reached disk).
 - ``never-reached-a-replica``: no replica holds it and no journal has it: it never reached a
-  log that kept it on disk (acknowledged by a leader that lost it in a crash or power loss
-  before writing or flushing it, or with acks=0 never written at all).
+  log that kept it (acknowledged by a leader that lost it before writing it, or with acks=0
+  never written at all).
 
 Values are compared as the text the harness writes (decimal integers). A value sent to a key is
 looked for in that key's partition only.

@@ -165,9 +165,18 @@ def _recv_exactly(sock: socket.socket, n: int) -> bytes:
 
 
 def _retriable(error: str) -> bool:
+    # "available broker(s)": the broker that took the CreateTopics had not yet seen every
+    # registration the harness waited for (its /brokers/ids watch lags a moment after start)
     return any(
         s in error
-        for s in ("live broker", "NOT_CONTROLLER", "_TIMED_OUT", "REQUEST_TIMED_OUT", "_TRANSPORT")
+        for s in (
+            "live broker",
+            "available broker(s)",
+            "NOT_CONTROLLER",
+            "_TIMED_OUT",
+            "REQUEST_TIMED_OUT",
+            "_TRANSPORT",
+        )
     )
 
 

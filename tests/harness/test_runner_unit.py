@@ -155,3 +155,16 @@ def test_an_idle_run_is_recorded_unknown_in_results_and_report(tmp_path) -> None
     write_history(alive.ops, tmp_path / "history.jsonl")
     assert check_run(tmp_path, test)["valid"] is True
     assert "VALID</div>" in (tmp_path / "report.html").read_text()
+
+
+def test_topic_creation_retries_while_a_broker_has_not_seen_every_registration() -> None:
+    """A broker just started may answer CreateTopics from a partial view of /brokers/ids
+    (INVALID_REPLICATION_FACTOR "... larger than 2 available broker(s)") while the harness has
+    seen all five registered: that is retried until the deadline, not a setup failure."""
+    from isrlab.harness.db import _retriable
+
+    assert _retriable(
+        "KafkaException: KafkaError{code=INVALID_REPLICATION_FACTOR,val=38,str=\\"replication "
+        "factor 3 larger than 2 available broker(s)\\"}"
+    )
+    assert not _retriable("KafkaException: KafkaError{code=POLICY_VIOLATION,val=44}")

@@ -164,7 +164,7 @@ def test_topic_creation_retries_while_a_broker_has_not_seen_every_registration()
     from isrlab.harness.db import _retriable
 
     assert _retriable(
-        "KafkaException: KafkaError{code=INVALID_REPLICATION_FACTOR,val=38,str=\\"replication "
-        "factor 3 larger than 2 available broker(s)\\"}"
+        'KafkaException: KafkaError{code=INVALID_REPLICATION_FACTOR,val=38,str="replication '
+        'factor 3 larger than 2 available broker(s)"}'
     )
     assert not _retriable("KafkaException: KafkaError{code=POLICY_VIOLATION,val=44}")

@@ -24,7 +24,9 @@ liveness bugs):
   safety anomaly, not a stuck consumer). The process's assignment and position are followed
   through its ok `assign` ops (added keys start from the beginning, as the harness's client
   assigns them), `subscribe` ops and recorded rebalances (assigned keys start at the
-  `committed` offset when recorded, else the beginning), and its own polls. Each stretch says
+  `committed` offset when recorded, else the beginning), and its own polls (a failed poll or
+  transaction that read records ends a stretch too: the consumer was fetching, and its client
+  seeks back to where the ok reads left it). Each stretch says
   whether it lay wholly inside fault windows (a consumer cut off from a leader is expected to
   starve until the heal; one still starved after it is a liveness bug).
 
@@ -344,6 +346,12 @@ def _stuck_consumers(
         pos[p] = mine
         if typ == "info":
             close(p)  # the process is gone
+            continue
+        if typ != "ok" and f in ("poll", "txn") and any(dict(_reads(op)).values()):
+            # a failed op that read records (an aborted transaction): the consumer was
+            # fetching; its client seeks back to the op's first offsets, where the position
+            # followed here already is (only ok reads move it)
+            close(p)
             continue
         if typ != "ok" or mine is None or f not in ("poll", "txn"):
             continue

@@ -174,3 +174,17 @@ def test_the_report_and_results_json_show_stuck_consumers(tmp_path) -> None:
     html = (tmp_path / "report.html").read_text()
     section = html[html.index("<h3>Stuck consumers</h3>") :]
     assert "<code>k</code> 0 → 21" in section.split("</table>")[0]
+
+
+def test_a_failed_transaction_that_read_records_is_not_starvation() -> None:
+    """An aborted transaction's polls read records (then the client seeks back): the consumer
+    was fetching, so the stretch of empty polls ends there (seen in a no-verification run)."""
+    h = Hist()
+    writer_and_reader(h)
+    h.op(0.0, 1, "assign", ["k"])
+    for i in range(8):
+        h.poll(3.0 + i, 1, {})
+    h.op(11.5, 1, "txn", [["poll"]], [["poll", {"k": [[0, 0], [1, 1]]}]], typ="fail")
+    for i in range(8):
+        h.poll(12.0 + i, 1, {})
+    assert availability(h.done(), stuck_s=10.0)["stuck_consumers"] == []

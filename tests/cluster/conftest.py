@@ -15,10 +15,9 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from kafka.record.default_records import DefaultRecordBatch
 
 from isrlab.broker.log.checkpoint import REPLICATION_CHECKPOINT, OffsetCheckpointFile
-from isrlab.broker.log.errors import LogError
+from isrlab.broker.log.inventory import segment_files, whole_batches
 from isrlab.broker.log.log import CLEAN_SHUTDOWN_FILE
-from isrlab.broker.log.record_batch import BatchHeader, check_crc, iter_batches
-from isrlab.broker.log.segment import LOG_SUFFIX
+from isrlab.broker.log.record_batch import check_crc
 from isrlab.harness.zookeeper import LocalZooKeeper, ZooKeeperMissing, check_installed
 from tests.broker.conftest import BrokerProcess, free_port
 
@@ -30,27 +29,6 @@ class StoredRecord:
     offset: int
     leader_epoch: int  # the batch's partitionLeaderEpoch: which leader wrote it
     value: bytes | None
-
-
-def _segment_files(partition_dir: Path) -> list[Path]:
-    # Only live segments: names are 20 digits + .log (.deleted/.cleaned/.swap are not live).
-    logs = [
-        p
-        for p in partition_dir.iterdir()
-        if p.name.endswith(LOG_SUFFIX) and p.name[: -len(LOG_SUFFIX)].isdigit()
-    ]
-    return sorted(logs, key=lambda p: int(p.name[: -len(LOG_SUFFIX)]))
-
-
-def _whole_batches(data: bytes) -> list[BatchHeader]:
-    """The batches of a segment file up to the first torn one (a live broker may be writing)."""
-    headers: list[BatchHeader] = []
-    try:
-        for header in iter_batches(data):
-            headers.append(header)
-    except LogError:
-        pass
-    return headers
 
 
 @pytest.fixture(scope="session")
@@ -172,9 +150,9 @@ class Cluster:
         written. A corrupt batch fails the test: a replica must never serve one.
         """
         out: list[StoredRecord] = []
-        for path in _segment_files(self.partition_dir(broker_id, topic, p)):
+        for path in segment_files(self.partition_dir(broker_id, topic, p)):
             data = path.read_bytes()
-            for header in _whole_batches(data):
+            for header in whole_batches(data):
                 check_crc(data, header)
                 batch = DefaultRecordBatch(data[header.position : header.end_position])
                 for record in batch:
@@ -203,9 +181,9 @@ class Cluster:
         if broker.proc is not None:
             raise AssertionError(f"broker {broker_id} must be down to lose its unflushed tail")
         directory = self.partition_dir(broker_id, topic, p)
-        active = _segment_files(directory)[-1]
+        active = segment_files(directory)[-1]
         data = active.read_bytes()
-        cut = next((h for h in _whole_batches(data) if h.last_offset >= keep_below), None)
+        cut = next((h for h in whole_batches(data) if h.last_offset >= keep_below), None)
         if cut is None:
             raise AssertionError(f"{active} holds no offset at or past {keep_below}")
         position = cut.position + (cut.size // 2 if mid_batch else 0)

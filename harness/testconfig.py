@@ -194,6 +194,15 @@ class TestConfig:
         column="string",
         switch=True,
     )
+    eligible_leader_replicas: bool = _opt(
+        True,
+        "eligible leader replicas (KIP-966); off is HISTORIC (the last ISR member is elected "
+        "again whatever it lost)",
+        broker_key="eligible.leader.replicas.enable",
+        column="boolean",
+        absent=False,
+        switch=True,
+    )
     txn_verification: bool = _opt(
         True,
         "transaction verification (KIP-890); off is HISTORIC (before Kafka 3.6)",
@@ -659,6 +668,8 @@ def config_name(test: Mapping[str, Any]) -> str:
         parts.append("unclean")
     if test.get("truncation_mode") not in (None, "leader-epoch"):
         parts.append(str(test["truncation_mode"]))
+    if test.get("eligible_leader_replicas") is False:
+        parts.append("no-elr")
     if test.get("flush_policy") not in (None, "never"):
         parts.append("flush-" + str(test["flush_policy"]).replace(":", ""))
     for name, short in zip(TIMINGS, ("lag", "zk"), strict=True):

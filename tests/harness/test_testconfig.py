@@ -122,6 +122,7 @@ def test_the_typed_config_round_trips_through_test_json() -> None:
             "min_insync_replicas",
         ],
         *["unclean_leader_election", "truncation_mode", "replica_lag_time_max_ms"],
+        "eligible_leader_replicas",
         *["txn_verification", "txn_epoch_fencing", "txn_marker_acks"],
         *[
             "zk_session_timeout_ms",

@@ -31,6 +31,7 @@ def test_config_of_fills_kafka_defaults_and_labels_faults() -> None:
         "min_insync_replicas": 1,
         "unclean_leader_election": False,
         "truncation_mode": "leader-epoch",
+        "eligible_leader_replicas": False,  # runs from before KIP-966 here ran without it
         "txn_verification": True,  # runs from before the transaction switches ran with them on
         "txn_epoch_fencing": True,
         "txn_marker_acks": "all",

@@ -173,7 +173,7 @@ def test_bookkeeping_off_removes_the_journal_and_refuses_a_power_loss(tmp_path: 
     write(d / "f", b"x")
     durable.fsync_file(d / "f")
     assert not (d / JOURNAL_NAME).exists()
-    with pytest.raises(JournalError, match="isrlab.power.journal.enable"):
+    with pytest.raises(JournalError, match=r"isrlab\.power\.journal\.enable"):
         apply_power_loss(d)
     cli = subprocess.run(
         [sys.executable, "-m", "isrlab.broker", "power-loss", "--log-dirs", str(d)],

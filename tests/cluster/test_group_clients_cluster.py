@@ -24,13 +24,14 @@ from isrlab.broker.coordinator.group.records import (
     iter_batch_records,
 )
 from isrlab.broker.coordinator.ownership import partition_for
+from isrlab.broker.log.inventory import segment_files
 from tests.broker.test_group_clients import (
     commit_message,
     poll_until,
     read_all,
     take_over_after_kill,
 )
-from tests.cluster.conftest import Cluster, _segment_files
+from tests.cluster.conftest import Cluster
 
 pytestmark = pytest.mark.integration
 
@@ -132,7 +133,7 @@ def stored_commits(c: Cluster, broker: int, group: str) -> dict[tuple[str, int],
     group's __consumer_offsets partition (whole batches only: the broker is running)."""
     directory = c.partition_dir(broker, OFFSETS_TOPIC, partition_for(group, OFFSETS_PARTITIONS))
     out: dict[tuple[str, int], int] = {}
-    for path in _segment_files(directory):
+    for path in segment_files(directory):
         data = path.read_bytes()
         try:
             records = list(iter_batch_records(data))

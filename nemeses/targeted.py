@@ -107,9 +107,15 @@ class _Watching:
             self._pauses.paused.discard(n)
 
     def heal(self) -> list[str]:
-        resumed = self._pauses.heal()
-        started = self._kills.heal()
-        return sorted(set(resumed) | set(started))
+        """Resume the brokers this fault paused and start those it killed (only those: the
+        pause and kill faults' own heal, which heal_all runs too, covers every node)."""
+        paused = sorted(self._pauses.paused)
+        self.resume(paused)
+        killed = sorted(self._kills.killed)
+        for node in killed:
+            self.db.start(node)
+        self._kills.killed.clear()
+        return sorted(set(paused) | set(killed))
 
 
 class IsrSqueezeFault(_Watching):

@@ -278,7 +278,21 @@ def attach(log_dir: PathLike, enabled: bool = True) -> Journal | None:
         if os.path.exists(os.path.join(root, JOURNAL_NAME)):
             log.warning("%s; starting a new journal from what is on disk now", exc)
         state = _baseline(root)
-    _write_atomically(root, state.records())
+    try:
+        _write_atomically(root, state.records())
+    except OSError as exc:
+        # e.g. a full disk: the broker still starts (it serves reads, refuses writes), but
+        # without a journal it can trust, so none is kept and a power loss is refused
+        for name in (JOURNAL_NAME, JOURNAL_TMP):
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(root, name))
+        log.warning(
+            "%s: cannot write the fsync journal (%s): power-loss bookkeeping is off until the "
+            "next start",
+            root,
+            exc,
+        )
+        return None
     journal = Journal(root, state)
     with _registry_lock:
         _journals[root] = journal

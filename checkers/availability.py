@@ -45,6 +45,8 @@ from collections.abc import Iterable, Sequence
 from itertools import accumulate, pairwise
 from typing import Any
 
+from isrlab.checkers.queue.codec import polls_in, sends_in
+
 __all__ = [
     "NOT_OPS",
     "availability",
@@ -199,13 +201,10 @@ def _stuck(
 
 
 def _reads(op: dict[str, Any]) -> Iterable[tuple[str, list[Any]]]:
-    """(key, records) of every poll micro-op of an ok poll or txn completion."""
-    value = op.get("value")
-    if op.get("f") not in ("poll", "txn") or not isinstance(value, list):
-        return
-    for m in value:
-        if isinstance(m, list) and len(m) > 1 and m[0] == "poll" and isinstance(m[1], dict):
-            yield from m[1].items()
+    """(key, records) of every poll micro-op of a poll or txn completion."""
+    if op.get("f") in ("poll", "txn"):
+        for _, reads in polls_in(op.get("value")):
+            yield from reads.items()
 
 
 def _offsets(records: list[Any]) -> list[int]:
@@ -213,20 +212,11 @@ def _offsets(records: list[Any]) -> list[int]:
 
 
 def _sent(op: dict[str, Any]) -> Iterable[tuple[str, int]]:
-    """(key, offset) of the acknowledged sends of an ok send or txn completion."""
-    value = op.get("value")
-    if op.get("f") not in ("send", "txn") or not isinstance(value, list):
-        return
-    for m in value:
-        if (
-            isinstance(m, list)
-            and len(m) > 2
-            and m[0] == "send"
-            and isinstance(m[2], list)
-            and m[2]
-            and isinstance(m[2][0], int)
-        ):
-            yield m[1], m[2][0]
+    """(key, offset) of the acknowledged sends of a send or txn completion."""
+    if op.get("f") in ("send", "txn"):
+        for _, k, offset, _ in sends_in(op.get("value")):
+            if isinstance(offset, int):
+                yield k, offset
 
 
 class _Readable:

@@ -33,6 +33,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from isrlab.checkers.queue.codec import polls_in, sends_in
+
 __all__ = ["CLASSES", "annotate", "classify", "load_replicas"]
 
 CLASSES = ("not-yet-read", "present-not-served", "truncated", "never-reached-a-replica")
@@ -41,30 +43,23 @@ MAX_LISTED = 200
 
 
 def _sends(op: Mapping[str, Any]) -> Iterable[tuple[str, Any, int | None]]:
-    value = op.get("value")
-    if op.get("f") not in ("send", "txn") or not isinstance(value, list):
-        return
-    for m in value:
-        if isinstance(m, list) and len(m) > 2 and m[0] == "send":
-            res = m[2]
-            if isinstance(res, list) and len(res) == 2:
-                yield m[1], res[1], res[0] if isinstance(res[0], int) else None
-            else:
-                yield m[1], res, None
+    if op.get("f") in ("send", "txn"):
+        for _, k, offset, v in sends_in(op.get("value")):
+            yield k, v, offset if isinstance(offset, int) else None
 
 
 def _reads(op: Mapping[str, Any]) -> Iterable[tuple[str, Any, int | None]]:
-    value = op.get("value")
-    if op.get("f") not in ("poll", "txn") or not isinstance(value, list):
+    """Every record a poll of the op returned: ``[offset, v]`` pairs, and bare values (no
+    offset) as Jepsen-format histories may hold them."""
+    if op.get("f") not in ("poll", "txn"):
         return
-    for m in value:
-        if isinstance(m, list) and len(m) > 1 and m[0] == "poll" and isinstance(m[1], dict):
-            for k, records in m[1].items():
-                for r in records or []:
-                    if isinstance(r, list) and len(r) == 2:
-                        yield k, r[1], r[0] if isinstance(r[0], int) else None
-                    else:
-                        yield k, r, None
+    for _, reads in polls_in(op.get("value")):
+        for k, records in reads.items():
+            for r in records or []:
+                if isinstance(r, list) and len(r) == 2:
+                    yield k, r[1], r[0] if isinstance(r[0], int) else None
+                else:
+                    yield k, r, None
 
 
 class Replicas:

@@ -117,22 +117,33 @@ def load_replicas(run_dir: Path) -> Replicas:
     return reps
 
 
-def classify(ops: Sequence[Mapping[str, Any]], replicas: Replicas) -> list[dict[str, Any]]:
+class _Seen:
+    """One pass over the history: what `ok` ops read (values, and the highest offset per
+    key) and the offset each acknowledged write was given."""
+
+    def __init__(self, ops: Sequence[Mapping[str, Any]]) -> None:
+        self.read: set[tuple[str, Any]] = set()
+        self.max_read: dict[str, int] = {}
+        self.acked: dict[tuple[str, Any], int | None] = {}
+        for op in ops:
+            if op.get("type") != "ok" or op.get("process") == "nemesis":
+                continue
+            for k, v, o in _reads(op):
+                self.read.add((k, v))
+                if o is not None and o > self.max_read.get(k, -1):
+                    self.max_read[k] = o
+            for k, v, o in _sends(op):
+                self.acked.setdefault((k, v), o)
+
+
+def classify(
+    ops: Sequence[Mapping[str, Any]], replicas: Replicas, seen: _Seen | None = None
+) -> list[dict[str, Any]]:
     """One entry per acknowledged write no `ok` op read: key, value, acknowledged offset,
     class, and where it is (``held``: [[node, offset, leader epoch]]) or what cut it
     (``truncations``)."""
-    read: set[tuple[str, Any]] = set()
-    max_read: dict[str, int] = {}
-    acked: dict[tuple[str, Any], int | None] = {}
-    for op in ops:
-        if op.get("type") != "ok" or op.get("process") == "nemesis":
-            continue
-        for k, v, o in _reads(op):
-            read.add((k, v))
-            if o is not None and o > max_read.get(k, -1):
-                max_read[k] = o
-        for k, v, o in _sends(op):
-            acked.setdefault((k, v), o)
+    seen = seen or _Seen(ops)
+    read, max_read, acked = seen.read, seen.max_read, seen.acked
     out = []
     for (k, v), offset in acked.items():
         if (k, v) in read:
@@ -162,7 +173,8 @@ def annotate(results: dict[str, Any], ops: Sequence[Mapping[str, Any]], run_dir:
     replicas = load_replicas(run_dir)
     if not replicas:
         return
-    writes = classify(ops, replicas)
+    seen = _Seen(ops)
+    writes = classify(ops, replicas, seen)
     by_write = {(w["key"], str(w["value"])): w for w in writes}
     results["unseen_writes"] = {
         "nodes": replicas.nodes,
@@ -182,7 +194,7 @@ def annotate(results: dict[str, Any], ops: Sequence[Mapping[str, Any]], run_dir:
                     if fact in w:
                         ex[fact] = w[fact]
         # every lost write (not only the examples): unread, acknowledged at or below a read
-        max_read = _max_read(ops)
+        max_read = seen.max_read
         for w in writes:
             if w["offset"] is not None and w["offset"] <= max_read.get(w["key"], -1):
                 classes[w["class"]] += 1
@@ -193,13 +205,3 @@ def annotate(results: dict[str, Any], ops: Sequence[Mapping[str, Any]], run_dir:
         for ex in unseen.get("examples", []):
             key = ex.get("key")
             ex["classes"] = dict(Counter(w["class"] for w in writes if w["key"] == key))
-
-
-def _max_read(ops: Sequence[Mapping[str, Any]]) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for op in ops:
-        if op.get("type") == "ok" and op.get("process") != "nemesis":
-            for k, _v, o in _reads(op):
-                if o is not None and o > out.get(k, -1):
-                    out[k] = o
-    return out

@@ -21,6 +21,26 @@ every log truncation with the records it cut; broker/log/inventory.py). Each ack
   log that kept it (acknowledged by a leader that lost it before writing it, or with acks=0
   never written at all).
 
+Values a client read (or was acknowledged) at an offset that the checker later found replaced
+or gone are classed from the same evidence, at that offset: each value a `committed-truncation`
+case names (the committed value that was replaced or vanished) and each value of an
+`inconsistent-offsets` case (two or more values at one offset of a key). What each replica
+holds at that offset now (``at_offset``) and which journal entries cut that offset
+(``truncations``, each with the ``value`` it cut) put it in one class of OFFSET_CLASSES:
+
+- ``kept``: every replica holding that offset holds the value there (another value a client
+  was served there came from a log that no longer has it: see ``truncations``);
+- ``diverged``: replicas disagree at that offset: some hold the value there, some another;
+- ``replaced``: no replica holds the value there, some hold another value there, and a
+  truncation journal cut the value at that offset (node, leader epoch, range, kind);
+- ``truncated``: no replica holds anything at that offset, and a journal cut the value there;
+- ``vanished``: no replica holds the value there and no journal cut it there: the log that
+  had it lost it by other means (a data directory put back from an old copy, a segment lost
+  without a journal entry, retention), or the node that cut it was not collected.
+
+A `lost-write` is a value no `ok` op read (checkers/queue/analysis.py), so it keeps the
+classes of unread writes above.
+
 Values are compared as the text the harness writes (decimal integers). A value sent to a key is
 looked for in that key's partition only.
 """
@@ -31,13 +51,27 @@ import json
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+from isrlab.checkers.queue.analysis import offset_cases
 from isrlab.checkers.queue.codec import polls_in, sends_in
 
-__all__ = ["CLASSES", "annotate", "classify", "load_replicas"]
+__all__ = [
+    "CLASSES",
+    "OFFSET_ANOMALIES",
+    "OFFSET_CLASSES",
+    "annotate",
+    "classify",
+    "classify_offset",
+    "classify_offsets",
+    "load_replicas",
+]
 
 CLASSES = ("not-yet-read", "present-not-served", "truncated", "never-reached-a-replica")
+#: the classes of a value an anomaly names at an offset (`classify_offsets`)
+OFFSET_CLASSES = ("kept", "diverged", "replaced", "truncated", "vanished")
+#: the anomalies whose values are classed at their offset
+OFFSET_ANOMALIES = ("committed-truncation", "inconsistent-offsets")
 #: at most this many classified writes are listed in results.json (the counts cover all)
 MAX_LISTED = 200
 
@@ -70,6 +104,10 @@ class Replicas:
         self.held: dict[tuple[str, str], list[tuple[str, int, int]]] = {}
         #: (key, value text) -> [truncation facts]
         self.cut: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        #: (key, offset) -> [(node, value text, leader epoch)]: what each replica holds there
+        self.at: dict[tuple[str, int], list[tuple[str, str, int]]] = {}
+        #: (key, offset) -> [truncation facts, with the `value` text cut there]
+        self.cut_at: dict[tuple[str, int], list[dict[str, Any]]] = {}
         self.nodes: list[str] = []
 
     def __bool__(self) -> bool:
@@ -90,9 +128,9 @@ def load_replicas(run_dir: Path) -> Replicas:
                 row = json.loads(line)
                 key = f"{row['topic']}/{row['partition']}"
                 if "offset" in row:
-                    reps.held.setdefault((key, str(row["value"])), []).append(
-                        (node, int(row["offset"]), int(row["leader_epoch"]))
-                    )
+                    offset, epoch = int(row["offset"]), int(row["leader_epoch"])
+                    reps.held.setdefault((key, str(row["value"])), []).append((node, offset, epoch))
+                    reps.at.setdefault((key, offset), []).append((node, str(row["value"]), epoch))
             except (ValueError, KeyError, TypeError):
                 continue
         journal = node_dir / "truncations.jsonl"
@@ -112,6 +150,9 @@ def load_replicas(run_dir: Path) -> Replicas:
                     for offset, epoch, _pid, value in entry["records"]:
                         cut = dict(fact, offset=offset, written_in_epoch=epoch)
                         reps.cut.setdefault((key, str(value)), []).append(cut)
+                        if isinstance(offset, int):
+                            at = dict(cut, value=str(value))
+                            reps.cut_at.setdefault((key, offset), []).append(at)
                 except (ValueError, KeyError, TypeError):
                     continue
     return reps
@@ -165,14 +206,114 @@ def classify(
     return out
 
 
+def classify_offset(replicas: Replicas, key: str, offset: int, value: Any) -> dict[str, Any]:
+    """The class of `value` at `offset` of `key` (OFFSET_CLASSES, see the module doc) with its
+    facts: ``at_offset`` ([[node, value text, leader epoch]]: what each replica holds at that
+    offset now), ``truncations`` (the journal entries that cut that offset, each with the
+    ``value`` text it cut), ``held_elsewhere`` ([[node, offset, leader epoch]]: replicas holding
+    the value at another offset); each only when not empty."""
+    text = str(value)
+    here = sorted(replicas.at.get((key, offset), []))
+    cuts = replicas.cut_at.get((key, offset), [])
+    holds = any(v == text for _, v, _ in here)
+    others = any(v != text for _, v, _ in here)
+    if holds:
+        cls = "diverged" if others else "kept"
+    elif any(c["value"] == text for c in cuts):
+        cls = "replaced" if others else "truncated"
+    else:
+        cls = "vanished"
+    entry: dict[str, Any] = {"key": key, "offset": offset, "value": value, "class": cls}
+    if here:
+        entry["at_offset"] = [list(h) for h in here]
+    if cuts:
+        entry["truncations"] = cuts
+    elsewhere = sorted(h for h in replicas.held.get((key, text), []) if h[1] != offset)
+    if elsewhere:
+        entry["held_elsewhere"] = [list(h) for h in elsewhere]
+    return entry
+
+
+def classify_offsets(
+    ops: Sequence[Mapping[str, Any]], replicas: Replicas
+) -> dict[tuple[Any, int, str], dict[str, Any]]:
+    """Every (key, offset, value) the history's `committed-truncation` and
+    `inconsistent-offsets` cases name (all cases, not only a check's examples), classed at
+    its offset (`classify_offset`), each with ``anomalies``: the names of those that name it.
+    Keyed by (key, offset, value text)."""
+    out: dict[tuple[Any, int, str], dict[str, Any]] = {}
+    for name, cases in offset_cases(cast(Sequence[dict[str, Any]], ops)).items():
+        for k, o, v in cases:
+            entry = out.get((k, o, str(v)))
+            if entry is None:
+                entry = out[(k, o, str(v))] = classify_offset(replicas, k, o, v)
+                entry["anomalies"] = []
+            entry["anomalies"].append(name)
+    for entry in out.values():
+        entry["anomalies"].sort()
+    return out
+
+
+def _ordered(counts: Counter[str]) -> dict[str, int]:
+    return {c: counts[c] for c in OFFSET_CLASSES if counts[c]}
+
+
+def _annotate_offsets(
+    results: dict[str, Any], ops: Sequence[Mapping[str, Any]], replicas: Replicas
+) -> None:
+    """`annotate`'s part for OFFSET_ANOMALIES: ``contested_values`` and, under each of those
+    anomalies, ``classes`` (over every value its cases name) and the examples' classes."""
+    anomalies = results.get("anomalies") or {}
+    present = [n for n in OFFSET_ANOMALIES if isinstance(anomalies.get(n), dict)]
+    if not present:
+        return
+    values = classify_offsets(ops, replicas)
+    listed = sorted(values.values(), key=lambda e: (str(e["key"]), e["offset"], str(e["value"])))
+    results["contested_values"] = {
+        "nodes": replicas.nodes,
+        "classes": _ordered(Counter(e["class"] for e in listed)),
+        "count": len(listed),
+        "values": listed[:MAX_LISTED],
+    }
+    facts = ("at_offset", "truncations", "held_elsewhere")
+    for name in present:
+        anomaly = anomalies[name]
+        anomaly["classes"] = _ordered(Counter(e["class"] for e in listed if name in e["anomalies"]))
+        for ex in anomaly.get("examples", []):
+            if not isinstance(ex, dict) or not isinstance(ex.get("offset"), int):
+                continue
+            key: Any = ex.get("key")
+            offset: int = ex["offset"]
+            if name == "committed-truncation":
+                e = values.get((key, offset, str(ex.get("value"))))
+                if e is not None:
+                    ex["class"] = e["class"]
+                    ex.update((f, e[f]) for f in facts if f in e)
+            else:
+                per_value = []
+                for v in ex.get("values") or []:
+                    e = values.get((key, offset, str(v)))
+                    if e is not None:
+                        per_value.append(
+                            {"value": v, "class": e["class"]} | {f: e[f] for f in facts if f in e}
+                        )
+                ex["value_classes"] = per_value
+
+
 def annotate(results: dict[str, Any], ops: Sequence[Mapping[str, Any]], run_dir: Path) -> None:
     """Add the classification to `results` (optional fields, docs/history-format.md):
     ``unseen_writes`` ({"nodes", "classes": {class: count}, "writes": [...]}), and under the
     `lost-write` and `unseen` anomalies their ``classes`` counts; each `lost-write` example
-    gets its write's ``class`` and facts. Does nothing when no node's replicas were collected."""
+    gets its write's ``class`` and facts. With a `committed-truncation` or `inconsistent-offsets`
+    anomaly also ``contested_values`` ({"nodes", "count", "classes", "values": [...]}: every
+    value those cases name, classed at its offset, `classify_offsets`), and under each of the
+    two its ``classes`` (over every value its cases name); each `committed-truncation` example
+    gets its value's ``class`` and facts, each `inconsistent-offsets` example ``value_classes``
+    (one per value of its ``values``). Does nothing when no node's replicas were collected."""
     replicas = load_replicas(run_dir)
     if not replicas:
         return
+    _annotate_offsets(results, ops, replicas)
     seen = _Seen(ops)
     writes = classify(ops, replicas, seen)
     by_write = {(w["key"], str(w["value"])): w for w in writes}

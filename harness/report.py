@@ -39,6 +39,7 @@ from isrlab.checkers.availability import (
     op_counts,
 )
 from isrlab.checkers.history import load_history
+from isrlab.checkers.unseen import OFFSET_ANOMALIES
 
 NS = 1e9
 COLORS = {"ok": "#2a9d4b", "fail": "#d1495b", "info": "#edae49"}
@@ -209,7 +210,14 @@ code,pre{background:#f4f4f4;padding:1px 4px}pre{padding:8px;overflow-x:auto;whit
 {% for a in anomalies %}<tr class="{{ 'allowed' if a.allowed else '' }}"><td><a href="#{{ a.name }}">{{ a.name }}</a></td><td>{{ a.count }}</td><td>{{ 'allowed' if a.allowed else 'NOT allowed' }}</td></tr>{% endfor %}
 </table>
 {% for a in anomalies %}<h3 id="{{ a.name }}">{{ a.name }} ({{ a.count }})</h3>
-{% if a.classes %}<p class="classes">What the replicas hold of these writes (the nodes' logs and
+{% if a.classes and a.name in offset_anomalies %}<p class="classes">What the replicas hold at the
+offsets of these cases (the nodes' logs and truncation journals after the run), per value the
+cases name: {% for c, n in a.classes.items() %}<b>{{ c }}</b> {{ n }}{% if not loop.last %}, {% endif %}{% endfor %}.
+<i>kept</i>: every replica holding the offset holds the value there; <i>diverged</i>: replicas
+disagree at the offset; <i>replaced</i>: another value there now, and a truncation cut the value
+(node, epoch, kind in the examples); <i>truncated</i>: nothing there now, and a truncation cut
+it; <i>vanished</i>: not there, and no truncation journal cut it.</p>
+{% elif a.classes %}<p class="classes">What the replicas hold of these writes (the nodes' logs and
 truncation journals after the run): {% for c, n in a.classes.items() %}<b>{{ c }}</b> {{ n }}{% if not loop.last %}, {% endif %}{% endfor %}.
 <i>not-yet-read</i>: on a replica past every offset read; <i>present-not-served</i>: on a replica
 where reads went past it; <i>truncated</i>: cut by a truncation (node, epoch in the examples);
@@ -359,6 +367,7 @@ def render_report(run_dir: Path, examples_per_type: int = 5) -> Path:
         summary_line=summary_line,
         settings=settings,
         anomalies=anomalies,
+        offset_anomalies=OFFSET_ANOMALIES,
         throughput_svg=jinja2.filters.Markup(throughput_latency_svg(ops, end_s, avail)),
         avail=avail,
         fmt=lambda x: "?" if x is None else f"{x:.1f}",

@@ -63,6 +63,7 @@ def summarize(
     runs: Sequence[Mapping[str, Any]],
     worst: int = 3,
     unseen_classes: Iterable[Mapping[str, Any]] = (),
+    contested_classes: Iterable[Mapping[str, Any]] = (),
 ) -> list[dict[str, Any]]:
     """One dict per configuration from Spark's sums, sorted by configuration.
 
@@ -71,6 +72,9 @@ def summarize(
     rows with CONFIG_COLUMNS + run_id, path, valid, acked_writes, invalid_count.
     unseen_classes: CONFIG_COLUMNS + class, count (checkers.unseen's classes of unread
     acknowledged writes), summed into each configuration's ``unseen_classes``.
+    contested_classes: the same for the values of committed-truncation and inconsistent-offsets
+    cases classed at their offset (checkers.unseen.classify_offsets), summed into each
+    configuration's ``contested_classes``.
     """
     out: dict[tuple[Any, ...], dict[str, Any]] = {}
     for c in configs:
@@ -81,6 +85,7 @@ def summarize(
         entry["acked_writes"] = int(c["acked_writes"] or 0)
         entry["anomalies"] = {}
         entry["unseen_classes"] = {}
+        entry["contested_classes"] = {}
         entry["worst"] = []
         out[config_key(c)] = entry
     for t in type_counts:
@@ -92,8 +97,12 @@ def summarize(
     for u in unseen_classes:
         entry = out[config_key(u)]
         entry["unseen_classes"][u["class"]] = int(u["count"])
+    for u in contested_classes:
+        entry = out[config_key(u)]
+        entry["contested_classes"][u["class"]] = int(u["count"])
     for entry in out.values():
         entry["unseen_classes"] = dict(sorted(entry["unseen_classes"].items()))
+        entry["contested_classes"] = dict(sorted(entry["contested_classes"].items()))
         invalid = sum(
             a["count"] for name, a in entry["anomalies"].items() if name not in DEFAULT_ALLOWED
         )

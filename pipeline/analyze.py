@@ -211,6 +211,13 @@ def analyze(
                     .groupBy(*CONFIG_COLUMNS, "class")
                     .agg(F.sum("count").alias("count"))
                 )
+                contested_sums = (
+                    checked_df.select(
+                        *CONFIG_COLUMNS, F.explode("contested_classes").alias("class", "count")
+                    )
+                    .groupBy(*CONFIG_COLUMNS, "class")
+                    .agg(F.sum("count").alias("count"))
+                )
                 allowed = F.col("type").isin(sorted(DEFAULT_ALLOWED))
                 (
                     exploded.select(
@@ -260,6 +267,7 @@ def analyze(
                     [r.asDict() for r in type_sums.collect()],
                     per_run,
                     unseen_classes=[r.asDict() for r in class_sums.collect()],
+                    contested_classes=[r.asDict() for r in contested_sums.collect()],
                 )
                 joined.unpersist()
                 seconds["aggregate"] = time.perf_counter() - t

@@ -15,7 +15,10 @@ A run the checker cannot read (malformed history, unknown workload) becomes a ro
 ``anomaly_counts`` (type -> count), ``anomaly_examples`` (type -> the first example's
 explanation), ``not_allowed`` (types that invalidate the run), ``unseen_classes`` (what the
 replicas say of the acknowledged writes no ok op read, class -> count, `checkers.unseen`; empty
-when the run has no collected replica records) and ``results_json`` (the checker's whole results dict, exactly as `isrlab check --json`).
+when the run has no collected replica records), ``contested_classes`` (what the replicas hold at
+the offsets of the run's committed-truncation and inconsistent-offsets cases, class -> count over
+every value those cases name, `checkers.unseen.classify_offsets`; empty without collected
+replica records or without such cases) and ``results_json`` (the checker's whole results dict, exactly as `isrlab check --json`).
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ RESULTS_SCHEMA = pa.schema(
         ("anomaly_examples", pa.map_(pa.string(), pa.string())),
         ("not_allowed", pa.list_(pa.string())),
         ("unseen_classes", pa.map_(pa.string(), pa.int64())),
+        ("contested_classes", pa.map_(pa.string(), pa.int64())),
         ("results_json", pa.string()),
     ]
 )
@@ -53,7 +57,8 @@ RESULTS_DDL = (
     "run_id string, status string, error string, valid string, ops bigint, "
     "acked_writes bigint, anomaly_counts map<string, bigint>, "
     "anomaly_examples map<string, string>, not_allowed array<string>, "
-    "unseen_classes map<string, bigint>, results_json string"
+    "unseen_classes map<string, bigint>, contested_classes map<string, bigint>, "
+    "results_json string"
 )
 
 
@@ -103,6 +108,7 @@ def check_run(
         "anomaly_examples": [],
         "not_allowed": [],
         "unseen_classes": [],
+        "contested_classes": [],
         "results_json": None,
     }
     policy = policy_from_test(test)
@@ -134,6 +140,9 @@ def check_run(
         anomaly_examples=[(name, _first_explanation(a)) for name, a in sorted(anomalies.items())],
         not_allowed=list(results.get("not_allowed") or []),
         unseen_classes=sorted((results.get("unseen_writes") or {}).get("classes", {}).items()),
+        contested_classes=sorted(
+            (results.get("contested_values") or {}).get("classes", {}).items()
+        ),
         results_json=orjson.dumps(results, option=orjson.OPT_NON_STR_KEYS).decode(),
     )
     return row

@@ -31,6 +31,7 @@ import orjson
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from isrlab.checkers.unseen import CLASSES as UNSEEN_CLASSES
+from isrlab.checkers.unseen import OFFSET_CLASSES
 from isrlab.harness.testconfig import CONSUMER_MODES, option
 from isrlab.pipeline.aggregate import rate_interval
 from isrlab.pipeline.store import ABSENT, SWITCHES
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ACKS_ORDER",
     "NEMESIS_ORDER",
+    "contested_by_acks",
     "heatmap_figure",
     "publish_run",
     "storage_rows",
@@ -109,9 +111,20 @@ def unseen_by_acks(configs: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, 
     """acks setting -> {class: count} of the acknowledged writes no ok op read, summed over
     every configuration with that acks (checkers.unseen's classes; runs without collected
     replica records add nothing)."""
+    return _classes_by_acks(configs, "unseen_classes")
+
+
+def contested_by_acks(configs: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, int]]:
+    """acks setting -> {class: count} of the values committed-truncation and
+    inconsistent-offsets cases name, classed at their offset from the replicas
+    (checkers.unseen.classify_offsets), summed over every configuration with that acks."""
+    return _classes_by_acks(configs, "contested_classes")
+
+
+def _classes_by_acks(configs: Sequence[Mapping[str, Any]], field: str) -> dict[str, dict[str, int]]:
     out: dict[str, dict[str, int]] = {}
     for c in configs:
-        classes = c.get("unseen_classes") or {}
+        classes = c.get(field) or {}
         if not classes:
             continue
         slot = out.setdefault(str(c.get("acks")), {})
@@ -144,6 +157,7 @@ def storage_rows(configs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                 "lost_writes": int(lost.get("count", 0)),
                 "anomalies": {k: a.get("count", 0) for k, a in (c.get("anomalies") or {}).items()},
                 "unseen_classes": c.get("unseen_classes") or {},
+                "contested_classes": c.get("contested_classes") or {},
             }
         )
     return rows
@@ -344,6 +358,7 @@ def _write_csv(analysis: Analysis, path: Path) -> None:
         "unseen_low",
         "unseen_high",
         *[f"unseen_class:{k}" for k in UNSEEN_CLASSES],
+        *[f"contested_class:{k}" for k in OFFSET_CLASSES],
         *[f"count:{t}" for t in types],
     ]
     with path.open("w", newline="") as fh:
@@ -369,6 +384,7 @@ def _write_csv(analysis: Analysis, path: Path) -> None:
                     *[_fmt(x, 4) for x in (lost_r or (None, None, None))],
                     *[_fmt(x, 4) for x in (unseen_r or (None, None, None))],
                     *[(c.get("unseen_classes") or {}).get(k, 0) for k in UNSEEN_CLASSES],
+                    *[(c.get("contested_classes") or {}).get(k, 0) for k in OFFSET_CLASSES],
                     *[c["anomalies"].get(t, {}).get("count", 0) for t in types],
                 ]
             )
@@ -433,6 +449,8 @@ def write_report(analysis: Analysis) -> Path:
         unseen_by_acks=unseen_by_acks(analysis.configs),
         storage=storage_rows(analysis.configs),
         unseen_classes=UNSEEN_CLASSES,
+        contested_by_acks=contested_by_acks(analysis.configs),
+        contested_classes=OFFSET_CLASSES,
         runs=runs,
         worst=worst[:20],
     )

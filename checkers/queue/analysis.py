@@ -23,6 +23,7 @@ cycle anomalies live in `checkers.queue.cycles`.
 
 from __future__ import annotations
 
+import sys
 from bisect import bisect_left, insort
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -49,7 +50,7 @@ from isrlab.checkers.queue.results import Anomalies, results_dict
 from isrlab.checkers.queue.screen import screen_file, screen_ops
 from isrlab.checkers.queue.version_order import VersionOrder
 
-__all__ = ["QueueAnalysis", "check_queue"]
+__all__ = ["QueueAnalysis", "check_queue", "offset_cases"]
 
 _MISSING = object()
 _VALUE = itemgetter(1)
@@ -651,6 +652,32 @@ class QueueAnalysis(CaseBuilders):
                 (vo.offsets[-1] for vo in self.orders.values() if vo.offsets), default=-1
             ),
         )
+
+
+def offset_cases(ops: Sequence[dict[str, Any]]) -> dict[str, set[tuple[Any, int, Any]]]:
+    """Every (key, offset, value) the `committed-truncation` and `inconsistent-offsets` cases
+    of a history name, all of them (a check keeps only the first `max_examples` cases of each):
+    for ``committed-truncation`` the committed value each case says was replaced or vanished,
+    for ``inconsistent-offsets`` each value of each conflicting offset. Only the two passes
+    these anomalies come from run: the version orders, then the committed-truncation replay,
+    here over every key (the check replays only keys with a conflicting offset or a gap inside
+    a poll, the only keys where the replay can find a case).
+    """
+    analysis = QueueAnalysis(ops, max_examples=sys.maxsize)
+    analysis._index()
+    analysis.suspect_keys = set(analysis.orders)
+    analysis._truncation_checks()
+    truncated = {
+        (ex["key"], ex["offset"], ex["value"])
+        for ex in analysis.anomalies.examples.get("committed-truncation", [])
+    }
+    conflicting = {
+        (k, o, v)
+        for k, vo in analysis.orders.items()
+        for o, values in vo.conflicts.items()
+        for v in values
+    }
+    return {"committed-truncation": truncated, "inconsistent-offsets": conflicting}
 
 
 def check_queue(

@@ -89,6 +89,11 @@ class ClusterKafkaServer(KafkaServer):
         self._pid_end = -1
         self._background: set[asyncio.Future[Any]] = set()
         self._controller_seen = -1
+        # This incarnation's broker epoch: the czxid of its current registration (None until
+        # registered). A state znode last written before it cannot make this broker leader.
+        self._broker_epoch: int | None = None
+        # partitions whose state names us leader but predates our registration (logged once)
+        self._held_leadership: dict[tuple[str, int], int] = {}
         # Set once this incarnation is registered and has loaded the membership view: client
         # and replica requests wait for it (see `handle`).
         self._serving = asyncio.Event()
@@ -137,6 +142,7 @@ class ClusterKafkaServer(KafkaServer):
         await asyncio.to_thread(
             self.zk.register_broker, self.broker_id, *self._advertised, clean_shutdown
         )
+        await self._learn_broker_epoch()
         if not clean_shutdown and any(self.log_manager.logs):
             log.warning(
                 "broker %d: the previous run did not close its logs cleanly; registered so "
@@ -229,6 +235,18 @@ class ClusterKafkaServer(KafkaServer):
             log.warning(
                 "broker %d: ZooKeeper session was renewed; registered again", self.broker_id
             )
+        await self._learn_broker_epoch()
+
+    async def _learn_broker_epoch(self) -> None:
+        """Read this incarnation's broker epoch (its registration's czxid, KIP-380's broker
+        epoch in ZooKeeper mode) after (re)registering."""
+        try:
+            reg = await asyncio.to_thread(self.zk.broker_registration, self.broker_id)
+        except Exception as e:  # the session was lost again: the next registration retries
+            log.warning("broker %d: reading its registration failed: %s", self.broker_id, e)
+            return
+        if reg is not None:
+            self._broker_epoch = reg[0]
 
     def _lookup_brokers(self, ids: list[int]) -> dict[int, dict[str, tuple[str, int]]]:
         out = {}
@@ -299,13 +317,14 @@ class ClusterKafkaServer(KafkaServer):
                 except ValueError as e:
                     log.error("%s: %s", path, e)
                     return None
-                self._call(self._state_changed, tp, state)
+                self._call(self._state_changed, tp, state, stat.mzxid)
             return None
 
         # kazoo reads the znode when the watch is set: off the event loop
         self._spawn(asyncio.to_thread(self.zk.zk.DataWatch, path, on_change))
 
-    def _state_changed(self, tp: tuple[str, int], state: LeaderAndIsr) -> None:
+    def _state_changed(self, tp: tuple[str, int], state: LeaderAndIsr, written_at: int) -> None:
+        """A state znode's contents and the zxid of its last write (mzxid)."""
         old = self._states.get(tp)
         # The metadata cache keeps the newest state (watch callbacks may arrive out of order)...
         if old is None or (old.leader_epoch, old.zk_version) <= (
@@ -316,10 +335,42 @@ class ClusterKafkaServer(KafkaServer):
         info = self._topics.get(tp[0])
         if info is None:
             return
+        if state.leader == self.broker_id and not self._may_lead(tp, state, written_at):
+            return
         # ...but whether a state is news to the local replica is the replication core's call
         # (Partition.become_leader_or_follower ignores stale epochs and znode versions).
         self.replica_manager.become(tp, state, info.assignment.get(tp[1], []))
         self.replica_manager.notifier.notify(tp)
+
+    def _may_lead(self, tp: tuple[str, int], state: LeaderAndIsr, written_at: int) -> bool:
+        """Whether a state naming this broker leader may make it lead (no zombie leaders).
+
+        A state written before this incarnation registered (mzxid below its broker epoch)
+        names a previous incarnation: one killed and started again before its ZooKeeper
+        session expired reads the state znode that still names it, and would lead with
+        whatever its log kept (a power loss may have cut it), shrink the ISR to itself before
+        the controller noticed, and make its followers truncate to it. Kafka's brokers act
+        only on the controller's LeaderAndIsr, sent after the controller has seen the new
+        broker epoch (KIP-380) and handled the bounce as a failure and a start; the
+        controller here does the same (`ControllerService`) and writes a new state, which
+        this broker then follows. A leader already leading this epoch keeps doing so (a
+        session renewal changes the epoch but not what the replica holds)."""
+        hp = self.replica_manager.partitions.get(tp)  # type: ignore[arg-type]
+        if hp is not None and hp.is_leader and hp.leader_epoch == state.leader_epoch:
+            return True
+        if self._broker_epoch is not None and written_at > self._broker_epoch:
+            self._held_leadership.pop(tp, None)
+            return True
+        if self._held_leadership.get(tp) != state.leader_epoch:
+            self._held_leadership[tp] = state.leader_epoch
+            log.warning(
+                "%s-%d: the state znode names this broker leader at epoch %d, but was written "
+                "before this broker registered; waiting for the controller's decision",
+                tp[0],
+                tp[1],
+                state.leader_epoch,
+            )
+        return False
 
     # ----- KafkaServer overrides ------------------------------------------------------------
 

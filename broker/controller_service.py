@@ -16,8 +16,11 @@ broker epoch) and its registration says whether it started after a clean shutdow
 whose epoch changed since the controller last looked registered anew; if it says unclean, the
 core is told (``unclean_shutdown``), once. A new epoch for a broker that never looked absent (a
 bounce inside one watch event) is handled as a failure then a start. After a controller
-failover the registrations are compared with each state znode instead: an unclean
-registration newer than the state's last write (czxid > mzxid) was not yet taken into account. `NotifyBrokers` needs no message: brokers watch their partitions' state
+failover the registrations are compared with each state znode instead: a registration newer
+than the state's last write (czxid > mzxid) was not yet taken into account; if unclean it is
+reported as such, and if it is the state's leader's, the leader bounced (failure, then start).
+Brokers do not lead from a state written before their registration (`ClusterKafkaServer`), so
+every bounce of a leader must end in a new state write. `NotifyBrokers` needs no message: brokers watch their partitions' state
 znodes, so a written state is the notification (a documented difference from Kafka's
 LeaderAndIsr request).
 """
@@ -177,11 +180,10 @@ class ControllerService:
         live = await asyncio.to_thread(self.zk.broker_ids)
         regs = await asyncio.to_thread(self._registrations, live)
         self._epochs = {b: e for b, (e, _) in regs.items()}
-        unclean = {
-            tp: [b for b, (e, clean) in regs.items() if not clean and e > written_at[tp]]
-            for tp in states
-        }
-        await self._execute(self.core.load(assignments, states, live, unclean))
+        # Registered since the state was last written: not yet taken into account by it.
+        newer = {tp: [b for b, (e, _) in regs.items() if e > written_at[tp]] for tp in states}
+        unclean = {tp: [b for b in bs if not regs[b][1]] for tp, bs in newer.items()}
+        await self._execute(self.core.load(assignments, states, live, unclean, newer))
         self._watch_cluster()
         # Catch up with deletions requested while nobody was controller.
         for name in await asyncio.to_thread(self.zk.deletion_requests):

@@ -138,18 +138,32 @@ class Controller:
         states: Mapping[TopicPartition, LeaderAndIsr],
         live_brokers: Iterable[int],
         unclean_shutdown: Mapping[TopicPartition, Iterable[int]] | None = None,
+        registered_since: Mapping[TopicPartition, Iterable[int]] | None = None,
     ) -> list[ControllerAction]:
         """Controller failover: take over what ZooKeeper holds, fix what needs fixing and
         tell every live broker the state of its partitions. ``unclean_shutdown``: per
         partition, the live brokers that registered after an unclean shutdown since its state
-        was last written (the shell compares registration and state znode zxids)."""
+        was last written (the shell compares registration and state znode zxids).
+        ``registered_since``: per partition, every live broker that registered since then,
+        cleanly or not. A state whose leader is among them names an incarnation that is gone
+        (a bounce no controller saw, KIP-380's broker epoch): decided as a failure of that
+        leader, then its start, so a new state is written (brokers do not lead from a state
+        older than their registration)."""
         self.assignments = {tp: tuple(r) for tp, r in assignments.items()}
         self.states = dict(states)
         self.live_brokers = frozenset(live_brokers)
         for tp, brokers in (unclean_shutdown or {}).items():
             self._mark_unclean(tp, brokers)
+        bounced = {
+            tp: self.states[tp].leader
+            for tp, brokers in (registered_since or {}).items()
+            if tp in self.states and self.states[tp].leader in set(brokers)
+        }
         actions: list[ControllerAction] = []
         for tp in sorted(self.assignments):
+            if tp in bounced:
+                actions += self._decide_and_write(tp, bounced=bounced[tp])
+                continue
             decided = self._decide_and_write(tp)
             if decided:
                 actions += decided
@@ -286,7 +300,9 @@ class Controller:
         targets = tuple(r for r in replicas if r in self.live_brokers)
         return [NotifyBrokers(targets, tp, state, replicas)] if targets else []
 
-    def _decide_and_write(self, tp: TopicPartition) -> list[ControllerAction]:
+    def _decide_and_write(
+        self, tp: TopicPartition, bounced: int | None = None
+    ) -> list[ControllerAction]:
         if self.fenced:
             return []
         if tp in self._pending or tp in self._reading:
@@ -294,7 +310,7 @@ class Controller:
             return []
         current = self.states.get(tp)
         unclean = self._unclean.get(tp, frozenset())
-        target = self.decide(tp)
+        target = self.decide(tp) if bounced is None else self._decide_bounce(tp, bounced)
         if target is None:
             self._unclean.pop(tp, None)  # nothing to change for them
             return []
@@ -302,6 +318,24 @@ class Controller:
         self._pending_unclean[tp] = unclean
         expected = None if current is None else current.zk_version
         return [WriteStateZnode(tp, target, expected_version=expected)]
+
+    def _decide_bounce(self, tp: TopicPartition, broker: int) -> LeaderAndIsr | None:
+        """The state after leader ``broker`` failed and started again, both decisions made
+        at once and written as one state."""
+        current = self.states[tp]
+        live = self.live_brokers
+        try:
+            self.live_brokers = live - {broker}
+            failed = self.decide(tp)  # never None: the state names a dead leader
+            if failed is None:
+                return None
+            self.live_brokers = live
+            self.states[tp] = failed
+            started = self.decide(tp)
+        finally:
+            self.live_brokers = live
+            self.states[tp] = current
+        return started or failed
 
     def decide(self, tp: TopicPartition) -> LeaderAndIsr | None:
         """The state ``tp`` should move to given live brokers, or None if it is fine."""

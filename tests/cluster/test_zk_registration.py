@@ -10,6 +10,7 @@ stayed offline. The registration must never be decided by such a read.
 from __future__ import annotations
 
 import asyncio
+import functools
 import uuid
 from types import SimpleNamespace
 from typing import Any
@@ -40,10 +41,18 @@ def test_a_renewed_session_registers_again_even_if_a_stale_read_shows_the_old_zn
         stale = SimpleNamespace(ephemeralOwner=12345)  # the expired session's znode
         real_exists = zk.zk.exists
         zk.zk.exists = lambda path, *a, **kw: stale  # type: ignore[method-assign]
-        broker = SimpleNamespace(stopping=False, zk=zk, broker_id=3, _advertised=("h", 9092))
+        broker = SimpleNamespace(
+            stopping=False, zk=zk, broker_id=3, _advertised=("h", 9092), _broker_epoch=None
+        )
+        broker._learn_broker_epoch = functools.partial(
+            ClusterKafkaServer._learn_broker_epoch,
+            broker,  # type: ignore[arg-type]
+        )
         asyncio.run(ClusterKafkaServer._reregister(broker))  # type: ignore[arg-type]
         stat = real_exists("/brokers/ids/3")
         assert stat is not None, "the broker did not register again"
         assert stat.ephemeralOwner == zk.zk.client_id[0]
+        # The new incarnation's broker epoch: states written before it cannot make it lead.
+        assert broker._broker_epoch == stat.czxid
     finally:
         zk.close()

@@ -218,3 +218,50 @@ def test_failover_load_elects_where_needed_and_tells_everyone_else() -> None:
     assert w.tp == TP and w.state == LeaderAndIsr(1, 3, (1,), 4, zk_version=5)
     (notify,) = [a for a in actions if isinstance(a, NotifyBrokers)]
     assert notify.tp == other and notify.brokers == (1, 2)
+
+
+@pytest.mark.parametrize("elr", [True, False])
+def test_failover_load_moves_leadership_off_a_leader_that_registered_since(elr: bool) -> None:
+    """A leader that registered again after its state was written (a bounce no controller
+    saw) is a new incarnation: the state must be decided again, as a failure then a start,
+    even after a clean shutdown (brokers do not lead from a state older than their
+    registration). An in-sync follower takes over."""
+    c = Controller(controller_epoch=4, eligible_leader_replicas=elr, min_insync_replicas=1)
+    actions = c.load(
+        {TP: (0, 1, 2)},
+        {TP: LeaderAndIsr(0, 2, (0, 1, 2), 3, zk_version=5)},
+        live_brokers=[0, 1, 2],
+        registered_since={TP: [0]},
+    )
+    (w,) = writes(actions)
+    assert w.expected_version == 5
+    assert w.state.leader == 1 and w.state.leader_epoch > 2, w.state
+    assert 0 not in w.state.isr
+
+
+@pytest.mark.parametrize("elr", [True, False])
+def test_failover_load_reelects_a_bounced_sole_replica_with_a_new_epoch(elr: bool) -> None:
+    """A single-replica partition whose leader restarted cleanly while no controller ran: the
+    same leader, under a new leader epoch its new incarnation may lead from."""
+    c = Controller(controller_epoch=2, eligible_leader_replicas=elr, min_insync_replicas=1)
+    actions = c.load(
+        {TP: (0,)},
+        {TP: LeaderAndIsr(0, 7, (0,), 1, zk_version=9)},
+        live_brokers=[0],
+        registered_since={TP: [0]},
+    )
+    (w,) = writes(actions)
+    assert (w.state.leader, w.state.isr, w.expected_version) == (0, (0,), 9)
+    assert w.state.leader_epoch > 7
+
+
+def test_failover_load_leaves_states_whose_leader_did_not_register_since() -> None:
+    """A follower registered since the last write does not change a live leader's state."""
+    c = Controller(controller_epoch=4, min_insync_replicas=1)
+    actions = c.load(
+        {TP: (0, 1, 2)},
+        {TP: LeaderAndIsr(0, 2, (0, 1, 2), 3, zk_version=5)},
+        live_brokers=[0, 1, 2],
+        registered_since={TP: [1]},
+    )
+    assert writes(actions) == []

@@ -1,0 +1,87 @@
+"""A leader killed and started again within its ZooKeeper session is no zombie leader.
+
+Real processes: ZooKeeper and three brokers. Broker 1 is the controller and holds no replica;
+broker 2 leads the partition, broker 3 follows; acks=all, min.insync.replicas=1 (so that the
+leader alone may not be the reason the partition stays writable: the point is the election).
+
+1. 100 records are acknowledged by both replicas (ISR [2, 3]).
+2. The leader is killed (kill -9) and loses its unflushed tail: its files are cut back to their
+   last fsync (``durable.apply_power_loss``, the ``power`` nemesis's cut; with Kafka's default
+   flush policy that is every record of the active segment).
+3. It starts again at once, well within its old ZooKeeper session: its old registration and
+   the state znode naming it leader linger until that session expires.
+
+Before the fix, the restarted broker read the state znode while starting and took the
+leadership it names (epoch E), with the log the power loss left it: a zombie of its previous
+incarnation. Its follower, held on the same epoch, fetched from it as soon as it served and
+truncated to its short log (OFFSET_OUT_OF_RANGE), or the zombie shrank the ISR to itself
+before the controller noticed the bounce, and was then elected again: acknowledged records were
+gone from every replica. Kafka never lets that happen: a broker acts only on LeaderAndIsr
+requests from the controller, which sees the bounce by the new broker epoch (KIP-380) and
+moves leadership first. Here a state znode written before the broker's current registration
+(mzxid < the registration's czxid) cannot make it leader; the controller handles every bounce
+of a leader by a new decision (a failure, then a start).
+"""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+from confluent_kafka.admin import NewTopic
+from kazoo.client import KazooClient
+
+from isrlab.broker.log.durable import apply_power_loss
+from tests.cluster.test_replication import produce_all
+
+pytestmark = pytest.mark.integration
+
+TOPIC = "zombie"
+N = 100
+LEADER, FOLLOWER = 2, 3
+
+
+def zk_state(c) -> dict:  # type: ignore[no-untyped-def]
+    zk = KazooClient(hosts=c.brokers[1].overrides["zookeeper.connect"])
+    zk.start(timeout=10)
+    try:
+        data, _ = zk.get(f"/brokers/topics/{TOPIC}/partitions/0/state")
+        return orjson.loads(data)
+    finally:
+        zk.stop()
+        zk.close()
+
+
+def test_a_leader_restarted_within_its_session_is_not_a_zombie(cluster_factory):
+    c = cluster_factory(
+        3,
+        {"min.insync.replicas": "1", "replica.lag.time.max.ms": "1500"},
+        per_broker={LEADER: {"zookeeper.session.timeout.ms": "6000"}},
+    )
+    assert c.admin().list_topics(timeout=10).controller_id == 1, "broker 1 started first"
+    c.admin().create_topics(
+        [NewTopic(TOPIC, num_partitions=1, replica_assignment=[[LEADER, FOLLOWER]])]
+    )[TOPIC].result(20)
+    c.wait_for(lambda: c.partition(TOPIC).isrs == [LEADER, FOLLOWER], what="ISR of two")
+    values = [f"v-{i}".encode() for i in range(N)]
+    acked = produce_all(c.bootstrap, TOPIC, values, acks="all", **{"batch.num.messages": 10})
+    assert sorted(acked) == list(range(N))
+    epoch = zk_state(c)["leader_epoch"]
+
+    c.brokers[LEADER].kill9()
+    report = apply_power_loss(c.brokers[LEADER].log_dir)
+    assert report.truncated or report.emptied or report.deleted, "nothing to lose?"
+    c.brokers[LEADER].start()  # within the old session: its registration is still there
+
+    # The controller sees the bounce and elects the follower, which has every record.
+    c.wait_for(
+        lambda: zk_state(c)["leader_epoch"] > epoch and zk_state(c)["leader"] != -1,
+        what="a new leader",
+        timeout=40,
+    )
+    c.wait_for(
+        lambda: sorted(zk_state(c)["isr"]) == [LEADER, FOLLOWER], what="both in sync", timeout=60
+    )
+    read = [v for _, v in c.read_all(TOPIC)]
+    assert read == values, f"{N - len(read)} acknowledged records lost (state {zk_state(c)})"
+    for b in (LEADER, FOLLOWER):
+        assert [r.value for r in c.stored_records(b, TOPIC)] == values, f"replica {b}"

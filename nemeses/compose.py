@@ -40,7 +40,12 @@ from isrlab.nemeses.packet import PacketFault, check_available
 from isrlab.nemeses.partition import DEFAULT_SHAPES, SHAPES, PartitionFault
 from isrlab.nemeses.power import PowerFault
 from isrlab.nemeses.process import KillFault, LaggingFailoverFault, PauseFault
-from isrlab.nemeses.targeted import IsrSqueezeFault, LeaderFlapFault, ZkCutFault
+from isrlab.nemeses.targeted import (
+    IsrSqueezeFault,
+    LateProduceFault,
+    LeaderFlapFault,
+    ZkCutFault,
+)
 
 # The targets a schedule draws from when none are given (``coordinator`` needs a group).
 DEFAULT_TARGETS: tuple[str, ...] = ("one", "minority", "leader", "controller")
@@ -59,10 +64,11 @@ KINDS: tuple[str, ...] = (
     "isr-squeeze",
     "leader-flap",
     "zk-cut",
+    "late-produce",
 )
 
 #: the targeted schedules (nemeses.targeted): they watch the state znode and aim at one key
-TARGETED: tuple[str, ...] = ("isr-squeeze", "leader-flap", "zk-cut")
+TARGETED: tuple[str, ...] = ("isr-squeeze", "leader-flap", "zk-cut", "late-produce")
 
 PACKET_BEHAVIOURS: tuple[dict[str, str], ...] = (
     {"delay": "50ms", "jitter": "10ms"},
@@ -163,6 +169,8 @@ def build(kinds: str | Sequence[str], db: ClusterDB, test: dict[str, Any]) -> Ne
             faults[kind] = LeaderFlapFault(db, rng)
         elif kind == "zk-cut":
             faults[kind] = ZkCutFault(db, rng)
+        elif kind == "late-produce":
+            faults[kind] = LateProduceFault(db, rng)
     return Nemesis(faults, db)
 
 
@@ -177,10 +185,11 @@ def heal_all(db: ClusterDB, faults: dict[str, Fault] | None = None) -> dict[str,
     faults.setdefault("pause", PauseFault(db, rng))
     faults.setdefault("kill", KillFault(db, rng))
     faults.setdefault("zk-cut", ZkCutFault(db, rng))
+    faults.setdefault("late-produce", LateProduceFault(db, rng))
     out: dict[str, Any] = {}
     errors: list[str] = []
     # network first (so restarted brokers find their peers), then clocks, then processes
-    network = ("partition", "partition-iptables", "zk-cut", "isr-squeeze", "packet")
+    network = ("partition", "partition-iptables", "zk-cut", "late-produce", "isr-squeeze", "packet")
     for kind in (*network, "leader-flap", "clock", "pause", "power-zookeeper", "power", "kill"):
         fault = faults.get(kind)
         if fault is None:

@@ -31,6 +31,32 @@ done, so a run's history says which sequence happened.
     tries to shrink its ISR while it cannot write the state znode and its session expires
     behind its back. ``stop`` removes the rule and resumes the follower.
 
+``late-produce`` (``{"key", "hold_s", "release_s", "client"}``, the hazard KIP-890 closed)
+    hold back the clients' requests to the key's leader and deliver them after their
+    transactions were aborted. On the leader's node, in our own chain ``ISRLAB-LATE`` (jumped
+    to from INPUT), TCP from the clients' address (``client``, default the address the
+    harness's SSH session comes from, ``$SSH_CLIENT``: the clients run on the control host) to
+    the broker port is dropped: replicas, ZooKeeper and the transaction coordinators (other
+    brokers, or the leader itself) still reach it; only the clients cannot. A transactional
+    producer whose produce request to the leader is caught times out
+    (``op_timeout_ms``, its message.timeout.ms), aborts (EndTxn to its coordinator, which
+    writes the abort marker to the leader) and bumps its epoch, but the request stays in its
+    kernel's send queue, retransmitted with exponential backoff (200 ms, doubling: 12.6 s after
+    it was first sent, then 25.4 s). After ``hold_s`` (default ``op_timeout_ms`` + 2.5 s: just
+    before the 12.6-s retransmission of requests caught at the start, after their aborts) the
+    rule becomes DROP of new connections only (``--syn``) for ``release_s`` (default 3): the
+    held requests get through on their old connections, while the producers cannot open new
+    ones and write their next transaction there first. Then the chain is removed. Without
+    KIP-890 verification (``transaction.partition.verification.enable=false``) the late batch
+    (old epoch, the sequence that follows) is appended after the abort marker and opens a
+    transaction no coordinator knows: the partition's LSO stays below it until the producer's
+    next marker there; a commit marker commits the aborted record (``G1a``), and a hang that
+    outlives the workload leaves acknowledged records unread (``unseen``). With verification
+    the partition asks the coordinator and refuses the batch. The whole sequence runs in
+    ``start`` (its completion names the ``key``, ``leader``, ``leader_epoch``, ``client``,
+    ``port``, ``held_s``, ``released_s`` and ``leader_after``); ``stop`` removes a chain left
+    behind (``start`` failed midway).
+
 A fault that finds no leader, or no follower to act on, completes with ``error`` and does
 nothing. ``heal()`` of each undoes what it may have left (rules, paused and dead brokers).
 """
@@ -48,6 +74,9 @@ from isrlab.nemeses.process import KillFault, PauseFault
 
 ZK_CLIENT_PORT = 2181
 ZKCUT_CHAIN = "ISRLAB-ZKCUT"
+#: the brokers' client port (harness.db's BROKER_PORT: nemeses do not import the harness)
+BROKER_PORT = 9092
+LATE_CHAIN = "ISRLAB-LATE"
 POLL_S = 0.25
 
 
@@ -265,13 +294,102 @@ class ZkCutFault(_Watching):
         return sorted(set(healed) | set(super().heal()))
 
 
-def _uncut(db: ClusterDB, node: str) -> bool:
-    """Remove the zk-cut chain and its jump on `node`; True if there was one."""
+class LateProduceFault(_Watching):
+    kind = "late-produce"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.cut: set[str] = set()
+
+    def client_address(self, node: str) -> str:
+        """The address the harness (and so its clients) reaches `node` from: the SSH session's
+        peer (``$SSH_CLIENT``; under sudo, which drops it, the peer of an established
+        connection to port 22). Empty when the node cannot tell."""
+        res = self.db.remote(node).exec(
+            'c="${SSH_CLIENT%% *}"; '
+            "if [ -z \"$c\" ]; then c=$(ss -Htn state established '( sport = :22 )' "
+            "2>/dev/null | awk 'NR==1 {print $4}'); c=\"${c%:*}\"; fi; "
+            'echo "client=$c"',
+            check=False,
+        )
+        for line in (res.stdout or "").splitlines():
+            if line.startswith("client="):
+                return line[len("client=") :].strip().strip("[]")
+        return ""
+
+    def _hold(self, node: str, client: str, port: int) -> None:
+        """Drop every packet of the clients to the broker port of `node`."""
+        self.db.remote(node).exec(
+            f"iptables -w -N {LATE_CHAIN} 2>/dev/null || true; "
+            f"iptables -w -C INPUT -j {LATE_CHAIN} 2>/dev/null || "
+            f"iptables -w -I INPUT -j {LATE_CHAIN}; "
+            f"iptables -w -A {LATE_CHAIN} -p tcp -s {client} --dport {port} -j DROP"
+        )
+
+    def _release(self, node: str, client: str, port: int) -> None:
+        """Drop only the clients' new connections (SYN) to `node`: first add that rule, then
+        delete the one that dropped everything, so no new connection slips through between."""
+        self.db.remote(node).exec(
+            f"iptables -w -A {LATE_CHAIN} -p tcp -s {client} --dport {port} --syn -j DROP; "
+            f"iptables -w -D {LATE_CHAIN} -p tcp -s {client} --dport {port} -j DROP"
+        )
+
+    def start(self, value: Any) -> dict[str, Any]:
+        value = value or {}
+        key = str(value.get("key") or default_key(self.db))
+        op_timeout_s = int(self.db.test.get("op_timeout_ms") or 10000) / 1000
+        hold_s = float(value.get("hold_s", op_timeout_s + 2.5))
+        release_s = float(value.get("release_s", 3.0))
+        port = int(value.get("port", BROKER_PORT))
+        state = self.state(key)
+        leader, isr, epoch = state or (None, [], -1)
+        if leader is None:
+            return {"key": key, "error": "no leader in the state znode"}
+        out: dict[str, Any] = {"key": key, "leader": leader, "leader_epoch": epoch, "isr": isr}
+        client = str(value.get("client") or self.client_address(leader))
+        if not client:
+            return {**out, "error": f"{leader} cannot tell the clients' address (no $SSH_CLIENT)"}
+        out.update(client=client, port=port)
+        self.cut.add(leader)
+        try:
+            # 1. hold: every packet of the clients to the leader's broker port is dropped
+            self._hold(leader, client, port)
+            started = self._clock()
+            self._sleep(hold_s)
+            out["held_s"] = round(self._clock() - started, 3)
+            # 2. release: the held requests get through on their open connections, new ones not
+            self._release(leader, client, port)
+            released = self._clock()
+            self._sleep(release_s)
+            out["released_s"] = round(self._clock() - released, 3)
+        finally:
+            # 3. heal (if this fails, stop and heal remove the chain)
+            if _uncut(self.db, leader, LATE_CHAIN, "INPUT"):
+                self.cut.discard(leader)
+        after = self.state(key)
+        out["leader_after"] = after[0] if after else None
+        return out
+
+    def stop(self, value: Any = None) -> dict[str, Any]:
+        nodes = sorted(self.cut)
+        for node in nodes:
+            _uncut(self.db, node, LATE_CHAIN, "INPUT")
+        self.cut.clear()
+        return {"nodes": nodes}
+
+    def heal(self) -> list[str]:
+        healed = [n for n in self.db.names if _uncut(self.db, n, LATE_CHAIN, "INPUT")]
+        self.cut.clear()
+        return healed
+
+
+def _uncut(db: ClusterDB, node: str, chain: str = ZKCUT_CHAIN, hook: str = "OUTPUT") -> bool:
+    """Remove our `chain` and its jump from `hook` on `node`; True if there was one."""
     res = db.remote(node).exec(
-        f"if iptables -w -L {ZKCUT_CHAIN} -n >/dev/null 2>&1; then "
-        f"iptables -w -F {ZKCUT_CHAIN}; "
-        f"while iptables -w -D OUTPUT -j {ZKCUT_CHAIN} 2>/dev/null; do :; done; "
-        f"iptables -w -X {ZKCUT_CHAIN}; echo removed; fi",
+        f"if iptables -w -L {chain} -n >/dev/null 2>&1; then "
+        f"iptables -w -F {chain}; "
+        f"while iptables -w -D {hook} -j {chain} 2>/dev/null; do :; done; "
+        f"iptables -w -X {chain}; echo removed; fi",
         check=False,
     )
     return "removed" in (res.stdout or "")

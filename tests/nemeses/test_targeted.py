@@ -12,7 +12,14 @@ from typing import Any
 import pytest
 
 from isrlab.nemeses.compose import TARGETED, parse_kinds, schedule
-from isrlab.nemeses.targeted import ZKCUT_CHAIN, IsrSqueezeFault, LeaderFlapFault, ZkCutFault
+from isrlab.nemeses.targeted import (
+    LATE_CHAIN,
+    ZKCUT_CHAIN,
+    IsrSqueezeFault,
+    LateProduceFault,
+    LeaderFlapFault,
+    ZkCutFault,
+)
 
 
 @dataclass
@@ -42,8 +49,9 @@ class FakeCluster:
     paused: set[str] = field(default_factory=set)
     dead: set[str] = field(default_factory=set)
     calls: list[tuple[str, str]] = field(default_factory=list)
-    rules: dict[str, list[str]] = field(default_factory=dict)
+    rules: dict[tuple[str, str], list[str]] = field(default_factory=dict)
     polls: int = 0
+    client: str = "10.77.0.1"
 
     def partition_state(self, topic: str, partition: int) -> tuple[str | None, list[str], int]:
         self.polls += 1
@@ -85,11 +93,24 @@ class FakeCluster:
         class Shell:
             def exec(self, cmd: str, check: bool = True) -> Result:
                 cluster.calls.append(("exec", node))
-                if f"-A {ZKCUT_CHAIN}" in cmd:
-                    cluster.rules.setdefault(node, []).append(cmd)
-                    return Result()
-                if f"-X {ZKCUT_CHAIN}" in cmd and cluster.rules.pop(node, None):
-                    return Result("removed\n")
+                if "SSH_CLIENT" in cmd:
+                    return Result(f"client={cluster.client}\n")
+                for chain in (ZKCUT_CHAIN, LATE_CHAIN):
+                    if f"-X {chain}" in cmd:
+                        if cluster.rules.pop((node, chain), None):
+                            return Result("removed\n")
+                        return Result()
+                    # rules are added (-A) and deleted (-D) in the command's order
+                    rules = cluster.rules.setdefault((node, chain), [])
+                    for part in cmd.split("; "):
+                        if part.startswith(f"iptables -w -A {chain} "):
+                            rules.append(part.removeprefix(f"iptables -w -A {chain} "))
+                            cluster.calls.append(("rule+", rules[-1]))
+                        elif part.startswith(f"iptables -w -D {chain} "):
+                            rules.remove(part.removeprefix(f"iptables -w -D {chain} "))
+                            cluster.calls.append(("rule-", part.split(f"-D {chain} ")[1]))
+                    if not rules:
+                        del cluster.rules[(node, chain)]
                 return Result()
 
         return Shell()
@@ -149,7 +170,7 @@ def test_zk_cut_drops_the_leaders_zookeeper_traffic_and_stop_removes_it() -> Non
     c = FakeCluster()
     f = fault(ZkCutFault, c)
     done = f.start({"key": "t0/0"})
-    assert done["leader"] == "n1" and "--dport 2181 -j DROP" in c.rules["n1"][0]
+    assert done["leader"] == "n1" and "--dport 2181 -j DROP" in c.rules[("n1", ZKCUT_CHAIN)][0]
     assert len(done["paused"]) == 1
     stopped = f.stop(None)
     assert stopped["nodes"] == ["n1"] and not c.rules and not c.paused
@@ -159,7 +180,7 @@ def test_zk_cut_drops_the_leaders_zookeeper_traffic_and_stop_removes_it() -> Non
 
 
 def test_no_leader_is_an_error_that_does_nothing() -> None:
-    for cls in (IsrSqueezeFault, LeaderFlapFault, ZkCutFault):
+    for cls in (IsrSqueezeFault, LeaderFlapFault, ZkCutFault, LateProduceFault):
         c = FakeCluster(leader=None)
         assert "no leader" in fault(cls, c).start({"key": "t0/0"})["error"]
         assert c.calls == []
@@ -181,3 +202,61 @@ def test_every_targeted_kind_is_a_nemesis_kind(kind: str) -> None:
 
     nem = build(kind, FakeCluster(), {"seed": 1})  # type: ignore[arg-type]
     assert nem.kinds == [kind]
+
+
+def recording_fault(cls: type, cluster: FakeCluster, fail_on_sleep: int = 0) -> Any:
+    """A fault whose sleeps advance a fake clock and are recorded among the cluster's calls
+    (so a test sees what happened between them); the `fail_on_sleep`-th sleep raises."""
+    now = [0.0]
+
+    def sleep(s: float) -> None:
+        cluster.calls.append(("sleep", str(s)))
+        if sum(k == "sleep" for k, _ in cluster.calls) == fail_on_sleep:
+            raise RuntimeError("the harness was interrupted")
+        now[0] += s
+
+    return cls(cluster, random.Random(1), sleep=sleep, clock=lambda: now[0])
+
+
+def test_late_produce_holds_the_clients_requests_then_lets_only_them_through() -> None:
+    c = FakeCluster()
+    c.test["op_timeout_ms"] = 4000
+    f = recording_fault(LateProduceFault, c)
+    done = f.start({"key": "t0/0"})
+    assert "error" not in done, done
+    assert done["leader"] == "n1" and done["client"] == "10.77.0.1" and done["port"] == 9092
+    # held past the transaction's timeout (op_timeout_ms) + 2.5 s, then released for 3 s
+    assert done["held_s"] == 6.5 and done["released_s"] == 3.0
+    events = [(k, n) for k, n in c.calls if k in ("rule+", "rule-", "sleep")]
+    everything = "-p tcp -s 10.77.0.1 --dport 9092 -j DROP"
+    new_connections = "-p tcp -s 10.77.0.1 --dport 9092 --syn -j DROP"
+    assert events == [
+        ("rule+", everything),  # hold: nothing of the clients reaches the leader
+        ("sleep", "6.5"),
+        ("rule+", new_connections),  # release: first refuse new connections,
+        ("rule-", everything),  # then let the held packets of open ones through
+        ("sleep", "3.0"),
+    ]
+    # only the leader's node was touched, and nothing is left on it
+    assert {n for k, n in c.calls if k == "exec"} == {"n1"}
+    assert not c.rules and f.stop(None) == {"nodes": []}
+    assert not c.paused and not c.dead
+
+
+def test_late_produce_removes_its_rules_when_interrupted_and_heal_finds_leftovers() -> None:
+    c = FakeCluster()
+    f = recording_fault(LateProduceFault, c, fail_on_sleep=1)
+    with pytest.raises(RuntimeError):
+        f.start({"key": "t0/0", "hold_s": 5})
+    assert not c.rules and f.stop(None) == {"nodes": []}
+    # a rule left behind (a harness that died mid-hold) is found by heal_all's fresh fault
+    fault(LateProduceFault, c)._hold("n2", "10.77.0.1", 9092)
+    assert c.rules
+    assert fault(LateProduceFault, c).heal() == ["n2"] and not c.rules
+
+
+def test_late_produce_without_the_clients_address_does_nothing() -> None:
+    c = FakeCluster(client="")
+    done = recording_fault(LateProduceFault, c).start({"key": "t0/0"})
+    assert "clients' address" in done["error"] and done["leader"] == "n1"
+    assert not c.rules and not any(k == "sleep" for k, _ in c.calls)

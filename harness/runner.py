@@ -130,6 +130,7 @@ class ScheduleGenerator:
                     f"{config.seed}-{kind}",
                     targets=targets,
                     keys=list(config.keys or ()),
+                    squeeze_then=config.squeeze_then,
                 )
                 for kind in config.nemesis
             ]

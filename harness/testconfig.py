@@ -121,6 +121,13 @@ class TestConfig:
         10.0, "seconds between fault changes", minimum=0, above=True, setting=True
     )
     nemesis_targets: tuple[str, ...] | None = _opt(None, "comma list of targets", choices=TARGETS)
+    squeeze_then: tuple[str, ...] | None = _opt(
+        None,
+        "how the isr-squeeze nemesis fails the leader once its ISR has shrunk: comma list of "
+        "kill, isolate, power (kill -9, then its files cut back to their last fsync), one "
+        "drawn per strike (unset: kill,isolate)",
+        choices=("kill", "isolate", "power"),
+    )
     acks: str = _opt(
         "all", "producer acks", choices=("0", "1", "all"), aliases={"-1": "all"}, column="string"
     )

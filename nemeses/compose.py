@@ -68,6 +68,9 @@ KINDS: tuple[str, ...] = (
 )
 
 #: the targeted schedules (nemeses.targeted): they watch the state znode and aim at one key
+#: how isr-squeeze may fail the leader, and what a schedule draws from unless told
+SQUEEZE_THEN: tuple[str, ...] = ("kill", "isolate", "power")
+SQUEEZE_THEN_DEFAULT: tuple[str, ...] = ("kill", "isolate")
 TARGETED: tuple[str, ...] = ("isr-squeeze", "leader-flap", "zk-cut", "late-produce")
 
 PACKET_BEHAVIOURS: tuple[dict[str, str], ...] = (
@@ -226,8 +229,10 @@ def start_value(
     targets: Sequence[str],
     shapes: Sequence[str],
     keys: Sequence[str],
+    squeeze_then: Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    """A random ``start-<kind>`` value (what the schedule draws)."""
+    """A random ``start-<kind>`` value (what the schedule draws). ``squeeze_then``: the ways
+    isr-squeeze may fail the leader (default kill or isolate)."""
     if kind in TARGETED:
         # (targets do not apply: each aims at one key's leader and followers)
         targeted: dict[str, Any] = {}
@@ -235,7 +240,7 @@ def start_value(
             targeted["key"] = rng.choice(list(keys))
         if kind == "isr-squeeze":
             targeted["to"] = rng.choice(["min", "leader"])
-            targeted["then"] = rng.choice(["kill", "isolate"])
+            targeted["then"] = rng.choice(list(squeeze_then or SQUEEZE_THEN_DEFAULT))
         elif kind == "leader-flap":
             targeted["gap_ms"] = rng.choice([200, 500, 1000])
         return targeted
@@ -275,6 +280,7 @@ def schedule(
     targets: Sequence[str] | None = None,
     shapes: Sequence[str] | None = None,
     keys: Sequence[str] | None = None,
+    squeeze_then: Sequence[str] | None = None,
 ) -> Iterator[dict[str, Any]]:
     """The endless nemesis op stream (see the module docstring). Empty kinds: only sleeps."""
     wanted = parse_kinds(kinds)
@@ -296,6 +302,11 @@ def schedule(
             shps = ["isolate-txn-coordinator"]
         else:
             shps = [*shps, "isolate-txn-coordinator"]
+    bad = [t for t in squeeze_then or () if t not in SQUEEZE_THEN]
+    if bad:
+        raise NemesisError(
+            f"unknown isr-squeeze failure(s) {', '.join(bad)}; use {', '.join(SQUEEZE_THEN)}"
+        )
     bad = [s for s in shps if s not in SHAPES]
     if bad:
         raise NemesisError(f"unknown shape(s) {', '.join(bad)}; use {', '.join(SHAPES)}")
@@ -306,7 +317,7 @@ def schedule(
         if not wanted:
             continue
         kind = rng.choice(wanted)
-        yield _op(f"start-{kind}", start_value(kind, rng, tgts, shps, key_list))
+        yield _op(f"start-{kind}", start_value(kind, rng, tgts, shps, key_list, squeeze_then))
         yield {"type": "sleep", "value": round(interval * rng.uniform(0.5, 1.5), 3)}
         yield _op(f"stop-{kind}", None)
 

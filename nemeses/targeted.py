@@ -7,15 +7,20 @@ what the controller last wrote), waits for the state it needs, and only then str
 ``start-<kind>`` / ``stop-<kind>`` pair like any fault; the completion records what was seen and
 done, so a run's history says which sequence happened.
 
-``isr-squeeze`` (``{"key", "to": "min" | "leader", "then": "kill" | "isolate", "wait_s"}``)
+``isr-squeeze`` (``{"key", "to": "min" | "leader", "then": "kill" | "isolate" | "power",
+"wait_s"}``)
     SIGSTOP in-sync followers of the key's partition, one more than the ISR may lose (``to``
     ``min``: down to min.insync.replicas; ``leader``: every follower), wait (up to ``wait_s``,
     default three times replica.lag.time.max.ms) until the state znode shows the ISR shrunk to
-    that size, then fail the leader (kill -9, or cut it off from every node) and SIGCONT the
+    that size, then fail the leader (kill -9; cut it off from every node; or ``power``: kill -9
+    and its files cut back to their last fsync, the ``power`` nemesis's cut) and SIGCONT the
     followers. With the ISR at its smallest the leader acknowledges writes nobody else holds:
     min ISR 1 ("ISR of one") and unclean election lose them when it fails; the safe settings
-    keep the partition offline or elect only a replica that has them. ``stop`` starts the
-    killed leader again or heals the isolation.
+    keep the partition offline or elect only a replica that has them. With ``power`` the
+    leader, last ISR member, loses its unflushed tail (KIP-966's "last replica standing"):
+    without eligible leader replicas it is elected again when it returns and its followers
+    truncate to it; with them a follower that left the ISR when it fell below min ISR leads.
+    ``stop`` starts the killed leader again or heals the isolation.
 ``leader-flap`` (``{"key", "gap_ms"}``, KIP-279's scenario)
     kill -9 the leader, wait for the controller to elect another (the state znode's leader
     changes), restart one follower (kill -9 and start) right away, wait ``gap_ms`` (default
@@ -195,6 +200,11 @@ class IsrSqueezeFault(_Watching):
                 self._isolated = True
             else:
                 out["killed"] = leader if self.kill(leader) else None
+                if then == "power" and out["killed"] is not None:
+                    try:  # before the followers resume: the leader is down, its files cut
+                        out["power_loss"] = self.db.power_loss(leader)  # type: ignore[attr-defined]
+                    except Exception as e:
+                        out["error"] = f"power loss of {leader}: {type(e).__name__}: {e}"
         finally:
             self.resume(paused)
         return out

@@ -115,6 +115,7 @@ def test_the_typed_config_round_trips_through_test_json() -> None:
         *["rate", "time_limit", "final_time_limit", "recovery_time", "nemesis", "nemesis_interval"],
         *[
             "nemesis_targets",
+            "squeeze_then",
             "acks",
             "idempotence",
             "txn",

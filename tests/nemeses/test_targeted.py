@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from isrlab.nemeses.base import NemesisError
 from isrlab.nemeses.compose import TARGETED, parse_kinds, schedule
 from isrlab.nemeses.targeted import (
     LATE_CHAIN,
@@ -79,6 +80,11 @@ class FakeCluster:
             self.leader, self.epoch = nxt, self.epoch + 1
         return alive
 
+    def power_loss(self, node: str) -> str:
+        self.calls.append(("power-loss", node))
+        assert node in self.dead, "a power loss cuts the files of a broker that is down"
+        return "1 file cut"
+
     def start(self, node: str) -> int:
         self.calls.append(("start", node))
         self.dead.discard(node)
@@ -144,6 +150,31 @@ def test_isr_squeeze_to_the_leader_alone_pauses_every_follower() -> None:
     assert sorted(done["paused"]) == ["n2", "n3"] and done["isr_at_failure"] == ["n1"]
     assert f.stop(None) == {"nodes": ["n1"]}
     assert ("start", "n1") in c.calls
+
+
+def test_isr_squeeze_then_power_cuts_the_killed_leader_before_the_followers_resume() -> None:
+    c = FakeCluster()
+    f = fault(IsrSqueezeFault, c)
+    done = f.start({"key": "t0/0", "to": "leader", "then": "power"})
+    assert "error" not in done, done
+    assert done["killed"] == "n1" and done["power_loss"] == "1 file cut"
+    order = [(k, n) for k, n in c.calls if k in ("kill", "power-loss", "resume")]
+    assert order[:2] == [("kill", "n1"), ("power-loss", "n1")]
+    assert {k for k, _ in order[2:]} == {"resume"} and not c.paused
+    assert f.stop(None) == {"nodes": ["n1"]}
+
+
+def test_schedules_draw_the_isr_squeeze_failures_asked_for() -> None:
+    def thens(squeeze_then: list[str] | None) -> set[str]:
+        stream = schedule(["isr-squeeze"], 1.0, 3, keys=["t0/0"], squeeze_then=squeeze_then)
+        ops = itertools.islice((o for o in stream if o.get("f") == "start-isr-squeeze"), 40)
+        return {o["value"]["then"] for o in ops}
+
+    assert thens(None) == {"kill", "isolate"}
+    assert thens(["power"]) == {"power"}
+    assert thens(["kill", "power"]) == {"kill", "power"}
+    with pytest.raises(NemesisError, match="unknown isr-squeeze failure"):
+        next(schedule(["isr-squeeze"], 1.0, 3, squeeze_then=["melt"]))
 
 
 def test_isr_squeeze_gives_up_when_the_isr_does_not_shrink() -> None:

@@ -131,6 +131,7 @@ class ScheduleGenerator:
                     targets=targets,
                     keys=list(config.keys or ()),
                     squeeze_then=config.squeeze_then,
+                    flap_follower=config.flap_follower,
                 )
                 for kind in config.nemesis
             ]

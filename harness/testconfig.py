@@ -128,6 +128,14 @@ class TestConfig:
         "drawn per strike (unset: kill,isolate)",
         choices=("kill", "isolate", "power"),
     )
+    flap_follower: tuple[str, ...] | None = _opt(
+        None,
+        "what the leader-flap nemesis does to the followers: comma list of restart (one "
+        "restarted after the first leader change), cut (two in-sync followers cut off from "
+        "each other before the leader is killed, the next leader killed at once), one drawn "
+        "per strike (unset: restart)",
+        choices=("restart", "cut"),
+    )
     acks: str = _opt(
         "all", "producer acks", choices=("0", "1", "all"), aliases={"-1": "all"}, column="string"
     )

@@ -71,6 +71,9 @@ KINDS: tuple[str, ...] = (
 #: how isr-squeeze may fail the leader, and what a schedule draws from unless told
 SQUEEZE_THEN: tuple[str, ...] = ("kill", "isolate", "power")
 SQUEEZE_THEN_DEFAULT: tuple[str, ...] = ("kill", "isolate")
+#: what leader-flap does to the followers between its two leader kills (a schedule draws one
+#: per strike only when told which: unset, every strike restarts one, as before)
+FLAP_FOLLOWER: tuple[str, ...] = ("restart", "cut")
 TARGETED: tuple[str, ...] = ("isr-squeeze", "leader-flap", "zk-cut", "late-produce")
 
 PACKET_BEHAVIOURS: tuple[dict[str, str], ...] = (
@@ -230,9 +233,11 @@ def start_value(
     shapes: Sequence[str],
     keys: Sequence[str],
     squeeze_then: Sequence[str] | None = None,
+    flap_follower: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """A random ``start-<kind>`` value (what the schedule draws). ``squeeze_then``: the ways
-    isr-squeeze may fail the leader (default kill or isolate)."""
+    isr-squeeze may fail the leader (default kill or isolate); ``flap_follower``: what
+    leader-flap may do to the followers (default: no draw, restart, so old seeds replay)."""
     if kind in TARGETED:
         # (targets do not apply: each aims at one key's leader and followers)
         targeted: dict[str, Any] = {}
@@ -243,6 +248,8 @@ def start_value(
             targeted["then"] = rng.choice(list(squeeze_then or SQUEEZE_THEN_DEFAULT))
         elif kind == "leader-flap":
             targeted["gap_ms"] = rng.choice([200, 500, 1000])
+            if flap_follower:
+                targeted["follower"] = rng.choice(list(flap_follower))
         return targeted
     if kind == "lagging-failover":
         # (targets do not apply: it always aims at one key's leader and followers)
@@ -281,6 +288,7 @@ def schedule(
     shapes: Sequence[str] | None = None,
     keys: Sequence[str] | None = None,
     squeeze_then: Sequence[str] | None = None,
+    flap_follower: Sequence[str] | None = None,
 ) -> Iterator[dict[str, Any]]:
     """The endless nemesis op stream (see the module docstring). Empty kinds: only sleeps."""
     wanted = parse_kinds(kinds)
@@ -307,6 +315,12 @@ def schedule(
         raise NemesisError(
             f"unknown isr-squeeze failure(s) {', '.join(bad)}; use {', '.join(SQUEEZE_THEN)}"
         )
+    bad = [f for f in flap_follower or () if f not in FLAP_FOLLOWER]
+    if bad:
+        raise NemesisError(
+            f"unknown leader-flap follower action(s) {', '.join(bad)}; "
+            f"use {', '.join(FLAP_FOLLOWER)}"
+        )
     bad = [s for s in shps if s not in SHAPES]
     if bad:
         raise NemesisError(f"unknown shape(s) {', '.join(bad)}; use {', '.join(SHAPES)}")
@@ -317,7 +331,8 @@ def schedule(
         if not wanted:
             continue
         kind = rng.choice(wanted)
-        yield _op(f"start-{kind}", start_value(kind, rng, tgts, shps, key_list, squeeze_then))
+        value = start_value(kind, rng, tgts, shps, key_list, squeeze_then, flap_follower)
+        yield _op(f"start-{kind}", value)
         yield {"type": "sleep", "value": round(interval * rng.uniform(0.5, 1.5), 3)}
         yield _op(f"stop-{kind}", None)
 

@@ -21,13 +21,28 @@ done, so a run's history says which sequence happened.
     without eligible leader replicas it is elected again when it returns and its followers
     truncate to it; with them a follower that left the ISR when it fell below min ISR leads.
     ``stop`` starts the killed leader again or heals the isolation.
-``leader-flap`` (``{"key", "gap_ms"}``, KIP-279's scenario)
+``leader-flap`` (``{"key", "gap_ms", "follower": "restart" | "cut"}``)
+    Two leader changes in quick succession. ``restart`` (the default; KIP-279's scenario):
     kill -9 the leader, wait for the controller to elect another (the state znode's leader
     changes), restart one follower (kill -9 and start) right away, wait ``gap_ms`` (default
-    500), and kill -9 the second leader too: two leader changes in quick succession, while a
-    restarted follower truncates against leaders that keep changing. Before KIP-101 (follower
-    truncation to the high watermark) the replicas' logs diverge. ``stop`` starts every broker
-    it killed.
+    500), and kill -9 the second leader too, while the restarted follower truncates against
+    leaders that keep changing. ``cut`` (KIP-101's scenario 1 under a live workload): with
+    leader A and in-sync followers B and C, cut B and C off from each other only (both ways,
+    black-hole routes as the ``partition`` nemesis makes them; both still reach A, ZooKeeper
+    and the controller), kill -9 A, wait until the state znode names the next leader (B, say:
+    the first assigned live ISR member), wait ``gap_ms`` and kill -9 B. C, following B
+    without reaching it, stays in the ISR (B would drop it only after
+    replica.lag.time.max.ms; dead, it never does), and the controller elects it once B's
+    ZooKeeper session ends. Pre-KIP-101 (``replica.truncation.mode=high-watermark``) C cut its
+    log back to its own high watermark when it began following B; that HW lags A's by up to
+    a fetch round trip (a follower learns the HW in the next fetch response, which the leader
+    parks until new data or replica.fetch.wait.max.ms), so records A had acknowledged are
+    gone from the new leader and, once A and B follow it, from every replica. With leader
+    epochs C truncates only on B's answer to OffsetsForLeaderEpoch, which never comes: it
+    leads with everything it had. The completion names the ``cut`` pair, the ``leaders`` and
+    ``epochs`` seen, ``isr_at_second_kill`` and the ``truncating`` follower; it is an
+    ``error`` (no second kill) when the elected replica is not one of the pair. ``stop``
+    heals the cut (``cut``), then starts every broker it killed.
 ``zk-cut`` (``{"key", "pause_follower"}``)
     cut the key's leader off from ZooKeeper only (``iptables`` OUTPUT DROP of TCP to the
     ZooKeeper client port on the leader's node, in our own chain ``ISRLAB-ZKCUT``): followers
@@ -224,16 +239,25 @@ class IsrSqueezeFault(_Watching):
 class LeaderFlapFault(_Watching):
     kind = "leader-flap"
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._cut = PartitionFault(self.db, self.rng, "route")
+        self._cutting = False
+
     def start(self, value: Any) -> dict[str, Any]:
         value = value or {}
         key = str(value.get("key") or default_key(self.db))
         gap_ms = int(value.get("gap_ms", 500))
         wait_s = float(value.get("wait_s", 30))
+        follower = str(value.get("follower", "restart"))
         state = self.state(key)
         first, isr, epoch = state or (None, [], -1)
         if first is None:
             return {"key": key, "error": "no leader in the state znode"}
         out: dict[str, Any] = {"key": key, "gap_ms": gap_ms, "leaders": [first], "epochs": [epoch]}
+        if follower == "cut":
+            out["follower"] = "cut"
+            return self._flap_with_a_cut(key, first, isr, gap_ms, wait_s, out)
         if len(isr) < 2:
             return {**out, "error": f"the ISR {isr} has no follower to take over"}
         self.kill(first)
@@ -258,8 +282,58 @@ class LeaderFlapFault(_Watching):
             out["epochs"].append(third[2])
         return out
 
+    def _flap_with_a_cut(
+        self, key: str, first: str, isr: list[str], gap_ms: int, wait_s: float, out: dict[str, Any]
+    ) -> dict[str, Any]:
+        """``follower: cut``: two in-sync followers cut off from each other (and only from
+        each other), the leader killed; the one elected next is killed at once, so the other,
+        which followed it without reaching it, is elected with the log it truncated."""
+        followers = [n for n in isr if n != first]
+        if len(followers) < 2:
+            return {**out, "error": f"the ISR {isr} has no two followers to cut apart"}
+        pair = sorted(self.rng.sample(followers, 2))
+        b, c = pair
+        out["cut"] = pair
+        self._cutting = True
+        self._cut.start({"grudge": {b: [c], c: [b]}})
+        self.kill(first)
+        seen, waited = self.wait_for(key, lambda s: s[0] not in (None, first), wait_s)
+        out["waited_s"] = waited
+        if seen is None or seen[0] in (None, first):
+            return {**out, "error": f"no new leader within {wait_s} s"}
+        second = seen[0]
+        out["leaders"].append(second)
+        out["epochs"].append(seen[2])
+        out["isr_at_second_kill"] = seen[1]
+        if second not in pair:
+            return {**out, "error": f"{second} was elected, not one of the cut pair {pair}"}
+        # the other one of the pair now follows `second`, which it cannot reach: it
+        # truncated (or, with leader epochs, asks and waits) and stays in the ISR until
+        # `second` would drop it (replica.lag.time.max.ms), long after `second` is dead
+        out["truncating"] = c if second == b else b
+        self._sleep(gap_ms / 1000)
+        self.kill(second)
+        third, waited2 = self.wait_for(key, lambda s: s[0] not in (None, second), wait_s)
+        out["waited_s"] = round(waited + waited2, 3)
+        if third is not None and third[0] is not None:
+            out["leaders"].append(third[0])
+            out["epochs"].append(third[2])
+        return out
+
     def stop(self, value: Any = None) -> dict[str, Any]:
-        return self._kills.stop(value)
+        healed = None
+        if self._cutting:  # the cut first, so the brokers started again find their peers
+            healed = self._cut.stop(None)
+            self._cutting = False
+        out: dict[str, Any] = self._kills.stop(value)
+        if healed is not None:
+            out["healed"] = healed
+        return out
+
+    def heal(self) -> list[str]:
+        self._cutting = False
+        cut = self._cut.heal()
+        return sorted(set(cut) | set(super().heal()))
 
 
 class ZkCutFault(_Watching):

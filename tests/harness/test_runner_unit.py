@@ -168,3 +168,20 @@ def test_topic_creation_retries_while_a_broker_has_not_seen_every_registration()
         'factor 3 larger than 2 available broker(s)"}'
     )
     assert not _retriable("KafkaException: KafkaError{code=POLICY_VIOLATION,val=44}")
+
+
+def test_the_leader_flap_follower_option_reaches_the_schedule():
+    def followers(**extra) -> set[str]:
+        test = make_test({"nemesis": "leader-flap", "nemesis_interval": 5, "seed": 4, **extra})
+        gen, now, out = ScheduleGenerator.for_test(test), 0, []
+        while len(out) < 10:
+            r = gen.op(Context(time=now, thread="nemesis", process="nemesis", threads=[]))
+            if isinstance(r, Pending):
+                now = r.at or now + 1
+                continue
+            if r["f"] == "start-leader-flap":
+                out.append(str(r["value"].get("follower")))
+        return set(out)
+
+    assert followers() == {"None"}  # unset: the value names none, leader-flap restarts one
+    assert followers(flap_follower="cut") == {"cut"}

@@ -26,6 +26,16 @@ from isrlab.nemeses.targeted import (
 @dataclass
 class Result:
     stdout: str = ""
+    ok: bool = True
+
+
+@dataclass
+class Node:
+    name: str
+
+    @property
+    def host(self) -> str:
+        return "10.0.0." + self.name.removeprefix("n")
 
 
 @dataclass
@@ -53,6 +63,10 @@ class FakeCluster:
     rules: dict[tuple[str, str], list[str]] = field(default_factory=dict)
     polls: int = 0
     client: str = "10.77.0.1"
+    #: black-hole routes (the partition nemesis's route method): node -> hosts it cannot reach
+    routes: dict[str, set[str]] = field(default_factory=dict)
+    #: who the controller elects when the leader dies (default: the first live ISR member)
+    successor: str | None = None
 
     def partition_state(self, topic: str, partition: int) -> tuple[str | None, list[str], int]:
         self.polls += 1
@@ -76,7 +90,9 @@ class FakeCluster:
         self.dead.add(node)
         if node == self.leader:
             self.isr = [n for n in self.isr if n != node] or self.isr
-            nxt = next((n for n in self.isr if n not in self.dead and n != node), None)
+            nxt = self.successor or next(
+                (n for n in self.isr if n not in self.dead and n != node), None
+            )
             self.leader, self.epoch = nxt, self.epoch + 1
         return alive
 
@@ -93,14 +109,28 @@ class FakeCluster:
     def broker_state(self, node: str) -> str:
         return "down" if node in self.dead else "up"
 
-    def remote(self, node: str) -> Any:
-        cluster = self
+    def remote(self, name: str) -> Any:
+        cluster, node = self, name
 
         class Shell:
+            node = Node(name)
+
             def exec(self, cmd: str, check: bool = True) -> Result:
                 cluster.calls.append(("exec", node))
                 if "SSH_CLIENT" in cmd:
                     return Result(f"client={cluster.client}\n")
+                if "ip route replace" in cmd:
+                    for line in cmd.splitlines():
+                        if line.startswith("ip route replace "):
+                            host = line.split()[3].removesuffix("/32")
+                            cluster.routes.setdefault(node, set()).add(host)
+                            cluster.calls.append(("route+", f"{node}->{host}"))
+                    return Result()
+                if "ip route show" in cmd:  # the partition nemesis's heal of one node
+                    gone = sorted(cluster.routes.pop(node, set()))
+                    for host in gone:
+                        cluster.calls.append(("route-", f"{node}->{host}"))
+                    return Result("".join(f"route {h}/32\n" for h in gone))
                 for chain in (ZKCUT_CHAIN, LATE_CHAIN):
                     if f"-X {chain}" in cmd:
                         if cluster.rules.pop((node, chain), None):
@@ -195,6 +225,80 @@ def test_leader_flap_changes_leaders_twice_with_a_follower_restarted_between() -
     assert kills == ["n1", "n3", "n2"]  # the first leader, the restarted follower, the second
     f.stop(None)
     assert not c.dead
+
+
+def test_leader_flap_cut_parts_two_followers_then_kills_both_leaders() -> None:
+    c = FakeCluster()
+    f = recording_fault(LeaderFlapFault, c)
+    done = f.start({"key": "t0/0", "gap_ms": 200, "follower": "cut"})
+    assert "error" not in done, done
+    assert done["leaders"] == ["n1", "n2", "n3"] and done["epochs"] == [0, 1, 2]
+    assert done["cut"] == ["n2", "n3"] and done["truncating"] == "n3"
+    assert done["isr_at_second_kill"] == ["n2", "n3"]
+    events = [(k, n) for k, n in c.calls if k in ("route+", "route-", "kill", "start", "sleep")]
+    # the followers cut apart, both ways, before the first leader dies; the next leader
+    # killed after the gap, while the cut holds; nobody restarted or healed meanwhile
+    assert sorted(events[:2]) == [("route+", "n2->10.0.0.3"), ("route+", "n3->10.0.0.2")]
+    assert events[2:] == [("kill", "n1"), ("sleep", "0.2"), ("kill", "n2")]
+    assert c.routes == {"n2": {"10.0.0.3"}, "n3": {"10.0.0.2"}}
+    # stop: the cut healed first, then the two leaders started again
+    c.calls.clear()
+    stopped = f.stop(None)
+    assert stopped["nodes"] == ["n1", "n2"] and "healed" in stopped
+    events = [(k, n) for k, n in c.calls if k in ("route-", "start")]
+    assert sorted(events[:2]) == [("route-", "n2->10.0.0.3"), ("route-", "n3->10.0.0.2")]
+    assert events[2:] == [("start", "n1"), ("start", "n2")]
+    assert not c.routes and not c.dead
+    assert f.stop(None) == {"nodes": []}  # nothing left to heal: no second heal of the cut
+
+
+def test_leader_flap_cut_is_undone_by_heal() -> None:
+    c = FakeCluster()
+    f = fault(LeaderFlapFault, c)
+    f.start({"key": "t0/0", "follower": "cut"})
+    assert c.routes and c.dead == {"n1", "n2"}
+    assert f.heal() == ["n1", "n2", "n3"]  # routes removed on n2 and n3, n1 and n2 started
+    assert not c.routes and not c.dead
+
+
+def test_leader_flap_cut_stops_when_another_replica_is_elected() -> None:
+    c = FakeCluster(names=["n1", "n2", "n3", "n4"], isr=["n1", "n2", "n3", "n4"])
+    f = fault(LeaderFlapFault, c)
+    rng_pair = sorted(random.Random(1).sample(["n2", "n3", "n4"], 2))
+    c.successor = next(n for n in ["n2", "n3", "n4"] if n not in rng_pair)
+    done = f.start({"key": "t0/0", "follower": "cut"})
+    assert done["cut"] == rng_pair and "not one of the cut pair" in done["error"]
+    assert [n for k, n in c.calls if k == "kill"] == ["n1"]  # the outsider lives
+    f.stop(None)
+    assert not c.routes and not c.dead
+
+
+def test_leader_flap_cut_needs_two_followers() -> None:
+    c = FakeCluster(isr=["n1", "n2"])
+    done = fault(LeaderFlapFault, c).start({"key": "t0/0", "follower": "cut"})
+    assert "no two followers" in done["error"]
+    assert not any(k in ("kill", "route+") for k, _ in c.calls)
+
+
+def test_schedules_draw_the_leader_flap_follower_actions_asked_for() -> None:
+    def values(flap_follower: list[str] | None) -> list[dict[str, Any]]:
+        stream = schedule(["leader-flap"], 1.0, 3, keys=["t0/0"], flap_follower=flap_follower)
+        ops = itertools.islice((o for o in stream if o.get("f") == "start-leader-flap"), 40)
+        return [o["value"] for o in ops]
+
+    # unset: no draw, so a seed gives the schedule it gave before the option existed (these
+    # are the draws of seed 3 before it did)
+    assert [(v["key"], v["gap_ms"]) for v in values(None)[:4]] == [
+        ("t0/0", 1000),
+        ("t0/0", 500),
+        ("t0/0", 200),
+        ("t0/0", 500),
+    ]
+    assert all("follower" not in v for v in values(None))
+    assert {v["follower"] for v in values(["cut"])} == {"cut"}
+    assert {v["follower"] for v in values(["restart", "cut"])} == {"restart", "cut"}
+    with pytest.raises(NemesisError, match="unknown leader-flap follower"):
+        next(schedule(["leader-flap"], 1.0, 3, flap_follower=["melt"]))
 
 
 def test_zk_cut_drops_the_leaders_zookeeper_traffic_and_stop_removes_it() -> None:

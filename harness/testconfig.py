@@ -127,6 +127,7 @@ class TestConfig:
         "kill, isolate, power (kill -9, then its files cut back to their last fsync), one "
         "drawn per strike (unset: kill,isolate)",
         choices=("kill", "isolate", "power"),
+        setting=True,
     )
     flap_follower: tuple[str, ...] | None = _opt(
         None,

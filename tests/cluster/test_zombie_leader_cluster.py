@@ -85,3 +85,57 @@ def test_a_leader_restarted_within_its_session_is_not_a_zombie(cluster_factory):
     assert read == values, f"{N - len(read)} acknowledged records lost (state {zk_state(c)})"
     for b in (LEADER, FOLLOWER):
         assert [r.value for r in c.stored_records(b, TOPIC)] == values, f"replica {b}"
+
+
+def test_a_follower_back_with_an_old_disk_within_its_session_is_not_elected(cluster_factory):
+    """The old-disk case the corrupt nemesis found (docs/durability.md): follower 4 comes back
+    with a copy of its data directory taken 100 records earlier, started again before its old
+    ZooKeeper session expired, so the controller still counts it live and in the ISR. The
+    leader is killed too: the controller elects 4 (first in assignment order) from the state
+    it knows. The new process of broker 4 is not registered yet: it must not lead from that
+    state (it never saw the records its old incarnation acknowledged), nor may broker 3
+    truncate to it. Once 4's old session has expired the controller elects 3, which holds
+    everything.
+
+    Run without eligible leader replicas (Kafka before KIP-966): before the fix the new process
+    took the leadership, found 3 not fetching (its requests wait for the registration) and
+    shrank the ISR to itself; at its old session's end the controller kept the partition for
+    it, the last ISR member, and elected it again once registered: 3 truncated to its old
+    disk. With them, 3 leaving an ISR below min ISR stays eligible and is elected instead, so
+    the rule is seen here only without them."""
+    import shutil
+
+    leader, old_disk, other = 2, 4, 3
+    c = cluster_factory(
+        4,
+        {"min.insync.replicas": "2", "eligible.leader.replicas.enable": "false"},
+        per_broker={old_disk: {"zookeeper.session.timeout.ms": "8000"}},
+    )
+    assert c.admin().list_topics(timeout=10).controller_id == 1, "broker 1 started first"
+    c.admin().create_topics(
+        [NewTopic(TOPIC, num_partitions=1, replica_assignment=[[leader, old_disk, other]])]
+    )[TOPIC].result(20)
+    c.wait_for(lambda: len(c.partition(TOPIC).isrs) == 3, what="ISR of three")
+    first = [f"a-{i}".encode() for i in range(N)]
+    assert len(produce_all(c.bootstrap, TOPIC, first, acks="all")) == N
+    copy = c.brokers[old_disk].log_dir.parent / "old-disk"
+    shutil.copytree(c.brokers[old_disk].log_dir, copy)
+    second = [f"b-{i}".encode() for i in range(N)]
+    assert len(produce_all(c.bootstrap, TOPIC, second, acks="all")) == N
+    assert sorted(zk_state(c)["isr"]) == [leader, other, old_disk]
+
+    c.brokers[old_disk].kill9()
+    shutil.rmtree(c.brokers[old_disk].log_dir)
+    shutil.move(copy, c.brokers[old_disk].log_dir)
+    c.brokers[leader].kill9()  # before 4 returns: it cannot fetch back what its disk lacks
+    c.brokers[old_disk].start()  # within its old session: registered and in the ISR still
+
+    c.wait_for(lambda: zk_state(c)["leader"] == other, what="broker 3 elected", timeout=60)
+    # strict min ISR: the HW moves (and reads answer) once 4 has caught up and rejoined
+    c.wait_for(
+        lambda: sorted(zk_state(c)["isr"]) == [other, old_disk], what="4 back in sync", timeout=60
+    )
+    values = first + second
+    read = [v for _, v in c.read_all(TOPIC)]
+    assert read == values, f"{len(values) - len(read)} acknowledged records lost"
+    assert [r.value for r in c.stored_records(other, TOPIC)] == values

@@ -132,6 +132,7 @@ class ScheduleGenerator:
                     keys=list(config.keys or ()),
                     squeeze_then=config.squeeze_then,
                     flap_follower=config.flap_follower,
+                    lagging_how=config.lagging_how,
                 )
                 for kind in config.nemesis
             ]

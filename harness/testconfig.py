@@ -137,6 +137,15 @@ class TestConfig:
         "per strike (unset: restart)",
         choices=("restart", "cut"),
     )
+    lagging_how: tuple[str, ...] | None = _opt(
+        None,
+        "how the lagging-failover nemesis holds the key's in-sync followers back before it "
+        "kills the leader: comma list of pause (SIGSTOP the followers), cut (drop their broker "
+        "connections to the leader's node only, so they keep replicating from other leaders), "
+        "one drawn per strike (unset: pause)",
+        choices=("pause", "cut"),
+        setting=True,
+    )
     acks: str = _opt(
         "all", "producer acks", choices=("0", "1", "all"), aliases={"-1": "all"}, column="string"
     )

@@ -28,6 +28,9 @@ import random
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+#: the brokers' client port (harness.db's BROKER_PORT: nemeses do not import the harness)
+BROKER_PORT = 9092
+
 TARGETS: tuple[str, ...] = (
     "one",
     "minority",

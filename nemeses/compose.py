@@ -39,7 +39,7 @@ from isrlab.nemeses.corrupt import start_value as corrupt_value
 from isrlab.nemeses.packet import PacketFault, check_available
 from isrlab.nemeses.partition import DEFAULT_SHAPES, SHAPES, PartitionFault
 from isrlab.nemeses.power import PowerFault
-from isrlab.nemeses.process import KillFault, LaggingFailoverFault, PauseFault
+from isrlab.nemeses.process import LAG_HOWS, KillFault, LaggingFailoverFault, PauseFault
 from isrlab.nemeses.targeted import (
     IsrSqueezeFault,
     LateProduceFault,
@@ -74,6 +74,9 @@ SQUEEZE_THEN_DEFAULT: tuple[str, ...] = ("kill", "isolate")
 #: what leader-flap does to the followers between its two leader kills (a schedule draws one
 #: per strike only when told which: unset, every strike restarts one, as before)
 FLAP_FOLLOWER: tuple[str, ...] = ("restart", "cut")
+#: how lagging-failover holds the followers back (a schedule draws one per strike only when
+#: told which: unset, every strike pauses them, as before): nemeses.process.LAG_HOWS
+LAGGING_HOW: tuple[str, ...] = LAG_HOWS
 TARGETED: tuple[str, ...] = ("isr-squeeze", "leader-flap", "zk-cut", "late-produce")
 
 PACKET_BEHAVIOURS: tuple[dict[str, str], ...] = (
@@ -192,10 +195,19 @@ def heal_all(db: ClusterDB, faults: dict[str, Fault] | None = None) -> dict[str,
     faults.setdefault("kill", KillFault(db, rng))
     faults.setdefault("zk-cut", ZkCutFault(db, rng))
     faults.setdefault("late-produce", LateProduceFault(db, rng))
+    faults.setdefault("lagging-failover", LaggingFailoverFault(db, rng))
     out: dict[str, Any] = {}
     errors: list[str] = []
     # network first (so restarted brokers find their peers), then clocks, then processes
-    network = ("partition", "partition-iptables", "zk-cut", "late-produce", "isr-squeeze", "packet")
+    network = (
+        "partition",
+        "partition-iptables",
+        "zk-cut",
+        "late-produce",
+        "lagging-failover",
+        "isr-squeeze",
+        "packet",
+    )
     for kind in (*network, "leader-flap", "clock", "pause", "power-zookeeper", "power", "kill"):
         fault = faults.get(kind)
         if fault is None:
@@ -234,10 +246,13 @@ def start_value(
     keys: Sequence[str],
     squeeze_then: Sequence[str] | None = None,
     flap_follower: Sequence[str] | None = None,
+    lagging_how: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """A random ``start-<kind>`` value (what the schedule draws). ``squeeze_then``: the ways
     isr-squeeze may fail the leader (default kill or isolate); ``flap_follower``: what
-    leader-flap may do to the followers (default: no draw, restart, so old seeds replay)."""
+    leader-flap may do to the followers (default: no draw, restart, so old seeds replay);
+    ``lagging_how``: how lagging-failover may hold the followers back (default: no draw,
+    pause, so old seeds replay)."""
     if kind in TARGETED:
         # (targets do not apply: each aims at one key's leader and followers)
         targeted: dict[str, Any] = {}
@@ -256,6 +271,8 @@ def start_value(
         lagging: dict[str, Any] = {"lag_ms": rng.choice([1000, 2000, 3000])}
         if keys:
             lagging["key"] = rng.choice(list(keys))
+        if lagging_how:
+            lagging["how"] = rng.choice(list(lagging_how))
         return lagging
     if kind in ("partition", "partition-iptables"):
         shape = rng.choice(list(shapes))
@@ -289,6 +306,7 @@ def schedule(
     keys: Sequence[str] | None = None,
     squeeze_then: Sequence[str] | None = None,
     flap_follower: Sequence[str] | None = None,
+    lagging_how: Sequence[str] | None = None,
 ) -> Iterator[dict[str, Any]]:
     """The endless nemesis op stream (see the module docstring). Empty kinds: only sleeps."""
     wanted = parse_kinds(kinds)
@@ -321,6 +339,11 @@ def schedule(
             f"unknown leader-flap follower action(s) {', '.join(bad)}; "
             f"use {', '.join(FLAP_FOLLOWER)}"
         )
+    bad = [h for h in lagging_how or () if h not in LAGGING_HOW]
+    if bad:
+        raise NemesisError(
+            f"unknown lagging-failover way(s) {', '.join(bad)}; use {', '.join(LAGGING_HOW)}"
+        )
     bad = [s for s in shps if s not in SHAPES]
     if bad:
         raise NemesisError(f"unknown shape(s) {', '.join(bad)}; use {', '.join(SHAPES)}")
@@ -331,7 +354,9 @@ def schedule(
         if not wanted:
             continue
         kind = rng.choice(wanted)
-        value = start_value(kind, rng, tgts, shps, key_list, squeeze_then, flap_follower)
+        value = start_value(
+            kind, rng, tgts, shps, key_list, squeeze_then, flap_follower, lagging_how
+        )
         yield _op(f"start-{kind}", value)
         yield {"type": "sleep", "value": round(interval * rng.uniform(0.5, 1.5), 3)}
         yield _op(f"stop-{kind}", None)

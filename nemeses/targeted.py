@@ -88,14 +88,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from isrlab.nemeses.base import ClusterDB, default_key
+from isrlab.nemeses.base import BROKER_PORT, ClusterDB, default_key
 from isrlab.nemeses.partition import PartitionFault
 from isrlab.nemeses.process import KillFault, PauseFault
 
 ZK_CLIENT_PORT = 2181
 ZKCUT_CHAIN = "ISRLAB-ZKCUT"
-#: the brokers' client port (harness.db's BROKER_PORT: nemeses do not import the harness)
-BROKER_PORT = 9092
 LATE_CHAIN = "ISRLAB-LATE"
 POLL_S = 0.25
 

@@ -117,6 +117,7 @@ def test_the_typed_config_round_trips_through_test_json() -> None:
             "nemesis_targets",
             "squeeze_then",
             "flap_follower",
+            "lagging_how",
             "acks",
             "idempotence",
             "txn",

@@ -136,6 +136,7 @@ class TestConfig:
         "each other before the leader is killed, the next leader killed at once), one drawn "
         "per strike (unset: restart)",
         choices=("restart", "cut"),
+        setting=True,
     )
     lagging_how: tuple[str, ...] | None = _opt(
         None,

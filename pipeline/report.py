@@ -151,6 +151,8 @@ def storage_rows(configs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                 "acks": c.get("acks"),
                 "nemesis": c.get("nemesis"),
                 "flush_policy": c.get("flush_policy") or "never",
+                # KIP-966's switch decides what a power loss of the last ISR member costs
+                "eligible_leader_replicas": c.get("eligible_leader_replicas") is not False,
                 "runs": c.get("runs"),
                 "runs_invalid": c.get("runs_invalid"),
                 "acked_writes": c.get("acked_writes"),

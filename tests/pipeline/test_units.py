@@ -250,3 +250,22 @@ def test_workload_and_isolation_level_are_grouping_columns() -> None:
     rates = {row["value"]: row["cells"]["1"]["rate"] for row in tables["workload"]["rows"]}
     assert rates == {"queue": 0.0, "eos": 50.0}
     assert "isolation_level" in tables
+
+
+def test_storage_rows_keep_power_faults_with_flush_policy_and_eligible_leader_replicas() -> None:
+    from isrlab.pipeline.report import storage_rows
+
+    base = {"acks": "all", "runs": 1, "runs_invalid": 0, "acked_writes": 10, "anomalies": {}}
+    rows = storage_rows(
+        [
+            {**base, "nemesis": "power", "flush_policy": "never"},
+            {**base, "nemesis": "power", "eligible_leader_replicas": False, "runs_invalid": 1},
+            {**base, "nemesis": "partition+corrupt", "flush_policy": "every-append"},
+            {**base, "nemesis": "kill"},
+        ]
+    )
+    assert [(r["nemesis"], r["flush_policy"], r["eligible_leader_replicas"]) for r in rows] == [
+        ("power", "never", True),
+        ("power", "never", False),
+        ("partition+corrupt", "every-append", True),
+    ]

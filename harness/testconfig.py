@@ -698,6 +698,12 @@ def config_name(test: Mapping[str, Any]) -> str:
         parts.append("no-elr")
     if test.get("flush_policy") not in (None, "never"):
         parts.append("flush-" + str(test["flush_policy"]).replace(":", ""))
+    if test.get("txn_verification") is False:
+        parts.append("no-txn-verification")
+    if test.get("txn_epoch_fencing") is False:
+        parts.append("no-txn-epoch-fencing")
+    if str(test.get("txn_marker_acks") or "all") != "all":
+        parts.append(f"marker-acks{test['txn_marker_acks']}")
     for name, short in zip(TIMINGS, ("lag", "zk"), strict=True):
         if test.get(name) is not None and int(test[name]) != _BY_NAME[name].absent:
             parts.append(f"{short}{int(test[name])}")

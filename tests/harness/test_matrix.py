@@ -274,3 +274,22 @@ def test_workload_and_transaction_dimensions() -> None:
     assert "acks-all_kill_idem_rc_isr2_r0" in r.output and "4 cells" in r.output
     r = CliRunner().invoke(_app(), ["matrix", "--dry-run", "--txn", "perhaps"])
     assert r.exit_code == 2 and "txn" in r.output
+
+
+def test_each_transaction_switch_variant_is_a_cell_of_its_own() -> None:
+    """The transaction switches name their cells: a variant named like the baseline would be
+    dropped as a duplicate, and the matrix would silently not run it."""
+    variants = [
+        {},
+        parse_switches("txn_verification=false"),
+        parse_switches("txn_epoch_fencing=false"),
+        parse_switches("txn_marker_acks=1"),
+    ]
+    tests = grid(base_test(5), acks=["all"], nemeses=["kill"], variants=variants, txn=[True])
+    assert [t["name"] for t in tests] == [
+        "acks-all_kill_idem_txn_isr2_r0",
+        "acks-all_kill_idem_txn_isr2_no-txn-verification_r0",
+        "acks-all_kill_idem_txn_isr2_no-txn-epoch-fencing_r0",
+        "acks-all_kill_idem_txn_isr2_marker-acks1_r0",
+    ]
+    assert [t["txn_marker_acks"] for t in tests] == ["all", "all", "all", "1"]

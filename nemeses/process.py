@@ -130,8 +130,8 @@ class LaggingFailoverFault:
     ``stop-lagging-failover`` starts the killed leader again (and removes a chain a failed
     start left). The completion names the ``leader`` and ``followers`` hit (with ``cut``,
     also ``how`` and the ``cut`` addresses); a key whose leader has no in-sync follower is
-    left alone (``error``). ``heal()`` removes the chain from every node, resumes every
-    broker and starts every dead one."""
+    left alone (``error``). ``heal()`` removes the chain from every node, resumes the
+    followers it left paused and starts the leaders it killed."""
 
     kind = "lagging-failover"
 
@@ -141,6 +141,7 @@ class LaggingFailoverFault:
         self._kills = KillFault(db, rng)  # the killed leaders, started again by stop
         self._sleep = sleep or time.sleep
         self.cut: set[str] = set()  # nodes that may still hold our chain
+        self._paused: set[str] = set()  # followers paused by a start that did not finish
 
     def start(self, value: Any) -> dict[str, Any]:
         value = value or {}
@@ -158,12 +159,14 @@ class LaggingFailoverFault:
             return {"key": key, "leader": leader, "error": "no leader with in-sync followers"}
         if how == "cut":
             return self._cut_then_kill(key, lag_ms, leader, followers)
+        self._paused.update(followers)
         paused = [n for n, ok in zip(followers, _each(followers, self.db.pause), strict=True) if ok]
         try:
             self._sleep(lag_ms / 1000)
             killed = self.db.kill(leader)
         finally:
             _each(paused, self.db.resume)
+            self._paused.difference_update(followers)
         if killed:
             self._kills.killed.add(leader)
         hit = leader if killed else None
@@ -202,11 +205,19 @@ class LaggingFailoverFault:
         return self._kills.stop(value)
 
     def heal(self) -> list[str]:
+        """Remove the chain from every node (a harness that lost its fault may have left
+        one), resume the followers this fault left paused and start the leaders it killed:
+        only those, as the targeted faults do (heal_all also heals from a fresh fault of this
+        kind, and its pause and kill heals cover every node and report what they find)."""
         uncut = [n for n in self.db.names if _uncut(self.db, n)]
         self.cut.clear()
-        resumed = PauseFault(self.db, self.rng).heal()
-        started = self._kills.heal()
-        return sorted(set(uncut) | set(resumed) | set(started))
+        paused = sorted(self._paused)
+        _each(paused, self.db.resume)
+        self._paused.clear()
+        killed = sorted(self._kills.killed)
+        _each(killed, self.db.start)
+        self._kills.killed.clear()
+        return sorted(set(uncut) | set(paused) | set(killed))
 
 
 def _address(shell: Any, host: str) -> str:

@@ -70,14 +70,26 @@ def test_a_key_without_a_leader_or_in_sync_followers_is_left_alone(
     assert [c[0] for c in db.calls] == ["replicas_of"]
 
 
-def test_heal_resumes_everyone_and_starts_the_dead() -> None:
+def test_heal_starts_the_leader_it_killed_and_only_that() -> None:
     db = lagging_db()
     f, _ = fault(db)
     f.start({"key": "t0/0", "lag_ms": 1})
     healed = f.heal()
     assert "n2" in healed
     assert ("start", "n2") in db.calls and not db.down
-    assert {n for op, n in db.calls if op == "resume"} == set(db.names)
+    # the followers were resumed by the start itself; nobody else is touched
+    assert {n for op, n in db.calls if op == "resume"} == {"n3", "n4"}
+
+
+def test_a_fresh_fault_heals_no_broker_it_did_not_stop() -> None:
+    """heal_all heals from a fresh fault of every kind, before the kill and pause faults'
+    own heals: restarting a crashed broker here would hide it from the kill heal's report."""
+    db = lagging_db()
+    db.kill("n5")
+    db.calls.clear()
+    f, _ = fault(db)
+    f.heal()
+    assert not [c for c in db.calls if c[0] in ("start", "resume")]
 
 
 def test_the_schedule_draws_a_key_and_a_lag() -> None:

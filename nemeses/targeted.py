@@ -271,6 +271,13 @@ class LeaderFlapFault(_Watching):
             self.db.kill(follower)
             self.db.start(follower)
             out["restarted"] = follower
+        return self._kill_the_second(key, second, gap_ms, wait_s, waited, out)
+
+    def _kill_the_second(
+        self, key: str, second: str, gap_ms: int, wait_s: float, waited: float, out: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Both ways' end: ``gap_ms`` after the second leader was named, kill it too and
+        record who leads next."""
         self._sleep(gap_ms / 1000)
         self.kill(second)
         third, waited2 = self.wait_for(key, lambda s: s[0] not in (None, second), wait_s)
@@ -309,14 +316,7 @@ class LeaderFlapFault(_Watching):
         # truncated (or, with leader epochs, asks and waits) and stays in the ISR until
         # `second` would drop it (replica.lag.time.max.ms), long after `second` is dead
         out["truncating"] = c if second == b else b
-        self._sleep(gap_ms / 1000)
-        self.kill(second)
-        third, waited2 = self.wait_for(key, lambda s: s[0] not in (None, second), wait_s)
-        out["waited_s"] = round(waited + waited2, 3)
-        if third is not None and third[0] is not None:
-            out["leaders"].append(third[0])
-            out["epochs"].append(third[2])
-        return out
+        return self._kill_the_second(key, second, gap_ms, wait_s, waited, out)
 
     def stop(self, value: Any = None) -> dict[str, Any]:
         healed = None

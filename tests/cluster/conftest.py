@@ -9,10 +9,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import orjson
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from kafka.record.default_records import DefaultRecordBatch
+from kazoo.client import KazooClient
 
 from isrlab.broker.log.checkpoint import REPLICATION_CHECKPOINT, OffsetCheckpointFile
 from isrlab.broker.log.inventory import segment_files, whole_batches
@@ -109,6 +111,17 @@ class Cluster:
     def partition(self, topic: str, p: int = 0):  # type: ignore[no-untyped-def]
         md = AdminClient({"bootstrap.servers": self.bootstrap}).list_topics(topic, timeout=10)
         return md.topics[topic].partitions[p]
+
+    def state_znode(self, topic: str, p: int = 0) -> dict:  # type: ignore[type-arg]
+        """The partition state znode, read straight from ZooKeeper."""
+        zk = KazooClient(hosts=next(iter(self.brokers.values())).overrides["zookeeper.connect"])
+        zk.start(timeout=10)
+        try:
+            data, _ = zk.get(f"/brokers/topics/{topic}/partitions/{p}/state")
+            return orjson.loads(data)  # type: ignore[no-any-return]
+        finally:
+            zk.stop()
+            zk.close()
 
     def wait_for(self, predicate, timeout: float = 30, what: str = "condition"):  # type: ignore[no-untyped-def]
         deadline = time.monotonic() + timeout

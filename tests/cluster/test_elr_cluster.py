@@ -24,11 +24,9 @@ from __future__ import annotations
 
 import time
 
-import orjson
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import NewTopic
-from kazoo.client import KazooClient
 
 from isrlab.broker.log.durable import apply_power_loss
 from tests.cluster.test_replication import produce_all
@@ -41,15 +39,7 @@ LEADER, F1, F2 = 2, 3, 4
 
 
 def zk_state(c) -> dict:  # type: ignore[no-untyped-def]
-    """The partition state znode, read straight from ZooKeeper."""
-    zk = KazooClient(hosts=c.brokers[1].overrides["zookeeper.connect"])
-    zk.start(timeout=10)
-    try:
-        data, _ = zk.get(f"/brokers/topics/{TOPIC}/partitions/0/state")
-        return orjson.loads(data)
-    finally:
-        zk.stop()
-        zk.close()
+    return c.state_znode(TOPIC)  # type: ignore[no-any-return]
 
 
 def high_watermark(c) -> int:  # type: ignore[no-untyped-def]

@@ -25,10 +25,8 @@ of a leader by a new decision (a failure, then a start).
 
 from __future__ import annotations
 
-import orjson
 import pytest
 from confluent_kafka.admin import NewTopic
-from kazoo.client import KazooClient
 
 from isrlab.broker.log.durable import apply_power_loss
 from tests.cluster.test_replication import produce_all
@@ -41,14 +39,7 @@ LEADER, FOLLOWER = 2, 3
 
 
 def zk_state(c) -> dict:  # type: ignore[no-untyped-def]
-    zk = KazooClient(hosts=c.brokers[1].overrides["zookeeper.connect"])
-    zk.start(timeout=10)
-    try:
-        data, _ = zk.get(f"/brokers/topics/{TOPIC}/partitions/0/state")
-        return orjson.loads(data)
-    finally:
-        zk.stop()
-        zk.close()
+    return c.state_znode(TOPIC)  # type: ignore[no-any-return]
 
 
 def test_a_leader_restarted_within_its_session_is_not_a_zombie(cluster_factory):

@@ -170,18 +170,22 @@ def test_topic_creation_retries_while_a_broker_has_not_seen_every_registration()
     assert not _retriable("KafkaException: KafkaError{code=POLICY_VIOLATION,val=44}")
 
 
-def test_the_leader_flap_follower_option_reaches_the_schedule():
-    def followers(**extra) -> set[str]:
-        test = make_test({"nemesis": "leader-flap", "nemesis_interval": 5, "seed": 4, **extra})
-        gen, now, out = ScheduleGenerator.for_test(test), 0, []
-        while len(out) < 10:
-            r = gen.op(Context(time=now, thread="nemesis", process="nemesis", threads=[]))
-            if isinstance(r, Pending):
-                now = r.at or now + 1
-                continue
-            if r["f"] == "start-leader-flap":
-                out.append(str(r["value"].get("follower")))
-        return set(out)
+def drawn(kind: str, field: str, **extra: object) -> set[str]:
+    """The ``field`` of the first ten ``start-<kind>`` values the runner's schedule draws for
+    a test with ``extra`` options ("None" where the value names none)."""
+    test = make_test({"nemesis": kind, "nemesis_interval": 5, "seed": 4, **extra})
+    gen, now, out = ScheduleGenerator.for_test(test), 0, []
+    while len(out) < 10:
+        r = gen.op(Context(time=now, thread="nemesis", process="nemesis", threads=[]))
+        if isinstance(r, Pending):
+            now = r.at or now + 1
+            continue
+        if r["f"] == f"start-{kind}":
+            out.append(str(r["value"].get(field)))
+    return set(out)
 
-    assert followers() == {"None"}  # unset: the value names none, leader-flap restarts one
-    assert followers(flap_follower="cut") == {"cut"}
+
+def test_the_leader_flap_follower_option_reaches_the_schedule():
+    # unset: the value names none, leader-flap restarts one
+    assert drawn("leader-flap", "follower") == {"None"}
+    assert drawn("leader-flap", "follower", flap_follower="cut") == {"cut"}

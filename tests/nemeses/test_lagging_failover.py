@@ -269,20 +269,8 @@ def test_schedules_draw_the_ways_asked_for_and_none_unless_told() -> None:
 
 
 def test_the_lagging_how_option_reaches_the_schedule() -> None:
-    from isrlab.harness.generator import Context, Pending
-    from isrlab.harness.runner import ScheduleGenerator, make_test
+    from tests.harness.test_runner_unit import drawn
 
-    def ways(**extra: Any) -> set[str]:
-        test = make_test({"nemesis": "lagging-failover", "nemesis_interval": 5, "seed": 4, **extra})
-        gen, now, out = ScheduleGenerator.for_test(test), 0, []
-        while len(out) < 10:
-            r = gen.op(Context(time=now, thread="nemesis", process="nemesis", threads=[]))
-            if isinstance(r, Pending):
-                now = r.at or now + 1
-                continue
-            if r["f"] == "start-lagging-failover":
-                out.append(str(r["value"].get("how")))
-        return set(out)
-
-    assert ways() == {"None"}  # unset: the value names none, the followers are paused
-    assert ways(lagging_how="cut") == {"cut"}
+    # unset: the value names none, the followers are paused
+    assert drawn("lagging-failover", "how") == {"None"}
+    assert drawn("lagging-failover", "how", lagging_how="cut") == {"cut"}

@@ -587,6 +587,16 @@ echo {wh.deps_key} > {deps_marker}
         isr = [n for n in (self.broker_node(int(b)) for b in state["isr"]) if n]
         return (self.broker_node(leader) if leader >= 0 else None), isr, int(state["leader_epoch"])
 
+    def assignment(self, topic: str, partition: int) -> list[str]:
+        """The assigned replicas of ``topic/partition`` in order (the first is the preferred
+        leader), as the topic znode (``/brokers/topics/<t>``) holds them: the order the
+        controller elects from."""
+        self.partition_state(topic, partition)  # connects
+        assert self._zk is not None
+        data, _ = self._zk.get(f"/brokers/topics/{topic}")
+        replicas = json.loads(data)["partitions"][str(partition)]
+        return [n for n in (self.broker_node(int(b)) for b in replicas) if n]
+
     def close(self) -> None:
         self._admin = None
         if self._zk is not None:

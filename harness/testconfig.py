@@ -133,9 +133,11 @@ class TestConfig:
         None,
         "what the leader-flap nemesis does to the followers: comma list of restart (one "
         "restarted after the first leader change), cut (two in-sync followers cut off from "
-        "each other before the leader is killed, the next leader killed at once), one drawn "
-        "per strike (unset: restart)",
-        choices=("restart", "cut"),
+        "each other before the leader is killed, the next leader killed at once), diverge "
+        "(KIP-279: the next leader made to lag, then killed; the other leads; the first "
+        "comes back, rejoins, and leads once the other is killed), one drawn per strike "
+        "(unset: restart)",
+        choices=("restart", "cut", "diverge"),
         setting=True,
     )
     lagging_how: tuple[str, ...] | None = _opt(

@@ -73,7 +73,7 @@ SQUEEZE_THEN: tuple[str, ...] = ("kill", "isolate", "power")
 SQUEEZE_THEN_DEFAULT: tuple[str, ...] = ("kill", "isolate")
 #: what leader-flap does to the followers between its two leader kills (a schedule draws one
 #: per strike only when told which: unset, every strike restarts one, as before)
-FLAP_FOLLOWER: tuple[str, ...] = ("restart", "cut")
+FLAP_FOLLOWER: tuple[str, ...] = ("restart", "cut", "diverge")
 #: how lagging-failover holds the followers back (a schedule draws one per strike only when
 #: told which: unset, every strike pauses them, as before): nemeses.process.LAG_HOWS
 LAGGING_HOW: tuple[str, ...] = LAG_HOWS

@@ -21,7 +21,7 @@ done, so a run's history says which sequence happened.
     without eligible leader replicas it is elected again when it returns and its followers
     truncate to it; with them a follower that left the ISR when it fell below min ISR leads.
     ``stop`` starts the killed leader again or heals the isolation.
-``leader-flap`` (``{"key", "gap_ms", "follower": "restart" | "cut"}``)
+``leader-flap`` (``{"key", "gap_ms", "follower": "restart" | "cut" | "diverge"}``)
     Two leader changes in quick succession. ``restart`` (the default; KIP-279's scenario):
     kill -9 the leader, wait for the controller to elect another (the state znode's leader
     changes), restart one follower (kill -9 and start) right away, wait ``gap_ms`` (default
@@ -41,8 +41,26 @@ done, so a run's history says which sequence happened.
     epochs C truncates only on B's answer to OffsetsForLeaderEpoch, which never comes: it
     leads with everything it had. The completion names the ``cut`` pair, the ``leaders`` and
     ``epochs`` seen, ``isr_at_second_kill`` and the ``truncating`` follower; it is an
-    ``error`` (no second kill) when the elected replica is not one of the pair. ``stop``
-    heals the cut (``cut``), then starts every broker it killed.
+    ``error`` (no second kill) when the elected replica is not one of the pair.
+    ``diverge`` (KIP-279's scenario under a live workload; ``lag_ms`` default 500,
+    ``lead_ms`` default the larger of ``gap_ms`` and 1500): with leader A and in-sync
+    followers B (the next in the controller's election order: the assigned replicas, read
+    from the topic znode) and C, cut B and C off from each other, SIGSTOP B for ``lag_ms``
+    (C fetches A's last records, B does not), kill -9 A and resume B. B leads the next epoch
+    and appends the clients' retries at offsets where C holds A's records; ``lead_ms`` later
+    B is killed and C, which never reached B, is elected. Then the cut is healed and B
+    started again: it follows C and asks it (OffsetsForLeaderEpoch) where B's epoch ends. C
+    never had that epoch. KIP-101 as first shipped (``replica.truncation.mode=
+    leader-epoch-v0``) takes C's answer, the start of C's own epoch, as the truncation point
+    whatever epoch it belongs to, so B keeps its records below it, fetches on from there and
+    rejoins the ISR with a log that differs from C's below the high watermark. Once B is
+    back in the ISR, C is killed too: B leads and serves its own records at offsets readers
+    saw with C's (``inconsistent-offsets``, ``committed-truncation``). With KIP-279
+    (``leader-epoch``) B learns C's largest epoch below its own and truncates to that
+    epoch's end: nothing differs. The completion names the ``cut`` pair, the ``lagging``
+    follower, the ``leaders``, ``epochs`` and ``isr_at_third_kill``; an ``error`` says which
+    step did not happen. ``stop`` heals the cut (``cut``), then starts every broker it
+    killed.
 ``zk-cut`` (``{"key", "pause_follower"}``)
     cut the key's leader off from ZooKeeper only (``iptables`` OUTPUT DROP of TCP to the
     ZooKeeper client port on the leader's node, in our own chain ``ISRLAB-ZKCUT``): followers
@@ -256,6 +274,9 @@ class LeaderFlapFault(_Watching):
         if follower == "cut":
             out["follower"] = "cut"
             return self._flap_with_a_cut(key, first, isr, gap_ms, wait_s, out)
+        if follower == "diverge":
+            out["follower"] = "diverge"
+            return self._flap_to_diverge(key, first, isr, value, wait_s, out)
         if len(isr) < 2:
             return {**out, "error": f"the ISR {isr} has no follower to take over"}
         self.kill(first)
@@ -317,6 +338,88 @@ class LeaderFlapFault(_Watching):
         # `second` would drop it (replica.lag.time.max.ms), long after `second` is dead
         out["truncating"] = c if second == b else b
         return self._kill_the_second(key, second, gap_ms, wait_s, waited, out)
+
+    def _succession(self, key: str, isr: list[str]) -> list[str]:
+        """The ISR in the order the controller elects from: the partition's assigned replicas
+        (``db.assignment``, the topic znode) where the db can read them, else the ISR's."""
+        assignment = getattr(self.db, "assignment", None)
+        if assignment is not None:
+            try:
+                order = list(assignment(*_split(key)))
+            except Exception:
+                order = []
+            ranked = [n for n in order if n in isr]
+            if len(ranked) == len(isr):
+                return ranked
+        return list(isr)
+
+    def _flap_to_diverge(
+        self,
+        key: str,
+        first: str,
+        isr: list[str],
+        value: dict[str, Any],
+        wait_s: float,
+        out: dict[str, Any],
+    ) -> dict[str, Any]:
+        """``follower: diverge`` (KIP-279's scenario under a live workload): B, the follower
+        the controller elects next, is made to lag C, the other follower, and the two are cut
+        off from each other; the leader A dies, B leads an epoch and appends at offsets where
+        C holds A's records; B dies, C leads; B comes back and follows C, and once it is in
+        the ISR again C dies, so B leads and serves whatever it kept."""
+        lag_ms = int(value.get("lag_ms", 500))
+        lead_ms = int(value.get("lead_ms", max(int(value.get("gap_ms", 500)), 1500)))
+        followers = [n for n in self._succession(key, isr) if n != first]
+        if len(followers) != 2:
+            return {**out, "error": f"the ISR {isr} has not exactly two followers"}
+        b, c = followers
+        out.update(cut=sorted(followers), lagging=b, lag_ms=lag_ms, lead_ms=lead_ms)
+        self._cutting = True
+        self._cut.start({"grudge": {b: [c], c: [b]}})
+        # B stops fetching for lag_ms while C goes on: C holds the leader's last records, B not
+        paused = self.pause([b])
+        try:
+            self._sleep(lag_ms / 1000)
+            self.kill(first)
+        finally:
+            self.resume(paused)
+        seen, waited = self.wait_for(key, lambda s: s[0] not in (None, first), wait_s)
+        out["waited_s"] = waited
+        if seen is None or seen[0] != b:
+            elected = None if seen is None else seen[0]
+            return {**out, "error": f"{elected} was elected, not the lagging follower {b}"}
+        out["leaders"].append(b)
+        out["epochs"].append(seen[2])
+        # B leads (its own epoch's records at the offsets where C has the old leader's),
+        # C asks B where to truncate and never hears back
+        self._sleep(lead_ms / 1000)
+        self.kill(b)
+        seen, waited2 = self.wait_for(key, lambda s: s[0] not in (None, b), wait_s)
+        out["waited_s"] = round(waited + waited2, 3)
+        if seen is None or seen[0] != c:
+            elected = None if seen is None else seen[0]
+            return {**out, "error": f"{elected} was elected after {b}, not {c}"}
+        out["leaders"].append(c)
+        out["epochs"].append(seen[2])
+        # B back, following C (OffsetsForLeaderEpoch decides what it keeps), until in sync
+        out["healed"] = self._cut.stop(None)
+        self._cutting = False
+        self.db.start(b)
+        self._kills.killed.discard(b)
+        seen, waited3 = self.wait_for(key, lambda s: s[0] == c and b in s[1], wait_s)
+        out["waited_s"] = round(waited + waited2 + waited3, 3)
+        if seen is None or b not in seen[1]:
+            return {**out, "error": f"{b} did not rejoin {c}'s ISR within {wait_s} s"}
+        out["isr_at_third_kill"] = seen[1]
+        # readers see C's records below the HW; then C dies and B serves its own
+        self._sleep(lag_ms / 1000)
+        self.kill(c)
+        seen, waited4 = self.wait_for(key, lambda s: s[0] not in (None, c), wait_s)
+        out["waited_s"] = round(waited + waited2 + waited3 + waited4, 3)
+        if seen is not None and seen[0] is not None:
+            out["leaders"].append(seen[0])
+            out["epochs"].append(seen[2])
+        return out
 
     def stop(self, value: Any = None) -> dict[str, Any]:
         healed = None

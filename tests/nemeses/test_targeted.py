@@ -65,8 +65,18 @@ class FakeCluster:
     client: str = "10.77.0.1"
     #: black-hole routes (the partition nemesis's route method): node -> hosts it cannot reach
     routes: dict[str, set[str]] = field(default_factory=dict)
-    #: who the controller elects when the leader dies (default: the first live ISR member)
+    #: who the controller elects when the leader dies (default: the first live ISR member,
+    #: in the order of `assigned` when set)
     successor: str | None = None
+    #: the assigned replicas as the topic znode lists them (None: unreadable)
+    assigned: list[str] | None = None
+    #: a started broker rejoins the ISR (as a follower that caught up would)
+    rejoin: bool = False
+
+    def assignment(self, topic: str, partition: int) -> list[str]:
+        if self.assigned is None:
+            raise KeyError("/brokers/topics/t0")
+        return list(self.assigned)
 
     def partition_state(self, topic: str, partition: int) -> tuple[str | None, list[str], int]:
         self.polls += 1
@@ -90,8 +100,9 @@ class FakeCluster:
         self.dead.add(node)
         if node == self.leader:
             self.isr = [n for n in self.isr if n != node] or self.isr
+            order = [n for n in (self.assigned or self.isr) if n in self.isr]
             nxt = self.successor or next(
-                (n for n in self.isr if n not in self.dead and n != node), None
+                (n for n in order if n not in self.dead and n != node), None
             )
             self.leader, self.epoch = nxt, self.epoch + 1
         return alive
@@ -104,6 +115,8 @@ class FakeCluster:
     def start(self, node: str) -> int:
         self.calls.append(("start", node))
         self.dead.discard(node)
+        if self.rejoin and node not in self.isr:
+            self.isr.append(node)
         return 1
 
     def broker_state(self, node: str) -> str:
@@ -278,6 +291,72 @@ def test_leader_flap_cut_needs_two_followers() -> None:
     done = fault(LeaderFlapFault, c).start({"key": "t0/0", "follower": "cut"})
     assert "no two followers" in done["error"]
     assert not any(k in ("kill", "route+") for k, _ in c.calls)
+
+
+def test_leader_flap_diverge_lags_the_next_leader_then_hands_over_twice() -> None:
+    # assigned n1, n3, n2: n3 is elected after n1, so n3 is the one made to lag
+    c = FakeCluster(assigned=["n1", "n3", "n2"], rejoin=True)
+    f = recording_fault(LeaderFlapFault, c)
+    done = f.start({"key": "t0/0", "follower": "diverge", "lag_ms": 400, "lead_ms": 2000})
+    assert "error" not in done, done
+    assert done["cut"] == ["n2", "n3"] and done["lagging"] == "n3"
+    # n1, then the lagging n3, then n2 (which never reached n3), then n3 again
+    assert done["leaders"] == ["n1", "n3", "n2", "n3"] and done["epochs"] == [0, 1, 2, 3]
+    assert done["isr_at_third_kill"] == ["n2", "n3"]
+    events = [
+        (k, n)
+        for k, n in c.calls
+        if k in ("route+", "route-", "pause", "resume", "kill", "start", "sleep")
+    ]
+    assert sorted(events[:2]) == [("route+", "n2->10.0.0.3"), ("route+", "n3->10.0.0.2")]
+    assert events[2:] == [
+        ("pause", "n3"),  # n3 lags while n2 fetches the leader's last records
+        ("sleep", "0.4"),
+        ("kill", "n1"),  # n1 dies while n3 is behind
+        ("resume", "n3"),
+        ("sleep", "2.0"),  # n3 leads and appends
+        ("kill", "n3"),  # n2, cut off from n3, is elected
+        ("route-", "n2->10.0.0.3"),  # healed before n3 comes back
+        ("route-", "n3->10.0.0.2"),
+        ("start", "n3"),  # n3 follows n2 and rejoins its ISR
+        ("sleep", "0.4"),
+        ("kill", "n2"),  # n3 leads with whatever it kept
+    ]
+    assert not c.paused and not c.routes and c.dead == {"n1", "n2"}
+    assert f.stop(None) == {"nodes": ["n1", "n2"]}  # the cut is already healed
+    assert not c.dead
+
+
+def test_leader_flap_diverge_reads_the_election_order_from_the_assignment() -> None:
+    # without the topic znode the ISR's order stands in: n2 is next
+    done = fault(LeaderFlapFault, FakeCluster(rejoin=True)).start(
+        {"key": "t0/0", "follower": "diverge"}
+    )
+    assert done["lagging"] == "n2" and done["leaders"] == ["n1", "n2", "n3", "n2"]
+    c = FakeCluster(assigned=["n2", "n1", "n3"], rejoin=True)
+    assert (
+        fault(LeaderFlapFault, c).start({"key": "t0/0", "follower": "diverge"})["lagging"] == "n2"
+    )
+
+
+def test_leader_flap_diverge_stops_where_the_sequence_breaks() -> None:
+    # somebody else is elected after the first leader: nothing more is done, stop undoes it
+    c = FakeCluster(assigned=["n1", "n3", "n2"], successor="n2")
+    f = fault(LeaderFlapFault, c)
+    done = f.start({"key": "t0/0", "follower": "diverge"})
+    assert "n2 was elected, not the lagging follower n3" in done["error"]
+    assert [n for k, n in c.calls if k == "kill"] == ["n1"] and not c.paused
+    f.stop(None)
+    assert not c.routes and not c.dead
+    # the lagging follower does not come back into the ISR: no third kill
+    c = FakeCluster(assigned=["n1", "n3", "n2"], rejoin=False)
+    done = fault(LeaderFlapFault, c).start({"key": "t0/0", "follower": "diverge", "wait_s": 3})
+    assert "n3 did not rejoin" in done["error"]
+    assert [n for k, n in c.calls if k == "kill"] == ["n1", "n3"]
+    # more than two followers: the second election could go to a third one
+    c = FakeCluster(names=["n1", "n2", "n3", "n4"], isr=["n1", "n2", "n3", "n4"])
+    done = fault(LeaderFlapFault, c).start({"key": "t0/0", "follower": "diverge"})
+    assert "not exactly two followers" in done["error"] and not c.calls
 
 
 def test_schedules_draw_the_leader_flap_follower_actions_asked_for() -> None:

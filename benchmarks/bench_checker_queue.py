@@ -16,7 +16,13 @@ CLI runs):
   screen off, then freeing the records): what a history with anomalies costs.
 
     python benchmarks/bench_checker_queue.py [--ops N] [--interleave] [--late-acks X]
-        [--repeat R] [--header] [--keep FILE | --history FILE]
+        [--anomalies acks1] [--repeat R] [--header] [--keep FILE | --history FILE]
+
+`--anomalies acks1` generates the history an acks=1 run under partitions gives: no
+transactions (a transactional producer needs acks=all), leaders lost with the last
+records they acknowledged alone (lost writes, unseen, inconsistent offsets, committed
+truncation, watermarks and send offsets going back) and retries of a producer that is
+not idempotent (duplicates, and the G0 cycles they bring): the checker's explaining path.
 
 Targets: `check` >= 250,000 ops/s on one core, and check time <= 2x load time (printed
 against both baselines). CPU time (user + system, from getrusage) is the honest figure
@@ -138,6 +144,11 @@ def main() -> None:
         help="fraction of ok sends acknowledged late, as on a real cluster (backward wr "
         "edges: the cycle search's work)",
     )
+    ap.add_argument(
+        "--anomalies",
+        choices=("acks1",),
+        help="acks1: the anomalies of an acks=1 run under partitions (see the module doc)",
+    )
     ap.add_argument("--measure", nargs=2, metavar=("STEP", "PATH"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.measure:
@@ -152,12 +163,15 @@ def main() -> None:
         path = args.history or args.keep or Path(tmp) / "history.jsonl"
         if args.history is None:
             t0 = time.perf_counter()
+            acks1 = args.anomalies == "acks1"
             ops = simulate(
                 int(args.ops),
                 processes=20,
                 keys=10,
                 seed=args.seed,
-                txn_rate=0.25,
+                txn_rate=0.0 if acks1 else 0.25,
+                truncate_rate=0.003 if acks1 else 0.0,
+                retry_dup_rate=0.002 if acks1 else 0.0,
                 info_rate=0.01,
                 fail_rate=0.02,
                 crash_rate=0.002,
@@ -191,7 +205,8 @@ def main() -> None:
         print("|" + "---|" * 18)
     print(
         f"| {lines:,} | {size / 1e6:.0f} | "
-        f"{'interleaved' if args.interleave else 'atomic'}"
+        f"{'acks=1 under partitions' if args.anomalies else ''}"
+        f"{'interleaved' if args.interleave else 'atomic' if not args.anomalies else ''}"
         f"{f', late acks {args.late_acks:g}' if args.late_acks else ''}"
         f"{' (file)' if args.history else ''} | "
         f"{dl['cpu']:.2f} | {pa['cpu']:.2f} | {ck['cpu']:.2f} | {lines / ck['cpu']:,.0f} | "

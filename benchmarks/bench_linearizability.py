@@ -1,19 +1,34 @@
 """Benchmark: the linearizability checker against Porcupine on Porcupine's own bench histories.
 
-Suites (shared/bench-data/porcupine beside the repository):
+Suites (Porcupine's ``test_data``, the files its own ``go test`` benchmarks read):
 
-- etcd: the 102 Jepsen etcd logs with a verdict, cas-register model;
-- kv: the six kv histories, kv model partitioned by key;
-- kv-unpartitioned: the two 10-client kv histories with one state over all keys.
+- etcd: the 102 Jepsen etcd logs with a verdict (``etcd_095.log`` is empty), cas-register model;
+- kv: the six kv histories (EDN), kv model partitioned by key;
+- kv-unpartitioned (``--unpartitioned``): the two 10-client kv histories with one state over
+  all keys (slow on both sides).
 
-Every verdict is checked against verdicts.txt while timing.  Times are for checking only
-(parsing is reported apart), each history's best of ``--repeat`` runs, summed per suite; next to
-wall-clock seconds the CPU seconds, which a machine shared with other work distorts less.
-Porcupine is measured in the same run when Go and a copy of its repository are available
-(``go test -c`` of the repository's own benchmarks, ``-test.benchtime 1x``, best of
-``--repeat``); otherwise the figures from the bench data's README are printed, labelled so.
+Both tools are timed in CPU seconds (user + system) from the files to the verdicts, parsing
+included, in one process per suite, best of ``--repeat`` rounds:
 
-    .venv/bin/python benchmarks/bench_linearizability.py [--repeat 3] [--no-go]
+- isrlab: ``checkers.formats.load_operations`` (file -> the search's operations, no op dicts)
+  and ``checkers.linear.check_operations`` for every history of the suite, in this process
+  (``time.process_time`` around the round; the interpreter's start and imports are not in it);
+- Porcupine: its repository's own benchmarks (``go test -c``; ``-test.benchtime 1x``: each
+  benchmark parses its file, then checks it once), the test binary's CPU from getrusage, so
+  its process start, parsing and all goroutines are in it.  Its own ns/op figures (check
+  only, wall clock) are printed too.
+
+Every verdict is checked against the known one: Porcupine's test file (``checkJepsen(t, N,
+verdict)``, ``checkKv(t, name, verdict, ...)``), or ``verdicts.txt`` beside the bench data.
+
+Where the data and Porcupine come from, first found: ``--porcupine DIR`` (a checkout, or a
+bare git directory); ``$PORCUPINE_DIR``; the mirror ``../.mirror/anishathalye+porcupine/repo``
+beside the repository; a shallow ``git clone`` of https://github.com/anishathalye/porcupine
+(``--no-clone`` to skip).  Without the repository the data may come from
+``../shared/bench-data/porcupine``; without Go (or the repository) isrlab's figures are
+printed alone, saying why.
+
+    .venv/bin/python benchmarks/bench_linearizability.py [--repeat 3] [--no-go] [--unpartitioned]
 """
 
 from __future__ import annotations
@@ -27,190 +42,294 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from isrlab.checkers.formats import load_edn, load_jepsen_log  # noqa: E402
-from isrlab.checkers.linear import CAS_REGISTER, KV, KV_UNPARTITIONED, Model, check  # noqa: E402
+from isrlab.checkers.formats import load_operations  # noqa: E402
+from isrlab.checkers.linear import (  # noqa: E402
+    CAS_REGISTER,
+    KV,
+    KV_UNPARTITIONED,
+    Model,
+    check_operations,
+)
 
-BENCH = ROOT / ".." / "shared" / "bench-data" / "porcupine"
-PORCUPINE_MIRROR = ROOT / ".." / ".mirror" / "anishathalye+porcupine" / "repo"
-README_FIGURES = {"etcd": 0.65, "kv": 0.4, "kv-unpartitioned": 6.0}
+SHARED_DATA = ROOT / ".." / "shared" / "bench-data" / "porcupine"
+MIRROR = ROOT / ".." / ".mirror" / "anishathalye+porcupine" / "repo"
+UPSTREAM = "https://github.com/anishathalye/porcupine"
 
 # Which of Porcupine's Go benchmarks make up each suite.
 GO_SUITES = {
-    "etcd": re.compile(r"^BenchmarkEtcdJepsen\d+$"),
-    "kv": re.compile(r"^BenchmarkKv(1Client|10Clients|50Clients)(Ok|Bad)$"),
-    "kv-unpartitioned": re.compile(r"^BenchmarkKvNoPartition10Clients(Ok|Bad)$"),
+    "etcd": r"^BenchmarkEtcdJepsen\d+$",
+    "kv": r"^BenchmarkKv(1Client|10Clients|50Clients)(Ok|Bad)$",
+    "kv-unpartitioned": r"^BenchmarkKvNoPartition10Clients(Ok|Bad)$",
 }
+KV_NAMES = {"1Client": "c01", "10Clients": "c10", "50Clients": "c50"}
 
 
-def verdicts(folder: str) -> dict[str, bool]:
+@dataclass
+class Suite:
+    name: str
+    label: str
+    model: Model
+    fmt: str
+    histories: list[tuple[Path, bool]]
+
+
+@contextmanager
+def porcupine_checkout(args: argparse.Namespace) -> Iterator[tuple[Path | None, str]]:
+    """(a directory holding Porcupine's source and test_data, or None; where it came from)."""
+    given = args.porcupine or os.environ.get("PORCUPINE_DIR")
+    candidates = [Path(given)] if given else [MIRROR]
+    with tempfile.TemporaryDirectory(prefix="porcupine-") as tmp:
+        for candidate in candidates:
+            if (candidate / "porcupine_test.go").exists():
+                yield candidate, str(candidate)
+                return
+            if (candidate / "HEAD").exists() and (candidate / "objects").exists():
+                archive = subprocess.run(
+                    ["git", "--git-dir", str(candidate), "archive", "HEAD"],
+                    capture_output=True,
+                )
+                if archive.returncode == 0:
+                    subprocess.run(["tar", "x", "-C", tmp], input=archive.stdout, check=True)
+                    yield Path(tmp), f"{candidate.resolve()} (git archive HEAD)"
+                    return
+        if given:
+            yield None, f"--porcupine/PORCUPINE_DIR {given} is not a Porcupine checkout"
+            return
+        if args.no_clone or shutil.which("git") is None:
+            yield None, "no Porcupine checkout found (mirror absent; cloning skipped)"
+            return
+        target = Path(tmp) / "porcupine"
+        try:
+            subprocess.run(
+                ["git", "clone", "--quiet", "--depth", "1", UPSTREAM, str(target)],
+                check=True,
+                capture_output=True,
+                timeout=120,
+            )
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as err:
+            yield None, f"no Porcupine checkout found and cloning {UPSTREAM} failed ({err})"
+            return
+        yield target, f"{UPSTREAM} (cloned now)"
+
+
+def go_verdicts(test_file: Path) -> tuple[dict[int, bool], dict[str, bool]]:
+    """The verdicts Porcupine's own tests assert, per etcd log number and kv file."""
+    text = test_file.read_text()
+    etcd = {int(n): v == "true" for n, v in re.findall(r"checkJepsen\(t, (\d+), (\w+)\)", text)}
+    kv = {name: v == "true" for name, v in re.findall(r'checkKv\(t, "(\w+-\w+)", (\w+),', text)}
+    return etcd, kv
+
+
+def file_verdicts(folder: Path) -> dict[str, bool]:
     found = {}
-    for line in (BENCH / folder / "verdicts.txt").read_text().splitlines():
+    for line in (folder / "verdicts.txt").read_text().splitlines():
         if line.strip() and not line.startswith("#"):
             name, verdict = line.split()
             found[name] = verdict == "true"
     return found
 
 
-def time_suite(
-    model: Model,
-    histories: dict[str, tuple[list[dict[str, Any]], bool]],
-    repeat: int,
-    workers: int = 1,
-) -> tuple[float, float]:
-    """(wall, cpu) seconds: each history's best of ``repeat`` checks, summed."""
-    wall_total = cpu_total = 0.0
-    for name, (ops, expected) in histories.items():
-        wall = cpu = float("inf")
-        for _ in range(repeat):
-            started, started_cpu = time.perf_counter(), time.process_time()
-            result = check(model, ops, workers=workers)
-            wall = min(wall, time.perf_counter() - started)
-            cpu = min(cpu, time.process_time() - started_cpu)
+def suites(
+    checkout: Path | None, unpartitioned: bool
+) -> tuple[list[Suite], str] | tuple[None, str]:
+    if checkout is not None and (checkout / "test_data").is_dir():
+        data = checkout / "test_data"
+        etcd_v, kv_v = go_verdicts(checkout / "porcupine_test.go")
+        source = f"{data} (verdicts from porcupine_test.go)"
+    elif SHARED_DATA.is_dir():
+        data = SHARED_DATA
+        etcd_v = {int(n): v for n, v in file_verdicts(data / "jepsen").items()}
+        kv_v = file_verdicts(data / "kv")
+        source = f"{data.resolve()} (verdicts.txt)"
+    else:
+        return None, "no bench data: neither Porcupine's test_data nor ../shared/bench-data"
+    found = [
+        Suite(
+            "etcd",
+            f"{len(etcd_v)} jepsen etcd logs, cas-register",
+            CAS_REGISTER,
+            "jepsen-log",
+            [(data / "jepsen" / f"etcd_{n:03d}.log", v) for n, v in sorted(etcd_v.items())],
+        ),
+        Suite(
+            "kv",
+            f"{len(kv_v)} kv histories, partitioned by key",
+            KV,
+            "edn",
+            [(data / "kv" / f"{name}.txt", v) for name, v in sorted(kv_v.items())],
+        ),
+    ]
+    if unpartitioned:
+        found.append(
+            Suite(
+                "kv-unpartitioned",
+                "c10-ok + c10-bad, one state for all keys",
+                KV_UNPARTITIONED,
+                "edn",
+                [(data / "kv" / f"{name}.txt", kv_v[name]) for name in ("c10-ok", "c10-bad")],
+            )
+        )
+    return found, source
+
+
+def time_isrlab(suite: Suite, repeat: int) -> tuple[float, float, float]:
+    """(CPU seconds of the best round, its parsing part, its checking part)."""
+    best = (float("inf"), 0.0, 0.0)
+    for _ in range(repeat):
+        parse = check = 0.0
+        started = time.process_time()
+        for path, expected in suite.histories:
+            t0 = time.process_time()
+            ops, failed, dropped = load_operations(path, suite.fmt, suite.model)
+            t1 = time.process_time()
+            result = check_operations(suite.model, ops, failed=failed, dropped_reads=dropped)
+            t2 = time.process_time()
+            parse += t1 - t0
+            check += t2 - t1
             want = "ok" if expected else "illegal"
             if result.verdict != want:
-                raise SystemExit(f"verdict mismatch on {name}: {result.verdict}, expected {want}")
-        wall_total += wall
-        cpu_total += cpu
-    return wall_total, cpu_total
+                raise SystemExit(f"isrlab: verdict {result.verdict} on {path}, expected {want}")
+        total = time.process_time() - started
+        if total < best[0]:
+            best = (total, parse, check)
+    return best
 
 
-def porcupine_times(repeat: int) -> tuple[dict[str, float], dict[str, float]] | None:
-    """Porcupine's own Go benchmarks per suite: (wall, CPU) seconds, or None without Go.
-
-    Wall: each benchmark's best ns/op of ``repeat`` runs, summed.  CPU: the benchmark
-    process's user+system time per run of the suite (all goroutines and the Go runtime,
-    including its parsing of the test files, so a slight overestimate).
-    """
+def build_porcupine(checkout: Path, workdir: Path) -> Path | str:
+    """The compiled test binary, or why there is none."""
     go = shutil.which("go")
-    if go is None or not PORCUPINE_MIRROR.exists():
-        return None
-    wall: dict[str, float] = {}
-    cpu: dict[str, float] = {}
-    with tempfile.TemporaryDirectory(prefix="porcupine-") as tmp:
-        archive = subprocess.run(
-            ["git", "--git-dir", str(PORCUPINE_MIRROR), "archive", "HEAD"],
-            check=True,
+    if go is None:
+        return "Go is not installed (apt-get install golang-go)"
+    binary = workdir / "porcupine.test"
+    # Porcupine has no dependencies: build offline.
+    env = {**os.environ, "GOFLAGS": "-mod=mod", "GOPROXY": "off"}
+    built = subprocess.run(
+        [go, "test", "-c", "-o", str(binary), "."],
+        cwd=checkout,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    if built.returncode != 0:
+        return f"go test -c failed: {built.stderr.strip()[-500:]}"
+    return binary
+
+
+def time_porcupine(binary: Path, checkout: Path, suite: str, repeat: int) -> tuple[float, float]:
+    """(CPU seconds of the best of ``repeat`` runs, sum of its benchmarks' ns/op in seconds)."""
+    best_cpu = float("inf")
+    best_ns: dict[str, float] = {}
+    for _ in range(repeat):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        run = subprocess.run(
+            [
+                str(binary),
+                "-test.run",
+                "^$",
+                "-test.bench",
+                GO_SUITES[suite],
+                "-test.benchtime",
+                "1x",
+            ],
+            cwd=checkout,
             capture_output=True,
+            text=True,
         )
-        subprocess.run(["tar", "x", "-C", tmp], input=archive.stdout, check=True)
-        # Porcupine has no dependencies: build offline.
-        env = {**os.environ, "GOFLAGS": "-mod=mod", "GOPROXY": "off"}
-        subprocess.run([go, "test", "-c", "-o", "porc.test", "."], cwd=tmp, env=env, check=True)
-        for suite, pattern in GO_SUITES.items():
-            before = resource.getrusage(resource.RUSAGE_CHILDREN)
-            output = subprocess.run(
-                [
-                    "./porc.test",
-                    "-test.run",
-                    "^$",
-                    "-test.bench",
-                    pattern.pattern,
-                    "-test.benchtime",
-                    "1x",
-                    "-test.count",
-                    str(repeat),
-                ],
-                cwd=tmp,
-                check=True,
-                capture_output=True,
-                text=True,
-            ).stdout
-            after = resource.getrusage(resource.RUSAGE_CHILDREN)
-            used = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-            cpu[suite] = used / repeat
-            best: dict[str, float] = {}
-            for line in output.splitlines():
-                found = re.match(r"^(Benchmark\S+?)(-\d+)?\s+\d+\s+(\d+) ns/op", line)
-                if found:
-                    name, ns = found[1], int(found[3])
-                    best[name] = min(best.get(name, float("inf")), ns / 1e9)
-            wall[suite] = sum(best.values())
-    return wall, cpu
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        if run.returncode != 0:  # a wrong verdict fails the benchmark (b.Fatalf)
+            raise SystemExit(f"Porcupine's {suite} benchmarks failed:\n{run.stdout[-2000:]}")
+        used = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+        best_cpu = min(best_cpu, used)
+        for line in run.stdout.splitlines():
+            found = re.match(r"^(Benchmark\S+?)(-\d+)?\s+\d+\s+(\d+) ns/op", line)
+            if found:
+                name, ns = found[1], int(found[3]) / 1e9
+                best_ns[name] = min(best_ns.get(name, float("inf")), ns)
+    return best_cpu, sum(best_ns.values())
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeat", type=int, default=3, help="runs per history (best counts)")
+    parser.add_argument("--repeat", type=int, default=3, help="rounds per suite (best counts)")
     parser.add_argument("--no-go", action="store_true", help="do not build/run Porcupine")
-    parser.add_argument("--profile", action="store_true", help="cProfile the kv suite once")
+    parser.add_argument("--no-clone", action="store_true", help="never git clone Porcupine")
+    parser.add_argument("--porcupine", help="Porcupine checkout or bare git directory")
+    parser.add_argument(
+        "--unpartitioned", action="store_true", help="also the kv-unpartitioned suite (slow)"
+    )
+    parser.add_argument("--profile", action="store_true", help="cProfile isrlab's kv suite once")
     args = parser.parse_args()
-    if not BENCH.exists():
-        raise SystemExit(f"bench data not found at {BENCH.resolve()}")
 
-    started = time.perf_counter()
-    etcd_verdicts = verdicts("jepsen")
-    etcd = {
-        n: (load_jepsen_log(BENCH / "jepsen" / f"etcd_{int(n):03d}.log"), v)
-        for n, v in etcd_verdicts.items()
-    }
-    kv_verdicts = verdicts("kv")
-    kv = {name: (load_edn(BENCH / "kv" / f"{name}.txt"), v) for name, v in kv_verdicts.items()}
-    parse_s = time.perf_counter() - started
-    print(f"parsed {len(etcd)} etcd logs and {len(kv)} kv histories in {parse_s:.2f} s")
+    with porcupine_checkout(args) as (checkout, origin):
+        print(f"Porcupine: {origin}")
+        found, source = suites(checkout, args.unpartitioned)
+        if found is None:
+            raise SystemExit(source)
+        print(f"data: {source}")
+        ours = {}
+        for suite in found:
+            ours[suite.name] = time_isrlab(suite, args.repeat)
+            total, parse, check = ours[suite.name]
+            print(
+                f"  isrlab {suite.label}: {total:.3f} s CPU (parse {parse:.3f}, check {check:.3f})",
+                flush=True,
+            )
+        if args.profile:
+            import cProfile
+            import pstats
 
-    suites: list[tuple[str, str, Callable[[], tuple[float, float]]]] = [
-        (
-            "etcd",
-            "102 jepsen etcd logs, cas-register",
-            lambda: time_suite(CAS_REGISTER, etcd, args.repeat),
-        ),
-        ("kv", "6 kv histories, partitioned by key", lambda: time_suite(KV, kv, args.repeat)),
-        (
-            "kv",
-            "the same, partitions in 2 processes",
-            lambda: time_suite(KV, kv, args.repeat, workers=2),
-        ),
-        (
-            "kv-unpartitioned",
-            "c10-ok + c10-bad, one state for all keys",
-            lambda: time_suite(
-                KV_UNPARTITIONED, {n: kv[n] for n in ("c10-ok", "c10-bad")}, args.repeat
-            ),
-        ),
-    ]
-    ours: dict[str, float] = {}
-    cpu: dict[str, float] = {}
-    for _suite, label, run in suites:
-        ours[label], cpu[label] = run()
-        print(f"  isrlab {label}: {ours[label]:.3f} s ({cpu[label]:.3f} s CPU)", flush=True)
-    if args.profile:
-        import cProfile
-        import pstats
+            profiler = cProfile.Profile()
+            profiler.runcall(time_isrlab, found[1], 1)
+            pstats.Stats(profiler).sort_stats("tottime").print_stats(15)
 
-        profiler = cProfile.Profile()
-        profiler.runcall(time_suite, KV, kv, 1)
-        pstats.Stats(profiler).sort_stats("tottime").print_stats(12)
+        theirs: dict[str, tuple[float, float]] = {}
+        why = "not run (--no-go)"
+        if not args.no_go and checkout is None:
+            why = f"not run: {origin}"
+        elif not args.no_go and checkout is not None:
+            with tempfile.TemporaryDirectory(prefix="porcupine-bin-") as workdir:
+                binary = build_porcupine(checkout, Path(workdir))
+                if isinstance(binary, str):
+                    why = f"not run: {binary}"
+                else:
+                    for suite in found:
+                        theirs[suite.name] = time_porcupine(
+                            binary, checkout, suite.name, args.repeat
+                        )
+                        print(
+                            f"  Porcupine {suite.name}: {theirs[suite.name][0]:.3f} s CPU "
+                            f"(its ns/op sum {theirs[suite.name][1]:.3f} s)",
+                            flush=True,
+                        )
 
-    go = None if args.no_go else porcupine_times(args.repeat)
-    source = "Porcupine (Go), measured now" if go else "Porcupine (Go), README figures"
-    theirs, their_cpu = go if go else (README_FIGURES, {})
     print()
+    print(f"load average: {Path('/proc/loadavg').read_text().strip()}")
     print(
-        f"{'suite':<18}{'histories':<42}{'isrlab s':>10}{'CPU s':>8}"
-        f"{'Porcupine s':>13}{'CPU s':>8}{'ratio':>7}{'CPU ratio':>10}"
+        f"{'suite':<18}{'histories':<42}{'isrlab CPU s':>13}{'(parse':>8}{'check)':>8}"
+        f"{'Porcupine CPU s':>17}{'ratio':>7}"
     )
-    for suite, label, _run in suites:
-        ratio = ours[label] / theirs[suite]
-        their = their_cpu.get(suite)
-        cpu_ratio = f"{cpu[label] / their:>10.2f}" if their and "2 processes" not in label else ""
-        # The parent's CPU says nothing about forked workers: left blank.
-        our_cpu = f"{'-':>8}" if "2 processes" in label else f"{cpu[label]:>8.3f}"
+    for suite in found:
+        total, parse, check = ours[suite.name]
+        if suite.name in theirs:
+            their = f"{theirs[suite.name][0]:>17.3f}{total / theirs[suite.name][0]:>7.2f}"
+        else:
+            their = f"{'-':>17}{'-':>7}"
+        print(f"{suite.name:<18}{suite.label:<42}{total:>13.3f}{parse:>8.3f}{check:>8.3f}{their}")
+    if theirs:
         print(
-            f"{suite:<18}{label:<42}{ours[label]:>10.3f}{our_cpu}"
-            f"{theirs[suite]:>13.3f}{their if their else float('nan'):>8.3f}{ratio:>7.2f}"
-            f"{cpu_ratio}"
+            "(ratio = isrlab CPU / Porcupine CPU, both from the files to the verdicts; below 1 "
+            f"is faster.  Best of {args.repeat} rounds each; every verdict agrees.)"
         )
-    print(
-        f"(ratio = isrlab / Porcupine; below 1 is faster.  Porcupine column: {source}; "
-        f"best of {args.repeat} per history; all verdicts agree with verdicts.txt)"
-    )
+    else:
+        print(f"(isrlab's figures alone: Porcupine {why}.  Every verdict agrees.)")
 
 
 if __name__ == "__main__":

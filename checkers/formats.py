@@ -105,69 +105,102 @@ def _op_from_edn(raw: Any, where: str) -> dict[str, Any]:
     return op
 
 
-def _normalise(ops: Iterable[tuple[dict[str, Any], str]]) -> list[dict[str, Any]]:
-    """Dense indexes, increasing times, checked types, timed-out reads as info."""
-    result: list[dict[str, Any]] = []
-    last_time = -1
-    pairs = list(ops)
-    fresh = 1 + max(
-        (op["process"] for op, _ in pairs if isinstance(op.get("process"), int)), default=-1
-    )
-    renamed: dict[Any, Any] = {}  # process -> the id its thread goes on with
-    retired: set[Any] = set()  # processes (as renamed) whose last completion was info
-    for op, where in pairs:
-        kind = op.get("type")
+_ABSENT: Any = object()  # a field an op map does not have
+
+
+class _Rules:
+    """The per-op rules every reader applies, in history order (see the module docstring).
+
+    Times never go backwards; a read that failed with ``:timed-out`` becomes ``info`` (with
+    ``error`` ``timed-out``); a thread that invokes after an ``info`` goes on under a fresh
+    process id.  ``fresh`` is one above the largest integer process in the file.
+    """
+
+    __slots__ = ("fresh", "last_time", "renamed", "retired")
+
+    def __init__(self, fresh: int) -> None:
+        self.fresh = fresh
+        self.last_time = -1
+        self.renamed: dict[Any, Any] = {}  # process -> the id its thread goes on with
+        self.retired: set[Any] = set()  # processes (as renamed) whose last completion was info
+
+    def apply(
+        self, process: Any, kind: Any, f: str, time: Any, value: Any, error: Any, where: str
+    ) -> tuple[int, Any, str, Any, Any]:
+        """(time, process, type, value, error) of the next op; ``error`` may be ``_ABSENT``."""
         if kind not in _TYPES:
             raise FormatError(
                 f"{where}: :type must be one of :invoke :ok :fail :info, got {kind!r}"
             )
-        process = op["process"]
         if not (isinstance(process, int) or process == "nemesis"):
             raise FormatError(f"{where}: :process must be an integer or :nemesis, got {process!r}")
         original = process
-        process = renamed.get(process, process)
-        if kind == "invoke" and process in retired and process != "nemesis":
+        process = self.renamed.get(process, process)
+        if kind == "invoke" and process in self.retired and process != "nemesis":
             # After an info the history format retires the process; Jepsen does too, except
             # for the timed-out reads turned into info below.  The thread goes on as a new one.
-            retired.discard(process)
-            process = renamed[original] = fresh
-            fresh += 1
-        if not isinstance(op["f"], str):
-            op["f"] = str(op["f"])
-        time = op.get("time")
-        if isinstance(time, int) and not isinstance(time, bool) and time >= last_time:
-            last_time = time
+            self.retired.discard(process)
+            process = self.renamed[original] = self.fresh
+            self.fresh += 1
+        if isinstance(time, int) and not isinstance(time, bool) and time >= self.last_time:
+            self.last_time = time
         else:
-            last_time += 1
-        if (
-            kind == "fail"
-            and op["f"] in _READS
-            and "timed-out" in (op.get("error"), op.get("value"))
-        ):
+            self.last_time += 1
+        if kind == "fail" and f in _READS and "timed-out" in (error, value):
             # A read that timed out may still have been served: indeterminate, not failed.
             kind = "info"
-            op.setdefault("error", "timed-out")
-            if op.get("value") == "timed-out":
-                op["value"] = None
+            if error is _ABSENT:
+                error = "timed-out"
+            if value == "timed-out":
+                value = None
         if kind == "info":
-            retired.add(process)
+            self.retired.add(process)
+        return self.last_time, process, kind, value, error
+
+
+def _fresh_process(processes: Iterable[Any]) -> int:
+    return 1 + max((p for p in processes if isinstance(p, int)), default=-1)
+
+
+def _normalise(ops: Iterable[tuple[dict[str, Any], str]]) -> list[dict[str, Any]]:
+    """Dense indexes, increasing times, checked types, timed-out reads as info."""
+    result: list[dict[str, Any]] = []
+    pairs = list(ops)
+    rules = _Rules(_fresh_process(op["process"] for op, _ in pairs))
+    for op, where in pairs:
+        if not isinstance(op["f"], str):
+            op["f"] = str(op["f"])
+        time, process, kind, value, error = rules.apply(
+            op["process"],
+            op.get("type"),
+            op["f"],
+            op.get("time"),
+            op.get("value"),
+            op.get("error", _ABSENT),
+            where,
+        )
         out: dict[str, Any] = {
             "index": len(result),
-            "time": last_time,
+            "time": time,
             "process": process,
             "type": kind,
             "f": op["f"],
         }
         if "key" in op:
-            key = op["key"]
-            # The history format's keys are strings; Jepsen's are often integers.
-            out["key"] = key if isinstance(key, str) or key is None else str(key)
-        out["value"] = op.get("value")
+            out["key"] = _key(op["key"])
+        out["value"] = value
         for name, val in op.items():
             if name not in out:
                 out[name] = val
+        if error is not _ABSENT and "error" not in out:
+            out["error"] = error  # (a timed-out read's, last as before)
         result.append(out)
     return result
+
+
+def _key(key: Any) -> Any:
+    # The history format's keys are strings; Jepsen's are often integers.
+    return key if isinstance(key, str) or key is None else str(key)
 
 
 def _parse_many(texts: Sequence[str], wheres: Sequence[str], what: str) -> list[Any]:
@@ -300,3 +333,251 @@ def dump_edn(ops: Sequence[dict[str, Any]], path: str | Path) -> None:
         for op in ops:
             out.write(dumps_edn_op(op))
             out.write("\n")
+
+
+# -- Straight to the linearizability checker's operations -------------------------------------
+#
+# ``load_operations`` reads a file into what ``checkers.linear.check_operations`` searches,
+# without op dicts: each line is matched by a regular expression for the plain shapes Jepsen
+# writes (nil, booleans, integers, strings without escapes, keywords, vectors of those) and only
+# a line with anything else goes through edn_format (and ``_op_from_edn``).  The same rules
+# (``_Rules``) and the same pairing as ``checkers.linear.operations`` apply, so the operations
+# are equal to ``operations_from_history(model, load_edn(path))`` (tests/checkers/
+# test_formats.py compares them); anything out of the ordinary (a malformed line, a history
+# the pairing rejects, a model whose inputs are not built from f, key and value) is read the
+# reference way instead, which also raises its errors.
+
+_KW = r"[A-Za-z_*!?<>=+\-.][\w*!?<>=+\-.]*"
+_ATOM = rf'nil|true|false|-?(?:0|[1-9]\d*)|"[^"\\]*"|:{_KW}'
+_SCALAR = rf"nil|true|false|-?(?:0|[1-9]\d*)|:{_KW}"
+_SIMPLE = rf"(?:{_ATOM}|\[[\s,]*(?:(?:{_SCALAR})(?:[\s,]+(?:{_SCALAR}))*)?[\s,]*\])"
+_FIELD = rf":([A-Za-z_][\w\-?!*.]*)[\s,]+({_SIMPLE})"
+_MAP_LINE = re.compile(rf"\s*\{{[\s,]*(?:{_FIELD}(?:[\s,]+{_FIELD})*)?[\s,]*\}}\s*")
+_FIELDS = re.compile(_FIELD)
+_SIMPLE_VALUE = re.compile(_SIMPLE)
+_PROCESS = re.compile(r"0|[1-9]\d*")
+_CONSTANTS = {"nil": None, "true": True, "false": False}
+_SEPARATORS = str.maketrans(",", " ")
+
+
+class _NotPlain(Exception):
+    """The file needs the reference reader (it raises the proper error, if any)."""
+
+
+def _plain(text: str) -> Any:
+    """The JSON value of an EDN text ``_SIMPLE`` matched (keywords as their names)."""
+    first = text[0]
+    if first == '"' or first == ":":
+        return text[1:-1] if first == '"' else text[1:]
+    if first == "[":
+        return [_plain(t) for t in text[1:-1].translate(_SEPARATORS).split()]
+    if text in _CONSTANTS:
+        return _CONSTANTS[text]
+    return int(text)
+
+
+def _one_form(text: str) -> Any:
+    try:
+        forms = edn_format.loads_all(text)
+    except Exception:
+        raise _NotPlain from None
+    if len(forms) != 1:
+        raise _NotPlain
+    return forms[0]
+
+
+# A raw op: (process, type, f, key or _ABSENT, value, time or None, error or _ABSENT, where).
+_Raw = tuple[Any, Any, Any, Any, Any, Any, Any, str]
+
+
+def _edn_raw(path: Path) -> list[_Raw]:
+    text = path.read_text(encoding="utf-8")
+    if text.lstrip().startswith(("[", "(")):
+        raise _NotPlain
+    raws: list[_Raw] = []
+    match_line = _MAP_LINE.fullmatch
+    fields = _FIELDS.findall
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        stripped = line.strip()
+        if not stripped or stripped.startswith(";"):
+            continue
+        where = f"{path}:{lineno}"
+        op: dict[str, Any]
+        if match_line(line):
+            pairs = fields(line)
+            op = {name: _plain(value) for name, value in pairs}
+            if len(op) != len(pairs):
+                raise _NotPlain  # a field given twice
+        else:
+            op = _op_from_edn(_one_form(line), where)
+        try:
+            process, kind, f = op["process"], op["type"], op["f"]
+        except KeyError:
+            raise _NotPlain from None
+        raws.append(
+            (
+                process,
+                kind,
+                f if isinstance(f, str) else str(f),
+                op.get("key", _ABSENT),
+                op.get("value"),
+                op.get("time"),
+                op.get("error", _ABSENT),
+                where,
+            )
+        )
+    return raws
+
+
+def _jepsen_log_raw(path: Path) -> list[_Raw]:
+    raws: list[_Raw] = []
+    invoked: dict[Any, Any] = {}
+    plain = _SIMPLE_VALUE.fullmatch
+    with path.open(encoding="utf-8") as lines:
+        for line in lines:
+            if "jepsen.util" not in line:
+                continue
+            found = _LOG_LINE.search(line)
+            if found is None or found["type"][1:] not in _TYPES:
+                raise _NotPlain
+            process_text, f_text = found["process"], found["f"]
+            value_text = found["value"] or "nil"
+            keyword = value_text[0] == ":"
+            if (
+                (_PROCESS.fullmatch(process_text) or process_text == ":nemesis")
+                and plain(f_text)
+                and plain(value_text)
+            ):
+                process = int(process_text) if process_text[0] != ":" else "nemesis"
+                f: Any = f_text[1:]
+                value = _plain(value_text)
+            else:
+                row = _one_form(f"[{process_text} {found['type']} {f_text} {value_text}]")
+                if not isinstance(row, Sequence) or len(row) != 4:
+                    raise _NotPlain
+                process, f, raw_value = to_json(row[0]), to_json(row[2]), row[3]
+                keyword = isinstance(raw_value, Keyword)
+                value = raw_value.name if keyword else to_json(raw_value)
+            kind = found["type"][1:]
+            error: Any = _ABSENT
+            if kind == "invoke":
+                invoked[process] = value
+            elif keyword and process != "nemesis":
+                # Jepsen logs the error keyword in the value column of a failed op.
+                error = value
+                value = invoked.pop(process, None)
+            else:
+                invoked.pop(process, None)
+            raws.append(
+                (
+                    process,
+                    kind,
+                    f if isinstance(f, str) else str(f),
+                    _ABSENT,
+                    value,
+                    None,
+                    error,
+                    "",
+                )
+            )
+    if not raws:
+        raise _NotPlain  # empty, or a misread file: the reference reader says which
+    return raws
+
+
+def load_operations(path: str | Path, fmt: str, model: Any) -> tuple[list[Any], int, int]:
+    """A Jepsen file (``fmt`` ``edn`` or ``jepsen-log``) as ``model``'s operations.
+
+    Returns what ``checkers.linear.operations.operations_from_history`` returns for the op
+    dicts ``load_edn``/``load_jepsen_log`` read, (operations, failed, dropped reads), without
+    building those op dicts.  Errors are theirs (``FormatError``, ``HistoryError``).
+    """
+    from isrlab.checkers.linear.model import (
+        INFINITY,
+        UNKNOWN,
+        Operation,
+        default_input_of,
+        default_output_of,
+    )
+    from isrlab.checkers.linear.models import kv_input
+    from isrlab.checkers.linear.operations import operations_from_history
+
+    path = Path(path)
+    if fmt not in ("edn", "jepsen-log"):
+        raise ValueError(f"format {fmt!r}: load_operations reads edn or jepsen-log")
+
+    def reference() -> tuple[list[Any], int, int]:
+        ops = load_edn(path) if fmt == "edn" else load_jepsen_log(path)
+        return operations_from_history(model, ops)
+
+    with_key = model.input_of is kv_input
+    if not (with_key or model.input_of is default_input_of):
+        return reference()
+    if model.output_of is not default_output_of:
+        return reference()
+    try:
+        raws = _edn_raw(path) if fmt == "edn" else _jepsen_log_raw(path)
+        rules = _Rules(_fresh_process(raw[0] for raw in raws))
+        apply = rules.apply
+        # (invoke position, time, process, f, key, value)
+        pending: dict[Any, tuple[int, int, Any, str, Any, Any]] = {}
+        paired: list[tuple[tuple[int, int, Any, str, Any, Any], Any]] = []
+        failed = 0
+        for position, (process, kind, f, key, value, time, error, where) in enumerate(raws):
+            time, process, kind, value, error = apply(process, kind, f, time, value, error, where)
+            if process == "nemesis":
+                continue
+            if kind == "invoke":
+                if process in pending:
+                    raise _NotPlain
+                pending[process] = (
+                    position,
+                    time,
+                    process,
+                    f,
+                    None if key is _ABSENT else _key(key),
+                    value,
+                )
+                continue
+            started = pending.pop(process, None)
+            if started is None:
+                raise _NotPlain
+            if kind == "fail":
+                failed += 1
+                continue
+            paired.append((started, (position, time, kind, value, error)))
+    except (_NotPlain, FormatError):
+        return reference()
+    paired.extend((started, None) for started in pending.values())
+    paired.sort(key=lambda item: item[0][0])
+
+    read_only = model.read_only
+    result: list[Operation] = []
+    dropped = 0
+    for (invoke_position, call, process, f, key, value), completion in paired:
+        model_input = (f, key, value) if with_key else (f, value)
+        if completion is None or completion[2] == "info":
+            if read_only is not None and read_only(model_input):
+                dropped += 1
+                continue
+            ret = INFINITY
+            output = UNKNOWN
+        else:
+            ret = float(completion[1])
+            output = completion[3]
+        result.append(
+            Operation(
+                len(result),
+                process,
+                f,
+                key,
+                float(call),
+                ret,
+                model_input,
+                output,
+                invoke_position,
+                None if completion is None else completion[0],
+                None if completion is None or completion[4] is _ABSENT else completion[4],
+            )
+        )
+    return result, failed, dropped

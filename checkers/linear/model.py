@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["INFINITY", "UNKNOWN", "Model", "Operation"]
+__all__ = ["INFINITY", "UNKNOWN", "Model", "Operation", "default_input_of", "default_output_of"]
 
 INFINITY = math.inf
 
@@ -81,6 +81,16 @@ class Operation:
         return self.output is UNKNOWN
 
 
+def default_input_of(op: dict[str, Any]) -> Any:
+    """A model's input unless it says otherwise: ``(f, value)`` of the invoke."""
+    return (op["f"], op.get("value"))
+
+
+def default_output_of(invoke: dict[str, Any], completion: dict[str, Any]) -> Any:
+    """A model's output unless it says otherwise: the ok completion's value."""
+    return completion.get("value")
+
+
 def _default_describe_operation(input: Any, output: Any) -> str:
     return f"{input!r} -> {'?' if output is UNKNOWN else repr(output)}"
 
@@ -105,10 +115,8 @@ class Model:
     equal: Callable[[Any, Any], bool] | None = None
     hash: Callable[[Any], int] | None = None
     read_only: Callable[[Any], bool] | None = None
-    input_of: Callable[[dict[str, Any]], Any] = field(default=lambda op: (op["f"], op.get("value")))
-    output_of: Callable[[dict[str, Any], dict[str, Any]], Any] = field(
-        default=lambda invoke, completion: completion.get("value")
-    )
+    input_of: Callable[[dict[str, Any]], Any] = default_input_of
+    output_of: Callable[[dict[str, Any], dict[str, Any]], Any] = default_output_of
     compile_step: Callable[[Any, Any], Callable[[Any], tuple[bool, Any]]] | None = None
     read_value: Callable[[Any, Any], Any] | None = None
     describe_operation: Callable[[Any, Any], str] = _default_describe_operation

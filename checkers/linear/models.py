@@ -31,6 +31,7 @@ __all__ = [
     "MODELS",
     "REGISTER",
     "freeze",
+    "kv_input",
     "partition_by_key",
 ]
 
@@ -114,7 +115,8 @@ def _show(value: Any) -> str:
     return str(value)
 
 
-def _kv_input(op: dict[str, Any]) -> Any:
+def kv_input(op: dict[str, Any]) -> Any:
+    """The kv models' input: ``(f, key, value)`` of the invoke."""
     return (op["f"], op.get("key"), op.get("value"))
 
 
@@ -255,7 +257,7 @@ KV = Model(
     step=_kv_step,
     partition=partition_by_key,
     read_only=lambda input: input[0] in _READS,
-    input_of=_kv_input,
+    input_of=kv_input,
     compile_step=_compile_kv,
     read_value=lambda input, output: _absent_as_empty(freeze(output)),
     describe_operation=_describe_kv_op,
@@ -268,7 +270,7 @@ KV_UNPARTITIONED = Model(
     step=_kv_map_step,
     partition=None,
     read_only=lambda input: input[0] in _READS,
-    input_of=_kv_input,
+    input_of=kv_input,
     describe_operation=_describe_kv_op,
     describe_state=_describe_map_state,
 )

@@ -206,3 +206,149 @@ def test_bench_histories_load_as_valid_histories() -> None:
             assert not (op["type"] == "invoke" and op["process"] in retired), (path, op)
             if op["type"] == "info":
                 retired.add(op["process"])
+
+
+# -- load_operations: straight to the linearizability checker's operations -------------------
+
+HISTORY_EDN = """\
+{:process 0, :type :invoke, :f :write, :key "a", :value 1, :time 10}
+{:process 1, :type :invoke, :f :read, :key "a", :value nil, :time 12}
+{:process 0, :type :ok, :f :write, :key "a", :value 1, :time 15}
+{:process :nemesis, :type :info, :f :start-partition, :value {:n1 #{:n2 :n3}}}
+{:process 1, :type :ok, :f :read, :key "a", :value 1, :time 9}
+{:process 2, :type :invoke, :f :cas, :key 7, :value [1 2]}
+{:process 2, :type :info, :f :cas, :key 7, :value [1 2], :error :timeout}
+{:process 2, :type :invoke, :f :write, :key "b", :value "say \\"hi\\""}
+{:process 2, :type :ok, :f :write, :key "b", :value "say \\"hi\\""}
+{:process 3, :type :invoke, :f :read, :value nil} ; a comment
+{:process 3, :type :fail, :f :read, :value nil, :error :timed-out}
+{:process 3, :type :invoke, :f :append, :key "a", :value "x 3 0 y"}
+{:type :ok, :f :append, :process 3, :value "x 3 0 y", :key "a", :node "n1"}
+{:process 4, :type :invoke, :f :cas, :value #jepsen.independent.Tuple{:key 5, :value [1 2]}}
+{:process 4, :type :fail, :f :cas, :value #jepsen.independent.Tuple{:key 5, :value [1 2]}}
+{:process 5, :type :invoke, :f :get, :key "a", :value nil}
+{:process 6, :type :invoke, :f :put, :key :k, :value true}
+"""
+
+
+def _models() -> list[Any]:
+    import dataclasses
+
+    from isrlab.checkers.linear import CAS_REGISTER, KV, KV_UNPARTITIONED, REGISTER
+
+    # A model whose inputs are not (f, value) or (f, key, value): read the reference way.
+    custom = dataclasses.replace(REGISTER, input_of=lambda op: (op["f"], op["process"]))
+    return [REGISTER, CAS_REGISTER, KV, KV_UNPARTITIONED, custom]
+
+
+def _same_operations(path: Path, fmt: str) -> None:
+    from isrlab.checkers.formats import load_operations
+    from isrlab.checkers.linear.operations import operations_from_history
+
+    ops = load_edn(path) if fmt == "edn" else load_jepsen_log(path)
+    for model in _models():
+        assert load_operations(path, fmt, model) == operations_from_history(model, ops), (
+            path,
+            model.name,
+        )
+
+
+def test_load_operations_equals_the_op_dict_path(tmp_path: Path) -> None:
+    _same_operations(write(tmp_path, "h.edn", HISTORY_EDN), "edn")
+    _same_operations(write(tmp_path, "e.edn", EDN), "edn")
+    _same_operations(write(tmp_path, "v.edn", "[" + EDN + "]"), "edn")
+    _same_operations(write(tmp_path, "j.log", LOG), "jepsen-log")
+    odd_log = LOG + (
+        'INFO  jepsen.util - -1\t:invoke\t:write\t"s"\n'
+        'INFO  jepsen.util - -1\t:ok\t:write\t"s"\n'
+        "INFO  jepsen.util - 4\t:invoke\t:cas\t[nil 1.5]\n"
+        "INFO  jepsen.util - 4\t:fail\t:cas\t:ns/mismatch\n"
+        "INFO  jepsen.util - :nemesis\t:info\t:stop\t{:n1 :ok}\n"
+        "INFO  jepsen.util - 5\t:invoke\t:write\t\n"
+    )
+    _same_operations(write(tmp_path, "odd.log", odd_log), "jepsen-log")
+
+
+def test_load_operations_reads_plain_lines_without_edn_format(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from isrlab.checkers import formats
+    from isrlab.checkers.linear import CAS_REGISTER, KV
+
+    kv_text = "".join(line + "\n" for line in HISTORY_EDN.splitlines()[:3])
+    expected_kv = formats.load_operations(write(tmp_path, "kv.edn", kv_text), "edn", KV)
+    expected_log = formats.load_operations(
+        write(tmp_path, "j.log", LOG), "jepsen-log", CAS_REGISTER
+    )
+
+    def refuse(*args: Any) -> Any:
+        raise AssertionError("edn_format called for a plain line")
+
+    monkeypatch.setattr(formats.edn_format, "loads", refuse)
+    monkeypatch.setattr(formats.edn_format, "loads_all", refuse)
+    assert formats.load_operations(tmp_path / "kv.edn", "edn", KV) == expected_kv
+    assert formats.load_operations(tmp_path / "j.log", "jepsen-log", CAS_REGISTER) == expected_log
+    # (the read never completed: indeterminate, so dropped)
+    assert (len(expected_kv[0]), expected_kv[2]) == (1, 1) and len(expected_log[0]) == 3
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ("{:process 0, :type :done, :f :read}\n", FormatError),
+        ("{:process 0, :type :invoke, :f :read}\n{:process 0 :type\n", FormatError),
+        ("{:process 0, :type :ok, :f :read, :value 1}\n", "HistoryError"),
+        (
+            "{:process 0, :type :invoke, :f :read}\n{:process 0, :type :invoke, :f :read}\n",
+            "HistoryError",
+        ),
+        ("{:process 0, :type :invoke, :f :read, :f :write}\n", None),
+    ],
+)
+def test_load_operations_errors_are_the_op_dict_paths(
+    tmp_path: Path, text: str, error: Any
+) -> None:
+    from isrlab.checkers.formats import load_operations
+    from isrlab.checkers.linear import REGISTER
+    from isrlab.checkers.linear.operations import HistoryError, operations_from_history
+
+    path = write(tmp_path, "bad.edn", text)
+    if error is None:  # edn_format's own verdict on a field given twice, whatever it is
+        try:
+            expected: Any = operations_from_history(REGISTER, load_edn(path))
+        except Exception as err:
+            expected = type(err)
+        try:
+            got: Any = load_operations(path, "edn", REGISTER)
+        except Exception as err:
+            got = type(err)
+        assert got == expected
+        return
+    kind = HistoryError if error == "HistoryError" else error
+    with pytest.raises(kind):
+        operations_from_history(REGISTER, load_edn(path))
+    with pytest.raises(kind):
+        load_operations(path, "edn", REGISTER)
+
+
+def test_load_operations_misread_log_says_so(tmp_path: Path) -> None:
+    from isrlab.checkers.formats import load_operations
+    from isrlab.checkers.linear import CAS_REGISTER
+
+    with pytest.raises(FormatError, match="recognised none"):
+        load_operations(
+            write(tmp_path, "h.log", '{"type": "invoke"}\n'), "jepsen-log", CAS_REGISTER
+        )
+    assert load_operations(write(tmp_path, "empty.log", ""), "jepsen-log", CAS_REGISTER) == (
+        [],
+        0,
+        0,
+    )
+
+
+@pytest.mark.skipif(not BENCH.exists(), reason="Porcupine bench data not present")
+def test_load_operations_on_the_bench_histories() -> None:
+    for path in sorted((BENCH / "kv").glob("c*.txt")):
+        _same_operations(path, "edn")
+    for path in sorted((BENCH / "jepsen").glob("*.log"))[::7]:
+        _same_operations(path, "jepsen-log")

@@ -21,7 +21,8 @@ probe of `checkers.queue.screen`).
 
 from libc.stdint cimport int8_t, int32_t, int64_t, INT64_MIN
 from libcpp cimport bool as cbool
-from libcpp.algorithm cimport lower_bound, sort
+from libcpp.algorithm cimport lower_bound, sort, stable_sort
+from libcpp.map cimport map as cmap
 from libcpp.unordered_map cimport unordered_map
 from libcpp.unordered_set cimport unordered_set
 from libcpp.vector cimport vector
@@ -59,11 +60,13 @@ cdef extern from *:
 cdef struct Rec:
     int64_t pos
     int64_t inv
+    int64_t index  # the op's index: its position, or its invoke's if never completed
     int32_t pid
     int8_t kind
     int8_t f
     cbool committed
     cbool assign_list  # assign/subscribe whose value is a list
+    cbool idem  # from an idempotent producer session
     int32_t s0, s1  # sends[s0:s1]
     int32_t g0, g1  # groups[g0:g1]
     int32_t w0, w1  # wms[w0:w1]
@@ -80,12 +83,26 @@ cdef struct Group:  # one key's pairs of one op's reads
 
 cdef struct WM:
     int32_t key
-    int64_t high
+    int64_t low  # NONE: absent
+    int64_t high  # NONE: absent
 
 cdef struct VInfo:  # per (key, value)
     int32_t writer  # record index, -1 none
     int64_t first_off  # NONE: not in the version order
+    int64_t min_off, max_off  # over every offset it sits at
     cbool ok_read
+    cbool multi  # at several offsets
+    int32_t first_reader  # the first ok record that read it, -1 none
+
+cdef struct Pos:  # a process's last read or send of a key (`_op_checks`' tuples)
+    int64_t i
+    int64_t v
+    int32_t ri
+
+cdef struct Committed:  # `_truncation_checks`: a committed offset's value and first op
+    int64_t v
+    int64_t pos
+    int32_t ri
 
 cdef struct KeyState:
     cbool has_order
@@ -200,6 +217,15 @@ cdef inline int64_t as_int(object x) except? -1:
     return r
 
 
+cdef void keep_only_pos(unordered_map[int32_t, Pos]* table, unordered_set[int32_t]* keep):
+    cdef unordered_map[int32_t, Pos].iterator it = table.begin()
+    while it != table.end():
+        if keep.count(deref(it).first):
+            inc(it)
+        else:
+            it = table.erase(it)
+
+
 cdef void keep_only(unordered_map[int32_t, int64_t]* table, unordered_set[int32_t]* keep):
     cdef unordered_map[int32_t, int64_t].iterator it = table.begin()
     while it != table.end():
@@ -224,6 +250,7 @@ cdef class Screen:
     cdef vector[vector[int64_t]] dense  # offset - lo -> index, -1 absent (if compact)
     cdef dict kids  # key -> key index (Python equality, as the checker's dicts)
     cdef unordered_map[int64_t, int32_t] pids  # process -> process index
+    cdef vector[int64_t] processes  # process index -> process
     cdef vector[int64_t] open_at  # per process index: position of its open invoke, or -1
     cdef vector[cbool] dead  # per process index: completed an info op
     cdef list open_ops  # per process index: its open invoke's op dict
@@ -240,6 +267,19 @@ cdef class Screen:
     # that point against completion order; ww chain edges as (from, to) record indices.
     cdef vector[pair[int64_t, int64_t]] spans
     cdef vector[pair[int32_t, int32_t]] chains
+    # What the explaining passes (`explain`) need of each key's version order, as
+    # `VersionOrder` keeps it: values in the order first seen (`voff`), offsets holding
+    # several values and those values (`conflicts`), values at several offsets and the
+    # offsets (`multi`), and the keys in the order their version orders began.
+    cdef vector[vector[int64_t]] vorder
+    cdef vector[vector[int64_t]] conf_offs
+    cdef vector[unordered_map[int64_t, vector[int64_t]]] conf_vals
+    cdef vector[vector[int64_t]] multi_vals
+    cdef vector[unordered_map[int64_t, vector[int64_t]]] multi_offs
+    cdef vector[int32_t] order_keys
+    cdef dict counts  # anomaly name -> cases (explain)
+    cdef dict exs  # anomaly name -> the first max_ex cases' raw fields
+    cdef int64_t max_ex
 
     def __cinit__(self):
         self.kids = {}
@@ -268,6 +308,11 @@ cdef class Screen:
             self.keys.push_back(KeyState(False, False, False, 0))
             self.vals.push_back(ValMap())
             self.logs.push_back(LogMap())
+            self.vorder.push_back(vector[int64_t]())
+            self.conf_offs.push_back(vector[int64_t]())
+            self.conf_vals.push_back(unordered_map[int64_t, vector[int64_t]]())
+            self.multi_vals.push_back(vector[int64_t]())
+            self.multi_offs.push_back(unordered_map[int64_t, vector[int64_t]]())
         return <int32_t>k
 
     cdef int32_t pid(self, int64_t process):
@@ -277,6 +322,7 @@ cdef class Screen:
             return deref(it).second
         p = <int32_t>self.open_at.size()
         self.pids[process] = p
+        self.processes.push_back(process)
         self.open_at.push_back(-1)
         self.dead.push_back(False)
         self.open_ops.append(None)
@@ -366,11 +412,14 @@ cdef class Screen:
         return self.add_reads(merged)
 
     cdef int add_record(self, int8_t f, int8_t kind, int64_t pos, int64_t inv, int32_t pid,
-                        object value, object wm, cbool with_reads) except -1:
+                        object value, object wm, cbool with_reads, cbool idem=False,
+                        int64_t index=NONE) except -1:
         cdef Rec r
         cdef WM w
         r.pos = pos
         r.inv = inv
+        r.index = pos if index == NONE else index
+        r.idem = idem
         r.pid = pid
         r.kind = kind
         r.f = f
@@ -388,11 +437,16 @@ cdef class Screen:
                 for k, marks in (<dict>wm).items():
                     if not PyDict_CheckExact(marks):
                         continue
+                    # The checker reads `high` as an exact int (type is int) in one pass
+                    # and as any int (bools too) in another: only exact ints or none here.
                     high = (<dict>marks).get("high")
-                    if not PyLong_CheckExact(high):
-                        continue
+                    low = (<dict>marks).get("low")
+                    if ((high is not None and not PyLong_CheckExact(high))
+                            or (low is not None and not PyLong_CheckExact(low))):
+                        raise GiveUp()
                     w.key = self.kid(k)
-                    w.high = as_int(high)
+                    w.high = NONE if high is None else as_int(high)
+                    w.low = NONE if low is None else as_int(low)
                     self.wms.push_back(w)
         elif PyList_CheckExact(value):
             r.assign_list = True
@@ -495,12 +549,15 @@ cdef class Screen:
                 continue
             if fc == F_SUBSCRIBE:
                 self.saw_subscribe = True
+            idem = False
             if fc <= F_TXN:
                 producer = op.get(self.k_producer)
-                if producer and not PyDict_CheckExact(producer):
-                    raise GiveUp()
+                if producer:
+                    if not PyDict_CheckExact(producer):
+                        raise GiveUp()
+                    idem = bool((<dict>producer).get("idempotent"))
             self.add_record(fc, kind, pos, inv_pos, p, op.get(self.k_value),
-                            op.get(self.k_watermarks) if fc <= F_TXN else None, True)
+                            op.get(self.k_watermarks) if fc <= F_TXN else None, True, idem)
             pos += 1
         self.pos = pos
 
@@ -523,7 +580,8 @@ cdef class Screen:
                 self.saw_subscribe = True
             if fc < 0 or fc > F_TXN:
                 continue
-            self.add_record(fc, INFO, end, self.open_at[p], p, inv_op.get(self.k_value), None, False)
+            self.add_record(fc, INFO, end, self.open_at[p], p, inv_op.get(self.k_value), None, False,
+                            False, as_int(inv_op.get(self.k_index)))
             end += 1
         for p in range(<int32_t>self.open_at.size()):
             self.open_at[p] = -1
@@ -537,25 +595,65 @@ cdef class Screen:
         cdef cbool made
         fresh.writer = -1
         fresh.first_off = NONE
+        fresh.min_off = NONE
+        fresh.max_off = NONE
         fresh.ok_read = False
+        fresh.multi = False
+        fresh.first_reader = -1
         return self.vals[k].get(v, fresh, &made)
 
     cdef inline void extend(self, int32_t k, int64_t o, int64_t v):
-        """`VersionOrder.extend` of one pair; a conflict or a value at two offsets is flagged."""
+        """`VersionOrder.extend` of one pair: its log (first value per offset), `voff`,
+        `conflicts` and `multi`."""
         cdef KeyState* ks = &self.keys[k]
         cdef cbool made
         cdef int64_t* at = self.logs[k].get(o, v, &made)
         cdef VInfo* vi
-        ks.has_order = True
+        cdef vector[int64_t]* vals
+        cdef size_t j
+        if not ks.has_order:
+            ks.has_order = True
+            self.order_keys.push_back(k)
         if not made:
-            if at[0] != v:
-                ks.conflict = True
-            return
+            if at[0] == v:
+                return
+            if not ks.conflict or self.conf_vals[k].count(o) == 0:
+                self.conf_offs[k].push_back(o)
+                vals = &self.conf_vals[k][o]
+                vals.push_back(at[0])
+                vals.push_back(v)
+            else:
+                vals = &self.conf_vals[k][o]
+                for j in range(vals.size()):
+                    if deref(vals)[j] == v:
+                        break
+                else:
+                    vals.push_back(v)
+            ks.conflict = True
         vi = self.vinfo(k, v)
         if vi.first_off == NONE:
             vi.first_off = o
+            vi.min_off = o
+            vi.max_off = o
+            self.vorder[k].push_back(v)
         elif vi.first_off != o:
             ks.multi = True
+            vals = &self.multi_offs[k][v]
+            if not vi.multi:
+                vi.multi = True
+                self.multi_vals[k].push_back(v)
+                vals.push_back(vi.first_off)
+                vals.push_back(o)
+            else:
+                for j in range(vals.size()):
+                    if deref(vals)[j] == o:
+                        break
+                else:
+                    vals.push_back(o)
+            if o < vi.min_off:
+                vi.min_off = o
+            if o > vi.max_off:
+                vi.max_off = o
 
     cdef void seal(self, int32_t k):
         cdef vector[int64_t]* offs = &self.offsets[k]
@@ -594,7 +692,7 @@ cdef class Screen:
         cdef VInfo* vi = self.vals[k].find(v)
         if vi == NULL or vi.first_off == NONE:
             return NONE
-        return self.index_of_offset(k, vi.first_off)
+        return self.index_of_offset(k, vi.min_off)
 
     def finish(self, cbool ww_deps=True, cbool prefix=False):
         """The checker's stats if no pass of it would record an anomaly, else that pass's name.
@@ -999,6 +1097,704 @@ cdef class Screen:
             # every per-process regression is also a real-time one.
             for i in range(r.w0, r.w1):
                 k = self.wms[i].key
+                if self.wms[i].high == NONE:
+                    continue
                 if below_earlier_max(&hw_pos[k], &hw_top[k], r.pos, r.inv, self.wms[i].high):
                     return "hw-regression"
         return None
+
+    # -- the explaining passes: every case, for histories with anomalies ------------------
+    #
+    # `explain` runs the checker's passes (`QueueAnalysis._index`, `_order_checks`,
+    # `_lost_and_unseen`, `_op_checks`, `_truncation_checks` and the start of
+    # `cycles._cyclic_core`) to the end, counting every case of every anomaly and keeping
+    # the raw fields (record indices, key ids, values, offsets) of the first `max_ex` of
+    # each, in the checker's order. `checkers.queue.native` builds the cases' text from
+    # them with the checker's own case builders, and the cycles with its own code.
+    # tests/checkers/test_queue_native.py holds the results to the checker's, byte for byte.
+
+    cdef void reset_derived(self):
+        """Forget what `finish` derived, keep what `feed` read."""
+        cdef int64_t k, ri
+        for k in range(<int64_t>self.keys.size()):
+            self.keys[k] = KeyState(False, False, False, 0)
+            self.vals[k] = ValMap()
+            self.logs[k] = LogMap()
+            self.vorder[k].clear()
+            self.conf_offs[k].clear()
+            self.conf_vals[k].clear()
+            self.multi_vals[k].clear()
+            self.multi_offs[k].clear()
+        self.offsets.clear()
+        self.dense.clear()
+        self.order_keys.clear()
+        self.spans.clear()
+        self.chains.clear()
+        self.n_sends = 0
+        self.n_reads = 0
+        for ri in range(<int64_t>self.recs.size()):
+            self.recs[ri].committed = self.recs[ri].kind == OK
+
+    cdef bint hit(self, object name) except -1:
+        """Count a case of `name`; True when its example is to be kept."""
+        n = self.counts.get(name, 0) + 1
+        self.counts[name] = n
+        return n <= self.max_ex
+
+    cdef int keep(self, object name, object case) except -1:
+        lst = self.exs.get(name)
+        if lst is None:
+            self.exs[name] = lst = []
+        lst.append(case)
+        return 0
+
+    cdef inline int64_t last_index(self, int32_t k, int64_t v):
+        cdef VInfo* vi = self.vals[k].find(v)
+        if vi == NULL or vi.first_off == NONE:
+            return NONE
+        return self.index_of_offset(k, vi.max_off)
+
+    def explain(self, cbool ww_deps=True, int64_t max_examples=32):
+        """Every pass of the checker over the whole history (fed and not finished as a
+        prefix): a dict of stats, case counts and the first cases' raw fields, or the
+        reason the checker must do it (a str)."""
+        cdef Rec* r
+        cdef Send* s
+        cdef Group* g
+        cdef VInfo* vi
+        cdef int64_t ri, si, gi, pi, nrec, n_keys, o, v, i, j, bound, bound_v, li
+        cdef int64_t max_offset = -1, n
+        cdef int64_t n_ok = 0, n_ok_data = 0, n_info = 0, n_fail = 0, n_nodes = 0, n_orders = 0
+        cdef int32_t k, w, prev_w
+        cdef size_t oi
+        cdef cbool any_ok, all_read, ties
+        cdef vector[pair[int64_t, int64_t]] lost  # (last index, position in voff order)
+        cdef vector[int64_t] counts_k
+        self.close()
+        if self.saw_group:
+            return "consumer-group commits or rebalances"
+        self.reset_derived()
+        self.counts = {}
+        self.exs = {}
+        self.max_ex = max_examples
+        nrec = self.recs.size()
+        n_keys = self.keys.size()
+        self.offsets.resize(n_keys)
+        self.dense.resize(n_keys)
+        # ---- _index
+        for ri in range(nrec):
+            r = &self.recs[ri]
+            if r.kind == OK:
+                n_ok += 1
+                if r.f <= F_TXN:
+                    n_ok_data += 1
+            elif r.kind == INFO:
+                n_info += 1
+            else:
+                n_fail += 1
+            self.n_sends += r.s1 - r.s0
+            for si in range(r.s0, r.s1):
+                s = &self.sends[si]
+                vi = self.vinfo(s.key, s.val)
+                if vi.writer < 0 or r.kind < self.recs[vi.writer].kind:
+                    vi.writer = <int32_t>ri
+                if r.kind == OK and s.off != NONE:
+                    self.extend(s.key, s.off, s.val)
+            for gi in range(r.g0, r.g1):
+                g = &self.groups[gi]
+                self.n_reads += g.p1 - g.p0
+                for pi in range(g.p0, g.p1):
+                    self.extend(g.key, self.poffs[pi], self.pvals[pi])
+                    if r.kind == OK:
+                        vi = self.vinfo(g.key, self.pvals[pi])
+                        vi.ok_read = True
+                        if vi.first_reader < 0:
+                            vi.first_reader = <int32_t>ri
+        if n_ok_data == 0:
+            return "nothing checked"
+        for ri in range(nrec):
+            r = &self.recs[ri]
+            if r.kind != INFO or r.s0 == r.s1:
+                continue
+            for si in range(r.s0, r.s1):
+                s = &self.sends[si]
+                vi = self.vinfo(s.key, s.val)
+                if vi.ok_read and vi.writer == ri:
+                    r.committed = True
+                    break
+            if r.committed:
+                for si in range(r.s0, r.s1):
+                    s = &self.sends[si]
+                    if s.off != NONE:
+                        self.extend(s.key, s.off, s.val)
+        for oi in range(self.order_keys.size()):
+            k = self.order_keys[oi]
+            n_orders += 1
+            self.seal(k)
+            if self.offsets[k].back() > max_offset:
+                max_offset = self.offsets[k].back()
+        # ---- _order_checks
+        for oi in range(self.order_keys.size()):
+            k = self.order_keys[oi]
+            for j in range(<int64_t>self.conf_offs[k].size()):
+                o = self.conf_offs[k][j]
+                if self.hit("inconsistent-offsets"):
+                    values = [x for x in self.conf_vals[k][o]]
+                    writers = []
+                    for x in values:
+                        vi = self.vals[k].find(x)
+                        if vi != NULL and vi.writer >= 0:
+                            writers.append(self.recs[vi.writer].index)
+                    self.keep("inconsistent-offsets",
+                              (k, o, self.index_of_offset(k, o), values, writers))
+            for j in range(<int64_t>self.multi_vals[k].size()):
+                v = self.multi_vals[k][j]
+                w = self.vals[k].find(v).writer
+                offs = sorted([x for x in self.multi_offs[k][v]])
+                if self.hit("duplicate"):
+                    self.keep("duplicate", (k, v, offs, w))
+                if w >= 0 and self.recs[w].idem and self.hit("idempotence-duplicate"):
+                    self.keep("idempotence-duplicate", (k, v, offs, w))
+        # ---- _lost_and_unseen
+        for oi in range(self.order_keys.size()):
+            k = self.order_keys[oi]
+            any_ok = False
+            all_read = True
+            ties = False
+            bound = -1
+            bound_v = 0
+            for j in range(<int64_t>self.vorder[k].size()):
+                v = self.vorder[k][j]
+                vi = self.vals[k].find(v)
+                if vi.ok_read:
+                    any_ok = True
+                    i = self.index_of_offset(k, vi.min_off)
+                    if i > bound:
+                        bound = i
+                        bound_v = v
+                        ties = False
+                    elif i == bound:
+                        ties = True
+                else:
+                    all_read = False
+            if not any_ok or all_read or bound < 0:
+                continue
+            lost.clear()
+            for j in range(<int64_t>self.vorder[k].size()):
+                v = self.vorder[k][j]
+                vi = self.vals[k].find(v)
+                if vi.ok_read:
+                    continue
+                li = self.index_of_offset(k, vi.max_off)
+                if li > bound or vi.writer < 0 or not self.recs[vi.writer].committed:
+                    continue
+                lost.push_back(pair[int64_t, int64_t](li, j))
+            if lost.empty():
+                continue
+            if ties:
+                # Which of the values read at the bound the checker names depends on the
+                # iteration order of its set of them: its own pass says.
+                return "lost writes below a bound two values share"
+            sort(lost.begin(), lost.end())
+            reader = self.vals[k].find(bound_v).first_reader
+            for j in range(<int64_t>lost.size()):
+                if self.hit("lost-write"):
+                    li = lost[j].first
+                    v = self.vorder[k][lost[j].second]
+                    self.keep("lost-write", (k, v, li, self.offsets[k][li], bound,
+                                             self.offsets[k][bound], bound_v,
+                                             self.vals[k].find(v).writer, reader))
+        unseen = {}
+        for ri in range(nrec):
+            r = &self.recs[ri]
+            if r.kind != OK:
+                continue
+            for si in range(r.s0, r.s1):
+                s = &self.sends[si]
+                vi = self.vals[s.key].find(s.val)
+                if vi == NULL or not vi.ok_read:
+                    u = unseen.get(s.key)
+                    if u is None:
+                        unseen[s.key] = u = [0, []]
+                    u[0] += 1
+                    if len(u[1]) < 32:
+                        u[1].append((s.val, ri))
+        # ---- _op_checks, then _truncation_checks
+        garbage = []
+        suspect = self.op_cases(garbage)
+        if suspect:
+            self.truncation_cases(suspect)
+        # ---- the start of cycles._cyclic_core: graph nodes, ww chains, backward edges
+        for ri in range(nrec):
+            r = &self.recs[ri]
+            if r.f <= F_TXN and r.committed:
+                n_nodes += 1
+        if ww_deps:
+            for oi in range(self.order_keys.size()):
+                k = self.order_keys[oi]
+                prev_w = -1
+                for j in range(<int64_t>self.offsets[k].size()):
+                    v = self.logs[k].find(self.offsets[k][j])[0]
+                    vi = self.vals[k].find(v)
+                    w = -1 if vi == NULL else vi.writer
+                    if w < 0 or w == prev_w or not self.recs[w].committed:
+                        continue
+                    if prev_w >= 0:
+                        self.chains.push_back(pair[int32_t, int32_t](prev_w, w))
+                        if prev_w > w:
+                            self.spans.push_back(pair[int64_t, int64_t](w, prev_w))
+                    prev_w = w
+        return {
+            "stats": {
+                "sends": self.n_sends,
+                "reads": self.n_reads,
+                "graph_nodes": n_nodes,
+                "backward_edges": <int64_t>self.spans.size(),
+                "cyclic_nodes": 0,
+                "ops": nrec,
+                "ok": n_ok,
+                "info": n_info,
+                "fail": n_fail,
+                "keys": n_orders,
+                "max_offset": max_offset,
+            },
+            "counts": self.counts,
+            "examples": self.exs,
+            "unseen": unseen,
+            "garbage": garbage,
+        }
+
+    cdef object op_cases(self, list garbage):
+        """`QueueAnalysis._op_checks`, every case; returns the suspect keys (a set of key
+        ids: a gap inside a poll, or a conflicting offset) for `truncation_cases`.
+        Reads of values nobody completed a send of go to `garbage` (the caller checks
+        them against the invoked sends)."""
+        cdef Rec* r
+        cdef Send* s
+        cdef Group* g
+        cdef VInfo* vi
+        cdef Pos last
+        cdef Pos cur
+        cdef int64_t ri, si, gi, pi, nrec = self.recs.size(), n_pids = self.open_at.size()
+        cdef int64_t n_keys = self.keys.size(), i, j, bi, bv, prev_i, prev_v, first_i, delta
+        cdef int64_t o, v, high
+        cdef int32_t p, k, w
+        cdef cbool is_ok, committed
+        cdef vector[unordered_map[int32_t, Pos]] positions = \
+            vector[unordered_map[int32_t, Pos]](n_pids)
+        cdef vector[unordered_map[int32_t, Pos]] last_sends = \
+            vector[unordered_map[int32_t, Pos]](n_pids)
+        cdef vector[unordered_map[int32_t, pair[int64_t, int32_t]]] hw_seen = \
+            vector[unordered_map[int32_t, pair[int64_t, int32_t]]](n_pids)
+        cdef vector[vector[int64_t]] send_pos = vector[vector[int64_t]](n_keys)
+        cdef vector[vector[int64_t]] send_top = vector[vector[int64_t]](n_keys)
+        cdef vector[vector[int32_t]] send_rec = vector[vector[int32_t]](n_keys)
+        cdef vector[vector[int64_t]] hw_pos = vector[vector[int64_t]](n_keys)
+        cdef vector[vector[int64_t]] hw_top = vector[vector[int64_t]](n_keys)
+        cdef vector[vector[int32_t]] hw_rec = vector[vector[int32_t]](n_keys)
+        cdef unordered_map[int32_t, Pos] this_i
+        cdef vector[pair[int32_t, Pos]] firsts
+        cdef unordered_set[int32_t] keep
+        cdef unordered_map[int32_t, Pos].iterator it
+        cdef unordered_map[int32_t, pair[int64_t, int32_t]].iterator hit_
+        suspect = set()
+        for ri in range(nrec):
+            r = &self.recs[ri]
+            p = r.pid
+            if r.f >= F_ASSIGN:
+                if r.kind != FAIL and r.assign_list:
+                    keep.clear()
+                    for i in range(r.a0, r.a1):
+                        keep.insert(self.assign_keys[i])
+                    keep_only_pos(&positions[p], &keep)
+                    keep_only_pos(&last_sends[p], &keep)
+                continue
+            is_ok = r.kind == OK
+            committed = r.committed
+            # ---- reads
+            for gi in range(r.g0, r.g1):
+                g = &self.groups[gi]
+                k = g.key
+                prev_i = NONE
+                prev_v = 0
+                for pi in range(g.p0, g.p1):
+                    o = self.poffs[pi]
+                    v = self.pvals[pi]
+                    vi = self.vals[k].find(v)
+                    w = -1 if vi == NULL else vi.writer
+                    if w < 0:
+                        garbage.append((ri, k, o, v))
+                    elif w == ri:
+                        if self.hit("precommitted-read"):
+                            self.keep("precommitted-read", (ri, k, o, v))
+                    elif is_ok and self.recs[w].kind == FAIL:
+                        if self.hit("G1a"):
+                            self.keep("G1a", (ri, w, k, o, v))
+                    elif self.recs[w].pos > r.pos and self.recs[w].committed and committed:
+                        self.spans.push_back(pair[int64_t, int64_t](ri, w))
+                    i = self.index_of_offset(k, o)
+                    if prev_i != NONE and i != NONE:
+                        delta = i - prev_i
+                        if delta > 1:
+                            suspect.add(k)
+                            if self.hit("int-poll-skip"):
+                                self.keep("int-poll-skip", (ri, ri, k, prev_v, v, prev_i, i))
+                        elif delta < 1:
+                            if self.hit("int-nonmonotonic-poll"):
+                                self.keep("int-nonmonotonic-poll", (ri, ri, k, prev_v, v, delta))
+                    prev_i = i
+                    prev_v = v
+                first_i = self.index_of_offset(k, self.poffs[g.p0])
+                it = positions[p].find(k)
+                if it != positions[p].end():
+                    last = deref(it).second
+                    if last.i != NONE and first_i != NONE:
+                        delta = first_i - last.i
+                        if delta > 1:
+                            if self.hit("poll-skip"):
+                                self.keep("poll-skip", (last.ri, ri, k, last.v,
+                                                        self.pvals[g.p0], last.i, first_i))
+                        elif delta < 1:
+                            if self.hit("nonmonotonic-poll"):
+                                self.keep("nonmonotonic-poll", (last.ri, ri, k, last.v,
+                                                                self.pvals[g.p0], delta))
+                if is_ok:
+                    cur.i = prev_i
+                    cur.v = prev_v
+                    cur.ri = <int32_t>ri
+                    positions[p][k] = cur
+            # ---- sends
+            if r.s1 - r.s0 == 1 and committed:
+                s = &self.sends[r.s0]
+                k = s.key
+                i = NONE
+                if self.keys[k].has_order:
+                    if s.off != NONE:
+                        i = self.index_of_offset(k, s.off)
+                    if i == NONE:
+                        i = self.first_index(k, s.val)
+                it = last_sends[p].find(k)
+                if it != last_sends[p].end():
+                    last = deref(it).second
+                    if last.i != NONE and i != NONE and i - last.i < 1:
+                        if self.hit("nonmonotonic-send"):
+                            self.keep("nonmonotonic-send", (last.ri, ri, k, last.v, s.val,
+                                                            i - last.i))
+                cur.i = i
+                cur.v = s.val
+                cur.ri = <int32_t>ri
+                last_sends[p][k] = cur
+            elif r.s1 > r.s0:
+                this_i.clear()
+                firsts.clear()
+                for si in range(r.s0, r.s1):
+                    s = &self.sends[si]
+                    k = s.key
+                    if not self.keys[k].has_order:
+                        i = NONE
+                    elif committed and s.off != NONE:
+                        i = self.index_of_offset(k, s.off)
+                    else:
+                        i = self.first_index(k, s.val)
+                    cur.i = i
+                    cur.v = s.val
+                    cur.ri = <int32_t>ri
+                    it = this_i.find(k)
+                    if it == this_i.end():
+                        firsts.push_back(pair[int32_t, Pos](k, cur))
+                    else:
+                        bi = deref(it).second.i
+                        bv = deref(it).second.v
+                        if bi != NONE and i != NONE:
+                            delta = i - bi
+                            if delta > 1:
+                                if self.hit("int-send-skip"):
+                                    self.keep("int-send-skip", (ri, ri, k, bv, s.val, bi, i))
+                            elif delta < 1:
+                                if self.hit("int-nonmonotonic-send"):
+                                    self.keep("int-nonmonotonic-send",
+                                              (ri, ri, k, bv, s.val, delta))
+                    this_i[k] = cur
+                if committed:
+                    for j in range(<int64_t>firsts.size()):
+                        k = firsts[j].first
+                        i = firsts[j].second.i
+                        it = last_sends[p].find(k)
+                        if it != last_sends[p].end():
+                            last = deref(it).second
+                            if last.i != NONE and i != NONE and i - last.i < 1:
+                                if self.hit("nonmonotonic-send"):
+                                    self.keep("nonmonotonic-send",
+                                              (last.ri, ri, k, last.v, firsts[j].second.v,
+                                               i - last.i))
+                        last_sends[p][k] = this_i[k]
+            if not is_ok:
+                continue
+            # ---- realtime send order
+            for si in range(r.s0, r.s1):
+                s = &self.sends[si]
+                if s.off == NONE:
+                    continue
+                k = s.key
+                if send_top[k].empty() or s.off > send_top[k].back():
+                    send_pos[k].push_back(r.pos)
+                    send_top[k].push_back(s.off)
+                    send_rec[k].push_back(<int32_t>ri)
+                elif send_top[k].back() > s.off:
+                    j = (lower_bound(send_pos[k].begin(), send_pos[k].end(), r.inv)
+                         - send_pos[k].begin()) - 1
+                    if j >= 0 and send_top[k][j] > s.off:
+                        if self.hit("realtime-send-order"):
+                            self.keep("realtime-send-order", (send_rec[k][j], send_top[k][j], ri,
+                                                              k, s.off, s.val))
+            # ---- watermarks
+            for i in range(r.w0, r.w1):
+                high = self.wms[i].high
+                if high == NONE:
+                    continue
+                k = self.wms[i].key
+                hit_ = hw_seen[p].find(k)
+                if hit_ != hw_seen[p].end() and high < deref(hit_).second.first:
+                    if self.hit("hw-regression"):
+                        self.keep("hw-regression", (deref(hit_).second.second,
+                                                    deref(hit_).second.first, ri, k, high))
+                hw_seen[p][k] = pair[int64_t, int32_t](high, <int32_t>ri)
+                if hw_top[k].empty() or high > hw_top[k].back():
+                    hw_pos[k].push_back(r.pos)
+                    hw_top[k].push_back(high)
+                    hw_rec[k].push_back(<int32_t>ri)
+                elif hw_top[k].back() > high:
+                    j = (lower_bound(hw_pos[k].begin(), hw_pos[k].end(), r.inv)
+                         - hw_pos[k].begin()) - 1
+                    if j >= 0 and hw_top[k][j] > high:
+                        if self.hit("hw-regression-realtime"):
+                            self.keep("hw-regression-realtime", (hw_rec[k][j], hw_top[k][j],
+                                                                 ri, k, high))
+        for k in range(<int32_t>n_keys):
+            if self.keys[k].conflict:
+                suspect.add(k)
+        return suspect
+
+    cdef int truncation_cases(self, set suspect) except -1:
+        """`QueueAnalysis._truncation_checks` over the suspect keys."""
+        cdef Rec* r
+        cdef Group* g
+        cdef Send* s
+        cdef Committed c
+        cdef int64_t ri, gi, pi, si, wi, nrec = self.recs.size(), n_keys = self.keys.size()
+        cdef int64_t o, v, lo, prev_o, high, lw
+        cdef int32_t k
+        cdef vector[cbool] is_suspect = vector[cbool](n_keys, False)
+        cdef vector[cmap[int64_t, Committed]] cm = vector[cmap[int64_t, Committed]](n_keys)
+        cdef vector[int64_t] low = vector[int64_t](n_keys, -1)
+        cdef cmap[int64_t, Committed].iterator it
+        for x in suspect:
+            is_suspect[<int32_t>x] = True
+        for ri in range(nrec):
+            r = &self.recs[ri]
+            if r.kind != OK or r.f > F_TXN:
+                continue
+            for gi in range(r.g0, r.g1):
+                g = &self.groups[gi]
+                k = g.key
+                if not is_suspect[k] or cm[k].empty():
+                    continue
+                lo = low[k]
+                prev_o = NONE
+                for pi in range(g.p0, g.p1):
+                    o = self.poffs[pi]
+                    v = self.pvals[pi]
+                    it = cm[k].find(o)
+                    if it != cm[k].end():
+                        c = deref(it).second
+                        if c.pos < r.inv and c.v != v and o >= lo:
+                            if self.hit("committed-truncation"):
+                                self.keep("committed-truncation", (False, c.ri, k, o, c.v, ri, v))
+                    if prev_o != NONE and o > prev_o + 1:
+                        it = cm[k].lower_bound(prev_o + 1)
+                        while it != cm[k].end() and deref(it).first < o:
+                            c = deref(it).second
+                            if c.pos < r.inv and deref(it).first >= lo:
+                                if self.hit("committed-truncation"):
+                                    self.keep("committed-truncation",
+                                              (True, c.ri, k, deref(it).first, c.v, ri,
+                                               prev_o, o))
+                            inc(it)
+                    prev_o = o
+            for wi in range(r.w0, r.w1):
+                k = self.wms[wi].key
+                if not is_suspect[k]:
+                    continue
+                lw = self.wms[wi].low
+                if lw != NONE and lw > low[k]:
+                    low[k] = lw
+                high = self.wms[wi].high
+                if high == NONE:
+                    continue
+                c.pos = r.pos
+                c.ri = <int32_t>ri
+                for gi in range(r.g0, r.g1):
+                    g = &self.groups[gi]
+                    if g.key != k:
+                        continue
+                    for pi in range(g.p0, g.p1):
+                        o = self.poffs[pi]
+                        if o < high and cm[k].count(o) == 0:
+                            c.v = self.pvals[pi]
+                            cm[k][o] = c
+                for si in range(r.s0, r.s1):
+                    s = &self.sends[si]
+                    if s.key == k and s.off != NONE and s.off < high and cm[k].count(s.off) == 0:
+                        c.v = s.val
+                        cm[k][s.off] = c
+        return 0
+
+    # -- what `checkers.queue.native` reads after `explain` -------------------------------
+
+    def key_ids(self):
+        """key -> key id."""
+        return self.kids
+
+    def record(self, int64_t ri):
+        """(f, kind, pos, index, inv, process, committed, idem, sends, reads) of a record:
+        sends as [(key id, offset or None, value)], reads as [(key id, [[o, v], ...])]."""
+        cdef Rec* r = &self.recs[ri]
+        cdef Send* s
+        cdef Group* g
+        cdef int64_t si, gi, pi
+        sends = []
+        for si in range(r.s0, r.s1):
+            s = &self.sends[si]
+            sends.append((s.key, None if s.off == NONE else s.off, s.val))
+        reads = []
+        for gi in range(r.g0, r.g1):
+            g = &self.groups[gi]
+            reads.append((g.key, [[self.poffs[pi], self.pvals[pi]] for pi in range(g.p0, g.p1)]))
+        return (("send", "poll", "txn", "assign", "subscribe")[r.f], r.kind, r.pos, r.index,
+                r.inv, self.processes[r.pid], r.committed, r.idem, sends, reads)
+
+    def writer_of(self, int32_t k, int64_t v):
+        """The record index of the writer of (key id, value), -1 if none."""
+        cdef VInfo* vi = self.vals[k].find(v)
+        return -1 if vi == NULL else vi.writer
+
+    def order_parts(self, int32_t k):
+        """Key k's version order: (offsets, their first values, [(value, first offset)]
+        in the order first seen, {value: offsets} of values at several, {offset: values}
+        of conflicting offsets in the order found); None if it has none."""
+        cdef int64_t j, o
+        if not self.keys[k].has_order:
+            return None
+        offsets = [o for o in self.offsets[k]]
+        values = [self.logs[k].find(o)[0] for o in self.offsets[k]]
+        voff = [(v, self.vals[k].find(v).first_off) for v in self.vorder[k]]
+        multi = {v: set(self.multi_offs[k][v]) for v in self.multi_vals[k]}
+        conflicts = {}
+        for j in range(<int64_t>self.conf_offs[k].size()):
+            o = self.conf_offs[k][j]
+            conflicts[o] = [v for v in self.conf_vals[k][o]]
+        return offsets, values, voff, multi, conflicts
+
+    def chains_among(self, list alive):
+        """The ww chain edges (`explain`'s, in its order) between the records `alive`, as
+        completion positions."""
+        cdef unordered_set[int32_t] members
+        cdef size_t j
+        for ri in alive:
+            members.insert(<int32_t>ri)
+        out = []
+        for j in range(self.chains.size()):
+            if members.count(self.chains[j].first) and members.count(self.chains[j].second):
+                out.append((self.recs[self.chains[j].first].pos,
+                            self.recs[self.chains[j].second].pos))
+        return out
+
+    def region_graph(self, cbool ww_deps=True):
+        """The reduced dependency graph of `cycles._cyclic_core` over the region the
+        backward edges span: (region record indices in completion order, adjacency lists
+        with the realtime chain's virtual nodes after the region's)."""
+        cdef int64_t nrec = self.recs.size(), i, j, a, lo, hi, n_inv, n_real, best
+        cdef int32_t ri, w, k, last, v
+        cdef cbool fresh
+        cdef Rec* r
+        cdef Group* g
+        cdef VInfo* vi
+        cdef vector[int32_t] ridx = vector[int32_t](nrec, -1)
+        cdef vector[int32_t] nodes
+        cdef vector[pair[int64_t, int32_t]] invs
+        cdef vector[pair[int64_t, int64_t]] spans = self.spans
+        sort(spans.begin(), spans.end())
+        i = 0
+        while i < <int64_t>spans.size():
+            lo = spans[i].first
+            hi = spans[i].second
+            i += 1
+            while i < <int64_t>spans.size() and spans[i].first <= hi:
+                if spans[i].second > hi:
+                    hi = spans[i].second
+                i += 1
+            for a in range(lo, hi + 1):
+                r = &self.recs[a]
+                if r.f <= F_TXN and r.committed and ridx[a] < 0:
+                    ridx[a] = <int32_t>nodes.size()
+                    nodes.push_back(<int32_t>a)
+        n_real = nodes.size()
+        adj = [[] for _ in range(n_real)]
+        for j in range(<int64_t>self.chains.size()):
+            if ridx[self.chains[j].first] >= 0 and ridx[self.chains[j].second] >= 0:
+                adj[ridx[self.chains[j].first]].append(ridx[self.chains[j].second])
+        for i in range(n_real):
+            ri = nodes[i]
+            r = &self.recs[ri]
+            for j in range(r.g0, r.g1):
+                g = &self.groups[j]
+                k = g.key
+                if ww_deps and not self.keys[k].conflict:
+                    best = g.p0  # the highest (offset, value) pair read, as max(pairs)
+                    for a in range(g.p0 + 1, g.p1):
+                        if (self.poffs[a] > self.poffs[best] or (self.poffs[a] == self.poffs[best]
+                                and self.pvals[a] > self.pvals[best])):
+                            best = a
+                    vi = self.vals[k].find(self.pvals[best])
+                    if vi != NULL and vi.writer >= 0 and vi.writer != ri:
+                        w = vi.writer
+                        if self.recs[w].committed:
+                            if ridx[w] >= 0:
+                                adj[ridx[w]].append(i)
+                            continue
+                for a in range(g.p0, g.p1):
+                    vi = self.vals[k].find(self.pvals[a])
+                    if vi == NULL or vi.writer < 0 or vi.writer == ri:
+                        continue
+                    w = vi.writer
+                    if self.recs[w].committed and ridx[w] >= 0:
+                        adj[ridx[w]].append(i)
+        for i in range(n_real):
+            if self.recs[nodes[i]].inv >= 0:
+                invs.push_back(pair[int64_t, int32_t](self.recs[nodes[i]].inv, <int32_t>i))
+        sort(invs.begin(), invs.end())
+        n_inv = invs.size()
+        j = 0
+        last = -1
+        fresh = False
+        for i in range(n_real):
+            r = &self.recs[nodes[i]]
+            while j < n_inv and invs[j].first < r.pos:
+                if last >= 0:
+                    adj[last].append(invs[j].second)
+                    fresh = True
+                j += 1
+            if r.kind == OK:
+                if last < 0 or fresh:
+                    v = len(adj)
+                    adj.append([])
+                    if last >= 0:
+                        adj[last].append(v)
+                    last = v
+                    fresh = False
+                adj[i].append(last)
+        if last >= 0:
+            while j < n_inv:
+                adj[last].append(invs[j].second)
+                j += 1
+        return [x for x in nodes], adj

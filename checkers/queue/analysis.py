@@ -204,43 +204,17 @@ class QueueAnalysis(CaseBuilders):
             ws = self.writer.get(k, {})
             for o, values in vo.conflicts.items():
                 if an.hit("inconsistent-offsets"):
+                    writers = [ws[v].index for v in values if v in ws]
                     an.example(
                         "inconsistent-offsets",
-                        {
-                            "key": k,
-                            "offset": o,
-                            "index": vo.oidx[o],
-                            "values": values,
-                            "writers": [ws[v].index for v in values if v in ws],
-                            "explanation": f"offset {o} of key {_fmt(k)} holds "
-                            f"{len(values)} different values {values}: clients were told "
-                            "different records live at the same position of the log",
-                        },
+                        self._inconsistent(k, o, vo.oidx[o], values, writers),
                     )
             for v, offs in vo.multi.items():
                 w = ws.get(v)
-                offsets = sorted(offs)
-                case = {
-                    "key": k,
-                    "value": v,
-                    "offsets": offsets,
-                    "count": len(offsets),
-                    "writer": None if w is None else w.index,
-                    "explanation": f"value {_fmt(v)} of key {_fmt(k)} appears at "
-                    f"{len(offsets)} offsets {offsets}"
-                    + ("" if w is None else f"; it was sent once, by {w.describe()}"),
-                }
+                case = self._duplicate_case(k, v, sorted(offs), w)
                 an.add("duplicate", case)
                 if w is not None and w.idem:
-                    an.add(
-                        "idempotence-duplicate",
-                        {
-                            **case,
-                            "explanation": case["explanation"]
-                            + " from an idempotent producer session, which must "
-                            "de-duplicate retried batches",
-                        },
-                    )
+                    an.add("idempotence-duplicate", self._idem_case(case))
 
     def _lost_and_unseen(self) -> None:
         for k, vo in self.orders.items():
@@ -284,26 +258,13 @@ class QueueAnalysis(CaseBuilders):
             lost.sort(key=lambda t: t[0])
             reader = self._an_ok_reader(k, bound_v)
             for li, v, w in lost:
-                if not self.anomalies.hit("lost-write"):
-                    continue
-                self.anomalies.example(
-                    "lost-write",
-                    {
-                        "key": k,
-                        "value": v,
-                        "index": li,
-                        "offset": vo.offsets[li],
-                        "max_read_index": bound,
-                        "max_read_offset": bound_offset,
-                        "writer": w.index,
-                        "max_read": None if reader is None else reader.index,
-                        "explanation": f"{w.describe()} committed {_fmt(v)} to key "
-                        f"{_fmt(k)} at offset {vo.offsets[li]}, at or below offset "
-                        f"{bound_offset} (value {_fmt(bound_v)}) which "
-                        + ("an ok op" if reader is None else reader.describe())
-                        + f" read, yet no ok op ever read {_fmt(v)}",
-                    },
-                )
+                if self.anomalies.hit("lost-write"):
+                    self.anomalies.example(
+                        "lost-write",
+                        self._lost_write(
+                            k, v, li, vo.offsets[li], bound, bound_offset, bound_v, w, reader
+                        ),
+                    )
         # unseen: acknowledged sends no ok op read by the end.
         per_key: dict[Any, list[tuple[Any, QueueOp]]] = {}
         for rec in self.ok_senders:
@@ -312,19 +273,7 @@ class QueueAnalysis(CaseBuilders):
                 if s is None or v not in s:
                     per_key.setdefault(k, []).append((v, rec))
         for k, items in sorted(per_key.items(), key=lambda kv: str(kv[0])):
-            self.anomalies.add(
-                "unseen",
-                {
-                    "key": k,
-                    "count": len(items),
-                    "values": [v for v, _ in items[:32]],
-                    "writers": [r.index for _, r in items[:32]],
-                    "explanation": f"{len(items)} value(s) acknowledged to key {_fmt(k)} "
-                    f"were never read by an ok op by the end of the history, e.g. "
-                    f"{_fmt(items[0][0])} sent by {items[0][1].describe()}",
-                },
-                count=len(items),
-            )
+            self._unseen(k, len(items), items[:32])
 
     def _an_ok_reader(self, k: Any, v: Any) -> QueueOp | None:
         for rec in self.records:
@@ -572,21 +521,14 @@ class QueueAnalysis(CaseBuilders):
                         continue
                     c = cm.get(o)
                     if c is not None and c[1] < rec.inv and c[0] != v and o >= lo:
-                        self._truncation(c[2], k, o, c[0], rec, f"returned {_fmt(v)} there")
+                        self._truncation_replaced(c[2], k, o, c[0], rec, v)
                     if prev_o is not None and o > prev_o + 1:
                         j = bisect_left(cs, prev_o + 1)
                         while j < len(cs) and cs[j] < o:
                             mo = cs[j]
                             c = cm[mo]
                             if c[1] < rec.inv and mo >= lo:
-                                self._truncation(
-                                    c[2],
-                                    k,
-                                    mo,
-                                    c[0],
-                                    rec,
-                                    f"returned offsets {prev_o} and {o} but not {mo}",
-                                )
+                                self._truncation_gap(c[2], k, mo, c[0], rec, prev_o, o)
                             j += 1
                     prev_o = o
             wm = rec.wm
@@ -710,9 +652,9 @@ def check_queue(
     screened = None
     if screen and not eos:
         if isinstance(ops, QueueFile):
-            screened = screen_file(ops.path, ww_deps=ww_deps)
+            screened = screen_file(ops.path, ww_deps=ww_deps, max_examples=max_examples)
         elif isinstance(ops, list):
-            screened = screen_ops(ops, ww_deps=ww_deps)
+            screened = screen_ops(ops, ww_deps=ww_deps, max_examples=max_examples)
         if screened is not None and screened.stats is not None:
             if isinstance(ops, QueueFile):
                 ops.n_ops = screened.n_ops
@@ -721,6 +663,15 @@ def check_queue(
             return results_dict(
                 Anomalies(max_examples), allowed, screened.stats | {"subscribe_mode": sub}
             )
+        if screened is not None and screened.explained is not None:
+            # Anomalies, found and counted by the native core, explained by the case
+            # builders (`checkers.queue.native`): the checker's results.
+            if isinstance(ops, QueueFile):
+                ops.n_ops = screened.n_ops
+            sub = screened.saw_subscribe if subscribe is None else subscribe
+            allowed = allowed_types(subscribe=sub, allow=allow, disallow=disallow)
+            na = screened.explained
+            return results_dict(na.anomalies, allowed, na.stats | {"subscribe_mode": sub})
     if isinstance(ops, QueueFile):
         ops = ops.load()
     if isinstance(ops, QueueHistory):

@@ -165,6 +165,96 @@ class CaseBuilders:
             },
         )
 
+    def _inconsistent(
+        self, k: Any, o: int, index: int, values: list[Any], writers: list[int]
+    ) -> dict[str, Any]:
+        return {
+            "key": k,
+            "offset": o,
+            "index": index,
+            "values": values,
+            "writers": writers,
+            "explanation": f"offset {o} of key {_fmt(k)} holds "
+            f"{len(values)} different values {values}: clients were told "
+            "different records live at the same position of the log",
+        }
+
+    def _duplicate_case(
+        self, k: Any, v: Any, offsets: list[int], w: QueueOp | None
+    ) -> dict[str, Any]:
+        return {
+            "key": k,
+            "value": v,
+            "offsets": offsets,
+            "count": len(offsets),
+            "writer": None if w is None else w.index,
+            "explanation": f"value {_fmt(v)} of key {_fmt(k)} appears at "
+            f"{len(offsets)} offsets {offsets}"
+            + ("" if w is None else f"; it was sent once, by {w.describe()}"),
+        }
+
+    def _idem_case(self, case: dict[str, Any]) -> dict[str, Any]:
+        return {
+            **case,
+            "explanation": case["explanation"] + " from an idempotent producer session, which "
+            "must de-duplicate retried batches",
+        }
+
+    def _lost_write(
+        self,
+        k: Any,
+        v: Any,
+        li: int,
+        offset: int,
+        bound: int,
+        bound_offset: int,
+        bound_v: Any,
+        w: QueueOp,
+        reader: QueueOp | None,
+    ) -> dict[str, Any]:
+        return {
+            "key": k,
+            "value": v,
+            "index": li,
+            "offset": offset,
+            "max_read_index": bound,
+            "max_read_offset": bound_offset,
+            "writer": w.index,
+            "max_read": None if reader is None else reader.index,
+            "explanation": f"{w.describe()} committed {_fmt(v)} to key "
+            f"{_fmt(k)} at offset {offset}, at or below offset "
+            f"{bound_offset} (value {_fmt(bound_v)}) which "
+            + ("an ok op" if reader is None else reader.describe())
+            + f" read, yet no ok op ever read {_fmt(v)}",
+        }
+
+    def _unseen(self, k: Any, count: int, items: list[tuple[Any, QueueOp]]) -> None:
+        """`count` acknowledged values of `k` never read by an ok op; `items`: the first
+        32 (value, writer)."""
+        self.anomalies.add(
+            "unseen",
+            {
+                "key": k,
+                "count": count,
+                "values": [v for v, _ in items[:32]],
+                "writers": [r.index for _, r in items[:32]],
+                "explanation": f"{count} value(s) acknowledged to key {_fmt(k)} "
+                f"were never read by an ok op by the end of the history, e.g. "
+                f"{_fmt(items[0][0])} sent by {items[0][1].describe()}",
+            },
+            count=count,
+        )
+
+    def _truncation_replaced(
+        self, a: QueueOp, k: Any, o: int, v: Any, b: QueueOp, read: Any
+    ) -> None:
+        self._truncation(a, k, o, v, b, f"returned {_fmt(read)} there")
+
+    def _truncation_gap(
+        self, a: QueueOp, k: Any, mo: int, v: Any, b: QueueOp, prev_o: int, o: int
+    ) -> None:
+        self._truncation(a, k, mo, v, b, f"returned offsets {prev_o} and {o} but not {mo}")
+
     def _truncation(self, a: QueueOp, k: Any, o: int, v: Any, b: QueueOp, what: str) -> None:
         self.anomalies.add(
             "committed-truncation",

@@ -31,7 +31,7 @@ from isrlab.checkers.txn_graph import (
 if TYPE_CHECKING:
     from isrlab.checkers.queue.analysis import QueueAnalysis
 
-__all__ = ["cycle_anomalies", "cyclic_ops", "explain_step"]
+__all__ = ["cycle_anomalies", "cyclic_ops", "explain_cycles", "explain_step"]
 
 
 def _events(nodes: Sequence[QueueOp]) -> list[tuple[int, bool]]:
@@ -224,15 +224,25 @@ def cycle_anomalies(analysis: QueueAnalysis) -> None:
     Only the ops on some cycle (`cyclic_ops`) get their full edges and go to
     `find_cycles`, which names and explains the cycles.
     """
-    writer = analysis.writer
     alive, nodes, chains = _cyclic_core(analysis)
     if not alive:
         return
+    members = [r for r in nodes if r.pos in alive]
+    explain_cycles(analysis, members, [(a, b) for a, b in chains if a in alive and b in alive])
+
+
+def explain_cycles(
+    analysis: Any, members: list[QueueOp], chains: Sequence[tuple[int, int]]
+) -> None:
+    """The cycles among `members` (the ops on some cycle, in completion order), named and
+    explained into analysis.anomalies; `chains`: the ww chain edges between them (completion
+    positions, in the version orders' order). `analysis` gives `writer`, `orders`,
+    `anomalies` and `stats` (a `QueueAnalysis`, or the native core's view of one)."""
+    writer = analysis.writer
+    alive = {r.pos for r in members}
     full = DepGraph()
     for a, b in chains:
-        if a in alive and b in alive:
-            full.link(a, b, WW)
-    members = [r for r in nodes if r.pos in alive]
+        full.link(a, b, WW)
     last_by_process: dict[Any, QueueOp] = {}
     for rec in members:
         prior = last_by_process.get(rec.process)
@@ -258,7 +268,7 @@ def cycle_anomalies(analysis: QueueAnalysis) -> None:
         analysis.anomalies.add_all(name, cases)
 
 
-def explain_step(analysis: QueueAnalysis, a: int, b: int, kind: int) -> dict[str, Any]:
+def explain_step(analysis: Any, a: int, b: int, kind: int) -> dict[str, Any]:
     ra, rb = analysis.by_pos[a], analysis.by_pos[b]
     base: dict[str, Any] = {"from": ra.index, "to": rb.index}
     if kind == WR:

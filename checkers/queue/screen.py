@@ -26,7 +26,7 @@ is False and every history goes to the checker.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,6 +46,11 @@ else:
 __all__ = ["AVAILABLE", "ScreenResult", "screen_file", "screen_ops"]
 
 
+def _reread_all(path: Path) -> Iterable[Any]:
+    for ops, _size in parse_blocks(path):
+        yield from ops
+
+
 @dataclass(frozen=True)
 class ScreenResult:
     """`stats` when the history has no anomaly; otherwise why the checker must look."""
@@ -54,6 +59,14 @@ class ScreenResult:
     saw_subscribe: bool = False
     n_ops: int = 0
     needs_checker: str = ""
+    # With `explain`: the checker's findings, made by the native core
+    # (`checkers.queue.native.NativeAnalysis`), when the history has anomalies.
+    explained: Any = None
+
+
+# What `_run` needs to explain a history with anomalies natively: the example budget,
+# and the history's op dicts again (`checkers.queue.native.explain`).
+Explain = tuple[int, Callable[[], Iterable[Any]]]
 
 
 # What the screen finds in a prefix of a history and more ops cannot undo, so that the
@@ -79,7 +92,9 @@ PROBE_OPS = 8192  # ops screened on their own first (`_run`)
 _SLICE = 8192  # ops per feed of a list
 
 
-def _run(batches: Iterable[list[Any]], ww_deps: bool) -> ScreenResult:
+def _run(
+    batches: Iterable[list[Any]], ww_deps: bool, explain: Explain | None = None
+) -> ScreenResult:
     """Feed the screen, and answer.
 
     A history with anomalies costs the screen and then the checker. Many such histories
@@ -88,6 +103,10 @@ def _run(batches: Iterable[list[Any]], ww_deps: bool) -> ScreenResult:
     their own: if they show an anomaly in `PERSISTENT`, the whole history is sent to
     the checker at once. The probe only chooses the path; results are the checker's or
     the whole screen's either way.
+
+    With `explain`, a history with anomalies is not handed over: the whole history is
+    fed, and the native core finds and counts every case (`checkers.queue.native`);
+    only what it leaves to the checker is handed over.
     """
     if not AVAILABLE:
         return ScreenResult(None, needs_checker="the native screen is not built")
@@ -102,11 +121,19 @@ def _run(batches: Iterable[list[Any]], ww_deps: bool) -> ScreenResult:
                     if probe.pos >= PROBE_OPS:
                         early = probe.finish(ww_deps, True)
                         probe = None
-                        if isinstance(early, str) and early in PERSISTENT:
+                        if isinstance(early, str) and early in PERSISTENT and not explain:
                             return ScreenResult(
                                 None, needs_checker=f"{early} (in the first {PROBE_OPS:,} ops)"
                             )
             verdict = sc.finish(ww_deps)
+            if isinstance(verdict, str) and explain is not None and not sc.saw_group:
+                from isrlab.checkers.queue.native import explain as explain_natively
+
+                explained = explain_natively(sc, ww_deps, explain[0], explain[1])
+                if explained is not None:
+                    return ScreenResult(
+                        None, sc.saw_subscribe, sc.pos, needs_checker=verdict, explained=explained
+                    )
     except GiveUp:
         return ScreenResult(None, needs_checker="outside what the screen reads")
     except (TypeError, ValueError, KeyError, AttributeError, IndexError) as e:
@@ -117,17 +144,25 @@ def _run(batches: Iterable[list[Any]], ww_deps: bool) -> ScreenResult:
     return ScreenResult(verdict, sc.saw_subscribe, sc.pos)
 
 
-def screen_ops(ops: list[dict[str, Any]], *, ww_deps: bool = True) -> ScreenResult:
-    """Screen a history given as the spec's op dicts."""
-    return _run((ops[i : i + _SLICE] for i in range(0, len(ops), _SLICE)), ww_deps)
+def screen_ops(
+    ops: list[dict[str, Any]], *, ww_deps: bool = True, max_examples: int | None = None
+) -> ScreenResult:
+    """Screen a history given as the spec's op dicts (with `max_examples`, explain one with
+    anomalies natively)."""
+    explain = None if max_examples is None else (max_examples, lambda: ops)
+    return _run((ops[i : i + _SLICE] for i in range(0, len(ops), _SLICE)), ww_deps, explain)
 
 
-def screen_file(path: Path, *, ww_deps: bool = True) -> ScreenResult:
+def screen_file(
+    path: Path, *, ww_deps: bool = True, max_examples: int | None = None
+) -> ScreenResult:
     """Screen a history.jsonl file; any blank or malformed line sends it to the checker
-    (whose loader says what and where)."""
+    (whose loader says what and where). With `max_examples`, explain one with anomalies
+    natively."""
     if not AVAILABLE:
         return _run((), ww_deps)
+    explain = None if max_examples is None else (max_examples, lambda: _reread_all(Path(path)))
     try:
-        return _run((ops for ops, _size in parse_blocks(Path(path))), ww_deps)
+        return _run((ops for ops, _size in parse_blocks(Path(path))), ww_deps, explain)
     except (orjson.JSONDecodeError, OSError) as e:
         return ScreenResult(None, needs_checker=f"unreadable here ({e.__class__.__name__})")

@@ -646,8 +646,10 @@ def check_queue(
 
     A history given as a file or as op dicts is first screened natively
     (`checkers.queue.screen`): one with no anomaly gets its results from the screen's
-    stats, the same results the checker gives, and any other goes to the checker.
-    Checks with `eos`, and all checks with screen=False, go to the checker.
+    stats, the same results the checker gives. One with anomalies is explained by the
+    native core (`checkers.queue.native`: the checker's passes compiled, its case builders
+    and cycle code for the examples), the same results again; what that leaves, and
+    checks with `eos`, and all checks with screen=False, go to the checker.
     """
     screened = None
     if screen and not eos:

@@ -15,6 +15,9 @@ detectors. It answers one of two things:
   fast loader would not accept): `ScreenResult.needs_checker` says which, and the
   caller runs the explaining checker, which gives the verdict and its explanations.
 
+Asked to (`max_examples`), the screen also explains a history with anomalies itself
+(`ScreenResult.explained`, from `checkers.queue.native`), with the checker's results.
+
 So the screen decides nothing on its own: it may send a history to the checker for no
 reason (that costs time, never correctness), but must never call a history clean that
 the checker would flag. tests/checkers/test_queue_screen.py holds it to that on

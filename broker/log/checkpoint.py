@@ -86,12 +86,13 @@ class CheckpointFile(Generic[T]):
 
     def _write_locked(self, tmp: Path, lines: list[str]) -> None:
         try:
-            with open(tmp, "w", encoding="utf-8") as out:
-                out.write("\n".join(lines) + "\n")
-                out.flush()
-                durable.fsync_fd(out.fileno(), tmp)
-            durable.replace(tmp, self.path)
-            durable.fsync_dir(self.path.parent)
+            with durable.batched():  # one fsync of the power journal for the three records
+                with open(tmp, "w", encoding="utf-8") as out:
+                    out.write("\n".join(lines) + "\n")
+                    out.flush()
+                    durable.fsync_fd(out.fileno(), tmp)
+                durable.replace(tmp, self.path)
+                durable.fsync_dir(self.path.parent)
         except OSError as exc:
             # Never leave a .tmp behind (on a full disk it would hold the last free blocks); the
             # old checkpoint, if any, is still whole.

@@ -239,13 +239,24 @@ class Journal:
         )
 
     def record(self, record: list[Any]) -> None:
+        """Append ``record``; it is on disk when this returns, or, inside ``batched()``, when
+        the batch ends (one fsync of the journal for all the batch's records)."""
+        pending = getattr(_batch, "journals", None)
         with self._lock:
             if self._fd < 0 or not self.state.would_change(record):
                 return
             line = (json.dumps(record, separators=(",", ":")) + "\n").encode()
             os.write(self._fd, line)
-            os.fsync(self._fd)
+            if pending is None:
+                os.fsync(self._fd)
+            else:
+                pending.add(self)
             self.state.apply(record)
+
+    def sync(self) -> None:
+        with self._lock:
+            if self._fd >= 0:
+                os.fsync(self._fd)
 
     def close(self) -> None:
         with self._lock:
@@ -256,6 +267,28 @@ class Journal:
 
 _journals: dict[str, Journal] = {}
 _registry_lock = threading.Lock()
+#: per thread: the journals written inside ``batched()`` and not yet fsynced
+_batch = threading.local()
+
+
+@contextlib.contextmanager
+def batched() -> Iterator[None]:
+    """Group the journal records of several fsyncs that belong together (a segment and its
+    indexes; a checkpoint's tmp file, rename and directory) under one fsync of the journal,
+    done before the block is left: each record still follows its own successful fsync, and
+    all are on disk before the caller goes on (acknowledges, say). Nested blocks join the
+    outermost one. If the block raises, the records written so far are synced all the same."""
+    if getattr(_batch, "journals", None) is not None:
+        yield
+        return
+    pending: set[Journal] = set()
+    _batch.journals = pending
+    try:
+        yield
+    finally:
+        _batch.journals = None
+        for journal in pending:
+            journal.sync()
 
 
 def attach(log_dir: PathLike, enabled: bool = True) -> Journal | None:
@@ -404,16 +437,17 @@ def truncated(path: PathLike, size: int) -> None:
 def write_atomically(path: PathLike, data: bytes) -> None:
     """Replace ``path`` with ``data`` durably: tmp file, fsync, rename, directory fsync."""
     tmp = f"{os.fspath(path)}.tmp"
-    try:
-        with open(tmp, "wb") as out:
-            out.write(data)
-            out.flush()
-            fsync_fd(out.fileno(), tmp)
-        replace(tmp, path)
-    except OSError:
-        unlink(tmp, missing_ok=True)
-        raise
-    fsync_dir(os.path.dirname(os.path.abspath(path)))
+    with batched():
+        try:
+            with open(tmp, "wb") as out:
+                out.write(data)
+                out.flush()
+                fsync_fd(out.fileno(), tmp)
+            replace(tmp, path)
+        except OSError:
+            unlink(tmp, missing_ok=True)
+            raise
+        fsync_dir(os.path.dirname(os.path.abspath(path)))
 
 
 # -- power loss ------------------------------------------------------------------------------

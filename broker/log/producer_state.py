@@ -460,11 +460,12 @@ class ProducerStateManager:
         body["crc"] = crc32c.crc32c(raw)
         path = self.dir / f"{self.map_end_offset:020d}{SNAPSHOT_SUFFIX}"
         tmp = path.with_suffix(".tmp")
-        with open(tmp, "wb") as f:
-            f.write(json.dumps(body, sort_keys=True, separators=(",", ":")).encode())
-            f.flush()
-            durable.fsync_fd(f.fileno(), tmp)
-        durable.replace(tmp, path)
+        with durable.batched():
+            with open(tmp, "wb") as f:
+                f.write(json.dumps(body, sort_keys=True, separators=(",", ":")).encode())
+                f.flush()
+                durable.fsync_fd(f.fileno(), tmp)
+            durable.replace(tmp, path)
         self._dirty = False
         for _, old in self.snapshot_files()[:-keep]:
             durable.unlink(old, missing_ok=True)

@@ -728,10 +728,11 @@ class LogSegment:
     def flush(self) -> None:
         """fsync the ``.log`` file and its indexes."""
         try:
-            durable.fsync_fd(self._file.fileno(), self._path)
-            self.offset_index.flush()
-            self.time_index.flush()
-            self.txn_index.flush()
+            with durable.batched():
+                durable.fsync_fd(self._file.fileno(), self._path)
+                self.offset_index.flush()
+                self.time_index.flush()
+                self.txn_index.flush()
         except OSError as exc:
             raise KafkaStorageError(f"cannot flush segment {self._path}: {exc}") from exc
 

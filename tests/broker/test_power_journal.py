@@ -62,6 +62,74 @@ def test_fsync_is_recorded_after_it_succeeds_only(
     assert report.truncated == [("a", 9, 5)]
 
 
+def journal_fsyncs(root: Path, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Count the fsyncs of the journal file itself from now on."""
+    real_fsync = os.fsync
+    journal = os.stat(root / JOURNAL_NAME).st_ino
+    seen: list[int] = []
+
+    def counting(fd: int) -> None:
+        real_fsync(fd)
+        if os.fstat(fd).st_ino == journal:
+            seen.append(fd)
+
+    monkeypatch.setattr(os, "fsync", counting)
+    return seen
+
+
+def test_each_record_is_synced_before_its_call_returns(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write(root / "a", b"12345")
+    write(root / "b", b"678")
+    synced = journal_fsyncs(root, monkeypatch)
+    durable.fsync_file(root / "a")
+    assert len(synced) == 1
+    durable.fsync_file(root / "b")
+    assert len(synced) == 2
+
+
+def test_a_batch_syncs_its_records_once_before_it_ends(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("s.log", "s.index", "s.timeindex"):
+        write(root / name, b"x" * 7)
+    synced = journal_fsyncs(root, monkeypatch)
+    with durable.batched():
+        for name in ("s.log", "s.index", "s.timeindex"):
+            durable.fsync_file(root / name)
+            # written at once, after its own fsync, in order; not yet synced
+            assert records(root)[-1] == ["S", name, 7]
+        with durable.batched():  # a nested block joins the outer one
+            durable.write_atomically(root / "cp", b"1")
+        assert synced == []
+    assert len(synced) == 1
+    # a block that raises still syncs what it wrote
+    write(root / "c", b"1")
+    with pytest.raises(RuntimeError), durable.batched():
+        durable.fsync_file(root / "c")
+        raise RuntimeError("the caller failed after the fsync")
+    assert len(synced) == 2 and ["S", "c", 1] in records(root)
+    # outside a batch, each record is synced on its own again
+    durable.fsync_file(root / "s.log")
+    write(root / "s.log", b"y", "ab")
+    durable.fsync_file(root / "s.log")
+    assert len(synced) == 3
+
+
+def test_a_segment_flush_syncs_the_journal_once(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lg = Log.open(root / "t-0", LogConfig())
+    lg.append_as_leader(make_batch(3, tag=0), 0)
+    synced = journal_fsyncs(root, monkeypatch)
+    before = len(records(root))
+    lg.flush()
+    # the .log and its indexes recorded, under one fsync of the journal
+    assert len(records(root)) - before >= 2 and len(synced) == 1
+    lg.close()
+
+
 def test_a_rename_carries_the_synced_length_to_the_new_name(root: Path) -> None:
     write(root / "x.tmp", b"abc")
     durable.fsync_file(root / "x.tmp")

@@ -19,10 +19,9 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
-from kafka.protocol.consumer import FetchResponse
-
 from isrlab.broker.errors import ErrorCode
-from isrlab.broker.network.codec import FileRegion, RecordsPlaceholder, Request, encode_response
+from isrlab.broker.network.codec import FileRegion, Request
+from isrlab.broker.network.hot_responses import FetchPartition, encode_fetch_response
 from isrlab.broker.partition import ReadResult
 
 if TYPE_CHECKING:
@@ -76,50 +75,32 @@ async def handle_fetch(server: KafkaServer, request: Request) -> list[bytes | Fi
     return _encode(server, request, results)
 
 
-def _aborted(cls: Any, res: ReadResult) -> list[Any]:
-    """The aborted transactions of a read_committed partition (FetchResponse v4+)."""
-    Aborted = cls.FetchableTopicResponse.PartitionData.AbortedTransaction
-    return [
-        Aborted(producer_id=pid, first_offset=first)
-        for pid, first in (res.aborted_transactions or [])
-    ]
-
-
 def _encode(
     server: KafkaServer, request: Request, results: list[tuple[str, list[tuple[int, ReadResult]]]]
 ) -> list[bytes | FileRegion]:
-    v = request.api_version
-    cls = FetchResponse[v]
     threshold = server.config["zero.copy.threshold.bytes"]
-    placeholders: list[RecordsPlaceholder] = []
     read_committed = getattr(request.body, "isolation_level", 0) == 1
-    topics = []
+    topics: list[tuple[str, list[FetchPartition]]] = []
     for topic, parts in results:
-        partitions = []
+        partitions: list[FetchPartition] = []
         for index, res in parts:
-            records: bytes | bytearray | None = b""
+            records: bytes | list[FileRegion] = b""
             data = res.data
             if data is not None and data.size > 0:
                 if data.size >= threshold > 0:
-                    ph = RecordsPlaceholder(
-                        [FileRegion(r.file, r.position, r.size) for r in data.regions]
-                    )
-                    placeholders.append(ph)
-                    records = ph.buffer()
+                    records = [FileRegion(r.file, r.position, r.size) for r in data.regions]
                 else:
                     records = data.read_bytes()
             partitions.append(
-                cls.FetchableTopicResponse.PartitionData(
-                    partition_index=index,
-                    error_code=int(res.error),
-                    high_watermark=res.high_watermark,
-                    last_stable_offset=res.last_stable_offset,
-                    log_start_offset=res.log_start_offset,
-                    aborted_transactions=_aborted(cls, res) if read_committed else None,
-                    preferred_read_replica=-1,
-                    records=records,
+                (
+                    index,
+                    int(res.error),
+                    res.high_watermark,
+                    res.last_stable_offset,
+                    res.log_start_offset,
+                    (res.aborted_transactions or []) if read_committed else None,
+                    records,
                 )
             )
-        topics.append(cls.FetchableTopicResponse(topic=topic, partitions=partitions))
-    resp = cls(throttle_time_ms=0, error_code=0, session_id=0, responses=topics)
-    return encode_response(resp, v, request.correlation_id, placeholders)
+        topics.append((topic, partitions))
+    return encode_fetch_response(request.api_version, request.correlation_id, topics)

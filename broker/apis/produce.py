@@ -14,15 +14,14 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
-from kafka.protocol.producer import ProduceResponse
-
 from isrlab.broker.apis.txn import (
     guard_holds,
     transactional_producer,
     verify_transactional_produce,
 )
 from isrlab.broker.errors import ErrorCode
-from isrlab.broker.network.codec import FileRegion, Request, encode_response
+from isrlab.broker.network.codec import FileRegion, Request
+from isrlab.broker.network.hot_responses import encode_produce_response
 from isrlab.broker.partition import AppendResult
 from isrlab.broker.rate_limited_log import RateLimitedLog
 from isrlab.broker.replication import valid_acks
@@ -120,27 +119,24 @@ async def _produce_one(
 def _encode(
     request: Request, results: list[tuple[str, list[tuple[int, AppendResult]]]]
 ) -> list[bytes | FileRegion]:
-    v = request.api_version
-    cls = ProduceResponse[v]
-    T = cls.TopicProduceResponse
-    P = T.PartitionProduceResponse
-    topics = []
-    for name, parts in results:
-        prs = []
-        for index, r in parts:
-            prs.append(
-                P(
-                    index=index,
-                    error_code=int(r.error),
-                    base_offset=r.base_offset,
-                    log_append_time_ms=-1,
-                    log_start_offset=r.log_start_offset,
-                    record_errors=[
-                        P.BatchIndexAndErrorMessage(batch_index=i, batch_index_error_message=m)
-                        for i, m in r.record_errors
-                    ],
-                    error_message=r.message if r.error != ErrorCode.NONE else None,
-                )
+    return encode_produce_response(
+        request.api_version,
+        request.correlation_id,
+        [
+            (
+                name,
+                [
+                    (
+                        index,
+                        int(r.error),
+                        r.base_offset,
+                        r.log_start_offset,
+                        r.record_errors,
+                        r.message if r.error != ErrorCode.NONE else None,
+                    )
+                    for index, r in parts
+                ],
             )
-        topics.append(T(name=name, partition_responses=prs))
-    return encode_response(cls(responses=topics, throttle_time_ms=0), v, request.correlation_id)
+            for name, parts in results
+        ],
+    )

@@ -138,7 +138,48 @@ def peek_header(frame: bytes | memoryview) -> tuple[int, int, int]:
 
 
 def decode_request(frame: bytes | memoryview) -> Request:
-    """Decode one request frame (without its 4-byte size prefix)."""
+    """Decode one request frame (without its 4-byte size prefix).
+
+    The fast path of every API: the request header is read here (api key, version,
+    correlation id, client id and, in a flexible header, its tagged fields, which no request
+    header defines and which are skipped), the body by kafka-python's own compiled decoder
+    for the version, and the schema's null rules by a plan compiled per version
+    (`_null_plan`). `decode_request_reference` is the same through kafka-python's
+    `Request[v].decode(header=True)`; tests/broker/test_codec_fast.py holds the two equal on
+    every advertised version."""
+    api_key, api_version, correlation_id = peek_header(frame)
+    entry = SUPPORTED.get(api_key)
+    if entry is None:
+        raise FrameError(f"unknown api key {api_key}")
+    cls, lo, hi = entry
+    if not lo <= api_version <= hi:
+        raise UnsupportedVersion(api_key, api_version, correlation_id)
+    decode, plan = _body_decoder(api_key, api_version)
+    try:
+        data = frame if isinstance(frame, memoryview) else memoryview(frame)
+        (n,) = _INT16.unpack_from(data, 8)
+        pos = 10
+        if n < 0:
+            client_id = None
+        else:
+            if pos + n > len(data):
+                raise ValueError("client id past the end of the frame")
+            client_id = str(data[pos : pos + n], "utf-8")
+            pos += n
+        if plan.flexible:
+            pos = _skip_tagged_fields(data, pos)
+        body, _ = decode(data, pos)
+    except Exception as e:  # the codec raises a variety of errors on malformed input
+        raise FrameError(f"malformed {cls.__name__} v{api_version}: {e!r}") from None
+    problem = _null_check(plan.fields, body)
+    if problem is not None:
+        raise FrameError(f"malformed {cls.__name__} v{api_version}: {problem}")
+    return Request(api_key, api_version, correlation_id, client_id, body, len(frame))
+
+
+def decode_request_reference(frame: bytes | memoryview) -> Request:
+    """`decode_request` through kafka-python's generic path (header object, BytesIO) and
+    the schema walk of `null_violation`: the reference the fast path is tested against."""
     api_key, api_version, correlation_id = peek_header(frame)
     entry = SUPPORTED.get(api_key)
     if entry is None:
@@ -157,6 +198,84 @@ def decode_request(frame: bytes | memoryview) -> Request:
     return Request(
         api_key, api_version, correlation_id, getattr(header, "client_id", None), body, len(frame)
     )
+
+
+_INT16 = struct.Struct(">h")
+
+
+def _uvarint(data: memoryview, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        b = data[pos]
+        pos += 1
+        value |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return value, pos
+        shift += 7
+        if shift > 28:
+            raise ValueError("varint longer than 5 bytes")
+
+
+def _skip_tagged_fields(data: memoryview, pos: int) -> int:
+    count, pos = _uvarint(data, pos)
+    for _ in range(count):
+        _tag, pos = _uvarint(data, pos)
+        size, pos = _uvarint(data, pos)
+        pos += size
+        if pos > len(data):
+            raise ValueError("tagged field past the end of the frame")
+    return pos
+
+
+@dataclass(frozen=True)
+class _NullPlan:
+    flexible: bool
+    #: (attribute, schema name, null refused in this version, plan of its items or ())
+    fields: tuple[tuple[str, str, bool, tuple[Any, ...]], ...]
+
+
+def _null_plan(schema: dict[str, Any], version: int) -> tuple[tuple[str, str, bool, Any], ...]:
+    """`null_violation`'s walk of ``schema`` for one version, compiled: only the fields that
+    can be null on the wire or hold such fields, each with whether null is refused."""
+    out = []
+    for f in schema.get("fields", ()):
+        if not _in_versions(f.get("versions"), version) or "taggedVersions" in f:
+            continue
+        nullable_type = f["type"].startswith("[]") or f["type"] in _NULLABLE_TYPES
+        refused = nullable_type and not _in_versions(f.get("nullableVersions"), version)
+        sub = _null_plan(f, version) if "fields" in f else ()
+        if nullable_type or sub:
+            out.append((_attr_name(f["name"]), f["name"], refused, sub))
+    return tuple(out)
+
+
+def _null_check(plan: tuple[tuple[str, str, bool, Any], ...], message: Any) -> str | None:
+    """`null_violation` by a compiled plan: the first non-nullable field sent as null."""
+    for attr, name, refused, sub in plan:
+        value = getattr(message, attr, _MISSING)
+        if value is _MISSING:
+            continue
+        if value is None:
+            if refused:
+                return f"non-nullable field {name} was serialized as null"
+            continue
+        if sub:
+            for item in value if isinstance(value, list) else (value,):
+                problem = _null_check(sub, item)
+                if problem is not None:
+                    return problem
+    return None
+
+
+@functools.cache
+def _body_decoder(api_key: int, version: int) -> tuple[Any, _NullPlan]:
+    """kafka-python's compiled body decoder for one request version, and its null plan."""
+    cls = SUPPORTED[api_key][0]
+    flexible = bool(cls.flexible_version_q(version))
+    decode = cls._struct.compiled_decode_from(
+        version, compact=flexible, tagged=flexible, data_class=cls[None]
+    )
+    return decode, _NullPlan(flexible, _null_plan(cls._json, version))
 
 
 @functools.cache
@@ -243,14 +362,41 @@ def encode_response(
     correlation_id: int,
     placeholders: list[RecordsPlaceholder] | None = None,
 ) -> list[bytes | FileRegion]:
-    """Encode a response with its header and size prefix, as a list of parts to write in order."""
-    response.with_header(correlation_id=correlation_id)
+    """Encode a response with its header and size prefix, as a list of parts to write in order.
+
+    The body by kafka-python's compiled encoder, the response header here (the correlation id,
+    and an empty tagged-field section in a flexible version, never in ApiVersions, whose
+    response header stays v0); `encode_response_reference` is kafka-python's whole path."""
     # The version is the one the response object was built with (`Response[v](...)`); passing it
     # again would make kafka-python try to stamp it into the (response) header.
     assert version == response.API_VERSION
-    data = response.encode(header=True, framed=True)
+    body = response.encode()
+    if response.flexible_version_q(version) and response.API_KEY != 18:
+        data = b"".join((_FLEX_HEAD.pack(len(body) + 5, correlation_id, 0), body))
+    else:
+        data = b"".join((_HEAD.pack(len(body) + 4, correlation_id), body))
+    return _cut(data, placeholders)
+
+
+def encode_response_reference(
+    response: Any,
+    version: int,
+    correlation_id: int,
+    placeholders: list[RecordsPlaceholder] | None = None,
+) -> list[bytes | FileRegion]:
+    """`encode_response` through kafka-python's generic path (header object and all)."""
+    response.with_header(correlation_id=correlation_id)
+    assert version == response.API_VERSION
+    return _cut(bytes(response.encode(header=True, framed=True)), placeholders)
+
+
+_HEAD = struct.Struct(">ii")  # size, correlation id
+_FLEX_HEAD = struct.Struct(">iiB")  # size, correlation id, no tagged fields
+
+
+def _cut(data: bytes, placeholders: list[RecordsPlaceholder] | None) -> list[bytes | FileRegion]:
     if not placeholders:
-        return [bytes(data)]
+        return [data]
     parts: list[bytes | FileRegion] = []
     pos = 0
     view = memoryview(data)

@@ -237,14 +237,14 @@ def answered(c: RawClient) -> bool:
 
 
 def test_a_big_create_lets_other_requests_through(broker) -> None:
-    big = send_create(broker.port, "big", 2000)
+    big = send_create(broker.port, "big", 600)
     while not partition_dirs(broker, "big"):  # the create has started
         time.sleep(0.01)
     assert api_versions_ok(broker.port)
     assert not answered(big), "ApiVersions waited for the whole CreateTopics"
     resp = CreateTopicsResponse[4].decode(big.recv_frame(), header=True)
     assert resp.topics[0].error_code == 0, resp
-    assert len(partition_dirs(broker, "big")) == 2000
+    assert len(partition_dirs(broker, "big")) == 600
     big.close()
 
 

@@ -142,14 +142,16 @@ def baseline(n: int, size: int, per_message: bool) -> tuple[float, float]:
 
 
 def _null_broker(port: int, ready: mp.synchronize.Event) -> None:
-    """Answers ApiVersions, Metadata and Produce with the same codec as the broker but stores
-    nothing: what the client alone can push through the Kafka protocol on this machine."""
+    """Answers ApiVersions, Metadata, Produce and Fetch (no records: the offsets it counted are
+    the high watermark) with the same codec as the broker (its Produce and Fetch encoders
+    included) but stores nothing: what the client alone can push through the Kafka protocol on
+    this machine."""
     import asyncio
 
     from kafka.protocol.metadata import ApiVersionsResponse, MetadataResponse
-    from kafka.protocol.producer import ProduceResponse
 
     from isrlab.broker.network.codec import api_versions_table, decode_request, encode_response
+    from isrlab.broker.network.hot_responses import encode_fetch_response, encode_produce_response
 
     offsets: dict[tuple[str, int], int] = {}
 
@@ -202,22 +204,31 @@ def _null_broker(port: int, ready: mp.synchronize.Event) -> None:
                         ],
                     )
                 elif req.api_key == 0:
-                    cls = ProduceResponse[v]
-                    T = cls.TopicProduceResponse
-                    P = T.PartitionProduceResponse
-                    topics = []
+                    # the broker's own Produce and Fetch encoders (broker/network/hot_responses)
+                    produced = []
                     for t in req.body.topic_data:
                         parts = []
                         for pd in t.partition_data:
                             base = offsets.get((t.name, pd.index), 0)
                             count = int.from_bytes(bytes(pd.records[57:61]), "big")
                             offsets[(t.name, pd.index)] = base + count
-                            parts.append(P(index=pd.index, error_code=0, base_offset=base))
-                        topics.append(T(name=t.name, partition_responses=parts))
-                    resp = cls(responses=topics, throttle_time_ms=0)
+                            parts.append((pd.index, 0, base, 0, [], None))
+                        produced.append((t.name, parts))
+                    out = encode_produce_response(v, req.correlation_id, produced)
+                elif req.api_key == 1:
+                    fetched = []
+                    for t in req.body.topics:
+                        parts = []
+                        for p in t.partitions:
+                            hw = offsets.get((t.topic, p.partition), 0)
+                            parts.append((p.partition, 0, hw, hw, 0, None, b""))
+                        fetched.append((t.topic, parts))
+                    out = encode_fetch_response(v, req.correlation_id, fetched)
                 else:
                     return
-                for part in encode_response(resp, v, req.correlation_id):
+                if req.api_key in (3, 18):
+                    out = encode_response(resp, v, req.correlation_id)
+                for part in out:
                     writer.write(part)  # type: ignore[arg-type]
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):

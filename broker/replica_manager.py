@@ -30,6 +30,7 @@ from isrlab.broker.log.errors import KafkaStorageError
 from isrlab.broker.log.log import Log
 from isrlab.broker.log.recovery import LogDirFailure
 from isrlab.broker.network.client import ConnectionFailed, KafkaConnection
+from isrlab.broker.network.transport import Transport
 from isrlab.broker.partition import AppendResult, HostedPartition, ReadResult
 from isrlab.broker.replication import (
     LeaderAndIsr,
@@ -115,8 +116,10 @@ class ReplicaManager:
         broker_address: Callable[[int], tuple[str, int] | None],
         state_store: StateStore,
         hw_checkpoint_interval_ms: int = 5000,
+        transport: Transport | None = None,
     ):
         self.broker_id = broker_id
+        self.transport = transport  # the fetchers' connections: None, the sockets
         self.partitions: dict[TopicPartition, HostedPartition] = {}
         self.notifier = DataNotifier()
         self.replication = replication
@@ -229,7 +232,7 @@ class ReplicaManager:
             addr = self.broker_address(leader)
             if addr is None:
                 return None
-            conn = KafkaConnection(addr[0], addr[1], f"replica-{self.broker_id}")
+            conn = KafkaConnection(addr[0], addr[1], f"replica-{self.broker_id}", self.transport)
             self._connections[key] = conn
         return conn
 

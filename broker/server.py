@@ -74,6 +74,7 @@ from isrlab.broker.log.errors import KafkaStorageError
 from isrlab.broker.log_manager import LogManager
 from isrlab.broker.network.codec import FileRegion, Request
 from isrlab.broker.network.server import Connection, ConnectionLimits, Listener, SocketServer
+from isrlab.broker.network.transport import SOCKETS, Transport
 from isrlab.broker.partition import AppendResult, HostedPartition, ReadResult
 from isrlab.broker.partition_limit import (
     FDS_PER_PARTITION,
@@ -180,8 +181,17 @@ class _CreateInterrupted(Exception):
 
 
 class KafkaServer:
-    def __init__(self, config: BrokerConfig, state_store: StateStore | None = None):
+    """One broker. `transport` is the network it listens and connects on (`None`: the
+    operating system's sockets; `harness.sim.network` gives a simulated one)."""
+
+    def __init__(
+        self,
+        config: BrokerConfig,
+        state_store: StateStore | None = None,
+        transport: Transport | None = None,
+    ):
         self.config = config
+        self.transport: Transport = transport or SOCKETS
         self.broker_id = config.broker_id
         self.stopping = False
         self.stop_failures = 0  # steps of the stop that could not be done (each one logged)
@@ -194,6 +204,7 @@ class KafkaServer:
             broker_address=self.broker_address,
             state_store=state_store or LocalStateStore(),
             hw_checkpoint_interval_ms=config["replica.high.watermark.checkpoint.interval.ms"],
+            transport=self.transport,
         )
         self.log_manager.high_watermark = self._high_watermark
         self.log_manager.last_stable_offset = self._last_stable_offset
@@ -213,6 +224,7 @@ class KafkaServer:
             config.queued_max_request_bytes,
             connection_limits(config),
             self.inter_broker_listener,
+            self.transport,
         )
         self._handlers = {
             0: handle_produce,

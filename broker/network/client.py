@@ -3,6 +3,7 @@
 Requests are encoded and responses decoded by kafka-python's schemas, like the server side.
 One request is in flight at a time per connection (the fetchers use one connection per
 partition they follow, so a long-polling fetch never delays another partition).
+Connections are opened through a `Transport` (the broker's: sockets, or a simulated network).
 """
 
 from __future__ import annotations
@@ -14,13 +15,16 @@ from typing import Any
 
 from kafka.protocol.api_header import ResponseClassRegistry
 
+from isrlab.broker.network.transport import SOCKETS, Transport
+
 
 class ConnectionFailed(Exception):
     pass
 
 
 class KafkaConnection:
-    def __init__(self, host: str, port: int, client_id: str):
+    def __init__(self, host: str, port: int, client_id: str, transport: Transport | None = None):
+        self.transport: Transport = transport or SOCKETS
         self.host = host
         self.port = port
         self.client_id = client_id
@@ -32,7 +36,7 @@ class KafkaConnection:
     async def _connect(self, timeout: float) -> None:
         try:
             self._reader, self._writer = await asyncio.wait_for(
-                asyncio.open_connection(self.host, self.port, limit=1 << 20), timeout
+                self.transport.connect(self.host, self.port, limit=1 << 20), timeout
             )
         except (OSError, TimeoutError) as e:
             raise ConnectionFailed(f"cannot connect to {self.host}:{self.port}: {e}") from None

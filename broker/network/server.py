@@ -24,6 +24,11 @@ a new connection is closed at once; a connection with nothing sent or received a
 hand for `connections.max.idle.ms` is closed; and a request frame whose first byte arrived must be
 complete within `request.read.timeout.ms` (isrlab's own key; time spent waiting for request memory
 does not count), so a client trickling bytes cannot hold a connection and its memory forever.
+These clocks are the event loop's (`loop.time()`, the monotonic clock on asyncio's own loops, the
+virtual one in a simulation).
+
+Sockets are reached only through a `Transport` (`transport.py`): the operating system's TCP by
+default, a simulated network when one is given.
 """
 
 from __future__ import annotations
@@ -32,9 +37,7 @@ import asyncio
 import collections
 import contextlib
 import logging
-import socket
 import struct
-import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,6 +53,13 @@ from isrlab.broker.network.codec import (
     decode_request,
     encode_response,
 )
+from isrlab.broker.network.transport import (
+    LISTEN_BACKLOG,
+    SOCKETS,
+    Accepted,
+    Listening,
+    Transport,
+)
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +70,6 @@ MAX_INFLIGHT_PER_CONNECTION = 64
 # asyncio's per-connection read buffer: reading pauses at twice this much unread data.
 STREAM_BUFFER_LIMIT = 256 << 10
 
-# Kafka's socket.listen.backlog.size default: connections waiting to be accepted.
-LISTEN_BACKLOG = 50
 INT_MAX = 2147483647
 
 
@@ -97,13 +105,14 @@ class Connection:
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         self.ip: str = peer[0] if peer else "?"
         self.closed = False
-        self.last_activity = time.monotonic()  # last frame read or response sent
         self.frame_started: float | None = None  # first byte of a frame not complete yet
         self.frame_paused = False  # that frame waits for request memory (not the client)
         self.inflight = 0  # requests read whose response is not sent yet
+        self._loop = asyncio.get_running_loop()
+        self.last_activity = self._loop.time()  # last frame read or response sent
 
     async def send(self, parts: list[bytes | FileRegion]) -> None:
-        loop = asyncio.get_running_loop()
+        loop = self._loop
         transport = self.writer.transport
         for part in parts:
             if isinstance(part, FileRegion):
@@ -123,7 +132,7 @@ class Connection:
             else:
                 self.writer.write(part)
         await self.writer.drain()
-        self.last_activity = time.monotonic()
+        self.last_activity = loop.time()
 
 
 class RequestMemoryPool:
@@ -203,6 +212,7 @@ class SocketServer:
         queued_max_request_bytes: int | None = None,
         limits: ConnectionLimits | None = None,
         inter_broker_listener: str | None = None,
+        transport: Transport | None = None,
     ):
         self.listeners = listeners
         self.protected = inter_broker_listener if len(listeners) > 1 else None
@@ -210,7 +220,8 @@ class SocketServer:
         self.max_request_bytes = max_request_bytes
         self.memory = RequestMemoryPool(queued_max_request_bytes)
         self.limits = limits or ConnectionLimits()
-        self._sockets: list[socket.socket] = []
+        self.transport: Transport = transport or SOCKETS
+        self._listening: list[Listening] = []
         self._background: list[asyncio.Task[None]] = []
         self._connections: set[asyncio.Task[Any]] = set()
         self._open: set[Connection] = set()
@@ -227,20 +238,24 @@ class SocketServer:
 
     async def start(self) -> None:
         """Bind every listener (an error on one closes those already bound)."""
-        loop = asyncio.get_running_loop()
         try:
             for listener in self.listeners:
-                sock = await self._bind(loop, listener)
-                self._sockets.append(sock)
-                self.bound_ports[listener.name] = sock.getsockname()[1]
+                try:
+                    listening = await self.transport.listen(
+                        listener.host, listener.port, LISTEN_BACKLOG
+                    )
+                except OSError as e:
+                    raise OSError(e.errno, f"listener {listener.name}: {e.strerror}") from None
+                self._listening.append(listening)
+                self.bound_ports[listener.name] = listening.port
         except OSError:
-            for sock in self._sockets:
-                sock.close()
-            self._sockets = []
+            for listening in self._listening:
+                listening.close()
+            self._listening = []
             raise
         self._background = [
-            asyncio.create_task(self._accept_loop(sock, listener.name))
-            for sock, listener in zip(self._sockets, self.listeners, strict=True)
+            asyncio.create_task(self._accept_loop(listening, listener.name))
+            for listening, listener in zip(self._listening, self.listeners, strict=True)
         ]
         self._background.append(asyncio.create_task(self._watch_connections()))
         for listener in self.listeners:
@@ -251,43 +266,14 @@ class SocketServer:
                 self.bound_ports[listener.name],
             )
 
-    @staticmethod
-    async def _bind(loop: asyncio.AbstractEventLoop, listener: Listener) -> socket.socket:
-        try:
-            infos = await loop.getaddrinfo(
-                listener.host or None,
-                listener.port,
-                type=socket.SOCK_STREAM,
-                flags=socket.AI_PASSIVE,
-            )
-        except OSError as e:
-            raise OSError(
-                f"listener {listener.name}: cannot resolve {listener.host!r}: {e}"
-            ) from None
-        family, _, _, _, address = infos[0]
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind(address)
-            sock.listen(LISTEN_BACKLOG)
-        except OSError as e:
-            sock.close()
-            raise OSError(
-                e.errno,
-                f"listener {listener.name} cannot bind {listener.host or '0.0.0.0'}:{listener.port}: "
-                f"{e.strerror}",
-            ) from None
-        sock.setblocking(False)
-        return sock
-
     async def stop(self) -> None:
         for task in self._background:
             task.cancel()
         for task in self._background:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        for sock in self._sockets:
-            sock.close()
+        for listening in self._listening:
+            listening.close()
         for task in list(self._connections):
             task.cancel()
         for task in list(self._connections):
@@ -296,16 +282,16 @@ class SocketServer:
 
     # ----- accepting, connection limits -----------------------------------------------------
 
-    async def _accept_loop(self, sock: socket.socket, listener: str) -> None:
+    async def _accept_loop(self, listening: Listening, listener: str) -> None:
         loop = asyncio.get_running_loop()
         while True:
             try:
-                client, address = await loop.sock_accept(sock)
+                client = await listening.accept()
             except OSError as e:  # e.g. out of file descriptors: try again shortly
                 log.warning("accepting a connection failed: %s", e)
                 await asyncio.sleep(0.1)
                 continue
-            ip = address[0]
+            ip = client.peer[0]
             limit = self.limits.per_ip_limit(ip)
             if self._per_ip[ip] >= limit:
                 log.warning(
@@ -377,7 +363,7 @@ class SocketServer:
         read_timeout = self.limits.read_timeout_ms / 1000
         while True:
             await asyncio.sleep(min(idle / 4, read_timeout / 4, 1.0))
-            now = time.monotonic()
+            now = asyncio.get_running_loop().time()
             for conn in list(self._open):
                 if conn.closed:
                     continue
@@ -402,14 +388,12 @@ class SocketServer:
                 conn.closed = True
                 conn.writer.close()
 
-    async def _serve_socket(self, client: socket.socket, ip: str, listener: str) -> None:
+    async def _serve_socket(self, client: Accepted, ip: str, listener: str) -> None:
         task = asyncio.current_task()
         assert task is not None
         try:
             try:
-                reader, writer = await asyncio.open_connection(
-                    sock=client, limit=STREAM_BUFFER_LIMIT
-                )
+                reader, writer = await client.streams(STREAM_BUFFER_LIMIT)
             except OSError:
                 client.close()
                 return
@@ -423,10 +407,6 @@ class SocketServer:
     ) -> None:
         conn = Connection(reader, writer, listener)
         self._open.add(conn)
-        sock = writer.get_extra_info("socket")
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
             await self._loop(conn)
         except (ConnectionError, asyncio.IncompleteReadError):
@@ -479,7 +459,7 @@ class SocketServer:
                     await conn.send(parts)
             finally:
                 conn.inflight -= 1
-                conn.last_activity = time.monotonic()
+                conn.last_activity = conn._loop.time()
 
     async def _read_requests(
         self,
@@ -504,7 +484,8 @@ class SocketServer:
         head = await reader.read(4)  # as soon as anything arrives: the frame has begun
         if not head:
             return None
-        conn.frame_started = conn.last_activity = time.monotonic()
+        clock = conn._loop.time
+        conn.frame_started = conn.last_activity = clock()
         try:
             if len(head) < 4:
                 try:
@@ -524,9 +505,9 @@ class SocketServer:
             if not self.memory.fits(size):
                 # waiting for request memory is the broker's doing: the read clock stops
                 conn.frame_paused = True
-                waited_from = time.monotonic()
+                waited_from = clock()
                 await self.memory.reserve(size)
-                conn.frame_started += time.monotonic() - waited_from
+                conn.frame_started += clock() - waited_from
                 conn.frame_paused = False
             else:
                 self.memory.take(size)
@@ -544,7 +525,7 @@ class SocketServer:
                 raise
         finally:
             conn.frame_started = None
-        conn.last_activity = time.monotonic()
+        conn.last_activity = clock()
         return frame
 
     async def _dispatch(

@@ -128,7 +128,9 @@ class TransactionCoordinatorService(CoordinatorShell):
         if conn is None or (conn.host, conn.port) != (host, port):
             if conn is not None:
                 conn.close()
-            conn = KafkaConnection(host, port, f"broker-{self.server.broker_id}-{what}")
+            conn = KafkaConnection(
+                host, port, f"broker-{self.server.broker_id}-{what}", self.server.transport
+            )
             pool[broker] = conn
         return conn
 

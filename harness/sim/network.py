@@ -1,0 +1,662 @@
+"""A simulated network on virtual time: hosts, listening ports, TCP-like byte streams, faults.
+
+`SimNetwork` connects named hosts. `net.host("n1")` is that host's view of the network, a
+`broker.network.transport.Transport` (`listen(host, port)`, `connect(host, port)`), so a
+broker (`KafkaServer(config, transport=net.host("n1"))`) or a client runs on it unchanged: what
+they get are asyncio's own `StreamReader`/`StreamWriter` over a simulated transport, with
+asyncio's flow control (a reader that buffers too much pauses its transport, and the sender's
+`drain()` waits while its bytes are not taken). Every delay is a timer of the loop, so on a
+`clock.VirtualTimeLoop` a run takes no wall time and one seed gives one run.
+
+What TCP promises is kept: the bytes of one direction of a connection arrive in order and
+unduplicated or not at all. Every write is cut into segments of at most `mss` bytes; each
+segment draws its latency from the seed (uniform in `latency`, plus any `delay` on that link)
+but never overtakes the one before it on the same stream, so streams are reordered only
+against each other.
+
+Connecting is TCP's handshake: the SYN takes a latency to arrive; a host with no listener on
+the port answers with a reset (ConnectionRefusedError); a SYN (or its SYN-ACK) that a
+partition swallows, or that finds the listen backlog full, is sent again as Linux does
+(tcp_syn_retries=6: after 1, 3, 7, 15, 31 and 63 s) and the connect fails with ETIMEDOUT
+after `syn_timeout` (127 s), as a SYN into a black-hole route does. The server's side of a
+connection joins its listener's accept queue when the client's ACK arrives.
+
+Faults, all in the nemeses' vocabulary:
+
+- `partition(grudge)`: a grudge is `nemeses.partition`'s map `{node: [nodes it cannot
+  reach]}`, and `partition_shape(shape, nodes)` draws one with that module's own `grudge()`
+  (isolate-one, halves, majorities-ring, bridge, ...). A segment from A to B whose arrival finds
+  B in A's grudge is dropped, and its connection is then a black hole in both directions for
+  good (TCP cannot deliver the bytes after a hole, and these never come): nothing more arrives
+  on it, and a side that sent into it gets ETIMEDOUT `retransmit_timeout` later (Linux's
+  tcp_retries2=15: 924.6 s), the other side only hears from its own timeouts. A connection
+  with nothing to send during a partition survives it, as a real one does. `heal()` ends it.
+- `delay(grudge, seconds)`: extra latency on those links (`clear_delays()`).
+- `reset(a, b)`: connections between hosts a and b (or all of a's, or all) are reset: both
+  sides see ECONNRESET, bytes in flight are lost.
+
+The rest of TCP's ends that the broker can meet: a side that closes with bytes it has not
+read sends a reset instead of a FIN (Linux), bytes arriving at a closed side are answered
+with a reset, closing a listener resets the connections waiting in its accept queue.
+`abort()` resets. `on_event` (a callable, optional) is told every connect, segment, drop and
+reset as one line of text with the virtual time: a trace to compare runs by.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import errno
+import random
+import socket
+import zlib
+from asyncio.constants import _SendfileMode
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from isrlab.broker.network.transport import LISTEN_BACKLOG, Address, Streams
+from isrlab.nemeses.partition import Grudge, grudge
+
+# Linux's defaults: SYN retransmissions (tcp_syn_retries=6) and the time a connection keeps
+# retransmitting unacknowledged data before it gives up (tcp_retries2=15).
+SYN_RETRIES = (1.0, 3.0, 7.0, 15.0, 31.0, 63.0)
+SYN_TIMEOUT = 127.0
+RETRANSMIT_TIMEOUT = 924.6
+EPHEMERAL_PORTS = (32768, 60999)
+
+# segment kinds
+_ACK, _DATA, _FIN, _RST = "ack", "data", "fin", "rst"
+
+
+def _reset_error() -> ConnectionResetError:
+    return ConnectionResetError(errno.ECONNRESET, "Connection reset by peer")
+
+
+class _Connection:
+    __slots__ = ("blackholed", "client", "id", "reset", "server")
+
+    def __init__(self, cid: int) -> None:
+        self.id = cid
+        self.client: SimSocket
+        self.server: SimSocket
+        self.blackholed = False  # a segment was dropped: nothing arrives any more
+        self.reset = False  # a reset arrived: both sides are gone
+
+
+class SimSocket(asyncio.transports._FlowControlMixin, asyncio.Transport):
+    """One side of a simulated connection, as an asyncio transport.
+
+    Its write buffer is what it sent that the peer's reader has not taken (segments in
+    flight, segments held at the peer while the peer's transport is paused because asyncio's
+    reader is over its limit, bytes stuck in a black-holed connection) beyond the network's
+    `socket_buffer`, the bytes the two kernels' socket buffers would hold."""
+
+    # loop.sendfile (the broker's zero-copy fetch) reads the file and writes it here
+    _sendfile_compatible = _SendfileMode.FALLBACK
+
+    def __init__(
+        self,
+        net: SimNetwork,
+        conn: _Connection,
+        local: Address,
+        remote: Address,
+    ) -> None:
+        super().__init__({"peername": remote, "sockname": local, "socket": None}, net.loop)
+        self._protocol_paused = False
+        self._high_water, self._low_water = 64 * 1024, 16 * 1024
+        self._net = net
+        self._conn = conn
+        self.local = local
+        self.remote = remote
+        self.peer: SimSocket
+        self._protocol: Any = None
+        self._reading = True
+        self._closing = False  # the application closed or aborted it
+        self._app_closed = False  # ... fully (not only write_eof): arriving bytes are reset
+        self._eof_sent = False
+        self._lost = False  # connection_lost is due (or done)
+        self._lost_exc: BaseException | None = None
+        self._out: collections.deque[tuple[str, bytes]] = collections.deque()  # in flight
+        self._out_bytes = 0
+        self._last_due = 0.0
+        self._stuck_bytes = 0
+        self._inbox: collections.deque[tuple[str, bytes]] = collections.deque()  # not taken
+        self._inbox_bytes = 0
+        self._rto: asyncio.TimerHandle | None = None
+        self.listener: SimListener | None = None  # server side, until accepted
+
+    def __repr__(self) -> str:
+        return f"<SimSocket c{self._conn.id} {_fmt(self.local)}->{_fmt(self.remote)}>"
+
+    # ----- asyncio.Transport ---------------------------------------------------------------
+
+    def get_protocol(self) -> Any:
+        return self._protocol
+
+    def set_protocol(self, protocol: Any) -> None:
+        self._protocol = protocol
+
+    def is_closing(self) -> bool:
+        return self._closing or self._lost
+
+    def is_reading(self) -> bool:
+        return self._reading and not self.is_closing()
+
+    def pause_reading(self) -> None:
+        self._reading = False
+
+    def resume_reading(self) -> None:
+        if not self._reading:
+            self._reading = True
+            self._net.loop.call_soon(self._take_inbox)
+
+    def get_write_buffer_size(self) -> int:
+        unread = self._out_bytes + self.peer._inbox_bytes + self._stuck_bytes
+        return max(0, unread - self._net.socket_buffer)
+
+    # asyncio's write flow control (_FlowControlMixin's, written out: its helpers are private)
+    def get_write_buffer_limits(self) -> tuple[int, int]:
+        return self._low_water, self._high_water
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        if high is None:
+            high = 64 * 1024 if low is None else 4 * low
+        if low is None:
+            low = high // 4
+        if not high >= low >= 0:
+            raise ValueError(f"high ({high!r}) must be >= low ({low!r}) must be >= 0")
+        self._high_water, self._low_water = high, low
+        self._maybe_pause_protocol()
+
+    def _maybe_pause_protocol(self) -> None:
+        if not self._protocol_paused and self.get_write_buffer_size() > self._high_water:
+            self._protocol_paused = True
+            self._protocol.pause_writing()
+
+    def _maybe_resume_protocol(self) -> None:
+        if self._protocol_paused and self.get_write_buffer_size() <= self._low_water:
+            self._protocol_paused = False
+            self._protocol.resume_writing()
+
+    def write(self, data: Any) -> None:
+        if self._eof_sent:
+            raise RuntimeError("Cannot call write() after write_eof()")
+        if not data or self.is_closing():
+            return
+        data = bytes(data)  # the caller may reuse its buffer (asyncio's sendfile fallback does)
+        mss = self._net.mss
+        for i in range(0, len(data), mss):
+            self._net._send(self, _DATA, data[i : i + mss])
+        self._maybe_pause_protocol()
+
+    def can_write_eof(self) -> bool:
+        return True
+
+    def write_eof(self) -> None:
+        if self._eof_sent or self.is_closing():
+            return
+        self._eof_sent = True
+        self._net._send(self, _FIN, b"")
+
+    def close(self) -> None:
+        if self.is_closing():
+            return
+        self._closing = self._app_closed = True
+        self._reading = False
+        if self._inbox_bytes:  # Linux: closing with unread bytes sends a reset
+            self._net._send(self, _RST, b"")
+        elif not self._eof_sent:
+            self._eof_sent = True
+            self._net._send(self, _FIN, b"")
+        self._lose(None)
+
+    def abort(self) -> None:
+        if self._lost:
+            return
+        self._closing = self._app_closed = True
+        self._net._send(self, _RST, b"")
+        self._lose(None)
+
+    # ----- the network's side --------------------------------------------------------------
+
+    def _attach(self, protocol: Any) -> None:
+        self._protocol = protocol
+        protocol.connection_made(self)
+        if self._lost:
+            self._net.loop.call_soon(protocol.connection_lost, self._lost_exc)
+        elif self._inbox:
+            self._net.loop.call_soon(self._take_inbox)
+
+    def _receive(self, kind: str, data: bytes) -> None:
+        net = self._net
+        if kind == _RST:
+            self._conn.reset = True
+            self._lose(_reset_error())
+            return
+        if self._lost:
+            if self._app_closed and kind == _DATA and not self._conn.reset:
+                net._send(self, _RST, b"")  # bytes for a closed socket: reset
+            return
+        if kind == _ACK:
+            listener = self.listener
+            if listener is not None:
+                listener._established(self)
+            return
+        self._inbox.append((kind, data))
+        self._inbox_bytes += len(data)
+        self._take_inbox()
+
+    def _take_inbox(self) -> None:
+        """Hand what arrived to the protocol, while it is attached and reading."""
+        protocol = self._protocol
+        taken = False
+        while self._inbox and protocol is not None and self._reading and not self._lost:
+            kind, data = self._inbox.popleft()
+            self._inbox_bytes -= len(data)
+            taken = True
+            if kind == _DATA:
+                protocol.data_received(data)
+            else:  # FIN: the peer will send nothing more
+                self._reading = False
+                if not protocol.eof_received():
+                    self.close()
+        if taken:
+            self.peer._wrote_less()
+
+    def _wrote_less(self) -> None:
+        if self._protocol is not None and not self._lost:
+            self._maybe_resume_protocol()
+
+    def _lose(self, exc: BaseException | None) -> None:
+        """This side is gone: connection_lost(exc) is called once (if it has a protocol)."""
+        if self._lost:
+            return
+        self._lost = True
+        self._lost_exc = exc
+        self._reading = False
+        self._inbox.clear()
+        self._inbox_bytes = 0
+        if self._rto is not None:
+            self._rto.cancel()
+            self._rto = None
+        listener = self.listener
+        if listener is not None:
+            listener._forget(self)
+        if self._protocol is not None:
+            self._net.loop.call_soon(self._protocol.connection_lost, exc)
+        self._net._forget_if_done(self._conn)
+
+    def _timed_out(self) -> None:
+        self._rto = None
+        self._net._event(self, "etimedout")
+        self._lose(TimeoutError(errno.ETIMEDOUT, "Connection timed out"))
+
+
+class SimAccepted:
+    """A connection taken from a listener's queue (`transport.Accepted`)."""
+
+    __slots__ = ("_sock",)
+
+    def __init__(self, sock: SimSocket) -> None:
+        self._sock = sock
+
+    @property
+    def peer(self) -> Address:
+        return self._sock.remote
+
+    def close(self) -> None:
+        self._sock.close()
+
+    async def streams(self, limit: int) -> Streams:
+        return _streams(self._sock, limit)
+
+
+def _streams(sock: SimSocket, limit: int) -> Streams:
+    loop = sock._net.loop
+    reader = asyncio.StreamReader(limit=limit, loop=loop)
+    protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
+    sock._attach(protocol)
+    return reader, asyncio.StreamWriter(sock, protocol, reader, loop)
+
+
+class SimListener:
+    """A listening port (`transport.Listening`): an accept queue of at most `backlog`
+    connections, those still in their handshake counted."""
+
+    def __init__(self, net: SimNetwork, address: Address, backlog: int) -> None:
+        self._net = net
+        self.address = address
+        self.backlog = max(1, backlog)
+        self._queue: collections.deque[SimSocket] = collections.deque()
+        self._handshaking: set[SimSocket] = set()
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self.closed = False
+
+    @property
+    def port(self) -> int:
+        return self.address[1]
+
+    def _has_room(self) -> bool:
+        return len(self._queue) + len(self._handshaking) < self.backlog
+
+    def _established(self, sock: SimSocket) -> None:
+        self._handshaking.discard(sock)
+        if self.closed:
+            sock.abort()
+            return
+        self._queue.append(sock)
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                break
+
+    def _forget(self, sock: SimSocket) -> None:
+        self._handshaking.discard(sock)
+
+    async def accept(self) -> SimAccepted:
+        while not self._queue:
+            if self.closed:
+                raise OSError(errno.EBADF, "Bad file descriptor")
+            waiter = self._net.loop.create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            finally:
+                if waiter in self._waiters:
+                    self._waiters.remove(waiter)
+        sock = self._queue.popleft()
+        sock.listener = None
+        return SimAccepted(sock)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self._net._listeners.pop(self.address, None)
+        while self._queue:  # the kernel resets connections nobody accepted
+            self._queue.popleft().abort()
+        for sock in list(self._handshaking):
+            sock.abort()
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+
+class SimHost:
+    """One host's view of the network: a `broker.network.transport.Transport`."""
+
+    def __init__(self, net: SimNetwork, name: str) -> None:
+        self.net = net
+        self.name = name
+        self._next_port = EPHEMERAL_PORTS[0]
+
+    def __repr__(self) -> str:
+        return f"<SimHost {self.name}>"
+
+    def _ephemeral_port(self) -> int:
+        lo, hi = EPHEMERAL_PORTS
+        for _ in range(hi - lo + 1):
+            port = self._next_port
+            self._next_port = lo if port >= hi else port + 1
+            if (self.name, port) not in self.net._listeners:
+                return port
+        raise OSError(errno.EADDRNOTAVAIL, "Cannot assign requested address")
+
+    async def listen(self, host: str, port: int, backlog: int = LISTEN_BACKLOG) -> SimListener:
+        if host not in ("", "0.0.0.0", "::", self.name):
+            raise OSError(
+                errno.EADDRNOTAVAIL,
+                f"cannot bind {host}:{port}: Cannot assign requested address (host {self.name})",
+            )
+        if port == 0:
+            port = self._ephemeral_port()
+        address = (self.name, port)
+        if address in self.net._listeners:
+            raise OSError(
+                errno.EADDRINUSE, f"cannot bind {host or '0.0.0.0'}:{port}: Address already in use"
+            )
+        listener = SimListener(self.net, address, backlog)
+        self.net._listeners[address] = listener
+        return listener
+
+    async def connect(self, host: str, port: int, limit: int = 1 << 16) -> Streams:
+        return await self.net._connect(self, host, port, limit)
+
+
+class SimNetwork:
+    """Hosts and the links between them (see the module docstring). `latency` is the range
+    of one segment's one-way latency in seconds, drawn uniformly from `seed`; `mss` the
+    largest segment; `socket_buffer` what a writer may hand over, per connection and
+    direction, before `drain()` waits for the reader (the kernels' send and receive buffers)."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        seed: int = 0,
+        *,
+        latency: tuple[float, float] = (0.0002, 0.002),
+        mss: int = 64 << 10,
+        socket_buffer: int = 256 << 10,
+        syn_timeout: float = SYN_TIMEOUT,
+        retransmit_timeout: float = RETRANSMIT_TIMEOUT,
+        on_event: Callable[[str], None] | None = None,
+    ) -> None:
+        self.loop = loop
+        self.rng = random.Random(seed)
+        self.latency = latency
+        self.mss = mss
+        self.socket_buffer = socket_buffer
+        self.syn_timeout = syn_timeout
+        self.retransmit_timeout = retransmit_timeout
+        self.on_event = on_event
+        self._hosts: dict[str, SimHost] = {}
+        self._listeners: dict[Address, SimListener] = {}
+        self._connections: dict[int, _Connection] = {}
+        self._next_id = 0
+        self._cut: set[tuple[str, str]] = set()
+        self._delay: dict[tuple[str, str], float] = {}
+        self.grudge: Grudge = {}
+        self.stats: collections.Counter[str] = collections.Counter()
+
+    def host(self, name: str) -> SimHost:
+        """The host `name` (created on first use)."""
+        h = self._hosts.get(name)
+        if h is None:
+            h = self._hosts[name] = SimHost(self, name)
+        return h
+
+    @property
+    def hosts(self) -> list[str]:
+        return sorted(self._hosts)
+
+    # ----- faults ---------------------------------------------------------------------------
+
+    def reachable(self, src: str, dst: str) -> bool:
+        return (src, dst) not in self._cut
+
+    def partition(self, g: Grudge) -> None:
+        """Impose the grudge `{node: [nodes it cannot reach]}` (instead of any before)."""
+        self.grudge = {a: sorted(bs) for a, bs in g.items() if bs}
+        self._cut = {(a, b) for a, bs in g.items() for b in bs}
+        self._note(f"partition {self.grudge}")
+
+    def partition_shape(
+        self, shape: str, nodes: Sequence[str] | None = None, leader: str | None = None
+    ) -> Grudge:
+        """Impose a grudge of one of `nemeses.partition`'s shapes over `nodes` (default every
+        host), drawn from this network's seed; the grudge."""
+        g = grudge(shape, list(nodes) if nodes is not None else self.hosts, self.rng, leader)
+        self.partition(g)
+        return g
+
+    def heal(self) -> None:
+        self.grudge = {}
+        self._cut = set()
+        self._note("heal")
+
+    def delay(self, g: Grudge, seconds: float) -> None:
+        """Add `seconds` to the latency of every link in the grudge-shaped map."""
+        for a, bs in g.items():
+            for b in bs:
+                self._delay[(a, b)] = seconds
+        self._note(f"delay {seconds} {dict(sorted(g.items()))}")
+
+    def clear_delays(self) -> None:
+        self._delay = {}
+        self._note("clear-delays")
+
+    def reset(self, a: str | None = None, b: str | None = None) -> int:
+        """Reset the connections between hosts `a` and `b` (every connection of `a` if `b`
+        is None, every connection if both are): both sides see ECONNRESET. How many."""
+        n = 0
+        for conn in list(self._connections.values()):
+            ends = {conn.client.local[0], conn.server.local[0]}
+            if conn.reset or (conn.client._lost and conn.server._lost):
+                continue
+            if (a is None or a in ends) and (b is None or b in ends):
+                conn.reset = True
+                self._event(conn.client, "reset")
+                conn.client._lose(_reset_error())
+                conn.server._lose(_reset_error())
+                n += 1
+        return n
+
+    # ----- moving bytes ---------------------------------------------------------------------
+
+    def _latency(self, src: str, dst: str) -> float:
+        lo, hi = self.latency
+        return self.rng.uniform(lo, hi) + self._delay.get((src, dst), 0.0)
+
+    def _send(self, sock: SimSocket, kind: str, data: bytes) -> None:
+        conn = sock._conn
+        if conn.reset:
+            return
+        if conn.blackholed:
+            if kind != _RST:
+                self.stats["dropped"] += 1
+                sock._stuck_bytes += len(data)
+                self._retransmitting(sock)
+            return
+        now = self.loop.time()
+        due = max(now + self._latency(sock.local[0], sock.remote[0]), sock._last_due)
+        sock._last_due = due
+        sock._out.append((kind, data))
+        sock._out_bytes += len(data)
+        self.loop.call_at(due, self._arrive, sock)
+
+    def _arrive(self, src: SimSocket) -> None:
+        kind, data = src._out.popleft()
+        src._out_bytes -= len(data)
+        conn = src._conn
+        dst = src.peer
+        if conn.reset:
+            self._forget_if_done(conn)
+            return
+        if conn.blackholed or not self.reachable(src.local[0], dst.local[0]):
+            self.stats["dropped"] += 1
+            if not conn.blackholed:
+                conn.blackholed = True
+                self._event(src, f"drop {kind} {len(data)}: black hole from now on")
+            if kind != _RST:
+                src._stuck_bytes += len(data)
+                self._retransmitting(src)
+            return
+        self.stats["segments"] += 1
+        self.stats["bytes"] += len(data)
+        if self.on_event is not None:
+            what = f"{kind} {len(data)} {zlib.crc32(data):08x}" if kind == _DATA else kind
+            self._event(src, what)
+        dst._receive(kind, data)
+        src._wrote_less()
+        self._forget_if_done(conn)
+
+    def _retransmitting(self, sock: SimSocket) -> None:
+        """`sock` sent into a black hole: it gives up after the retransmission timeout."""
+        if sock._rto is None and not sock._lost:
+            sock._rto = self.loop.call_later(self.retransmit_timeout, sock._timed_out)
+
+    def _forget_if_done(self, conn: _Connection) -> None:
+        """Forget a connection whose both sides are gone and that carries nothing more."""
+        client, server = conn.client, conn.server
+        if client._lost and server._lost and not client._out and not server._out:
+            self._connections.pop(conn.id, None)
+
+    # ----- connecting -----------------------------------------------------------------------
+
+    async def _connect(self, src: SimHost, host: str, port: int, limit: int) -> Streams:
+        if host not in self._hosts:
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        loop = self.loop
+        start = loop.time()
+        retries = iter(SYN_RETRIES)
+        local = (src.name, src._ephemeral_port())
+        target = (host, port)
+        while True:
+            self._note(f"{_fmt(local)}->{_fmt(target)} syn")
+            await asyncio.sleep(self._latency(src.name, host))
+            if self.reachable(src.name, host):
+                listener = self._listeners.get(target)
+                if listener is None:
+                    if self.reachable(host, src.name):
+                        await asyncio.sleep(self._latency(host, src.name))
+                        self._note(f"{_fmt(local)}->{_fmt(target)} refused")
+                        raise ConnectionRefusedError(errno.ECONNREFUSED, "Connection refused")
+                elif listener._has_room():
+                    client = self._new_connection(local, target)
+                    server = client.peer
+                    server.listener = listener
+                    listener._handshaking.add(server)
+                    established = False
+                    try:
+                        await asyncio.sleep(self._latency(host, src.name))  # SYN-ACK
+                        if self.reachable(host, src.name) and server.listener is listener:
+                            established = True
+                    finally:
+                        if not established:  # lost, or the connect was given up
+                            listener._forget(server)
+                            server.listener = None
+                            client._lost = server._lost = True
+                            self._connections.pop(client._conn.id, None)
+                    if established:
+                        self._note(f"{_fmt(local)}->{_fmt(target)} c{client._conn.id} established")
+                        reader, writer = _streams(client, limit)
+                        self._send(client, _ACK, b"")
+                        return reader, writer
+            # the SYN or its answer was lost (or the backlog was full): Linux sends it again
+            wait = next(retries, None)
+            at = start + (wait if wait is not None else self.syn_timeout)
+            await asyncio.sleep(max(0.0, at - loop.time()))
+            if wait is None:
+                self._note(f"{_fmt(local)}->{_fmt(target)} etimedout")
+                raise TimeoutError(errno.ETIMEDOUT, "Connection timed out")
+
+    def _new_connection(self, local: Address, remote: Address) -> SimSocket:
+        self._next_id += 1
+        conn = _Connection(self._next_id)
+        client = SimSocket(self, conn, local, remote)
+        server = SimSocket(self, conn, remote, local)
+        client.peer, server.peer = server, client
+        conn.client, conn.server = client, server
+        self._connections[conn.id] = conn
+        return client
+
+    # ----- trace ----------------------------------------------------------------------------
+
+    def _note(self, what: str) -> None:
+        if self.on_event is not None:
+            self.on_event(f"{self.loop.time():.6f} net {what}")
+
+    def _event(self, sock: SimSocket, what: str) -> None:
+        if self.on_event is not None:
+            self.on_event(
+                f"{self.loop.time():.6f} c{sock._conn.id} "
+                f"{_fmt(sock.local)}->{_fmt(sock.remote)} {what}"
+            )
+
+
+def _fmt(address: Address) -> str:
+    return f"{address[0]}:{address[1]}"
+
+
+__all__ = ["SimAccepted", "SimHost", "SimListener", "SimNetwork", "SimSocket"]

@@ -20,8 +20,10 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
+from kazoo.client import KazooClient
 from kazoo.protocol.states import KazooState
 
 from isrlab.broker.config import BrokerConfig
@@ -32,6 +34,7 @@ from isrlab.broker.log.log import CLEAN_SHUTDOWN_FILE
 from isrlab.broker.log_manager import parse_dir_name
 from isrlab.broker.network.codec import FileRegion, Request
 from isrlab.broker.network.server import Connection
+from isrlab.broker.network.transport import Transport
 from isrlab.broker.partition import HostedPartition
 from isrlab.broker.replication import LeaderAndIsr, TopicPartition, WriteStateZnode
 from isrlab.broker.server import KafkaServer, PartitionMetadata
@@ -68,9 +71,20 @@ class ZkTopicStore:
 
 
 class ClusterKafkaServer(KafkaServer):
-    def __init__(self, config: BrokerConfig):
-        self.zk = KafkaZkClient(config["zookeeper.connect"], config["zookeeper.session.timeout.ms"])
-        super().__init__(config, state_store=ZkStateStore(self.zk))
+    """A broker in a cluster. `transport` as KafkaServer's; `kazoo` builds its ZooKeeper
+    clients (as KafkaZkClient's: kazoo's own by default, a simulated ensemble's in a
+    simulation)."""
+
+    def __init__(
+        self,
+        config: BrokerConfig,
+        transport: Transport | None = None,
+        kazoo: Callable[..., KazooClient] = KazooClient,
+    ):
+        self.zk = KafkaZkClient(
+            config["zookeeper.connect"], config["zookeeper.session.timeout.ms"], kazoo
+        )
+        super().__init__(config, state_store=ZkStateStore(self.zk), transport=transport)
         self.topic_store = ZkTopicStore(self.zk)  # type: ignore[assignment]
         self.controller = ControllerService(
             self.zk,

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from kazoo.client import KazooClient
@@ -42,16 +43,25 @@ def parse_connect(connect: str) -> tuple[str, str]:
 
 
 class KafkaZkClient:
-    def __init__(self, connect: str, session_timeout_ms: int = 18000):
+    """Kafka's ZooKeeper layout on a kazoo client. `kazoo` builds the clients, called as
+    `KazooClient(hosts=..., timeout=...)` is (the default; `harness.sim.kazoo_client`'s
+    `SimKazooClient` bound to a simulated ensemble is the other)."""
+
+    def __init__(
+        self,
+        connect: str,
+        session_timeout_ms: int = 18000,
+        kazoo: Callable[..., KazooClient] = KazooClient,
+    ):
         hosts, chroot = parse_connect(connect)
         if chroot:
             # Create the chroot itself first (a chrooted client cannot).
-            root = KazooClient(hosts=hosts, timeout=session_timeout_ms / 1000)
+            root = kazoo(hosts=hosts, timeout=session_timeout_ms / 1000)
             root.start(timeout=30)
             root.ensure_path(chroot)
             root.stop()
             root.close()
-        self.zk = KazooClient(hosts=hosts + chroot, timeout=session_timeout_ms / 1000)
+        self.zk = kazoo(hosts=hosts + chroot, timeout=session_timeout_ms / 1000)
 
     def start(self, timeout: float = 30) -> None:
         self.zk.start(timeout=timeout)

@@ -5,6 +5,7 @@ or made to lose a reply on cue from a test); they check the behaviour docs/simul
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 
 import pytest
@@ -133,14 +134,9 @@ def test_children_watch_follows_registrations(loop) -> None:
 
 def test_kafka_zk_client_runs_on_the_simulated_ensemble(loop) -> None:
     ens = SimEnsemble(loop, seed=3)
-    root = SimKazooClient(ens)  # as KafkaZkClient.__init__ creates the chroot first
-    root.start()
-    root.ensure_path("/kafka")
-    root.stop()
     zks = []
-    for _ in range(2):
-        k = KafkaZkClient.__new__(KafkaZkClient)  # its __init__ builds a real KazooClient
-        k.zk = SimKazooClient(ens, "sim/kafka", timeout=18)  # type: ignore[assignment]
+    for _ in range(2):  # the first one creates the chroot through a root client, as with kazoo
+        k = KafkaZkClient("sim/kafka", 18000, kazoo=functools.partial(SimKazooClient, ens))
         k.start()
         zks.append(k)
     one, two = zks

@@ -328,7 +328,8 @@ class SimListener:
         self.address = address
         self.backlog = max(1, backlog)
         self._queue: collections.deque[SimSocket] = collections.deque()
-        self._handshaking: set[SimSocket] = set()
+        # in their handshake, in arrival order (a dict: a set's order would vary between runs)
+        self._handshaking: dict[SimSocket, None] = {}
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self.closed = False
 
@@ -340,7 +341,7 @@ class SimListener:
         return len(self._queue) + len(self._handshaking) < self.backlog
 
     def _established(self, sock: SimSocket) -> None:
-        self._handshaking.discard(sock)
+        self._handshaking.pop(sock, None)
         if self.closed:
             sock.abort()
             return
@@ -352,7 +353,7 @@ class SimListener:
                 break
 
     def _forget(self, sock: SimSocket) -> None:
-        self._handshaking.discard(sock)
+        self._handshaking.pop(sock, None)
 
     async def accept(self) -> SimAccepted:
         while not self._queue:
@@ -606,7 +607,7 @@ class SimNetwork:
                     client = self._new_connection(local, target)
                     server = client.peer
                     server.listener = listener
-                    listener._handshaking.add(server)
+                    listener._handshaking[server] = None
                     established = False
                     try:
                         await asyncio.sleep(self._latency(host, src.name))  # SYN-ACK

@@ -7,8 +7,11 @@ work through the transport seam, and one seed gives a byte-identical trace."""
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import struct
+import subprocess
+import sys
 import time
 import zlib
 from collections.abc import Awaitable, Callable
@@ -247,3 +250,26 @@ def test_a_seeded_run_gives_a_byte_identical_trace(tmp_path: Path) -> None:
     assert one != other
     assert "failed" in one and " read " in one and "drop" in one
     assert time.monotonic() - wall < 60
+
+
+def test_the_trace_is_the_same_in_another_process_with_another_hash_seed(tmp_path: Path) -> None:
+    """Nothing depends on object addresses or str hashing: a fresh interpreter with
+    PYTHONHASHSEED=1, and one with 2, print the trace this process computes."""
+    here = _traced_run(tmp_path / "here", 7)
+    code = (
+        "import sys, pathlib, logging; logging.disable(logging.CRITICAL); "
+        "from tests.sim.test_broker_on_sim import _traced_run; "
+        "sys.stdout.write(_traced_run(pathlib.Path(sys.argv[1]), 7))"
+    )
+    root = Path(__file__).resolve().parents[2]
+    for hash_seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed}
+        out = subprocess.run(
+            [sys.executable, "-c", code, str(tmp_path / hash_seed)],
+            cwd=root,
+            env=env,
+            capture_output=True,
+            check=True,
+            timeout=120,
+        ).stdout
+        assert out == here.encode()

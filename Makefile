@@ -33,7 +33,8 @@ $(VENV)/.installed: pyproject.toml setup.py
 
 venv: $(VENV)/.installed
 
-# The queue checker's native screen (Cython): recompiled only when its .pyx changed.
+# The compiled parts (Cython: the queue checker's native screen, the linearizability search's
+# loop, the log cleaner's scan): recompiled only when a .pyx changed.
 build: venv
 	@$(PY) -W ignore setup.py -q build_ext --inplace 2>&1 | grep -v '^Compiling\|^\[1/1\]\|^$$' || true
 
@@ -63,4 +64,4 @@ bench: setup
 	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) *.egg-info .mypy_cache .ruff_cache build checkers/queue/_screen.cpp checkers/queue/_screen.*.so
+	rm -rf $(VENV) *.egg-info .mypy_cache .ruff_cache build checkers/queue/_screen.cpp checkers/queue/_screen.*.so checkers/linear/_search.cpp checkers/linear/_search.*.so

@@ -5,8 +5,9 @@ The top-level folders (broker/, harness/, nemeses/, checkers/, pipeline/) instal
 collides with other distributions' generic names; this holds for `pip install -e .` and for the
 wheel the harness ships to nodes alike. Everything else is in pyproject.toml.
 
-The compiled parts are the queue checker's screen (Cython, C++) and the log cleaner's record
-scan (Cython, C): `pip install -e .` builds them in place; `python setup.py build_ext --inplace`
+The compiled parts are the queue checker's screen (Cython, C++), the linearizability search's
+loop (Cython, C++) and the log cleaner's record scan (Cython, C): `pip install -e .` builds them
+in place; `python setup.py build_ext --inplace`
 rebuilds them after an edit of a .pyx (`make` does this before the tests). Without them the
 checker and the cleaner run, slower, in Python alone.
 """
@@ -19,6 +20,7 @@ ROOT = Path(__file__).resolve().parent
 FOLDERS = ("broker", "harness", "nemeses", "checkers", "pipeline")
 SCREEN = "checkers/queue/_screen.pyx"
 CLEANER_SCAN = "broker/log/_cleaner_scan.pyx"
+LINEAR_SEARCH = "checkers/linear/_search.pyx"
 
 
 def _packages(folder: str) -> list[str]:
@@ -48,6 +50,19 @@ def _extensions() -> list[Extension]:
                 extra_compile_args=["-O2", "-std=c++17"],
                 # No C++ compiler: install anyway, and check in Python alone (slower).
                 optional=True,
+            ),
+            # The linearizability search's loop (C++); without it search.py's Python loop.
+            *(
+                [
+                    Extension(
+                        "isrlab.checkers.linear._search",
+                        [LINEAR_SEARCH],
+                        extra_compile_args=["-O2", "-std=c++17"],
+                        optional=True,
+                    )
+                ]
+                if (ROOT / LINEAR_SEARCH).exists()
+                else []
             ),
             # The log cleaner's record scan (C); without it cleaner_records.py's Python twin.
             *(

@@ -17,6 +17,11 @@ is called once per distinct (operation, state) and the loop itself only does dic
 lookups; a determinate read whose accepted state the model names (``read_value``) has its one
 transition filled in up front.
 
+The loop exists twice: below in Python, the reference, and compiled in ``_search.pyx`` (C++
+arrays for the list, the stack and the memo, the linearized set a bitset with an incremental
+hash), which ``search`` runs when it is built.  Both take the same steps and give the same
+outcome; tests/checkers/test_linear_native.py compares them on random histories.
+
 Two sound prunings on top of Porcupine's search (both checked against a brute-force oracle):
 
 - a read-only operation the model accepts is linearized without trying alternatives at that
@@ -34,7 +39,15 @@ from typing import Any, Literal
 
 from isrlab.checkers.linear.model import Model, Operation
 
-__all__ = ["SearchOutcome", "StateTable", "search"]
+try:
+    from isrlab.checkers.linear import _search as _native
+except ImportError:  # not built: the Python loop alone (slower)
+    _native = None  # type: ignore[assignment]
+
+__all__ = ["NATIVE", "SearchOutcome", "StateTable", "search"]
+
+# Whether the compiled loop (_search.pyx) is built and used by default.
+NATIVE = _native is not None
 
 Verdict = Literal["ok", "illegal", "unknown"]
 
@@ -122,12 +135,21 @@ def search(
     deadline: float | None = None,
     table: StateTable | None = None,
     max_configs: int | None = None,
+    *,
+    native: bool | None = None,
 ) -> SearchOutcome:
     """Search for a linearization of ``ops`` (one partition).
 
     Gives up with verdict ``unknown`` after ``deadline`` (a ``time.monotonic()`` value) or once
     more than ``max_configs`` configurations are memoised (each costs a few hundred bytes).
+    ``native`` picks the loop: the compiled one (``_search.pyx``; True fails if it is not
+    built), the Python reference (False), or the compiled one when built (None, the default).
+    Both give the same outcome, step for step.
     """
+    if native is None:
+        native = NATIVE
+    elif native and _native is None:
+        raise RuntimeError("the compiled search (checkers/linear/_search.pyx) is not built")
     started = time.monotonic()
     table = table if table is not None else StateTable(model)
     n = len(ops)
@@ -196,6 +218,37 @@ def search(
                 trans[i][expected] = bits[i] | expected
                 on_miss[i] = 0
     states = table.states
+
+    if native:
+        assert _native is not None
+        fixed = [-1] * n
+        for i in range(n):
+            if on_miss[i] == 0:
+                (fixed[i],) = trans[i]
+        outcome, found, stopped_at, end, native_steps, memoised = _native.run(
+            op_of,
+            match,
+            steppers,
+            forced,
+            prev_twin,
+            fixed,
+            states,
+            known,
+            intern,
+            deadline,
+            max_configs,
+        )
+        return SearchOutcome(
+            outcome,
+            found,
+            stopped_at,
+            states[end],
+            native_steps,
+            memoised,
+            time.monotonic() - started,
+            len(states),
+        )
+
     state_mask = (1 << _STATE_BITS) - 1
 
     cache: set[int] = set()

@@ -18,14 +18,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
-import uuid
 from collections.abc import Callable
 from typing import Any
 
 from kazoo.client import KazooClient
 from kazoo.protocol.states import KazooState
 
+from isrlab.broker import clock
 from isrlab.broker.config import BrokerConfig
 from isrlab.broker.controller_service import ControllerService
 from isrlab.broker.errors import ErrorCode, KafkaError
@@ -39,7 +38,7 @@ from isrlab.broker.partition import HostedPartition
 from isrlab.broker.replication import LeaderAndIsr, TopicPartition, WriteStateZnode
 from isrlab.broker.server import KafkaServer, PartitionMetadata
 from isrlab.broker.topics import TopicInfo
-from isrlab.broker.zk_client import KafkaZkClient
+from isrlab.broker.zk_client import REGISTRATION_RETRY_S, BrokerIdTaken, KafkaZkClient
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +67,26 @@ class ZkTopicStore:
 
     def delete(self, name: str) -> None:
         self.zk.request_topic_deletion(name)
+
+
+async def register(
+    zk: KafkaZkClient, broker_id: int, advertised: tuple[Any, ...], clean_shutdown: bool = True
+) -> bool:
+    """`KafkaZkClient.register_broker(broker_id, *advertised, clean_shutdown)`, with its wait
+    for an older session's znode to go done on the loop (`asyncio.sleep` between attempts)
+    instead of in a sleeping thread: a simulation runs `to_thread` on its loop's thread, where
+    a blocking sleep would stop virtual time."""
+    host, port, *rest = advertised  # (host, port) or (host, port, endpoints)
+    data = zk.broker_registration_data(host, port, rest[0] if rest else None, clean_shutdown)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + zk.registration_wait_s()
+    while True:
+        created = await asyncio.to_thread(zk.try_register_broker, broker_id, data)
+        if created is not None:
+            return created
+        if loop.time() >= deadline:
+            raise BrokerIdTaken(broker_id)
+        await asyncio.sleep(REGISTRATION_RETRY_S)
 
 
 class ClusterKafkaServer(KafkaServer):
@@ -153,9 +172,7 @@ class ClusterKafkaServer(KafkaServer):
         self._advertised: tuple[Any, ...] = (host, port, endpoints)
         # Only the first registration of this process can report an unclean shutdown: after a
         # session expiry the broker re-registers with its logs intact.
-        await asyncio.to_thread(
-            self.zk.register_broker, self.broker_id, *self._advertised, clean_shutdown
-        )
+        await register(self.zk, self.broker_id, self._advertised, clean_shutdown)
         await self._learn_broker_epoch()
         if not clean_shutdown and any(self.log_manager.logs):
             log.warning(
@@ -239,9 +256,7 @@ class ClusterKafkaServer(KafkaServer):
         # (the controller then counts it dead for good: partitions whose ISR is this broker
         # stay offline). register_broker creates it unless this very session holds it.
         try:
-            created = await asyncio.to_thread(
-                self.zk.register_broker, self.broker_id, *self._advertised
-            )
+            created = await register(self.zk, self.broker_id, self._advertised)
         except Exception as e:  # the session was lost again: the next CONNECTED retries
             log.warning("broker %d: registering again failed: %s", self.broker_id, e)
             return
@@ -452,15 +467,15 @@ class ClusterKafkaServer(KafkaServer):
                 ErrorCode.NOT_CONTROLLER,
                 f"broker {self.broker_id} has not loaded the cluster membership yet; retry",
             )
-        start = uuid.uuid4().int % max(len(self._brokers), 1)
+        start = clock.uuid4().int % max(len(self._brokers), 1)
         assignment = self.plan_assignment(num_partitions, replication_factor, assignment, start)
-        info = TopicInfo(name, uuid.uuid4(), assignment, dict(config))
+        info = TopicInfo(name, clock.uuid4(), assignment, dict(config))
         if validate_only:
             return info
         await asyncio.to_thread(self.topic_store.create, info)
         # Wait (briefly) until the controller has elected leaders, so the topic is usable.
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
+        deadline = clock.monotonic() + 10
+        while clock.monotonic() < deadline:
             if all(self._states.get((name, p)) for p in assignment):
                 break
             await asyncio.sleep(0.05)
@@ -472,8 +487,8 @@ class ClusterKafkaServer(KafkaServer):
         if name not in self._topics and existing is None:
             raise KafkaError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"no topic {name!r}")
         await asyncio.to_thread(self.zk.request_topic_deletion, name)
-        deadline = time.monotonic() + 10
-        while name in self._topics and time.monotonic() < deadline:
+        deadline = clock.monotonic() + 10
+        while name in self._topics and clock.monotonic() < deadline:
             await asyncio.sleep(0.05)
 
     async def allocate_producer_id(self) -> int:

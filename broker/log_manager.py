@@ -32,10 +32,10 @@ import logging
 import os
 import shutil
 import sys
-import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from isrlab.broker import clock as broker_clock
 from isrlab.broker.config import BrokerConfig
 from isrlab.broker.log import durable
 from isrlab.broker.log.checkpoint import OffsetCheckpointFile
@@ -144,13 +144,14 @@ class LogManager:
                 log.warning("log dir %s belongs to no known topic; removing it", child)
                 shutil.rmtree(child, ignore_errors=True)
                 continue
-            t0 = time.monotonic()
+            t0 = broker_clock.monotonic()
             try:
                 self.logs[tp] = Log.open(
                     child,
                     log_config_from(topic_configs[tp[0]]),
                     recovery_point=recovery.get(tp, 0),
                     log_start_offset=starts.get(tp),
+                    clock=broker_clock.time,
                 )
             except LogDirFailure:
                 raise  # names the damaged file and what to do already
@@ -167,7 +168,7 @@ class LogManager:
                 tp[1],
                 lg.log_start_offset,
                 lg.log_end_offset,
-                (time.monotonic() - t0) * 1000,
+                (broker_clock.monotonic() - t0) * 1000,
             )
 
     @staticmethod
@@ -185,7 +186,7 @@ class LogManager:
         if lg is None:
             path = self.dir / f"{tp[0]}-{tp[1]}"
             path.mkdir(parents=True, exist_ok=True)
-            lg = Log.open(path, log_config_from(topic_config))
+            lg = Log.open(path, log_config_from(topic_config), clock=broker_clock.time)
             lg.on_storage_failure = functools.partial(self._log_dir_failed, tp)
             self.logs[tp] = lg
         return lg

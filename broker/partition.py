@@ -25,10 +25,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from isrlab.broker import clock
 from isrlab.broker.errors import ErrorCode
 from isrlab.broker.log.errors import (
     CorruptRecordError,
@@ -71,7 +71,7 @@ _storage_errors = RateLimitedLog(log)
 
 
 def now_ms() -> int:
-    return int(time.monotonic() * 1000)
+    return clock.monotonic_ms()
 
 
 class LogAdapter:

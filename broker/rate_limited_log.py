@@ -9,9 +9,10 @@ the repeats for `interval_s`, and the next line that gets through says how many 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Hashable
 from typing import Any
+
+from isrlab.broker import clock as broker_clock
 
 DEFAULT_INTERVAL_S = 10.0
 
@@ -21,7 +22,7 @@ class RateLimitedLog:
         self,
         logger: logging.Logger,
         interval_s: float = DEFAULT_INTERVAL_S,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = broker_clock.monotonic,
     ) -> None:
         self.logger = logger
         self.interval_s = interval_s

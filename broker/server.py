@@ -27,12 +27,12 @@ import shutil
 import signal
 import socket
 import threading
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from isrlab.broker import clock
 from isrlab.broker.apis.admin import (
     handle_create_topics,
     handle_delete_topics,
@@ -281,7 +281,7 @@ class KafkaServer:
                     "this log dir belongs to another broker"
                 )
             return props.get("cluster.id", "isrlab")
-        cid = uuid.uuid4().hex[:22]
+        cid = clock.uuid4().hex[:22]
         # fsynced, as Kafka writes it (a power loss must not leave it empty)
         text = f"version=0\nbroker.id={self.broker_id}\ncluster.id={cid}\n"
         durable.write_atomically(path, text.encode())
@@ -544,7 +544,7 @@ class KafkaServer:
         if name in self._topics:
             raise KafkaError(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists")
         assignment = self.plan_assignment(num_partitions, replication_factor, assignment)
-        info = TopicInfo(name, uuid.uuid4(), assignment, dict(config))
+        info = TopicInfo(name, clock.uuid4(), assignment, dict(config))
         if validate_only:
             return info
         # Logs first, the topic store last: a crash in between leaves directories of an unknown

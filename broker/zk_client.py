@@ -20,7 +20,6 @@ loop with `call_soon_threadsafe`.
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -28,10 +27,22 @@ from typing import Any
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
+from isrlab.broker import clock
 from isrlab.broker.replication import LeaderAndIsr, TopicPartition, WriteStateZnode
 from isrlab.broker.topics import TopicInfo
 
 PRODUCER_ID_BLOCK = 1000
+#: how often a registration looks again for an older session's znode to be gone
+REGISTRATION_RETRY_S = 0.5
+
+
+class BrokerIdTaken(RuntimeError):
+    """Another live session holds `/brokers/ids/<id>` beyond the registration's wait."""
+
+    def __init__(self, broker_id: int):
+        super().__init__(
+            f"broker id {broker_id} is already registered in ZooKeeper by a live broker"
+        )
 
 
 def parse_connect(connect: str) -> tuple[str, str]:
@@ -76,7 +87,7 @@ class KafkaZkClient:
 
     def cluster_id(self) -> str:
         """/cluster/id, created by the first broker (Kafka's layout)."""
-        data = json.dumps({"version": "1", "id": uuid.uuid4().hex[:22]}).encode()
+        data = json.dumps({"version": "1", "id": clock.uuid4().hex[:22]}).encode()
         try:
             self.zk.create("/cluster/id", data, makepath=True)
         except NodeExistsError:
@@ -109,8 +120,32 @@ class KafkaZkClient:
         `clean_shutdown` (isrlab's field, KIP-966's broker registration adapted to ZooKeeper):
         false when this process started from logs its previous run did not close cleanly, so
         the controller takes it out of the eligible leader replicas."""
+        data = self.broker_registration_data(host, port, endpoints, clean_shutdown)
+        deadline = clock.monotonic() + self.registration_wait_s()
+        while True:
+            created = self.try_register_broker(broker_id, data)
+            if created is not None:
+                return created
+            if clock.monotonic() >= deadline:
+                raise BrokerIdTaken(broker_id)
+            # an older session of ours that has not expired yet: wait for it
+            clock.sleep(REGISTRATION_RETRY_S)
+
+    def registration_wait_s(self) -> float:
+        """How long a registration waits for an older session's znode to go: the session
+        timeout, and some."""
+        return float(self.zk._session_timeout) / 1000 + 5
+
+    def broker_registration_data(
+        self,
+        host: str,
+        port: int,
+        endpoints: dict[str, tuple[str, int]] | None = None,
+        clean_shutdown: bool = True,
+    ) -> dict[str, Any]:
+        """The JSON of `/brokers/ids/<id>` (see `register_broker`)."""
         endpoints = endpoints or {"PLAINTEXT": (host, port)}
-        data = {
+        return {
             "version": 5,
             "host": host,
             "port": port,
@@ -119,26 +154,25 @@ class KafkaZkClient:
             ],
             "listener_security_protocol_map": {name: "PLAINTEXT" for name in endpoints},
             "jmx_port": -1,
-            "timestamp": str(int(time.time() * 1000)),
+            "timestamp": str(clock.now_ms()),
             "clean_shutdown": clean_shutdown,
         }
+
+    def try_register_broker(self, broker_id: int, data: dict[str, Any]) -> bool | None:
+        """One attempt of `register_broker`: True if created now, False if this session
+        already holds it, None if another session does (an older one of ours that has not
+        expired yet, or another live broker's): the caller waits and tries again, or gives
+        up (`BrokerIdTaken`) after `registration_wait_s`."""
         path = f"/brokers/ids/{broker_id}"
-        deadline = time.monotonic() + self.zk._session_timeout / 1000 + 5
-        while True:
-            try:
-                self.zk.create(path, json.dumps(data).encode(), ephemeral=True)
-                return True
-            except NodeExistsError:
-                self.zk.sync(path)
-                stat = self.zk.exists(path)
-                if stat is not None and stat.ephemeralOwner == self.zk.client_id[0]:
-                    return False
-            if time.monotonic() >= deadline:
-                raise RuntimeError(
-                    f"broker id {broker_id} is already registered in ZooKeeper by a live broker"
-                )
-            # an older session of ours that has not expired yet: wait for it
-            time.sleep(0.5)
+        try:
+            self.zk.create(path, json.dumps(data).encode(), ephemeral=True)
+            return True
+        except NodeExistsError:
+            self.zk.sync(path)
+            stat = self.zk.exists(path)
+            if stat is not None and stat.ephemeralOwner == self.zk.client_id[0]:
+                return False
+        return None
 
     def broker_ids(self) -> list[int]:
         return sorted(int(c) for c in self.zk.get_children("/brokers/ids"))
@@ -184,9 +218,7 @@ class KafkaZkClient:
 
     def try_become_controller(self, broker_id: int) -> int | None:
         """Create the ephemeral /controller; on success bump /controller_epoch and return it."""
-        data = json.dumps(
-            {"version": 1, "brokerid": broker_id, "timestamp": str(int(time.time() * 1000))}
-        )
+        data = json.dumps({"version": 1, "brokerid": broker_id, "timestamp": str(clock.now_ms())})
         try:
             self.zk.create("/controller", data.encode(), ephemeral=True)
         except NodeExistsError:

@@ -15,10 +15,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import time
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from isrlab.broker import clock
 from isrlab.broker.errors import ErrorCode, KafkaError
 from isrlab.broker.log.record_batch import BatchHeader, iter_batches
 
@@ -36,7 +36,7 @@ TICK_MS = 100
 
 
 def now_ms() -> int:
-    return int(time.time() * 1000)
+    return clock.now_ms()
 
 
 class Core(Protocol):

@@ -46,7 +46,6 @@ import logging
 import os
 import struct
 import threading
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,6 +53,7 @@ from typing import Any, TypeVar
 
 from crc32c import crc32c
 
+from isrlab.broker import clock as broker_clock
 from isrlab.broker.log import cleaner_records, durable
 from isrlab.broker.log.checkpoint import OffsetCheckpointFile
 from isrlab.broker.log.errors import KafkaStorageError, LogError, SegmentsChangedError
@@ -225,7 +225,7 @@ class CleanerStats:
     segments_in: int = 0
     segments_out: int = 0
     elapsed_s: float = 0.0
-    start: float = field(default_factory=time.monotonic)
+    start: float = field(default_factory=broker_clock.monotonic)
 
     @property
     def mb_per_s(self) -> float:
@@ -298,7 +298,7 @@ class Cleaner:
         *,
         map_entries: int,
         io_buffer_size: int = 512 * 1024,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = broker_clock.time,
         run_on_owner: Callable[[Callable[[], Any]], Any] = _direct,
         step: Callable[[str], None] | None = None,
         should_abort: Callable[[TopicPartition], bool] = lambda tp: False,
@@ -370,7 +370,7 @@ class Cleaner:
             for group in self._groups(plan.log, to_clean):
                 self._check_abort(plan.tp)
                 self._clean_group(plan, group, offsets, last_batches, stats)
-            stats.elapsed_s = time.monotonic() - stats.start
+            stats.elapsed_s = broker_clock.monotonic() - stats.start
             return CleanResult(plan.tp, plan.first_dirty, end_offset, stats)
         finally:
             plan.close()
@@ -842,7 +842,7 @@ class LogCleaner:
         logs: Callable[[], Mapping[TopicPartition, Log]],
         high_watermark: Callable[[TopicPartition], int | None] = lambda tp: None,
         run_on_owner: Callable[[Callable[[], Any]], Any] = _direct,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = broker_clock.time,
         step: Callable[[str], None] | None = None,
     ) -> None:
         self.config = config

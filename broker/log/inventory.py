@@ -23,12 +23,12 @@ as JSON lines; the harness runs it on every node after a run.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from isrlab.broker import clock
 from isrlab.broker.log.durable import TRUNCATION_JOURNAL
 from isrlab.broker.log.errors import LogError
 from isrlab.broker.log.record_batch import BatchHeader, check_crc, iter_batches
@@ -146,7 +146,7 @@ def record_truncation(
             for r in Inventory(partition_dir, to_offset, whole=True)
         ]
         entry = {
-            "time_ms": int(time.time() * 1000),
+            "time_ms": clock.now_ms(),
             "topic": topic,
             "partition": partition,
             "kind": kind,
@@ -213,7 +213,7 @@ def record_power_loss(segment: Path, keep: int) -> None:
                     [r.offset, header.partition_leader_epoch, header.producer_id, show_value(value)]
                 )
         entry = {
-            "time_ms": int(time.time() * 1000),
+            "time_ms": clock.now_ms(),
             "topic": topic,
             "partition": int(part),
             "kind": "power-loss",

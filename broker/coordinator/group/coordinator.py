@@ -26,11 +26,11 @@ from __future__ import annotations
 
 import itertools
 import logging
-import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from isrlab.broker import clock
 from isrlab.broker.coordinator.effects import Reply
 from isrlab.broker.coordinator.group.group import (
     CommittedOffset,
@@ -280,7 +280,7 @@ class GroupCoordinator(PartitionOwnership):
         self.owned: dict[int, int] = {}
         #: offsets partitions being loaded (requests wait with COORDINATOR_LOAD_IN_PROGRESS)
         self.loading: dict[int, int] = {}
-        self._new_member_id = new_member_id or (lambda client_id: f"{client_id}-{uuid.uuid4()}")
+        self._new_member_id = new_member_id or (lambda client_id: f"{client_id}-{clock.uuid4()}")
         self._tokens = itertools.count(1)
         self._appends: dict[int, _PendingAppend] = {}
         #: the first offsets-retention check runs one interval after the first tick, as Kafka

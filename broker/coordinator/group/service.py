@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from typing import TYPE_CHECKING
 
+from isrlab.broker import clock
 from isrlab.broker.coordinator.group.coordinator import (
     Append,
     Effect,
@@ -146,7 +146,7 @@ class GroupCoordinatorService(CoordinatorShell):
         """Read the partition from its log start to its log end and replay it. A leader's whole
         log is loaded (as Kafka does): what it holds past the high watermark is replicated before
         anything written after it can be acknowledged."""
-        start = time.monotonic()
+        start = clock.monotonic()
         entries: list[LoadItem] = []
         bad = 0
         offset = hp.log.log_start_offset
@@ -202,7 +202,7 @@ class GroupCoordinatorService(CoordinatorShell):
                 p,
                 epoch,
                 len(entries),
-                (time.monotonic() - start) * 1000,
+                (clock.monotonic() - start) * 1000,
             )
 
     # ----- the offsets topic -----------------------------------------------------------------

@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from typing import TYPE_CHECKING, Any
 
 from kafka.protocol.producer.transaction import WriteTxnMarkersRequest
 
+from isrlab.broker import clock
 from isrlab.broker.coordinator.group.records import RecordFormatError, build_batch
 from isrlab.broker.coordinator.group.records import iter_batch_records as iter_records
 from isrlab.broker.coordinator.shell import CoordinatorShell, now_ms
@@ -284,7 +284,7 @@ class TransactionCoordinatorService(CoordinatorShell):
     # ----- loading __transaction_state partitions (leadership: CoordinatorShell) ------------
 
     async def _load(self, hp: HostedPartition, p: int, epoch: int) -> None:
-        start = time.monotonic()
+        start = clock.monotonic()
         entries: list[tuple[str, TxnLogValue | None]] = []
         bad = 0
         try:
@@ -321,7 +321,7 @@ class TransactionCoordinatorService(CoordinatorShell):
                 p,
                 epoch,
                 len(entries),
-                (time.monotonic() - start) * 1000,
+                (clock.monotonic() - start) * 1000,
             )
 
     # ----- the topic -------------------------------------------------------------------------

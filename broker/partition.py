@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from isrlab.broker import clock
@@ -46,7 +46,7 @@ from isrlab.broker.log.producer_state import (
     ProducerStateManager,
     batch_marker,
 )
-from isrlab.broker.log.record_batch import iter_batches, validate
+from isrlab.broker.log.record_batch import validate
 from isrlab.broker.rate_limited_log import RateLimitedLog
 from isrlab.broker.replication import (
     Action,
@@ -176,15 +176,14 @@ class LogAdapter:
             producer_state.check(header, origin=origin, marker=marker)
         except DuplicateBatch as dup:
             return dup.first_offset, dup.last_offset
-        info = self.log.append_as_leader(records, leader_epoch, origin=origin)
-        producer_state.apply(
-            records, [replace(header, base_offset=info.first_offset)], self._index_aborted
-        )
+        # the batch is validated once, here: the log is handed the headers
+        info = self.log.append_as_leader(records, leader_epoch, origin=origin, validated=headers)
+        producer_state.apply(records, info.batches, self._index_aborted)
         return info.first_offset, info.last_offset
 
     def append_as_follower(self, records: Any) -> None:
-        self.log.append_as_follower(records)
-        self.owner.producer_state.apply(records, iter_batches(records), self._index_aborted)
+        info = self.log.append_as_follower(records)
+        self.owner.producer_state.apply(records, info.batches, self._index_aborted)
 
     def _index_aborted(self, txn: CompletedTxn, last_stable_offset: int) -> None:
         self.log.append_aborted_txn(

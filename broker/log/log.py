@@ -142,6 +142,9 @@ class LogAppendInfo:
     num_batches: int
     valid_bytes: int
     log_append_time: int = -1
+    #: the appended batches' headers as stored (offsets and leader epoch stamped, positions
+    #: relative to the appended buffer)
+    batches: list[BatchHeader] = field(default_factory=list, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -398,14 +401,20 @@ class Log:
         leader_epoch: int,
         *,
         origin: AppendOrigin = AppendOrigin.CLIENT,
+        validated: list[BatchHeader] | None = None,
     ) -> LogAppendInfo:
         """Validate every batch, give them offsets from the log end offset and append them.
 
         Raises InvalidRecordError/CorruptRecordError/RecordTooLargeError/
         RecordBatchTooLargeError and appends nothing if any batch is bad.
+
+        ``validated``: what ``validate(records, strict_offsets=True)`` returned for these very
+        bytes, from a caller that validated them already (the broker's leader append checks
+        producer state between the two); the batches are then not validated again. The
+        other checks (sizes, control batches, keys of a compacted topic) are made either way.
         """
         self._ensure_open()
-        headers = validate(records, strict_offsets=True)
+        headers = validate(records, strict_offsets=True) if validated is None else validated
         self._check_sizes(headers, len(records))
         if origin is AppendOrigin.CLIENT:
             for header in headers:
@@ -524,6 +533,7 @@ class Log:
             num_records=sum(header.records_count for header in headers),
             num_batches=len(headers),
             valid_bytes=len(records),
+            batches=headers,
         )
 
     def _maybe_roll(self, messages_size: int, max_offset: int) -> LogSegment:

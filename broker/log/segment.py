@@ -31,7 +31,7 @@ import mmap
 import os
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, TypeVar, cast
 
@@ -50,6 +50,7 @@ from isrlab.broker.log.record_batch import (
     MIN_BATCH_LENGTH,
     NO_TIMESTAMP,
     BatchHeader,
+    at_position,
     check_crc,
     check_header,
     iter_batches,
@@ -493,7 +494,7 @@ class LogSegment:
         if self._recent and self._recent[-1].end_position != physical_position:
             self._forget_recent()
         for header in batches:
-            self._recent.append(replace(header, position=physical_position + header.position))
+            self._recent.append(at_position(header, physical_position + header.position))
             self._recent_last.append(header.last_offset)
         if len(self._recent) > 2 * RECENT_BATCHES:
             del self._recent[:-RECENT_BATCHES]

@@ -130,6 +130,41 @@ def test_coordinator_batches_skip_sequence_checks_but_not_epochs(leader: Leader)
     assert res.error == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
 
 
+def test_a_produced_batch_is_validated_once(
+    leader: Leader, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The leader append validates the batch (CRC included) once, in the log adapter; the log
+    takes its headers. Corrupt and malformed batches still get their errors."""
+    import isrlab.broker.log.log as log_module
+    import isrlab.broker.partition as partition_module
+
+    calls: list[int] = []
+
+    def counting(buf: Any, **kw: Any) -> Any:
+        calls.append(len(buf))
+        return validate(buf, **kw)
+
+    monkeypatch.setattr(partition_module, "validate", counting)
+    monkeypatch.setattr(log_module, "validate", counting)
+    good = txn_batch(7, 0, 0, [b"a", b"b"], transactional=False)
+    assert leader.append(good).error == ErrorCode.NONE
+    assert len(calls) == 1
+    bad_crc = bytearray(txn_batch(7, 0, 2, [b"c"], transactional=False))
+    bad_crc[-1] ^= 0xFF
+    assert leader.append(bytes(bad_crc)).error == ErrorCode.CORRUPT_MESSAGE
+    bad_count = bytearray(txn_batch(7, 0, 2, [b"c"], transactional=False))
+    bad_count[57:61] = (2).to_bytes(4, "big")  # recordsCount 2 for lastOffsetDelta 0, CRC fixed
+    from crc32c import crc32c
+
+    bad_count[17:21] = crc32c(bytes(bad_count[21:])).to_bytes(4, "big")
+    res = leader.append(bytes(bad_count))
+    assert res.error == ErrorCode.INVALID_RECORD and "recordsCount" in (res.message or "")
+    assert leader.log.log_end_offset == 2
+    # the producer state saw the stored offsets: the next sequence goes on, a retry is a dup
+    assert leader.append(txn_batch(7, 0, 2, [b"c"], transactional=False)).base_offset == 2
+    assert leader.append(good).base_offset == 0 and leader.log.log_end_offset == 3
+
+
 def test_unknown_origin_is_a_caller_bug(leader: Leader) -> None:
     with pytest.raises(ValueError):
         leader.append(txn_batch(7, 0, 0, [b"a"]), origin="replication")

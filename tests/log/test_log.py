@@ -96,6 +96,37 @@ def test_clients_cannot_write_control_batches(open_log: Opener) -> None:
     assert log.append_as_leader(bytes(data), 0, origin=AppendOrigin.COORDINATOR).num_batches == 1
 
 
+def test_validated_headers_skip_only_the_batch_validation(open_log: Opener) -> None:
+    """A caller that validated the batch hands the headers over: the log does not validate it
+    again (a CRC it would reject goes in), and still makes its own checks."""
+    from isrlab.broker.log.record_batch import validate
+
+    log = open_log(LogConfig(segment_bytes=4_000, max_message_bytes=500, file_delete_delay_ms=0))
+    good = make_batch(3)
+    headers = validate(good)
+    bad_crc = bytearray(good)
+    bad_crc[-2] ^= 0x01
+    with pytest.raises(CorruptRecordError):
+        log.append_as_leader(bytes(bad_crc), 0)
+    info = log.append_as_leader(bytes(bad_crc), 4, validated=headers)
+    assert (info.first_offset, info.last_offset) == (0, 2)
+    # the stored headers, stamped: offsets and leader epoch
+    (stored,) = info.batches
+    assert (stored.base_offset, stored.partition_leader_epoch, stored.position) == (0, 4, 0)
+    assert stored == next(iter_batches(log.read(0, 10_000).read_bytes()))
+    big = make_batch(1, value_size=600)
+    with pytest.raises(RecordTooLargeError):
+        log.append_as_leader(big, 0, validated=validate(big))
+    control = bytearray(make_batch(1, producer_id=3, transactional=True))
+    control[21:23] = (int.from_bytes(control[21:23], "big") | CONTROL_MASK).to_bytes(2, "big")
+    from crc32c import crc32c
+
+    control[17:21] = crc32c(bytes(control[21:])).to_bytes(4, "big")
+    with pytest.raises(InvalidRecordError, match="control"):
+        log.append_as_leader(bytes(control), 0, validated=validate(bytes(control)))
+    assert log.log_end_offset == 3
+
+
 def test_append_as_follower_keeps_offsets_and_epochs(open_log: Opener, tmp_path: Path) -> None:
     leader = open_log(name="leader-0")
     leader.append_as_leader(make_batch(3, tag=1), 2)

@@ -113,3 +113,12 @@ def test_stamp_rewrites_offset_and_epoch_and_keeps_crc_valid() -> None:
     assert restamped.base_offset == 1_000_000
     assert restamped.partition_leader_epoch == 7
     check_crc(data, restamped)
+
+
+def test_at_position_moves_the_header_and_keeps_every_field() -> None:
+    from isrlab.broker.log.record_batch import BatchHeader, at_position
+
+    header = BatchHeader(*range(1, 15))
+    moved = at_position(header, 99)
+    assert moved == header._replace(position=99) and moved.position == 99
+    assert moved[1:] == header[1:]

@@ -17,7 +17,7 @@ import logging
 import random
 import re
 import shutil
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import crc32c
@@ -89,7 +89,7 @@ def build(root: Path, *, clean: bool) -> Built:
         data = idempotent_batch(i)
         info = log.append_as_leader(data, leader_epoch=1 if i < 5 else 4)
         header = next(iter_batches(data))
-        state.update(replace(header, base_offset=info.first_offset))
+        state.update(header._replace(base_offset=info.first_offset))
     assert state.take_snapshot() is not None
     first = log.segments[0]
     built = Built(

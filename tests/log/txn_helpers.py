@@ -3,8 +3,6 @@ broker's LogAdapter does (log append, then producer state, .txnindex entry on an
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
 from isrlab.broker.log.control import build_control_batch
@@ -52,7 +50,7 @@ class Writer:
     def _append(self, records: bytes, origin: AppendOrigin) -> int:
         (header,) = list(iter_batches(records))
         info = self.log.append_as_leader(records, 0, origin=origin)
-        self.state.apply(records, [replace(header, base_offset=info.first_offset)], self._index)
+        self.state.apply(records, [header._replace(base_offset=info.first_offset)], self._index)
         return info.first_offset
 
     def data(self, pid: int, count: int = 1, *, key: bytes | None = None, tag: str = "") -> int:

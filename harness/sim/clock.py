@@ -16,6 +16,22 @@ The order in which callbacks run depends only on their due times and the order t
 scheduled (timers due at the same time fire in the order they were set, which asyncio's heap
 alone does not promise), so one program on this loop gives the same trace on every run.
 
+Processes. Several simulated programs (brokers) share the loop; `Process` is one of them: code
+started with `process.run(fn)` runs in the process's `contextvars` context, and everything it
+schedules from there on (tasks, their steps, callbacks, timers, `to_thread` calls) carries that
+context and so belongs to the process. `loop.kill(process)` is kill -9: the process's pending
+callbacks and timers are cancelled, whatever it would schedule later is dropped, and its tasks
+are frozen where they stand (kept, never resumed, never cancelled: no `finally` or `except`
+of the dead program runs, as none runs in a killed process). Whatever else the process held
+(sockets, a ZooKeeper session) is the harness's to end as the kernel would (see
+`harness.sim.cluster`). `Process.bury()` closes the frozen coroutines once the simulation is
+over. Callbacks scheduled in a context that names no process (the harness's, the simulated
+network's and ensemble's own) belong to no process.
+
+Events. `loop.after_event`, if set, is called after every callback the loop runs (a task's
+step, a timer, a network delivery) with its handle: an invariant checker runs there, and what
+it raises stops `run_until_complete` at that event.
+
 Why not `looptime` (MIT, maintained, works on 3.11 here): it is built for fast tests next to
 real I/O and threads, not for reproducible runs. While a thread-pool future is pending it
 moves the clock in steps paced by real time (`to_thread(time.sleep, 0.05)` moved its clock by
@@ -27,10 +43,13 @@ iterations. What a simulation needs is the few lines below.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import heapq
 import itertools
+import logging
 import selectors
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 _T = TypeVar("_T")
@@ -78,11 +97,86 @@ class _VirtualSelector(selectors.BaseSelector):
         return self._real.get_key(fileobj)
 
 
+class Process:
+    """One simulated program on the loop (see the module docstring): `run(fn, *args)` runs
+    `fn` in its context; what that schedules belongs to it."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.alive = True
+        self.context = contextvars.Context()
+        self.context.run(_current_process.set, self)
+        self.tasks: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
+        #: the tasks that were pending when the process was killed, kept so that nothing
+        #: collects (and so closes) them while the simulation runs
+        self.frozen: list[asyncio.Task[Any]] = []
+
+    def __repr__(self) -> str:
+        return f"<Process {self.name}{'' if self.alive else ' killed'}>"
+
+    def run(self, fn: Callable[..., _T], *args: Any) -> _T:
+        return self.context.run(fn, *args)
+
+    def bury(self) -> None:
+        """Close the coroutines of the tasks frozen at the kill (the simulation is over: their
+        `finally` blocks may run now; what they raise or schedule is dropped)."""
+        frozen, self.frozen = self.frozen, []
+        previous = logging.root.manager.disable
+        logging.disable(logging.CRITICAL)  # what the dead program would log is not output
+        try:
+            for task in frozen:
+                coro = task.get_coro()
+                try:
+                    if hasattr(coro, "close"):
+                        coro.close()
+                except BaseException as e:  # a dead program's cleanup: nothing to report
+                    if isinstance(e, KeyboardInterrupt):
+                        raise
+        finally:
+            logging.disable(previous)
+
+
+_current_process: contextvars.ContextVar[Process | None] = contextvars.ContextVar(
+    "sim_process", default=None
+)
+
+
+def current_process() -> Process | None:
+    """The process whose code is running (None: the harness's own)."""
+    return _current_process.get()
+
+
+def owner(context: contextvars.Context | None) -> Process | None:
+    """The process a callback scheduled in `context` belongs to (None: the current one's
+    context, as asyncio takes it)."""
+    if context is None:
+        return _current_process.get()
+    return context.get(_current_process)
+
+
+class _EventHandle(asyncio.Handle):
+    """A callback whose run is an event (`VirtualTimeLoop.after_event`)."""
+
+    __slots__ = ()
+
+    def _run(self) -> None:
+        super()._run()
+        hook = self._loop.after_event  # type: ignore[attr-defined]
+        if hook is not None:
+            hook(self)
+
+
 class _OrderedTimerHandle(asyncio.TimerHandle):
-    """A timer ordered by (due time, scheduling order)."""
+    """A timer ordered by (due time, scheduling order); its run is an event."""
 
     __slots__ = ("_seq",)
     _seq: int
+
+    def _run(self) -> None:
+        super()._run()
+        hook = self._loop.after_event  # type: ignore[attr-defined]
+        if hook is not None:
+            hook(self)
 
     def __lt__(self, other: object) -> bool:
         if isinstance(other, _OrderedTimerHandle):
@@ -100,6 +194,10 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         # assigned before the base class registers its self-pipe through it
         self._now = float(start)
         self._timer_seq = itertools.count()
+        #: called after every callback the loop runs, with its handle (see the module docstring)
+        self.after_event: Callable[[asyncio.Handle], None] | None = None
+        #: tasks of killed processes: never to run again (nor to be cancelled)
+        self.frozen: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
         super().__init__(_VirtualSelector(real, self))
 
     def time(self) -> float:
@@ -122,9 +220,63 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         timer._seq = next(self._timer_seq)
         if timer._source_traceback:
             del timer._source_traceback[-1]
+        process = owner(context)
+        if process is not None and not process.alive:
+            timer._cancelled = True  # a killed process schedules nothing
+            return timer
         heapq.heappush(base._scheduled, timer)
         timer._scheduled = True
         return timer
+
+    def _call_soon(  # type: ignore[override]
+        self, callback: Callable[..., object], args: Any, context: Any
+    ) -> asyncio.Handle:
+        """asyncio's `_call_soon` (behind call_soon and call_soon_threadsafe), with a killed
+        process's callbacks dropped and every run an event."""
+        handle: Any = _EventHandle(callback, args, self, context)
+        if handle._source_traceback:
+            del handle._source_traceback[-1]
+        process = owner(context)
+        if process is not None and not process.alive:
+            handle._cancelled = True
+            return handle  # type: ignore[no-any-return]
+        base: Any = self
+        base._ready.append(handle)
+        return handle  # type: ignore[no-any-return]
+
+    def create_task(  # type: ignore[override]
+        self,
+        coro: Coroutine[Any, Any, _T],
+        *,
+        name: str | None = None,
+        context: contextvars.Context | None = None,
+    ) -> asyncio.Task[_T]:
+        """asyncio's create_task; the task is counted among its process's."""
+        task = super().create_task(coro, name=name, context=context)
+        process = owner(context)
+        if process is not None:
+            process.tasks.add(task)
+            if not process.alive:  # never to run: kept with the frozen ones
+                task._log_destroy_pending = False  # type: ignore[attr-defined]
+                process.frozen.append(task)
+                self.frozen.add(task)
+        return task
+
+    def kill(self, process: Process) -> None:
+        """kill -9 of `process` (see the module docstring): its pending callbacks and timers
+        cancelled, nothing it schedules from now on runs, its tasks frozen."""
+        if not process.alive:
+            return
+        process.alive = False
+        base: Any = self
+        for handle in list(base._ready) + list(base._scheduled):
+            if owner(handle._context) is process:
+                handle.cancel()
+        for task in list(process.tasks):
+            if not task.done():
+                task._log_destroy_pending = False  # type: ignore[attr-defined]
+                process.frozen.append(task)
+                self.frozen.add(task)
 
     def run_in_executor(  # type: ignore[override]
         self, executor: Any, func: Callable[..., _T], *args: Any
@@ -167,11 +319,12 @@ def run(main: Any, start: float = 0.0) -> Any:
 
 
 def _cancel_all(loop: asyncio.AbstractEventLoop) -> None:
-    tasks = [t for t in asyncio.all_tasks(loop) if not t.done()]
+    frozen = getattr(loop, "frozen", ())
+    tasks = [t for t in asyncio.all_tasks(loop) if not t.done() and t not in frozen]
     for t in tasks:
         t.cancel()
     if tasks:
         loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
 
 
-__all__ = ["Stalled", "VirtualTimeLoop", "run"]
+__all__ = ["Process", "Stalled", "VirtualTimeLoop", "current_process", "owner", "run"]

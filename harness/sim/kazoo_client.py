@@ -18,6 +18,13 @@ callables), raising kazoo's exceptions, and kazoo's client behaviour around them
   the node's mzxid changed, ChildrenWatch when the children differ after a reconnection, a
   function returning False stops it, ChildrenWatch stops if the node is gone).
 
+Callbacks (watches, recipes, state listeners called from the loop) run in the `contextvars`
+context the client was created in, as kazoo's own threads belong to the process that started
+them: in a simulation that context names the broker's `clock.Process`, so a killed broker's
+callbacks are dropped with the rest of it. `crash()` is the client's side of kill -9: nothing
+more is sent or delivered, and the ensemble, no longer hearing from it, expires the session
+after its timeout. The ensemble's own timer runs in a context of its own.
+
 One difference: kazoo queues a request made while the connection is down and sends it when
 the connection is back; here such a request raises ConnectionLoss at once (a request may
 always end so, callers handle it), since a synchronous call cannot wait for virtual time.
@@ -25,6 +32,7 @@ always end so, callers handle it), since a synchronous call cannot wait for virt
 
 from __future__ import annotations
 
+import contextvars
 import inspect
 import random
 from collections import defaultdict
@@ -52,11 +60,17 @@ class Loop(Protocol):
 
     def time(self) -> float: ...
 
-    def call_soon(self, callback: Callable[..., object], *args: Any) -> Any: ...
+    def call_soon(
+        self, callback: Callable[..., object], *args: Any, context: Any = None
+    ) -> Any: ...
 
-    def call_at(self, when: float, callback: Callable[..., object], *args: Any) -> Any: ...
+    def call_at(
+        self, when: float, callback: Callable[..., object], *args: Any, context: Any = None
+    ) -> Any: ...
 
-    def call_later(self, delay: float, callback: Callable[..., object], *args: Any) -> Any: ...
+    def call_later(
+        self, delay: float, callback: Callable[..., object], *args: Any, context: Any = None
+    ) -> Any: ...
 
 
 class SimEnsemble:
@@ -67,6 +81,8 @@ class SimEnsemble:
         self.core = SimZooKeeper(loop, random.Random(seed), tick_ms=tick_ms)
         self._timer: Any = None
         self._timer_at: float | None = None
+        # the ensemble's timer belongs to no client's process
+        self._context = contextvars.Context()
 
     def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """A call into the core, then the expiry timer set for the core's next deadline."""
@@ -83,7 +99,7 @@ class SimEnsemble:
             self._timer.cancel()
         self._timer, self._timer_at = None, when
         if when is not None:
-            self._timer = self.loop.call_at(when, self._tick)
+            self._timer = self.loop.call_at(when, self._tick, context=self._context)
 
     def _tick(self) -> None:
         self._timer, self._timer_at = None, None
@@ -118,6 +134,18 @@ class SimKazooClient:
         self._suspend_timer: Any = None
         self._data_watchers: defaultdict[str, set[Watcher]] = defaultdict(set)
         self._child_watchers: defaultdict[str, set[Watcher]] = defaultdict(set)
+        self._crashed = False
+        # the context of the code that created the client: its callbacks run there
+        self._context = contextvars.copy_context()
+
+    def soon(self, callback: Callable[..., object], *args: Any) -> None:
+        """Run `callback(*args)` on the loop later, in the client's context (kazoo's callback
+        thread)."""
+        if not self._crashed:
+            self.loop.call_soon(callback, *args, context=self._context)
+
+    def _later(self, delay: float, callback: Callable[..., object], *args: Any) -> Any:
+        return self.loop.call_later(delay, callback, *args, context=self._context)
 
     # ----- session and connection -----------------------------------------------------------
 
@@ -180,22 +208,24 @@ class SimKazooClient:
         self._set_state(KazooState.CONNECTED)
 
     def _on_notice(self, notice: WatchEvent | Notice) -> None:
+        if self._crashed:
+            return
         if isinstance(notice, WatchEvent):
             self._watch_event(notice)
         elif notice is Notice.EXPIRED:
             # the ensemble closed the session: kazoo goes LOST and opens a new one
-            self.loop.call_soon(self._session_lost)
+            self.soon(self._session_lost)
         elif notice is Notice.CUT:
             self._cut = True
             # kazoo notices after its read timeout (2/3 of the session timeout) of silence
             self._cancel_suspend()
-            self._suspend_timer = self.loop.call_later(
+            self._suspend_timer = self._later(
                 self._session_timeout * 2 / 3 / 1000, self._connection_lost
             )
         elif notice is Notice.REACHABLE:
             self._cut = False
             if self.state == KazooState.SUSPENDED:
-                self.loop.call_later(self._reconnect_delay, self._reconnect)
+                self._later(self._reconnect_delay, self._reconnect)
 
     def _cancel_suspend(self) -> None:
         if self._suspend_timer is not None:
@@ -212,7 +242,7 @@ class SimKazooClient:
         self._set_state(KazooState.SUSPENDED)
         self._reset_watchers()
         if not self._cut:
-            self.loop.call_later(self._reconnect_delay, self._reconnect)
+            self._later(self._reconnect_delay, self._reconnect)
 
     def _reconnect(self) -> None:
         if not self._started or self.state == KazooState.CONNECTED or self._cut:
@@ -245,7 +275,7 @@ class SimKazooClient:
         self._data_watchers = defaultdict(set)
         event = WatchedEvent(EventType.NONE, self._keeper_state(), None)
         for w in watchers:
-            self.loop.call_soon(w, event)
+            self.soon(w, event)
 
     def _keeper_state(self) -> str:
         return {
@@ -265,9 +295,22 @@ class SimKazooClient:
             watchers += self._child_watchers.pop(ev.path, set())
         event = WatchedEvent(ev.type, "CONNECTED", self._unchroot(ev.path))
         for w in watchers:
-            self.loop.call_soon(w, event)
+            self.soon(w, event)
 
     # ----- faults (the network between this client and the ensemble) ------------------------
+
+    def crash(self) -> None:
+        """The process holding this client was killed (kill -9): no request, callback or
+        listener call any more, nothing closed; the ensemble stops hearing from the session,
+        which expires after its timeout (its ephemerals go then)."""
+        if self._crashed:
+            return
+        self._crashed = True
+        self._started = False
+        self._cancel_suspend()
+        sid = self._session_id
+        if sid is not None and sid in self.core.sessions:
+            self.ensemble.call(self.core.partition, sid)
 
     def partition(self) -> None:
         """Cut this client from the ensemble: SUSPENDED after kazoo's read timeout, the
@@ -281,7 +324,7 @@ class SimKazooClient:
         if self._session_id is None or self._session_id not in self.core.sessions:
             self._cut = False
             if self._started and self.state != KazooState.CONNECTED:
-                self.loop.call_later(self._reconnect_delay, self._reconnect)
+                self._later(self._reconnect_delay, self._reconnect)
         else:
             self.ensemble.call(self.core.heal, self._session_id)
 
@@ -450,7 +493,7 @@ class DataWatch:
                 data = None
                 stat = self._client.exists(self._path, self._watcher)
                 if stat is not None:
-                    self._client.loop.call_soon(self._get_data)
+                    self._client.soon(self._get_data)
                     return
         except _LOST:
             return  # kazoo would wait for the connection; the CONNECTED listener reads again
@@ -472,7 +515,7 @@ class DataWatch:
 
     def _session_watcher(self, state: str) -> None:
         if state == KazooState.CONNECTED:
-            self._client.loop.call_soon(self._get_data)
+            self._client.soon(self._get_data)
 
 
 class ChildrenWatch:
@@ -524,7 +567,7 @@ class ChildrenWatch:
         if state in (KazooState.LOST, KazooState.SUSPENDED):
             self._established = False
         elif state == KazooState.CONNECTED and not self._established and not self._stopped:
-            self._client.loop.call_soon(self._get_children)
+            self._client.soon(self._get_children)
 
 
 __all__ = ["ChildrenWatch", "DataWatch", "SimEnsemble", "SimKazooClient"]

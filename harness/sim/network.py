@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextvars
 import errno
 import random
 import socket
@@ -148,7 +149,7 @@ class SimSocket(asyncio.transports._FlowControlMixin, asyncio.Transport):
     def resume_reading(self) -> None:
         if not self._reading:
             self._reading = True
-            self._net.loop.call_soon(self._take_inbox)
+            self._net.loop.call_soon(self._take_inbox, context=self._net.context)
 
     def get_write_buffer_size(self) -> int:
         unread = self._out_bytes + self.peer._inbox_bytes + self._stuck_bytes
@@ -223,9 +224,11 @@ class SimSocket(asyncio.transports._FlowControlMixin, asyncio.Transport):
         self._protocol = protocol
         protocol.connection_made(self)
         if self._lost:
-            self._net.loop.call_soon(protocol.connection_lost, self._lost_exc)
+            self._net.loop.call_soon(
+                protocol.connection_lost, self._lost_exc, context=self._net.context
+            )
         elif self._inbox:
-            self._net.loop.call_soon(self._take_inbox)
+            self._net.loop.call_soon(self._take_inbox, context=self._net.context)
 
     def _receive(self, kind: str, data: bytes) -> None:
         net = self._net
@@ -283,7 +286,7 @@ class SimSocket(asyncio.transports._FlowControlMixin, asyncio.Transport):
         if listener is not None:
             listener._forget(self)
         if self._protocol is not None:
-            self._net.loop.call_soon(self._protocol.connection_lost, exc)
+            self._net.loop.call_soon(self._protocol.connection_lost, exc, context=self._net.context)
         self._net._forget_if_done(self._conn)
 
     def _timed_out(self) -> None:
@@ -459,6 +462,9 @@ class SimNetwork:
         self._delay: dict[tuple[str, str], float] = {}
         self.grudge: Grudge = {}
         self.stats: collections.Counter[str] = collections.Counter()
+        # The network's own deliveries and timers belong to no host's process: a segment in
+        # flight arrives, a timeout fires, whatever became of the program that sent it.
+        self.context = contextvars.Context()
 
     def host(self, name: str) -> SimHost:
         """The host `name` (created on first use)."""
@@ -523,6 +529,36 @@ class SimNetwork:
                 n += 1
         return n
 
+    def crash_host(self, name: str) -> int:
+        """The process on host `name` was killed (kill -9): the kernel closes what it held,
+        as Linux does at exit. Its listeners close (connections waiting in their accept queue
+        are reset, a connect to them is refused from now on); each of its connections is
+        closed by the kernel: a FIN after whatever it had sent, or a reset if bytes it had not
+        read were waiting. Its peers see EOF or ECONNRESET; the dead side's protocol is told
+        nothing it could act on (its process runs no more). How many connections."""
+        for address, listener in sorted(self._listeners.items()):
+            if address[0] == name:
+                listener.close()
+        n = 0
+        for conn in list(self._connections.values()):
+            server = conn.server
+            if conn.client.local[0] == name and server.listener is not None:
+                # still in its handshake (SYN_SENT here): the half-open connection at the
+                # listener is dropped (Linux would give it up after its SYN-ACK retries)
+                server.listener._forget(server)
+                server.listener = None
+                conn.client._lost = server._lost = True
+                self._connections.pop(conn.id, None)
+                n += 1
+                continue
+            for sock in (conn.client, conn.server):
+                if sock.local[0] == name and not sock._lost:
+                    sock._protocol = None
+                    sock.close()
+                    n += 1
+        self._note(f"crash {name}: {n} connections closed")
+        return n
+
     # ----- moving bytes ---------------------------------------------------------------------
 
     def _latency(self, src: str, dst: str) -> float:
@@ -544,7 +580,7 @@ class SimNetwork:
         sock._last_due = due
         sock._out.append((kind, data))
         sock._out_bytes += len(data)
-        self.loop.call_at(due, self._arrive, sock)
+        self.loop.call_at(due, self._arrive, sock, context=self.context)
 
     def _arrive(self, src: SimSocket) -> None:
         kind, data = src._out.popleft()
@@ -575,7 +611,9 @@ class SimNetwork:
     def _retransmitting(self, sock: SimSocket) -> None:
         """`sock` sent into a black hole: it gives up after the retransmission timeout."""
         if sock._rto is None and not sock._lost:
-            sock._rto = self.loop.call_later(self.retransmit_timeout, sock._timed_out)
+            sock._rto = self.loop.call_later(
+                self.retransmit_timeout, sock._timed_out, context=self.context
+            )
 
     def _forget_if_done(self, conn: _Connection) -> None:
         """Forget a connection whose both sides are gone and that carries nothing more."""

@@ -1,0 +1,398 @@
+"""A whole cluster on the simulator: N real `ClusterKafkaServer`s in one process, on one
+`clock.VirtualTimeLoop`, one `SimEnsemble` and one `SimNetwork`, all from one seed.
+
+Each broker is a `clock.Process` on the loop with its own host name (`n1`, `n2`, ...), its own
+data directory (the real file layer: the simulated disk is later work), its own ZooKeeper
+client on the shared ensemble, and its own `broker.clock` seam set to `SimClock`: the loop's
+virtual time and a random generator seeded from the cluster's seed and the broker's
+incarnation. They run in ZooKeeper mode as on real machines: controller election,
+LeaderAndIsr through the state znodes, replica fetchers over the simulated network, ISR
+changes, CreateTopics through the controller path.
+
+What a nemesis does to it:
+
+- `crash(id)`: kill -9. The process is killed on the loop (its callbacks and timers dropped,
+  its tasks frozen where they stand: no `finally`, no flush, no close), the kernel closes its
+  sockets (`SimNetwork.crash_host`: peers see EOF or a reset, its port is free), and its
+  ZooKeeper session is no longer heard from and expires after its timeout, taking its
+  ephemeral registration (and `/controller`, if it held it) with it. What its logs wrote is
+  on disk (a process kill loses no page cache).
+- `restart(id)`: a new incarnation from the same data directory (log recovery after the
+  unclean shutdown, registration once the old session is gone, then the controller's
+  decision), a new process, a new ZooKeeper session.
+- `partition(grudge)` / `partition_shape(...)` / `heal()`: the network's grudge
+  (`nemeses.partition`'s vocabulary) between the broker hosts and any client hosts. ZooKeeper
+  runs on the broker nodes, as in the embedded cluster: a broker keeps its session while it
+  reaches a majority of them, and is cut from the ensemble otherwise (SUSPENDED, then its
+  session expires unless healed in time).
+
+After every event the loop runs, `Invariants.check` runs over the brokers' in-memory state and
+the ensemble's znodes (`harness.sim.invariants`); a violation stops the run with the virtual
+time and the event. `trace` collects, with the virtual time, every network event, every
+nemesis operation and every change the checker saw (a leader elected, a high watermark moved,
+a state znode's epoch): one seed gives the same trace, byte for byte.
+
+One thing the simulation needs that cannot be done in the broker yet (see docs/simulation.md):
+`broker/apis/fetch.py`'s long-poll deadline reads `time.monotonic()` directly; until it reads
+`broker.clock.monotonic()`, `SimCluster` points that module's `time` at the clock seam while
+it runs (`_seam_unported_modules`), or a follower's fetch would spin through virtual time
+until the wall-clock deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import random
+import types
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from isrlab.broker import clock as broker_clock
+from isrlab.broker.cluster import ClusterKafkaServer
+from isrlab.broker.config import BrokerConfig
+from isrlab.harness.sim.clock import Process, VirtualTimeLoop, owner
+from isrlab.harness.sim.invariants import Invariants, InvariantViolation, state_znodes
+from isrlab.harness.sim.kazoo_client import SimEnsemble, SimKazooClient
+from isrlab.harness.sim.network import SimNetwork
+from isrlab.nemeses.partition import Grudge
+
+#: the wall-clock time at virtual time 0 (2024-01-01T00:00:00Z): record timestamps, segment
+#: ages and ZooKeeper timestamps are in the same range as a real cluster's
+EPOCH = 1_704_067_200.0
+PORT = 9092
+CHROOT = "/isrlab"
+
+#: what the simulation sets on every broker (overridable): the log cleaner runs on threads of
+#: its own (`broker.log.cleaner`), whose timing no seed decides; it is off until it can run on
+#: the loop
+SIM_DEFAULTS = {"log.cleaner.enable": "false"}
+
+
+class SimClock:
+    """`broker.clock.Clock` on a virtual-time loop: wall time is `EPOCH` + the loop's time,
+    monotonic time the loop's, UUIDs from a seeded generator. A blocking sleep cannot pass
+    virtual time (the loop's thread would stop with it) and is refused."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, rng: random.Random, epoch: float = EPOCH):
+        self.loop = loop
+        self.rng = rng
+        self.epoch = epoch
+
+    def time(self) -> float:
+        return self.epoch + self.loop.time()
+
+    def monotonic(self) -> float:
+        return self.loop.time()
+
+    def sleep(self, seconds: float) -> None:
+        raise RuntimeError(
+            f"a blocking sleep ({seconds} s) on the simulated loop: it would stop virtual time; "
+            "wait with asyncio.sleep in the caller instead"
+        )
+
+    def uuid4(self) -> uuid.UUID:
+        return uuid.UUID(int=self.rng.getrandbits(128), version=4)
+
+
+@dataclass
+class SimBroker:
+    """One broker of the cluster: its identity, and its current incarnation when it runs."""
+
+    id: int
+    host: str
+    data_dir: Path
+    config: dict[str, str]
+    incarnation: int = 0
+    server: ClusterKafkaServer | None = None
+    process: Process | None = None
+    dead: list[Process] = field(default_factory=list)
+
+    @property
+    def alive(self) -> bool:
+        return self.server is not None
+
+
+class SimCluster:
+    """`n` brokers (ids 1..n on hosts n1..nn) on `loop`, data under `base_dir`, from `seed`.
+    `overrides` are broker settings for all. `check_invariants` runs the checker after every
+    event. Use as `async with SimCluster(...) as cluster:` (or `start()` / `close()`)."""
+
+    def __init__(
+        self,
+        loop: VirtualTimeLoop,
+        base_dir: Path,
+        n: int = 3,
+        seed: int = 0,
+        *,
+        overrides: dict[str, str] | None = None,
+        zk_tick_ms: int = 500,
+        latency: tuple[float, float] = (0.0002, 0.002),
+        check_invariants: bool = True,
+    ) -> None:
+        self.loop = loop
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.trace: list[str] = []
+        self.net = SimNetwork(
+            loop, seed=self.rng.getrandbits(64), latency=latency, on_event=self.trace.append
+        )
+        self.ensemble = SimEnsemble(loop, seed=self.rng.getrandbits(64), tick_ms=zk_tick_ms)
+        self.zk_hosts = [f"n{i}" for i in range(1, n + 1)]
+        self.brokers: dict[int, SimBroker] = {}
+        for i in range(1, n + 1):
+            host = f"n{i}"
+            self.brokers[i] = SimBroker(
+                i,
+                host,
+                Path(base_dir) / host,
+                {
+                    **SIM_DEFAULTS,
+                    "broker.id": str(i),
+                    "listeners": f"PLAINTEXT://{host}:{PORT}",
+                    "log.dirs": str(Path(base_dir) / host),
+                    "zookeeper.connect": f"zk:2181{CHROOT}",
+                    **(overrides or {}),
+                },
+            )
+            self.net.host(host)
+        self.invariants = Invariants(state_znodes(self.ensemble.core, CHROOT))
+        self._check = check_invariants
+        self._violation: InvariantViolation | None = None
+        self._restore: contextlib.ExitStack | None = None
+
+    # ----- lifecycle -----------------------------------------------------------------------
+
+    async def __aenter__(self) -> SimCluster:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        self._restore = contextlib.ExitStack()
+        self._restore.enter_context(_seam_unported_modules())
+        if self._check:
+            self.loop.after_event = self._after_event
+        for b in self.brokers.values():
+            await self.start_broker(b.id)
+
+    async def start_broker(self, broker_id: int) -> None:
+        """Start (or restart) broker `broker_id` from its data directory, as a new process;
+        returns once it has registered in ZooKeeper."""
+        b = self.brokers[broker_id]
+        if b.server is not None:
+            raise RuntimeError(f"broker {broker_id} is running")
+        b.incarnation += 1
+        process = Process(f"broker{b.id}.{b.incarnation}")
+        sim_clock = SimClock(self.loop, random.Random(f"{self.seed}/{b.id}/{b.incarnation}"))
+        process.run(broker_clock.use, sim_clock)
+        config = BrokerConfig(b.config)
+        kazoo = functools.partial(SimKazooClient, self.ensemble)
+        server = process.run(
+            ClusterKafkaServer,
+            config,
+            self.net.host(b.host),
+            kazoo,  # type: ignore[arg-type]
+        )
+        b.process, b.server = process, server
+        self.note(f"start broker {b.id} (incarnation {b.incarnation})")
+        self._apply_zk_reachability()
+        try:
+            await process.run(self.loop.create_task, server.start())
+        except BaseException:
+            b.server = None
+            raise
+        self.note(f"broker {b.id} registered")
+
+    async def restart(self, broker_id: int) -> None:
+        await self.start_broker(broker_id)
+
+    def crash(self, broker_id: int) -> None:
+        """kill -9 of broker `broker_id` (see the module docstring)."""
+        b = self.brokers[broker_id]
+        if b.server is None or b.process is None:
+            raise RuntimeError(f"broker {broker_id} is not running")
+        server, process = b.server, b.process
+        b.server, b.process = None, None
+        self.loop.kill(process)
+        zk_client = server.zk.zk
+        if isinstance(zk_client, SimKazooClient):
+            zk_client.crash()
+        n = self.net.crash_host(b.host)
+        b.dead.append(process)
+        self.note(f"crash broker {b.id} (incarnation {b.incarnation}, {n} connections)")
+
+    async def stop_broker(self, broker_id: int) -> None:
+        """A clean stop (SIGTERM): logs closed, session closed."""
+        b = self.brokers[broker_id]
+        if b.server is None or b.process is None:
+            return
+        server, process = b.server, b.process
+        await process.run(self.loop.create_task, server.stop())
+        b.server, b.process = None, None
+        self.note(f"stop broker {b.id}")
+
+    async def close(self) -> None:
+        """Stop every running broker cleanly, then close what the killed ones left."""
+        self.loop.after_event = None
+        try:
+            for b in self.brokers.values():
+                with contextlib.suppress(Exception):
+                    await self.stop_broker(b.id)
+        finally:
+            for b in self.brokers.values():
+                for process in b.dead:
+                    process.bury()
+                b.dead.clear()
+            if self._restore is not None:
+                self._restore.close()
+                self._restore = None
+
+    # ----- the network ---------------------------------------------------------------------
+
+    def partition(self, grudge: Grudge) -> None:
+        self.net.partition(grudge)
+        self._apply_zk_reachability()
+
+    def partition_shape(
+        self, shape: str, nodes: Sequence[str] | None = None, leader: str | None = None
+    ) -> Grudge:
+        g = self.net.partition_shape(shape, nodes if nodes is not None else self.zk_hosts, leader)
+        self._apply_zk_reachability()
+        return g
+
+    def heal(self) -> None:
+        self.net.heal()
+        self._apply_zk_reachability()
+
+    def reaches_zookeeper(self, host: str) -> bool:
+        """Whether `host` reaches a majority of the ZooKeeper nodes (itself counts)."""
+        reached = sum(
+            1
+            for z in self.zk_hosts
+            if z == host or (self.net.reachable(host, z) and self.net.reachable(z, host))
+        )
+        return reached * 2 > len(self.zk_hosts)
+
+    def _apply_zk_reachability(self) -> None:
+        for b in self.brokers.values():
+            if b.server is None:
+                continue
+            client = b.server.zk.zk
+            if not isinstance(client, SimKazooClient):
+                continue
+            reach = self.reaches_zookeeper(b.host)
+            cut = client._cut or (
+                client._session_id is not None
+                and client._session_id in client.core.sessions
+                and not client.core.sessions[client._session_id].reachable
+            )
+            if reach and cut:
+                client.heal()
+                self.note(f"zk heal broker {b.id}")
+            elif not reach and not cut:
+                client.partition()
+                self.note(f"zk cut broker {b.id}")
+
+    # ----- inspection ----------------------------------------------------------------------
+
+    def server(self, broker_id: int) -> ClusterKafkaServer:
+        server = self.brokers[broker_id].server
+        if server is None:
+            raise RuntimeError(f"broker {broker_id} is down")
+        return server
+
+    def live(self) -> list[SimBroker]:
+        return [b for b in self.brokers.values() if b.server is not None]
+
+    def leader_of(self, tp: tuple[str, int]) -> int | None:
+        """The broker that leads `tp` now by its own state (the highest epoch if several
+        think they do), None if none."""
+        best: tuple[int, int] | None = None
+        for b in self.live():
+            assert b.server is not None
+            hp = b.server.replica_manager.partitions.get(tp)  # type: ignore[call-overload]
+            if hp is not None and hp.is_leader and (best is None or hp.leader_epoch > best[0]):
+                best = (hp.leader_epoch, b.id)
+        return None if best is None else best[1]
+
+    async def wait_for(
+        self, predicate: Callable[[], bool], timeout: float, what: str, step: float = 0.1
+    ) -> float:
+        """Wait in virtual time until `predicate()`; the virtual seconds it took."""
+        start = self.loop.time()
+        while not predicate():
+            if self.loop.time() - start > timeout:
+                raise TimeoutError(f"{what}: not within {timeout} virtual seconds")
+            await asyncio.sleep(step)
+        return self.loop.time() - start
+
+    # ----- trace and invariants ------------------------------------------------------------
+
+    def note(self, what: str) -> None:
+        self.trace.append(f"{self.loop.time():.6f} {what}")
+
+    def _after_event(self, handle: asyncio.Handle) -> None:
+        if self._violation is not None:
+            return
+        try:
+            changes = self.invariants.check(self.brokers.values())
+        except InvariantViolation as e:
+            self._violation = InvariantViolation(
+                f"at virtual time {self.loop.time():.6f}, after {describe(handle)}: {e}"
+            )
+            self.note(f"VIOLATION {self._violation}")
+            raise self._violation from None
+        for line in changes:
+            self.note(line)
+
+    @property
+    def violation(self) -> InvariantViolation | None:
+        return self._violation
+
+
+def describe(handle: asyncio.Handle) -> str:
+    """An event for a report: the callback and the process it belongs to."""
+    callback: Any = getattr(handle, "_callback", None)
+    name = getattr(callback, "__qualname__", None) or type(callback).__name__
+    self_ = getattr(callback, "__self__", None)
+    if isinstance(self_, asyncio.Task):
+        coro = self_.get_coro()
+        name = f"task {getattr(coro, '__qualname__', self_.get_name())}"
+    process = owner(getattr(handle, "_context", None))
+    return f"{name} ({process.name if process is not None else 'harness'})"
+
+
+@contextlib.contextmanager
+def _seam_unported_modules() -> Iterator[None]:
+    """While a simulation runs, point the `time` of the broker modules that cannot import
+    the clock seam yet (they are being edited elsewhere) at the seam: `broker.apis.fetch`
+    (the Fetch long-poll deadline). Outside a simulated context the seam is the time module
+    itself, so nothing else changes. Undone on exit; a module already on the seam is left."""
+    from isrlab.broker.apis import fetch
+
+    patched: list[tuple[types.ModuleType, Any]] = []
+    for module in (fetch,):
+        original = getattr(module, "time", None)
+        if isinstance(original, types.ModuleType) and original.__name__ == "time":
+            shim = types.SimpleNamespace(
+                monotonic=broker_clock.monotonic,
+                time=broker_clock.time,
+                sleep=broker_clock.sleep,
+            )
+            module.time = shim  # type: ignore[attr-defined]
+            patched.append((module, original))
+    try:
+        yield
+    finally:
+        for module, original in patched:
+            module.time = original  # type: ignore[attr-defined]
+
+
+__all__ = ["EPOCH", "SimBroker", "SimClock", "SimCluster", "describe"]

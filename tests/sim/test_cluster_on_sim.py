@@ -1,0 +1,259 @@
+"""A whole cluster on the simulator (harness/sim/cluster.py): three real ClusterKafkaServers in
+ZooKeeper mode on one virtual-time loop, the simulated ensemble and network, driven by the
+broker's own KafkaConnection: a topic with RF 3 created through CreateTopics, acks=all
+produces, the leader killed (kill -9), a new leader elected once its ZooKeeper session has
+expired in virtual time with every acknowledged record, the old leader restarted and back in
+the ISR, invariants checked after every event, one seed giving a byte-identical trace."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kafka.protocol.admin import CreateTopicsRequest
+from kafka.record.default_records import DefaultRecordBatch
+
+from isrlab.broker.network.client import ConnectionFailed, KafkaConnection
+from isrlab.harness.sim import clock
+from isrlab.harness.sim.cluster import PORT, SimCluster
+from isrlab.harness.sim.invariants import Invariants, InvariantViolation
+from tests.broker.rawclient import build_batch, fetch_request, produce_req
+
+TOPIC = "t"
+TP = (TOPIC, 0)
+SESSION_MS = 6000
+
+
+def run_cluster(
+    tmp: Path, body: Callable[[SimCluster], Awaitable[Any]], *, seed: int = 1
+) -> tuple[Any, SimCluster]:
+    holder: dict[str, SimCluster] = {}
+
+    async def main() -> Any:
+        loop: Any = asyncio.get_running_loop()
+        cluster = SimCluster(
+            loop, tmp, 3, seed=seed, overrides={"zookeeper.session.timeout.ms": str(SESSION_MS)}
+        )
+        holder["c"] = cluster
+        async with cluster:
+            return await body(cluster)
+
+    result = clock.run(main())
+    return result, holder["c"]
+
+
+async def create_topic(c: SimCluster, via: int = 1) -> None:
+    C = CreateTopicsRequest[4]
+    topic = C.CreatableTopic(
+        name=TOPIC, num_partitions=1, replication_factor=3, assignments=[], configs=[]
+    )
+    conn = KafkaConnection(f"n{via}", PORT, "admin", c.net.host("admin"))
+    r = await conn.request(C(topics=[topic], timeout_ms=10000, validate_only=False), 30)
+    conn.close()
+    assert r.topics[0].error_code == 0, r
+    await c.wait_for(lambda: c.leader_of(TP) is not None, 30, "a leader for t-0")
+
+
+def values(response: Any) -> dict[int, bytes]:
+    data = bytes(response.responses[0].partitions[0].records or b"")
+    out = {}
+    pos = 0
+    while pos + 12 <= len(data):
+        (length,) = struct.unpack_from(">i", data, pos + 8)
+        for r in DefaultRecordBatch(data[pos : pos + 12 + length]):
+            out[r.offset] = bytes(r.value)
+        pos += 12 + length
+    return out
+
+
+async def read_all(c: SimCluster, broker: int) -> dict[int, bytes]:
+    conn = KafkaConnection(f"n{broker}", PORT, "reader", c.net.host("reader"))
+    got: dict[int, bytes] = {}
+    while True:
+        f = await conn.request(fetch_request(TOPIC, offset=len(got)), 30)
+        assert f.responses[0].partitions[0].error_code == 0, f
+        more = values(f)
+        if not more:
+            break
+        got.update(more)
+    conn.close()
+    return got
+
+
+async def failover(c: SimCluster, n: int = 20) -> list[str]:
+    """Produce n records acks=all, kill the leader, find them all on the new one, restart the
+    old leader and wait for it back in the ISR; a log of what happened, in virtual time."""
+    loop = asyncio.get_running_loop()
+    out: list[str] = []
+
+    def note(what: str) -> None:
+        out.append(f"{loop.time():.6f} {what}")
+        c.note(f"test: {what}")
+
+    await create_topic(c)
+    leader = c.leader_of(TP)
+    assert leader is not None
+    note(f"leader {leader}")
+    producer = KafkaConnection(f"n{leader}", PORT, "producer", c.net.host("producer"))
+    acked: dict[int, bytes] = {}
+    for i in range(n):
+        value = b"v%d" % i
+        r = await producer.request(produce_req(TOPIC, build_batch([value]), acks=-1), 30)
+        p = r.responses[0].partition_responses[0]
+        assert p.error_code == 0, p
+        acked[p.base_offset] = value
+    note(f"acked {sorted(acked)}")
+
+    c.crash(leader)
+    crashed_at = loop.time()
+    with pytest.raises(ConnectionFailed):  # the dead leader's connection is gone
+        await producer.request(produce_req(TOPIC, build_batch([b"late"]), acks=-1), 5)
+    await c.wait_for(lambda: c.leader_of(TP) not in (None, leader), 120, "a new leader", step=0.05)
+    new = c.leader_of(TP)
+    assert new is not None
+    elected_after = loop.time() - crashed_at
+    note(f"new leader {new} after {elected_after:.3f}")
+    # Every acknowledged record is in the new leader's log at once; consumers see them once
+    # its high watermark has moved past them (a new leader's HW lags until its followers'
+    # next fetch tells it their log ends, as in Kafka).
+    hp = c.server(new).replica_manager.partitions[TP]  # type: ignore[index]
+    assert hp.log.log_end_offset >= max(acked) + 1
+    await c.wait_for(lambda: hp.high_watermark > max(acked), 30, "the new leader's HW")
+    on_new = await read_all(c, new)
+    note(f"read {len(on_new)} records from the new leader")
+    missing = {o: v for o, v in acked.items() if on_new.get(o) != v}
+    assert not missing, f"acknowledged records missing on the new leader: {missing}"
+
+    await c.restart(leader)
+    note(f"restarted {leader}")
+    took = await c.wait_for(
+        lambda: leader in c.server(new).replica_manager.partitions[TP].isr,  # type: ignore[index]
+        120,
+        "the old leader back in the ISR",
+    )
+    note(f"{leader} back in the ISR after {took:.3f}")
+    await asyncio.sleep(120)  # quiet minutes: fetchers long-polling, invariants checked
+    note(f"isr {c.server(new).replica_manager.partitions[TP].isr}")  # type: ignore[index]
+    out.append(f"elected_after={elected_after}")
+    return out
+
+
+def test_a_cluster_fails_over_and_the_old_leader_rejoins(tmp_path: Path) -> None:
+    wall = time.monotonic()
+    out, c = run_cluster(tmp_path, failover)
+    elapsed = time.monotonic() - wall
+    elected_after = float(out[-1].split("=")[1])
+    # the session expires at the tick boundary after its timeout (6 s, ticks of 500 ms); the
+    # controller then elects within a few network round trips
+    assert SESSION_MS / 1000 <= elected_after <= SESSION_MS / 1000 + 1.0, out
+    assert c.violation is None
+    assert c.invariants.checks > 5000  # after every event
+    assert any(" leader t-0 epoch 1 " in line for line in c.trace)
+    assert any("crash broker" in line for line in c.trace)
+    assert c.loop.time() > 120  # minutes of virtual time ...
+    assert elapsed < 30, elapsed  # ... in a few wall-clock seconds
+
+
+def test_the_same_seed_gives_a_byte_identical_trace(tmp_path: Path) -> None:
+    one = "\n".join(run_cluster(tmp_path / "1", failover, seed=7)[1].trace)
+    two = "\n".join(run_cluster(tmp_path / "2", failover, seed=7)[1].trace)
+    other = "\n".join(run_cluster(tmp_path / "3", failover, seed=8)[1].trace)
+    assert one.encode() == two.encode()
+    assert one != other
+    assert " crash broker " in one and " drop " not in one  # nothing was partitioned
+
+
+def test_a_partitioned_leader_loses_its_session_and_leadership_then_rejoins(
+    tmp_path: Path,
+) -> None:
+    async def body(c: SimCluster) -> list[str]:
+        loop = asyncio.get_running_loop()
+        await create_topic(c)
+        leader = c.leader_of(TP)
+        assert leader is not None
+        producer = KafkaConnection(f"n{leader}", PORT, "producer", c.net.host("producer"))
+        r = await producer.request(produce_req(TOPIC, build_batch([b"before"]), acks=-1), 30)
+        assert r.responses[0].partition_responses[0].error_code == 0
+        c.partition_shape("isolate-leader", leader=f"n{leader}")
+        assert not c.reaches_zookeeper(f"n{leader}")
+        start = loop.time()
+        await c.wait_for(lambda: c.leader_of(TP) not in (None, leader), 120, "a new leader")
+        new = c.leader_of(TP)
+        took = loop.time() - start
+        c.heal()
+        await c.wait_for(
+            lambda: (
+                leader in c.server(new).replica_manager.partitions[TP].isr  # type: ignore[index]
+                and not c.server(leader).replica_manager.partitions[TP].is_leader  # type: ignore[index]
+            ),
+            120,
+            "the old leader following, back in the ISR",
+        )
+        return [f"{took:.3f}", str(new)]
+
+    (took, _new), c = run_cluster(tmp_path, body, seed=3)
+    assert SESSION_MS / 1000 <= float(took) <= SESSION_MS / 1000 + 1.0
+    assert c.violation is None
+    assert any(" zk cut broker " in line for line in c.trace)
+
+
+def test_a_killed_process_runs_nothing_more() -> None:
+    """kill -9 on the loop: callbacks and timers dropped, tasks frozen (no finally runs),
+    nothing it would schedule runs; other processes and the harness carry on."""
+    ran: list[str] = []
+
+    async def worker(name: str) -> None:
+        try:
+            while True:
+                await asyncio.sleep(1)
+                ran.append(f"{name} {asyncio.get_running_loop().time():.0f}")
+        finally:
+            ran.append(f"{name} finally")
+
+    async def main() -> None:
+        loop: Any = asyncio.get_running_loop()
+        a, b = clock.Process("a"), clock.Process("b")
+        a.run(loop.create_task, worker("a"))
+        b.run(loop.create_task, worker("b"))
+        a.run(loop.call_later, 2.5, ran.append, "a timer")
+        await asyncio.sleep(2.2)
+        loop.kill(a)
+        await asyncio.sleep(2)
+        a.bury()
+
+    clock.run(main())
+    # b, alive, is cancelled by clock.run at the end
+    assert ran == ["a 1", "b 1", "a 2", "b 2", "b 3", "b 4", "a finally", "b finally"]
+
+
+def test_the_checker_reports_two_leaders_in_one_epoch_and_a_falling_high_watermark() -> None:
+    class HP:
+        def __init__(self, epoch: int, hw: int) -> None:
+            self.is_leader, self.leader_epoch, self.high_watermark = True, epoch, hw
+            self.isr: list[int] = []
+
+    class Broker:
+        def __init__(self, bid: int, hps: dict[Any, HP]) -> None:
+            self.id, self.incarnation = bid, 1
+            self.server = type("S", (), {"replica_manager": type("R", (), {"partitions": hps})})
+
+        def __getattr__(self, name: str) -> Any:
+            raise AttributeError(name)
+
+    inv = Invariants()
+    inv._check_committed = lambda *a: None  # type: ignore[method-assign]
+    hp = HP(3, 10)
+    b1 = Broker(1, {TP: hp})
+    inv.check([b1])
+    hp.high_watermark = 9
+    with pytest.raises(InvariantViolation, match="went down from 10 to 9"):
+        inv.check([b1])
+    other = Invariants()
+    other._check_committed = lambda *a: None  # type: ignore[method-assign]
+    with pytest.raises(InvariantViolation, match="two leaders of t-0 at leader epoch 3"):
+        other.check([b1, Broker(2, {TP: HP(3, 0)})])

@@ -295,6 +295,11 @@ class HostedPartition:
     def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
         return self.adapter.end_offset_for_epoch(epoch)
 
+    def fetch_has_answer(self, interest: Any) -> bool:
+        """Whether a fetch waiting for data (``interest``: replica id, fetch offset, current
+        leader epoch, read_committed) would now get records or an error: the core decides."""
+        return self.core.fetch_has_answer(*interest)
+
     def become(self, state: LeaderAndIsr, replicas: list[int]) -> None:
         """Apply a partition state from the controller (via ZooKeeper) or standalone start-up."""
         self.replicas = list(replicas)

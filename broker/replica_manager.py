@@ -18,9 +18,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from kafka.protocol.consumer import FetchRequest, ListOffsetsRequest, OffsetForLeaderEpochRequest
 
@@ -48,39 +48,88 @@ EPOCH_VERSION = 3
 LIST_OFFSETS_VERSION = 4
 
 
-class DataNotifier:
-    """Wakes long-polling fetches when data or a high watermark of one of their partitions moves.
+class FetchInterest(NamedTuple):
+    """What a fetch waiting for data asks of one partition (the arguments of the core's
+    `fetch_has_answer`)."""
 
-    A waiter registers one event under each partition it reads; `notify(tp)` sets the events of
-    that partition's waiters only (an append to one partition must not wake every parked fetch
-    of the broker), `notify()` with no partition wakes everyone (shutdown, leadership changes).
+    replica_id: int
+    fetch_offset: int
+    current_leader_epoch: int
+    read_committed: bool
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+class DataNotifier:
+    """Wakes fetches waiting for data (long polls) when one of their partitions can answer.
+
+    A waiter registers a future under each partition it reads, with its `FetchInterest`
+    there. `notify(tp, has_answer)` wakes the waiters of that partition only (an append to one
+    partition must not wake every parked fetch of the broker), and of those only the ones for
+    which ``has_answer(interest)`` holds: the replica's core would answer their fetch of that
+    partition with records or an error (Kafka's DelayedFetch completes on its accumulated
+    bytes, not on every append). So an append does not wake the consumers waiting at the high
+    watermark, nor a high-watermark move the followers waiting at the log end. Without
+    ``has_answer``, or for a waiter registered without interests, every waiter of the
+    partition wakes; `notify()` with no partition wakes everyone (shutdown).
     """
 
     def __init__(self) -> None:
-        self._waiters: dict[Any, set[asyncio.Event]] = {}
+        self._waiters: dict[Any, dict[asyncio.Future[None], list[FetchInterest] | None]] = {}
 
-    def notify(self, tp: Any = None) -> None:
+    def notify(
+        self, tp: Any = None, has_answer: Callable[[FetchInterest], bool] | None = None
+    ) -> None:
         if tp is None:
-            for events in self._waiters.values():
-                for e in events:
-                    e.set()
+            for every in self._waiters.values():
+                for waiter in every:
+                    _wake(waiter)
             return
-        for e in self._waiters.get(tp, ()):
-            e.set()
+        waiters = self._waiters.get(tp)
+        if not waiters:
+            return
+        for waiter, interests in waiters.items():
+            if waiter.done():
+                continue
+            if has_answer is None or interests is None or any(map(has_answer, interests)):
+                waiter.set_result(None)
 
-    async def wait(self, tps: Any, timeout: float) -> None:
-        event = asyncio.Event()
+    async def wait(
+        self,
+        tps: Iterable[Any],
+        timeout: float,
+        interests: Iterable[FetchInterest | None] | None = None,
+    ) -> None:
+        """Until a partition of ``tps`` is notified (with ``interests``, parallel to ``tps``:
+        until one can answer its interest) or ``timeout`` seconds passed."""
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
         keys = list(tps)
-        for tp in keys:
-            self._waiters.setdefault(tp, set()).add(event)
+        wanted = list(interests) if interests is not None else [None] * len(keys)
+        for tp, interest in zip(keys, wanted, strict=True):
+            waiters = self._waiters.get(tp)
+            if waiters is None:
+                waiters = self._waiters[tp] = {}
+            if waiter not in waiters:
+                waiters[waiter] = None if interest is None else [interest]
+            elif interest is None:  # the same partition twice in one wait
+                waiters[waiter] = None
+            else:
+                listed = waiters[waiter]
+                if listed is not None:
+                    listed.append(interest)
+        timer = loop.call_later(timeout, _wake, waiter)
         try:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(event.wait(), timeout)
+            await waiter
         finally:
+            timer.cancel()
             for tp in keys:
                 waiters = self._waiters.get(tp)
                 if waiters is not None:
-                    waiters.discard(event)
+                    waiters.pop(waiter, None)
                     if not waiters:
                         del self._waiters[tp]
 
@@ -214,7 +263,7 @@ class ReplicaManager:
     # ----- PartitionIO ----------------------------------------------------------------------
 
     def data_changed(self, partition: HostedPartition) -> None:
-        self.notifier.notify(partition.tp)
+        self.notifier.notify(partition.tp, partition.fetch_has_answer)
 
     def role_changed(self, partition: HostedPartition) -> None:
         for listener in self.role_listeners:

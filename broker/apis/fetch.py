@@ -5,7 +5,9 @@ Consumers (replica_id -1) read below the high watermark (read_uncommitted) or th
 files, so the consumer can drop those records); followers (replica_id >= 0) read up to the log end offset, and their fetch offset
 is their acknowledgement. Those bounds, the offset range and the leader epoch check are the
 replication core's answer (`Partition.on_fetch`); this handler serves what it names.
-`max_wait_ms`/`min_bytes` make the request wait until enough data is fetchable or the time is up;
+`max_wait_ms`/`min_bytes` make the request wait until enough data is fetchable or the time is up
+(it is woken only when one of its partitions has records or an error for it: the core's
+`fetch_has_answer`, so an append does not wake consumers waiting at the high watermark);
 `max_bytes` bounds the whole response and `partition_max_bytes` each partition, except that the
 first batch of the first non-empty partition is returned even when it is larger (so a consumer can
 always make progress), as in Kafka.
@@ -23,6 +25,7 @@ from isrlab.broker.errors import ErrorCode
 from isrlab.broker.network.codec import FileRegion, Request
 from isrlab.broker.network.hot_responses import FetchPartition, encode_fetch_response
 from isrlab.broker.partition import ReadResult
+from isrlab.broker.replica_manager import FetchInterest
 
 if TYPE_CHECKING:
     from isrlab.broker.server import KafkaServer
@@ -62,15 +65,24 @@ async def handle_fetch(server: KafkaServer, request: Request) -> list[bytes | Fi
     req = request.body
     replica_id = req.replica_id if req.replica_id is not None else -1
     deadline = time.monotonic() + max(req.max_wait_ms, 0) / 1000
+    tps: list[tuple[str, int]] | None = None
+    interests: list[FetchInterest] | None = None
     while True:
         results, total, errors = _read_all(server, req, replica_id)
         now = time.monotonic()
         if total >= max(req.min_bytes, 1) or errors or now >= deadline or server.stopping:
             break
-        await server.replica_manager.notifier.wait(
-            [(t.topic, p.partition) for t in req.topics for p in t.partitions], deadline - now
-        )
-        # A fresh read after waking: the wake-up may be for another partition.
+        if tps is None:
+            read_committed = getattr(req, "isolation_level", 0) == 1
+            tps = [(t.topic, p.partition) for t in req.topics for p in t.partitions]
+            interests = [
+                FetchInterest(replica_id, p.fetch_offset, p.current_leader_epoch, read_committed)
+                for t in req.topics
+                for p in t.partitions
+            ]
+        # Woken only when a partition can answer with records or an error (its core's
+        # fetch_has_answer); the read after waking decides, as min_bytes may not be reached.
+        await server.replica_manager.notifier.wait(tps, deadline - now, interests)
         await asyncio.sleep(0)
     return _encode(server, request, results)
 

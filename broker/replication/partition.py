@@ -366,6 +366,25 @@ class Partition:
             self.on_consumer_fetch(fetch_offset, current_leader_epoch, request_id, read_committed)
         ]
 
+    def fetch_has_answer(
+        self,
+        replica_id: int,
+        fetch_offset: int,
+        current_leader_epoch: int,
+        read_committed: bool = False,
+    ) -> bool:
+        """Whether ``on_fetch`` with these arguments would now answer with an error or with
+        records (``records_end > fetch_offset``), without its side effects: what a fetch
+        waiting for data waits for (Kafka's DelayedFetch.tryComplete). The shell wakes a
+        waiting fetch only when this holds for one of its partitions."""
+        if self._epoch_error(current_leader_epoch) is not None:
+            return True
+        if replica_id >= 0 and replica_id not in self._remote:
+            return True  # REPLICA_NOT_AVAILABLE
+        if not self.log.log_start_offset <= fetch_offset <= self.log.log_end_offset:
+            return True  # OFFSET_OUT_OF_RANGE
+        return self._readable_end(replica_id, read_committed) > fetch_offset
+
     def on_follower_fetch(
         self,
         replica_id: int,

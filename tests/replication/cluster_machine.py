@@ -196,6 +196,31 @@ class ClusterMachine(RuleBasedStateMachine):
             trace = "\n  ".join(self.c.trace[-80:])
             raise AssertionError(f"{exc}\nlast events:\n  {trace}") from None
 
+    @invariant()
+    def a_waiting_fetch_wakes_exactly_when_it_has_an_answer(self) -> None:
+        """``fetch_has_answer`` (what wakes a fetch waiting for data in the broker's shell)
+        holds exactly when a consumer's ``on_fetch`` would answer with an error or records,
+        at offsets around the log's bounds and epochs around the current one (followers:
+        tests/replication/test_partition.py)."""
+        for b in BROKERS:
+            if not self.c.alive[b]:
+                continue
+            p, log = self.c.partitions[b], self.c.logs[b]
+            offsets = {log.log_start_offset - 1, log.log_start_offset, p.high_watermark}
+            offsets |= {p.last_stable_offset, log.log_end_offset - 1, log.log_end_offset}
+            offsets.add(log.log_end_offset + 1)
+            epochs = (-1, p.leader_epoch - 1, p.leader_epoch, p.leader_epoch + 1)
+            for offset in sorted(offsets):
+                for epoch in epochs:
+                    for committed in (False, True):
+                        answer = p.on_consumer_fetch(offset, epoch, read_committed=committed)
+                        expected = answer.error != 0 or answer.records_end > offset
+                        got = p.fetch_has_answer(-1, offset, epoch, committed)
+                        assert got == expected, (
+                            f"broker {b}: consumer fetch at {offset} epoch {epoch} "
+                            f"committed={committed}: fetch_has_answer {got}, on_fetch {answer}"
+                        )
+
     def _check(self) -> None:
         c = self.c
         isr = c.zk_state.isr if c.zk_state else ()

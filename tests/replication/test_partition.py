@@ -477,6 +477,28 @@ def test_fetch_bounds_follower_leo_consumer_hw_or_lso() -> None:
     assert committed.last_stable_offset == 1 and committed.high_watermark == 1
 
 
+def test_fetch_has_answer_for_followers_and_consumers() -> None:
+    """What wakes a waiting fetch: a follower at the LEO when the LEO moves, a consumer at the
+    HW when the HW moves (not on the append), either on an error (fenced or newer epoch, an
+    unknown replica, an offset out of range) and once the replica stops leading."""
+    p = leader(isr=(0, 1), epoch=2)
+    p.on_follower_fetch(1, 0, 2, now=0)
+    assert not p.fetch_has_answer(1, 0, 2) and not p.fetch_has_answer(-1, 0, 2)
+    produce(p, 2)
+    assert p.fetch_has_answer(1, 0, 2)  # the follower may read the new LEO
+    assert not p.fetch_has_answer(-1, 0, 2)  # the HW has not moved: nothing for a consumer
+    assert not p.fetch_has_answer(-1, 0, -1, read_committed=True)
+    assert not p.fetch_has_answer(1, 2, 2)  # a follower at the LEO
+    assert p.fetch_has_answer(1, 0, 1) and p.fetch_has_answer(-1, 0, 3)  # fenced, unknown epoch
+    assert p.fetch_has_answer(7, 2, 2)  # REPLICA_NOT_AVAILABLE
+    assert p.fetch_has_answer(-1, 3, 2) and p.fetch_has_answer(1, 3, 2)  # out of range
+    p.on_follower_fetch(1, 2, 2, now=0)  # follower 1 caught up: HW 2
+    assert p.fetch_has_answer(-1, 0, 2) and p.fetch_has_answer(-1, 0, 2, read_committed=True)
+    assert not p.fetch_has_answer(-1, 2, 2)
+    p.become_follower(LeaderAndIsr(1, 3, (1,), 1), (0, 1), now=0)
+    assert p.fetch_has_answer(-1, 2, -1) and p.fetch_has_answer(1, 2, 3)  # not the leader
+
+
 def test_list_offsets_bounds_and_epoch_checks() -> None:
     p = leader(isr=(0, 1), epoch=3)
     produce(p, 3)

@@ -31,6 +31,14 @@ __all__ = ["FORMATS", "WORKLOADS", "check", "load", "load_for_check", "policy_fr
 WORKLOADS = ("queue", "register", "cas-register", "kv")
 FORMATS = ("jsonl", "edn", "jepsen-log")
 QUEUE_OPTS = ("allow", "disallow", "subscribe", "eos", "ww_deps", "max_examples")
+#: What a transactional test read with ``isolation_level: read_uncommitted`` allows on top of the
+#: defaults: Kafka's read_uncommitted consumers read records of open and aborted transactions,
+#: so aborted reads (G1a), circular information flow through such reads (G1c and variants:
+#: Adya's PL-1, read uncommitted, proscribes only G0) and a transaction reading its own
+#: uncommitted sends are what the level promises, not anomalies of the system.
+READ_UNCOMMITTED_ALLOWED = frozenset(
+    {"G1a", "G1c", "G1c-process", "G1c-realtime", "precommitted-read"}
+)
 
 
 def load(path: Path, fmt: str = "jsonl") -> list[dict[str, Any]]:
@@ -111,7 +119,9 @@ def policy_from_test(test: Mapping[str, Any]) -> dict[str, Any]:
     Reads `workload` (a name, or {"name": ..., options}), `eos` {"input", "output"},
     `subscribe` (bool) or `sub_via`
     (Jepsen's name: a list or string containing "subscribe"), `ww_deps`, and the
-    anomaly lists `allow` / `disallow` (top level or under `checker`).
+    anomaly lists `allow` / `disallow` (top level or under `checker`). A transactional test
+    (`txn: true`) read with `isolation_level: read_uncommitted` also allows
+    `READ_UNCOMMITTED_ALLOWED` (a `disallow` still wins).
     """
     conf: dict[str, Any] = dict(test)
     conf.update(test.get("checker") or {})
@@ -139,4 +149,6 @@ def policy_from_test(test: Mapping[str, Any]) -> dict[str, Any]:
         items = _as_list(conf.get(name))
         if items:
             policy[name] = set(items)
+    if conf.get("txn") is True and conf.get("isolation_level") == "read_uncommitted":
+        policy["allow"] = policy.get("allow", set()) | READ_UNCOMMITTED_ALLOWED
     return policy

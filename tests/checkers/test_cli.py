@@ -230,3 +230,29 @@ def test_edn_register_history_end_to_end(tmp_path: Path) -> None:
     p.write_text("{:index 0 :time 0 :type :invoke\n")
     r = run(str(p), "-w", "register", "--format", "edn")
     assert r.exit_code == 2 and "Traceback" not in r.output
+
+
+def test_read_uncommitted_transactions_allow_what_the_level_permits() -> None:
+    ru = {"workload": "queue", "txn": True, "isolation_level": "read_uncommitted"}
+    assert api.policy_from_test(ru)["allow"] == api.READ_UNCOMMITTED_ALLOWED
+    # read_committed, or no transactions (a failed plain send is never readable): nothing more
+    assert "allow" not in api.policy_from_test({**ru, "isolation_level": "read_committed"})
+    assert "allow" not in api.policy_from_test({**ru, "txn": False})
+    # added to the test's own allow list; its disallow still wins in the checker
+    p = api.policy_from_test({**ru, "allow": ["unseen"], "disallow": ["G1a"]})
+    assert p["allow"] == api.READ_UNCOMMITTED_ALLOWED | {"unseen"} and p["disallow"] == {"G1a"}
+
+
+def test_an_aborted_read_is_invalid_under_read_committed_only() -> None:
+    from tests.checkers.hist import H
+
+    h = H()
+    h.send(0, "k", 1, 0, typ="fail")  # an aborted transaction's send
+    h.poll(1, {"k": [[0, 1]]})
+    test = {"workload": "queue", "txn": True, "isolation_level": "read_committed"}
+    rc = api.check(h.ops, **api.policy_from_test(test))
+    assert rc["valid"] is False and rc["not_allowed"] == ["G1a"]
+    ru = api.check(h.ops, **api.policy_from_test({**test, "isolation_level": "read_uncommitted"}))
+    assert ru["valid"] is True and ru["anomaly_types"] == ["G1a"]  # still reported
+    strict = {**test, "isolation_level": "read_uncommitted", "disallow": ["G1a"]}
+    assert api.check(h.ops, **api.policy_from_test(strict))["valid"] is False

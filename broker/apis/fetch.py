@@ -18,9 +18,9 @@ Large record data is sent with sendfile: see `broker.network.codec`.
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import TYPE_CHECKING, Any
 
+from isrlab.broker import clock
 from isrlab.broker.errors import ErrorCode
 from isrlab.broker.network.codec import FileRegion, Request
 from isrlab.broker.network.hot_responses import FetchPartition, encode_fetch_response
@@ -64,12 +64,12 @@ def _read_all(server: KafkaServer, req: Any, replica_id: int) -> tuple[list[Any]
 async def handle_fetch(server: KafkaServer, request: Request) -> list[bytes | FileRegion]:
     req = request.body
     replica_id = req.replica_id if req.replica_id is not None else -1
-    deadline = time.monotonic() + max(req.max_wait_ms, 0) / 1000
+    deadline = clock.monotonic() + max(req.max_wait_ms, 0) / 1000
     tps: list[tuple[str, int]] | None = None
     interests: list[FetchInterest] | None = None
     while True:
         results, total, errors = _read_all(server, req, replica_id)
-        now = time.monotonic()
+        now = clock.monotonic()
         if total >= max(req.min_bytes, 1) or errors or now >= deadline or server.stopping:
             break
         if tps is None:

@@ -31,12 +31,6 @@ the ensemble's znodes (`harness.sim.invariants`); a violation stops the run with
 time and the event. `trace` collects, with the virtual time, every network event, every
 nemesis operation and every change the checker saw (a leader elected, a high watermark moved,
 a state znode's epoch): one seed gives the same trace, byte for byte.
-
-One thing the simulation needs that cannot be done in the broker yet (see docs/simulation.md):
-`broker/apis/fetch.py`'s long-poll deadline reads `time.monotonic()` directly; until it reads
-`broker.clock.monotonic()`, `SimCluster` points that module's `time` at the clock seam while
-it runs (`_seam_unported_modules`), or a follower's fetch would spin through virtual time
-until the wall-clock deadline.
 """
 
 from __future__ import annotations
@@ -45,9 +39,8 @@ import asyncio
 import contextlib
 import functools
 import random
-import types
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -163,7 +156,6 @@ class SimCluster:
         self.invariants = Invariants(state_znodes(self.ensemble.core, CHROOT))
         self._check = check_invariants
         self._violation: InvariantViolation | None = None
-        self._restore: contextlib.ExitStack | None = None
 
     # ----- lifecycle -----------------------------------------------------------------------
 
@@ -175,8 +167,6 @@ class SimCluster:
         await self.close()
 
     async def start(self) -> None:
-        self._restore = contextlib.ExitStack()
-        self._restore.enter_context(_seam_unported_modules())
         if self._check:
             self.loop.after_event = self._after_event
         for b in self.brokers.values():
@@ -250,9 +240,6 @@ class SimCluster:
                 for process in b.dead:
                     process.bury()
                 b.dead.clear()
-            if self._restore is not None:
-                self._restore.close()
-                self._restore = None
 
     # ----- the network ---------------------------------------------------------------------
 
@@ -367,32 +354,6 @@ def describe(handle: asyncio.Handle) -> str:
         name = f"task {getattr(coro, '__qualname__', self_.get_name())}"
     process = owner(getattr(handle, "_context", None))
     return f"{name} ({process.name if process is not None else 'harness'})"
-
-
-@contextlib.contextmanager
-def _seam_unported_modules() -> Iterator[None]:
-    """While a simulation runs, point the `time` of the broker modules that cannot import
-    the clock seam yet (they are being edited elsewhere) at the seam: `broker.apis.fetch`
-    (the Fetch long-poll deadline). Outside a simulated context the seam is the time module
-    itself, so nothing else changes. Undone on exit; a module already on the seam is left."""
-    from isrlab.broker.apis import fetch
-
-    patched: list[tuple[types.ModuleType, Any]] = []
-    for module in (fetch,):
-        original = getattr(module, "time", None)
-        if isinstance(original, types.ModuleType) and original.__name__ == "time":
-            shim = types.SimpleNamespace(
-                monotonic=broker_clock.monotonic,
-                time=broker_clock.time,
-                sleep=broker_clock.sleep,
-            )
-            module.time = shim  # type: ignore[attr-defined]
-            patched.append((module, original))
-    try:
-        yield
-    finally:
-        for module, original in patched:
-            module.time = original  # type: ignore[attr-defined]
 
 
 __all__ = ["EPOCH", "SimBroker", "SimClock", "SimCluster", "describe"]

@@ -6,11 +6,13 @@
 `Screen` is fed the spec's op dicts in history order (`feed`, a list at a time) and then
 `finish`es. It keeps only flat C++ arrays (records, sends, reads, watermarks), no
 per-op Python objects, and repeats the explaining checker's passes
-(`checkers.queue.analysis.QueueAnalysis`) as detectors: `_index`, `_order_checks`,
-`_lost_and_unseen`, `_op_checks` and the backward edges that start `cycles`. Every
-condition under which that checker records an anomaly makes `finish` return the name
-of the first pass that would (the caller then runs the checker); otherwise it returns
-the checker's stats, in the checker's order.
+(`checkers.queue.analysis.QueueAnalysis`): `_index`, `_order_checks`,
+`_lost_and_unseen`, `_op_checks`, `_truncation_checks` and the backward edges that start
+`cycles`, each rule once (`Screen.passes`). `finish` runs them as detectors: the first
+case of any anomaly stops them and `finish` names it (the caller then explains the
+history); otherwise it returns the checker's stats, in the checker's order. `explain`
+runs the same passes to the end, counting every case and keeping the first ones' fields
+(`checkers.queue.native` writes them).
 
 It accepts less than the checker: integer values and offsets within 64 bits, reads
 with offsets, dict watermarks and the structure `checkers.queue.load` accepts.
@@ -37,6 +39,20 @@ __all__ = ["GiveUp", "Screen"]
 
 class GiveUp(Exception):
     """The screen cannot vouch for this history; check it the ordinary way."""
+
+
+class _Fired(Exception):
+    """The first case the screen's passes found (`Screen.hit`): its anomaly's name."""
+
+
+# The screen's word for an anomaly where it names several (`screen.PERSISTENT`).
+SCREEN_WORD = {
+    "int-poll-skip": "int-poll-skip or int-nonmonotonic-poll",
+    "int-nonmonotonic-poll": "int-poll-skip or int-nonmonotonic-poll",
+    "poll-skip": "poll-skip or nonmonotonic-poll",
+    "nonmonotonic-poll": "poll-skip or nonmonotonic-poll",
+    "hw-regression-realtime": "hw-regression",
+}
 
 
 cdef enum:  # kinds, as checkers.queue.ops
@@ -190,19 +206,24 @@ cdef inline int8_t f_code(object f):
     return -1
 
 
-cdef inline cbool below_earlier_max(vector[int64_t]* at, vector[int64_t]* top, int64_t pos,
-                                    int64_t inv, int64_t value):
+cdef inline int64_t above_earlier_max(vector[int64_t]* at, vector[int64_t]* top,
+                                      vector[int32_t]* rec, int64_t pos, int64_t inv,
+                                      int64_t value, int32_t ri):
     """A per-key running maximum over ok completions (`analysis._RunningMax`): record
-    `value`, completed at history position `pos`, and say whether it lies below the
-    maximum among completions before position `inv` (this op's invoke)."""
+    `value`, completed at history position `pos` by record `ri`, and find the maximum
+    among completions before position `inv` (this op's invoke): its index in `top` and
+    `rec` if it lies above `value`, else -1."""
     cdef int64_t j
     if top.empty() or value > top.back():
         at.push_back(pos)
         top.push_back(value)
+        rec.push_back(ri)
     elif top.back() > value:
         j = (lower_bound(at.begin(), at.end(), inv) - at.begin()) - 1
-        return j >= 0 and deref(top)[j] > value
-    return False
+        if j >= 0 and deref(top)[j] > value:
+            return j
+    return -1
+
 
 
 cdef inline int64_t as_int(object x) except? -1:
@@ -217,7 +238,7 @@ cdef inline int64_t as_int(object x) except? -1:
     return r
 
 
-cdef void keep_only_pos(unordered_map[int32_t, Pos]* table, unordered_set[int32_t]* keep):
+cdef void keep_only(unordered_map[int32_t, Pos]* table, unordered_set[int32_t]* keep):
     cdef unordered_map[int32_t, Pos].iterator it = table.begin()
     while it != table.end():
         if keep.count(deref(it).first):
@@ -226,13 +247,6 @@ cdef void keep_only_pos(unordered_map[int32_t, Pos]* table, unordered_set[int32_
             it = table.erase(it)
 
 
-cdef void keep_only(unordered_map[int32_t, int64_t]* table, unordered_set[int32_t]* keep):
-    cdef unordered_map[int32_t, int64_t].iterator it = table.begin()
-    while it != table.end():
-        if keep.count(deref(it).first):
-            inc(it)
-        else:
-            it = table.erase(it)
 
 
 cdef class Screen:
@@ -267,7 +281,7 @@ cdef class Screen:
     # that point against completion order; ww chain edges as (from, to) record indices.
     cdef vector[pair[int64_t, int64_t]] spans
     cdef vector[pair[int32_t, int32_t]] chains
-    # What the explaining passes (`explain`) need of each key's version order, as
+    # What `explain`'s cases need of each key's version order, as
     # `VersionOrder` keeps it: values in the order first seen (`voff`), offsets holding
     # several values and those values (`conflicts`), values at several offsets and the
     # offsets (`multi`), and the keys in the order their version orders began.
@@ -280,6 +294,8 @@ cdef class Screen:
     cdef dict counts  # anomaly name -> cases (explain)
     cdef dict exs  # anomaly name -> the first max_ex cases' raw fields
     cdef int64_t max_ex
+    cdef cbool collect  # the passes count every case (explain), or stop at the first
+    cdef cbool derived  # the passes ran: forget what they derived before they run again
 
     def __cinit__(self):
         self.kids = {}
@@ -293,6 +309,8 @@ cdef class Screen:
         self.saw_group = False
         self.n_sends = 0
         self.n_reads = 0
+        self.collect = False
+        self.derived = False
 
     # -- loading: `checkers.queue.load._load_fast`'s checks, into flat arrays ----------------
 
@@ -587,7 +605,17 @@ cdef class Screen:
             self.open_at[p] = -1
             self.open_ops[p] = None
 
-    # -- the checker's passes, as detectors ----------------------------------------------
+    # -- the checker's passes ------------------------------------------------------------
+    #
+    # One set of passes (`passes`, `op_cases`, `truncation_cases`) gives both answers.
+    # `finish` (the screen) runs them as detectors: the first case of any anomaly stops
+    # them (`hit` raises `_Fired`), and a history without one gets the checker's stats.
+    # `explain` runs them to the end (`collect`), counting every case of every anomaly and
+    # keeping the raw fields (record indices, key ids, values, offsets) of the first
+    # `max_ex` of each, in the checker's order; `checkers.queue.native` builds the cases'
+    # text from them with the checker's own case builders, and the cycles with its own
+    # code. tests/checkers/test_queue_screen.py and test_queue_native.py hold both to the
+    # checker's results.
 
     cdef VInfo* vinfo(self, int32_t k, int64_t v):
         """The (key, value) entry, made on first use with no writer and no offset."""
@@ -695,426 +723,47 @@ cdef class Screen:
         return self.index_of_offset(k, vi.min_off)
 
     def finish(self, cbool ww_deps=True, cbool prefix=False):
-        """The checker's stats if no pass of it would record an anomaly, else that pass's name.
+        """The checker's stats if no pass of it would record an anomaly, else the screen's
+        word for the first case its passes find (`SCREEN_WORD`), or why the checker must look.
 
         prefix=True: the ops fed are the start of a longer history, so invokes still open
         are left open (they complete later) and the passes whose findings later ops may
-        undo (lost-write, unseen) are skipped.
+        undo (lost-write, unseen, garbage-read) are skipped.
         """
-        cdef Rec* r
-        cdef Send* s
-        cdef Group* g
-        cdef VInfo* vi
-        cdef int64_t ri, si, gi, pi, nrec, k, n_keys, o, v, i, j, prev_i, first_i, delta, bound
-        cdef int64_t max_offset = -1
-        cdef int64_t n_ok = 0, n_ok_data = 0, n_info = 0, n_fail = 0, n_nodes = 0, n_orders = 0
-        cdef int32_t p, w, prev_w
-        cdef cbool committed, any_ok, all_read
-        cdef vector[int64_t] held  # a key's values
-        if not prefix:
-            self.close()
-        if self.saw_group:
-            return "consumer-group commits or rebalances"
-        nrec = self.recs.size()
-        n_keys = self.keys.size()
-        self.offsets.resize(n_keys)
-        self.dense.resize(n_keys)
-        # ---- _index: writers, ok reads, version orders
-        for ri in range(nrec):
-            r = &self.recs[ri]
-            if r.kind == OK:
-                n_ok += 1
-                if r.f == F_SEND or r.f == F_POLL or r.f == F_TXN:
-                    n_ok_data += 1
-            elif r.kind == INFO:
-                n_info += 1
-            else:
-                n_fail += 1
-            self.n_sends += r.s1 - r.s0
-            for si in range(r.s0, r.s1):
-                s = &self.sends[si]
-                vi = self.vinfo(s.key, s.val)
-                if vi.writer < 0 or r.kind < self.recs[vi.writer].kind:
-                    vi.writer = <int32_t>ri
-                if r.kind == OK and s.off != NONE:
-                    self.extend(s.key, s.off, s.val)
-            for gi in range(r.g0, r.g1):
-                g = &self.groups[gi]
-                self.n_reads += g.p1 - g.p0
-                for pi in range(g.p0, g.p1):
-                    self.extend(g.key, self.poffs[pi], self.pvals[pi])
-                    if r.kind == OK:
-                        self.vinfo(g.key, self.pvals[pi]).ok_read = True
-        # proven info ops committed
-        for ri in range(nrec):
-            r = &self.recs[ri]
-            if r.kind != INFO or r.s0 == r.s1:
-                continue
-            for si in range(r.s0, r.s1):
-                s = &self.sends[si]
-                vi = self.vinfo(s.key, s.val)
-                if vi.ok_read and vi.writer == ri:
-                    r.committed = True
-                    break
-            if r.committed:
-                for si in range(r.s0, r.s1):
-                    s = &self.sends[si]
-                    if s.off != NONE:
-                        self.extend(s.key, s.off, s.val)
-        for k in range(n_keys):
-            if self.keys[k].conflict:
-                return "inconsistent-offsets"
-            if self.keys[k].multi:
-                return "duplicate"
-            if self.keys[k].has_order:
-                n_orders += 1
-                self.seal(<int32_t>k)
-                if self.offsets[k].back() > max_offset:
-                    max_offset = self.offsets[k].back()
-        # ---- _lost_and_unseen
-        for k in range(n_keys if not prefix else 0):
-            if not self.keys[k].has_order:
-                continue
-            any_ok = False
-            all_read = True
-            bound = -1
-            held.clear()
-            self.vals[k].keys(held)
-            for j in range(<int64_t>held.size()):
-                vi = self.vals[k].find(held[j])
-                if vi.first_off != NONE:
-                    if vi.ok_read:
-                        any_ok = True
-                        i = self.index_of_offset(<int32_t>k, vi.first_off)
-                        if i > bound:
-                            bound = i
-                    else:
-                        all_read = False
-            if not any_ok or all_read or bound < 0:
-                continue
-            for j in range(<int64_t>held.size()):
-                vi = self.vals[k].find(held[j])
-                if (vi.first_off != NONE and not vi.ok_read and vi.writer >= 0
-                        and self.recs[vi.writer].committed
-                        and self.index_of_offset(<int32_t>k, vi.first_off) <= bound):
-                    return "lost-write"
-        for ri in range(nrec if not prefix else 0):
-            r = &self.recs[ri]
-            if r.kind != OK:
-                continue
-            for si in range(r.s0, r.s1):
-                s = &self.sends[si]
-                vi = self.vals[s.key].find(s.val)
-                if vi == NULL or not vi.ok_read:
-                    return "unseen"
-        # ---- _op_checks
-        reason = self.op_checks(prefix)
-        if reason is not None:
-            return reason
-        # ---- cycles (`checkers.queue.cycles._cyclic_core`): the ww chains of the version
-        # orders; with the backward wr edges noted above they give the spans where cycles
-        # may lie, and the region's graph must have none.
-        for ri in range(nrec):
-            r = &self.recs[ri]
-            if r.f <= F_TXN and r.committed:
-                n_nodes += 1
-        if ww_deps:
-            for k in range(n_keys):
-                if not self.keys[k].has_order:
-                    continue
-                prev_w = -1
-                for j in range(<int64_t>self.offsets[k].size()):
-                    v = self.logs[k].find(self.offsets[k][j])[0]
-                    w = self.vinfo(<int32_t>k, v).writer
-                    if w < 0 or w == prev_w or not self.recs[w].committed:
-                        continue
-                    if prev_w >= 0:
-                        self.chains.push_back(pair[int32_t, int32_t](prev_w, w))
-                        if prev_w > w:
-                            self.spans.push_back(pair[int64_t, int64_t](w, prev_w))
-                    prev_w = w
-        if not self.spans.empty() and self.region_has_cycle(ww_deps):
+        self.collect = False
+        try:
+            out = self.passes(ww_deps, prefix, None, None)
+        except _Fired as e:
+            return SCREEN_WORD.get(e.args[0], e.args[0])
+        # The cycles (`checkers.queue.cycles._cyclic_core`): with backward edges, the
+        # region's graph must have none.
+        if not isinstance(out, str) and not self.spans.empty() and self.region_has_cycle(ww_deps):
             return "dependency cycle"
-        if n_ok_data == 0 and not prefix:
-            return "nothing checked"  # the checker says so, with its reason
+        return out
+
+    def explain(self, cbool ww_deps=True, int64_t max_examples=32):
+        """Every pass of the checker over the whole history (fed and not finished as a
+        prefix), run to the end: a dict of stats, case counts and the first cases' raw
+        fields, or the reason the checker must do it (a str)."""
+        self.collect = True
+        self.counts = {}
+        self.exs = {}
+        self.max_ex = max_examples
+        unseen = {}
+        garbage = []
+        stats = self.passes(ww_deps, False, unseen, garbage)
+        if isinstance(stats, str):
+            return stats
         return {
-            "sends": self.n_sends,
-            "reads": self.n_reads,
-            "graph_nodes": n_nodes,
-            "backward_edges": <int64_t>self.spans.size(),
-            "cyclic_nodes": 0,
-            "ops": nrec,
-            "ok": n_ok,
-            "info": n_info,
-            "fail": n_fail,
-            "keys": n_orders,
-            "max_offset": max_offset,
+            "stats": stats,
+            "counts": self.counts,
+            "examples": self.exs,
+            "unseen": unseen,
+            "garbage": garbage,
         }
 
-    cdef cbool region_has_cycle(self, cbool ww_deps):
-        """Whether the dependency graph has a cycle, found as `cycles._cyclic_core` does.
-
-        Ops in completion order, realtime edges point forward, so every cycle lies inside
-        the span of one of its backward edges (`spans`). The committed ops inside their
-        union (the region) get a reduced graph that keeps reachability: ww chain edges,
-        a wr edge from the writer of the highest offset each op read of a key (all its
-        reads' writers without ww_deps), and realtime order as a chain of virtual nodes.
-        A strongly connected component of two or more nodes exists exactly when that
-        graph is not acyclic, which Kahn's algorithm tells.
-        """
-        cdef int64_t nrec = self.recs.size(), i, j, a, lo, hi, n_inv, n_real, n_all
-        cdef int64_t removed, node
-        cdef int32_t ri, w, k, last, v
-        cdef cbool fresh
-        cdef Rec* r
-        cdef Group* g
-        cdef VInfo* vi
-        cdef vector[int32_t] ridx = vector[int32_t](nrec, -1)
-        cdef vector[int32_t] nodes
-        cdef vector[vector[int32_t]] adj
-        cdef vector[pair[int64_t, int32_t]] invs
-        cdef vector[int32_t] indeg
-        cdef vector[int32_t] ready
-        cdef vector[pair[int64_t, int64_t]] spans = self.spans
-        # the region: committed ops inside the union of the spans, in completion order
-        sort(spans.begin(), spans.end())
-        i = 0
-        while i < <int64_t>spans.size():
-            lo = spans[i].first
-            hi = spans[i].second
-            i += 1
-            while i < <int64_t>spans.size() and spans[i].first <= hi:
-                if spans[i].second > hi:
-                    hi = spans[i].second
-                i += 1
-            for a in range(lo, hi + 1):
-                r = &self.recs[a]
-                if r.f <= F_TXN and r.committed and ridx[a] < 0:
-                    ridx[a] = <int32_t>nodes.size()
-                    nodes.push_back(<int32_t>a)
-        n_real = nodes.size()
-        adj.resize(n_real)
-        for j in range(<int64_t>self.chains.size()):
-            if ridx[self.chains[j].first] >= 0 and ridx[self.chains[j].second] >= 0:
-                adj[ridx[self.chains[j].first]].push_back(ridx[self.chains[j].second])
-        for i in range(n_real):
-            ri = nodes[i]
-            r = &self.recs[ri]
-            for j in range(r.g0, r.g1):
-                g = &self.groups[j]
-                k = g.key
-                if ww_deps:  # no conflicts, and offsets rise within a read: its last pair
-                    vi = self.vals[k].find(self.pvals[g.p1 - 1])
-                    if vi != NULL and vi.writer >= 0 and vi.writer != ri:
-                        w = vi.writer
-                        if self.recs[w].committed:
-                            if ridx[w] >= 0:
-                                adj[ridx[w]].push_back(<int32_t>i)
-                            continue
-                for a in range(g.p0, g.p1):
-                    vi = self.vals[k].find(self.pvals[a])
-                    if vi == NULL or vi.writer < 0 or vi.writer == ri:
-                        continue
-                    w = vi.writer
-                    if self.recs[w].committed and ridx[w] >= 0:
-                        adj[ridx[w]].push_back(<int32_t>i)
-        # realtime: op i reaches op j through virtual nodes when i completed ok before j
-        # was invoked (`cycles._link_realtime`)
-        for i in range(n_real):
-            if self.recs[nodes[i]].inv >= 0:
-                invs.push_back(pair[int64_t, int32_t](self.recs[nodes[i]].inv, <int32_t>i))
-        sort(invs.begin(), invs.end())
-        n_inv = invs.size()
-        j = 0
-        last = -1
-        fresh = False
-        for i in range(n_real):
-            r = &self.recs[nodes[i]]
-            while j < n_inv and invs[j].first < r.pos:
-                if last >= 0:
-                    adj[last].push_back(invs[j].second)
-                    fresh = True
-                j += 1
-            if r.kind == OK:
-                if last < 0 or fresh:
-                    v = <int32_t>adj.size()
-                    adj.push_back(vector[int32_t]())
-                    if last >= 0:
-                        adj[last].push_back(v)
-                    last = v
-                    fresh = False
-                adj[i].push_back(last)
-        if last >= 0:
-            while j < n_inv:
-                adj[last].push_back(invs[j].second)
-                j += 1
-        # Kahn: peel nodes without predecessors; what cannot be peeled lies on a cycle
-        n_all = adj.size()
-        indeg.assign(n_all, 0)
-        for i in range(n_all):
-            for j in range(<int64_t>adj[i].size()):
-                indeg[adj[i][j]] += 1
-        for i in range(n_all):
-            if indeg[i] == 0:
-                ready.push_back(<int32_t>i)
-        removed = 0
-        while not ready.empty():
-            node = ready.back()
-            ready.pop_back()
-            removed += 1
-            for j in range(<int64_t>adj[node].size()):
-                indeg[adj[node][j]] -= 1
-                if indeg[adj[node][j]] == 0:
-                    ready.push_back(adj[node][j])
-        return removed < n_all
-
-    cdef object op_checks(self, cbool prefix):
-        """`QueueAnalysis._op_checks`: None, or the name of what it would record."""
-        cdef Rec* r
-        cdef Rec* wr
-        cdef Send* s
-        cdef Group* g
-        cdef int64_t ri, si, gi, pi, nrec = self.recs.size(), n_pids = self.open_at.size()
-        cdef int64_t n_keys = self.keys.size(), i, j, bi, prev_i, first_i, delta
-        cdef int32_t p, k, w
-        cdef cbool is_ok, committed
-        cdef vector[unordered_map[int32_t, int64_t]] positions = \
-            vector[unordered_map[int32_t, int64_t]](n_pids)
-        cdef vector[unordered_map[int32_t, int64_t]] last_sends = \
-            vector[unordered_map[int32_t, int64_t]](n_pids)
-        cdef vector[vector[int64_t]] send_pos = vector[vector[int64_t]](n_keys)
-        cdef vector[vector[int64_t]] send_top = vector[vector[int64_t]](n_keys)
-        cdef vector[vector[int64_t]] hw_pos = vector[vector[int64_t]](n_keys)
-        cdef vector[vector[int64_t]] hw_top = vector[vector[int64_t]](n_keys)
-        cdef unordered_map[int32_t, int64_t] this_i
-        cdef vector[pair[int32_t, int64_t]] firsts
-        cdef unordered_set[int32_t] keep
-        cdef unordered_map[int32_t, int64_t].iterator it
-        for ri in range(nrec):
-            r = &self.recs[ri]
-            p = r.pid
-            if r.f >= F_ASSIGN:
-                # assign/subscribe keep the positions of keys still assigned
-                if r.kind != FAIL and r.assign_list:
-                    keep.clear()
-                    for i in range(r.a0, r.a1):
-                        keep.insert(self.assign_keys[i])
-                    keep_only(&positions[p], &keep)
-                    keep_only(&last_sends[p], &keep)
-                continue
-            is_ok = r.kind == OK
-            committed = r.committed
-            # ---- reads
-            for gi in range(r.g0, r.g1):
-                g = &self.groups[gi]
-                k = g.key
-                prev_i = NONE
-                for pi in range(g.p0, g.p1):
-                    w = self.vinfo(k, self.pvals[pi]).writer
-                    if w >= 0:
-                        wr = &self.recs[w]
-                        if w == ri:
-                            return "precommitted-read"
-                        if is_ok and wr.kind == FAIL:
-                            return "G1a"
-                        if wr.pos > r.pos and wr.committed and committed:
-                            # A wr edge against completion order: where cycles may lie.
-                            self.spans.push_back(pair[int64_t, int64_t](ri, w))
-                    elif not prefix:  # (a prefix: its writer may not have completed yet)
-                        return "garbage-read"  # or a value only an invoke tried to send
-                    i = self.index_of_offset(k, self.poffs[pi])
-                    if prev_i != NONE and i != NONE and i - prev_i != 1:
-                        return "int-poll-skip or int-nonmonotonic-poll"
-                    prev_i = i
-                first_i = self.index_of_offset(k, self.poffs[g.p0])
-                it = positions[p].find(k)
-                if it != positions[p].end() and deref(it).second != NONE and first_i != NONE:
-                    if first_i - deref(it).second != 1:
-                        return "poll-skip or nonmonotonic-poll"
-                if is_ok:
-                    positions[p][k] = prev_i
-            # ---- sends
-            if r.s1 - r.s0 == 1 and committed:
-                s = &self.sends[r.s0]
-                k = s.key
-                i = NONE
-                if self.keys[k].has_order:
-                    if s.off != NONE:
-                        i = self.index_of_offset(k, s.off)
-                    if i == NONE:
-                        i = self.first_index(k, s.val)
-                it = last_sends[p].find(k)
-                if it != last_sends[p].end() and deref(it).second != NONE and i != NONE:
-                    if i - deref(it).second < 1:
-                        return "nonmonotonic-send"
-                last_sends[p][k] = i
-            elif r.s1 > r.s0:
-                this_i.clear()
-                firsts.clear()
-                for si in range(r.s0, r.s1):
-                    s = &self.sends[si]
-                    k = s.key
-                    if not self.keys[k].has_order:
-                        i = NONE
-                    elif committed and s.off != NONE:
-                        i = self.index_of_offset(k, s.off)
-                    else:
-                        i = self.first_index(k, s.val)
-                    it = this_i.find(k)
-                    if it == this_i.end():
-                        firsts.push_back(pair[int32_t, int64_t](k, i))
-                    else:
-                        bi = deref(it).second
-                        if bi != NONE and i != NONE:
-                            delta = i - bi
-                            if delta > 1:
-                                return "int-send-skip"
-                            if delta < 1:
-                                return "int-nonmonotonic-send"
-                    this_i[k] = i
-                if committed:
-                    for j in range(<int64_t>firsts.size()):
-                        k = firsts[j].first
-                        i = firsts[j].second
-                        it = last_sends[p].find(k)
-                        if it != last_sends[p].end() and deref(it).second != NONE and i != NONE:
-                            if i - deref(it).second < 1:
-                                return "nonmonotonic-send"
-                        last_sends[p][k] = this_i[k]
-            if not is_ok:
-                continue
-            # ---- realtime send order: no ok send below a send completed before its invoke
-            for si in range(r.s0, r.s1):
-                s = &self.sends[si]
-                if s.off == NONE:
-                    continue
-                k = s.key
-                if below_earlier_max(&send_pos[k], &send_top[k], r.pos, r.inv, s.off):
-                    return "realtime-send-order"
-            # ---- watermarks: no ok op sees a high watermark below one seen before it
-            # was invoked. The checker's per-process hw-regression needs no pass of its
-            # own: a process's previous op completed before its next was invoked, so
-            # every per-process regression is also a real-time one.
-            for i in range(r.w0, r.w1):
-                k = self.wms[i].key
-                if self.wms[i].high == NONE:
-                    continue
-                if below_earlier_max(&hw_pos[k], &hw_top[k], r.pos, r.inv, self.wms[i].high):
-                    return "hw-regression"
-        return None
-
-    # -- the explaining passes: every case, for histories with anomalies ------------------
-    #
-    # `explain` runs the checker's passes (`QueueAnalysis._index`, `_order_checks`,
-    # `_lost_and_unseen`, `_op_checks`, `_truncation_checks` and the start of
-    # `cycles._cyclic_core`) to the end, counting every case of every anomaly and keeping
-    # the raw fields (record indices, key ids, values, offsets) of the first `max_ex` of
-    # each, in the checker's order. `checkers.queue.native` builds the cases' text from
-    # them with the checker's own case builders, and the cycles with its own code.
-    # tests/checkers/test_queue_native.py holds the results to the checker's, byte for byte.
-
     cdef void reset_derived(self):
-        """Forget what `finish` derived, keep what `feed` read."""
+        """Forget what the passes derived, keep what `feed` read."""
         cdef int64_t k, ri
         for k in range(<int64_t>self.keys.size()):
             self.keys[k] = KeyState(False, False, False, 0)
@@ -1136,7 +785,10 @@ cdef class Screen:
             self.recs[ri].committed = self.recs[ri].kind == OK
 
     cdef bint hit(self, object name) except -1:
-        """Count a case of `name`; True when its example is to be kept."""
+        """A case of anomaly `name`. The screen stops at its first (raises `_Fired`);
+        `explain` counts it and says whether its example is to be kept."""
+        if not self.collect:
+            raise _Fired(name)
         n = self.counts.get(name, 0) + 1
         self.counts[name] = n
         return n <= self.max_ex
@@ -1148,40 +800,37 @@ cdef class Screen:
         lst.append(case)
         return 0
 
-    cdef inline int64_t last_index(self, int32_t k, int64_t v):
-        cdef VInfo* vi = self.vals[k].find(v)
-        if vi == NULL or vi.first_off == NONE:
-            return NONE
-        return self.index_of_offset(k, vi.max_off)
-
-    def explain(self, cbool ww_deps=True, int64_t max_examples=32):
-        """Every pass of the checker over the whole history (fed and not finished as a
-        prefix): a dict of stats, case counts and the first cases' raw fields, or the
-        reason the checker must do it (a str)."""
+    cdef object passes(self, cbool ww_deps, cbool prefix, dict unseen, list garbage):
+        """The checker's passes (`QueueAnalysis._index`, `_order_checks`,
+        `_lost_and_unseen`, `_op_checks`, `_truncation_checks` and the start of
+        `cycles._cyclic_core`: graph nodes, ww chains, backward edges): the checker's
+        stats, or why the checker must run them (a str). `explain` also gets the unseen
+        values (key id -> [cases, the first 32 (value, record)]) and the reads of values
+        no completed op sent (`garbage`: the caller checks them against the invokes)."""
         cdef Rec* r
         cdef Send* s
         cdef Group* g
         cdef VInfo* vi
         cdef int64_t ri, si, gi, pi, nrec, n_keys, o, v, i, j, bound, bound_v, li
-        cdef int64_t max_offset = -1, n
-        cdef int64_t n_ok = 0, n_ok_data = 0, n_info = 0, n_fail = 0, n_nodes = 0, n_orders = 0
+        cdef int64_t max_offset = -1
+        cdef int64_t n_ok = 0, n_ok_data = 0, n_info = 0, n_fail = 0, n_nodes = 0
         cdef int32_t k, w, prev_w
         cdef size_t oi
         cdef cbool any_ok, all_read, ties
         cdef vector[pair[int64_t, int64_t]] lost  # (last index, position in voff order)
-        cdef vector[int64_t] counts_k
-        self.close()
+        cdef vector[int32_t] by_id
+        if not prefix:
+            self.close()
         if self.saw_group:
             return "consumer-group commits or rebalances"
-        self.reset_derived()
-        self.counts = {}
-        self.exs = {}
-        self.max_ex = max_examples
+        if self.derived:
+            self.reset_derived()
+        self.derived = True
         nrec = self.recs.size()
         n_keys = self.keys.size()
         self.offsets.resize(n_keys)
         self.dense.resize(n_keys)
-        # ---- _index
+        # ---- _index: writers, ok reads, version orders
         for ri in range(nrec):
             r = &self.recs[ri]
             if r.kind == OK:
@@ -1210,8 +859,9 @@ cdef class Screen:
                         vi.ok_read = True
                         if vi.first_reader < 0:
                             vi.first_reader = <int32_t>ri
-        if n_ok_data == 0:
-            return "nothing checked"
+        if n_ok_data == 0 and not prefix:
+            return "nothing checked"  # the checker says so, with its reason
+        # proven info ops committed
         for ri in range(nrec):
             r = &self.recs[ri]
             if r.kind != INFO or r.s0 == r.s1:
@@ -1229,13 +879,15 @@ cdef class Screen:
                         self.extend(s.key, s.off, s.val)
         for oi in range(self.order_keys.size()):
             k = self.order_keys[oi]
-            n_orders += 1
             self.seal(k)
             if self.offsets[k].back() > max_offset:
                 max_offset = self.offsets[k].back()
-        # ---- _order_checks
-        for oi in range(self.order_keys.size()):
-            k = self.order_keys[oi]
+        # ---- _order_checks (the screen looks at the keys by id: its word names the first)
+        by_id = self.order_keys
+        if not self.collect:
+            sort(by_id.begin(), by_id.end())
+        for oi in range(by_id.size()):
+            k = by_id[oi]
             for j in range(<int64_t>self.conf_offs[k].size()):
                 o = self.conf_offs[k][j]
                 if self.hit("inconsistent-offsets"):
@@ -1250,13 +902,13 @@ cdef class Screen:
             for j in range(<int64_t>self.multi_vals[k].size()):
                 v = self.multi_vals[k][j]
                 w = self.vals[k].find(v).writer
-                offs = sorted([x for x in self.multi_offs[k][v]])
+                offs = sorted([x for x in self.multi_offs[k][v]]) if self.collect else None
                 if self.hit("duplicate"):
                     self.keep("duplicate", (k, v, offs, w))
                 if w >= 0 and self.recs[w].idem and self.hit("idempotence-duplicate"):
                     self.keep("idempotence-duplicate", (k, v, offs, w))
-        # ---- _lost_and_unseen
-        for oi in range(self.order_keys.size()):
+        # ---- _lost_and_unseen (not in a prefix: later ops may read what it has not)
+        for oi in range(self.order_keys.size() if not prefix else 0):
             k = self.order_keys[oi]
             any_ok = False
             all_read = True
@@ -1291,7 +943,7 @@ cdef class Screen:
                 lost.push_back(pair[int64_t, int64_t](li, j))
             if lost.empty():
                 continue
-            if ties:
+            if ties and self.collect:
                 # Which of the values read at the bound the checker names depends on the
                 # iteration order of its set of them: its own pass says.
                 return "lost writes below a bound two values share"
@@ -1304,8 +956,7 @@ cdef class Screen:
                     self.keep("lost-write", (k, v, li, self.offsets[k][li], bound,
                                              self.offsets[k][bound], bound_v,
                                              self.vals[k].find(v).writer, reader))
-        unseen = {}
-        for ri in range(nrec):
+        for ri in range(nrec if not prefix else 0):
             r = &self.recs[ri]
             if r.kind != OK:
                 continue
@@ -1313,15 +964,16 @@ cdef class Screen:
                 s = &self.sends[si]
                 vi = self.vals[s.key].find(s.val)
                 if vi == NULL or not vi.ok_read:
+                    if not self.collect:
+                        raise _Fired("unseen")
                     u = unseen.get(s.key)
                     if u is None:
                         unseen[s.key] = u = [0, []]
                     u[0] += 1
                     if len(u[1]) < 32:
                         u[1].append((s.val, ri))
-        # ---- _op_checks, then _truncation_checks
-        garbage = []
-        suspect = self.op_cases(garbage)
+        # ---- _op_checks, then _truncation_checks on the keys it found suspect
+        suspect = self.op_cases(prefix, garbage)
         if suspect:
             self.truncation_cases(suspect)
         # ---- the start of cycles._cyclic_core: graph nodes, ww chains, backward edges
@@ -1345,30 +997,23 @@ cdef class Screen:
                             self.spans.push_back(pair[int64_t, int64_t](w, prev_w))
                     prev_w = w
         return {
-            "stats": {
-                "sends": self.n_sends,
-                "reads": self.n_reads,
-                "graph_nodes": n_nodes,
-                "backward_edges": <int64_t>self.spans.size(),
-                "cyclic_nodes": 0,
-                "ops": nrec,
-                "ok": n_ok,
-                "info": n_info,
-                "fail": n_fail,
-                "keys": n_orders,
-                "max_offset": max_offset,
-            },
-            "counts": self.counts,
-            "examples": self.exs,
-            "unseen": unseen,
-            "garbage": garbage,
+            "sends": self.n_sends,
+            "reads": self.n_reads,
+            "graph_nodes": n_nodes,
+            "backward_edges": <int64_t>self.spans.size(),
+            "cyclic_nodes": 0,
+            "ops": nrec,
+            "ok": n_ok,
+            "info": n_info,
+            "fail": n_fail,
+            "keys": <int64_t>self.order_keys.size(),
+            "max_offset": max_offset,
         }
 
-    cdef object op_cases(self, list garbage):
-        """`QueueAnalysis._op_checks`, every case; returns the suspect keys (a set of key
-        ids: a gap inside a poll, or a conflicting offset) for `truncation_cases`.
-        Reads of values nobody completed a send of go to `garbage` (the caller checks
-        them against the invoked sends)."""
+    cdef object op_cases(self, cbool prefix, list garbage):
+        """`QueueAnalysis._op_checks`; returns the suspect keys (a set of key ids: a gap
+        inside a poll, or a conflicting offset) for `truncation_cases`. `explain` gets
+        the reads of values nobody completed a send of in `garbage`."""
         cdef Rec* r
         cdef Send* s
         cdef Group* g
@@ -1402,12 +1047,13 @@ cdef class Screen:
             r = &self.recs[ri]
             p = r.pid
             if r.f >= F_ASSIGN:
+                # assign/subscribe keep the positions of keys still assigned
                 if r.kind != FAIL and r.assign_list:
                     keep.clear()
                     for i in range(r.a0, r.a1):
                         keep.insert(self.assign_keys[i])
-                    keep_only_pos(&positions[p], &keep)
-                    keep_only_pos(&last_sends[p], &keep)
+                    keep_only(&positions[p], &keep)
+                    keep_only(&last_sends[p], &keep)
                 continue
             is_ok = r.kind == OK
             committed = r.committed
@@ -1423,7 +1069,10 @@ cdef class Screen:
                     vi = self.vals[k].find(v)
                     w = -1 if vi == NULL else vi.writer
                     if w < 0:
-                        garbage.append((ri, k, o, v))
+                        if self.collect:
+                            garbage.append((ri, k, o, v))
+                        elif not prefix:  # (a prefix: its writer may not have completed yet)
+                            raise _Fired("garbage-read")  # or a value only an invoke tried
                     elif w == ri:
                         if self.hit("precommitted-read"):
                             self.keep("precommitted-read", (ri, k, o, v))
@@ -1431,6 +1080,7 @@ cdef class Screen:
                         if self.hit("G1a"):
                             self.keep("G1a", (ri, w, k, o, v))
                     elif self.recs[w].pos > r.pos and self.recs[w].committed and committed:
+                        # A wr edge against completion order: where cycles may lie.
                         self.spans.push_back(pair[int64_t, int64_t](ri, w))
                     i = self.index_of_offset(k, o)
                     if prev_i != NONE and i != NONE:
@@ -1530,50 +1180,170 @@ cdef class Screen:
                         last_sends[p][k] = this_i[k]
             if not is_ok:
                 continue
-            # ---- realtime send order
+            # ---- realtime send order: no ok send below a send completed before its invoke
             for si in range(r.s0, r.s1):
                 s = &self.sends[si]
                 if s.off == NONE:
                     continue
                 k = s.key
-                if send_top[k].empty() or s.off > send_top[k].back():
-                    send_pos[k].push_back(r.pos)
-                    send_top[k].push_back(s.off)
-                    send_rec[k].push_back(<int32_t>ri)
-                elif send_top[k].back() > s.off:
-                    j = (lower_bound(send_pos[k].begin(), send_pos[k].end(), r.inv)
-                         - send_pos[k].begin()) - 1
-                    if j >= 0 and send_top[k][j] > s.off:
-                        if self.hit("realtime-send-order"):
-                            self.keep("realtime-send-order", (send_rec[k][j], send_top[k][j], ri,
-                                                              k, s.off, s.val))
-            # ---- watermarks
+                j = above_earlier_max(&send_pos[k], &send_top[k], &send_rec[k], r.pos, r.inv,
+                                      s.off, <int32_t>ri)
+                if j >= 0 and self.hit("realtime-send-order"):
+                    self.keep("realtime-send-order", (send_rec[k][j], send_top[k][j], ri,
+                                                      k, s.off, s.val))
+            # ---- watermarks: no ok op sees a high watermark below one its process saw
+            # before, or one seen before it was invoked
             for i in range(r.w0, r.w1):
                 high = self.wms[i].high
                 if high == NONE:
                     continue
                 k = self.wms[i].key
-                hit_ = hw_seen[p].find(k)
-                if hit_ != hw_seen[p].end() and high < deref(hit_).second.first:
-                    if self.hit("hw-regression"):
-                        self.keep("hw-regression", (deref(hit_).second.second,
-                                                    deref(hit_).second.first, ri, k, high))
-                hw_seen[p][k] = pair[int64_t, int32_t](high, <int32_t>ri)
-                if hw_top[k].empty() or high > hw_top[k].back():
-                    hw_pos[k].push_back(r.pos)
-                    hw_top[k].push_back(high)
-                    hw_rec[k].push_back(<int32_t>ri)
-                elif hw_top[k].back() > high:
-                    j = (lower_bound(hw_pos[k].begin(), hw_pos[k].end(), r.inv)
-                         - hw_pos[k].begin()) - 1
-                    if j >= 0 and hw_top[k][j] > high:
-                        if self.hit("hw-regression-realtime"):
-                            self.keep("hw-regression-realtime", (hw_rec[k][j], hw_top[k][j],
-                                                                 ri, k, high))
+                if self.collect:
+                    # The screen needs no per-process pass: a process's previous op
+                    # completed before its next was invoked, so every per-process
+                    # regression is also a real-time one.
+                    hit_ = hw_seen[p].find(k)
+                    if hit_ != hw_seen[p].end() and high < deref(hit_).second.first:
+                        if self.hit("hw-regression"):
+                            self.keep("hw-regression", (deref(hit_).second.second,
+                                                        deref(hit_).second.first, ri, k, high))
+                    hw_seen[p][k] = pair[int64_t, int32_t](high, <int32_t>ri)
+                j = above_earlier_max(&hw_pos[k], &hw_top[k], &hw_rec[k], r.pos, r.inv, high,
+                                      <int32_t>ri)
+                if j >= 0 and self.hit("hw-regression-realtime"):
+                    self.keep("hw-regression-realtime", (hw_rec[k][j], hw_top[k][j], ri, k, high))
         for k in range(<int32_t>n_keys):
             if self.keys[k].conflict:
                 suspect.add(k)
         return suspect
+
+    cdef void region(self, cbool ww_deps, vector[int32_t]* nodes, vector[vector[int32_t]]* adj):
+        """The reduced dependency graph of `cycles._cyclic_core` over the region the
+        backward edges span: `nodes`, the region's record indices in completion order;
+        `adj`, adjacency lists, the realtime chain's virtual nodes after the region's.
+
+        Ops in completion order, realtime edges point forward, so every cycle lies inside
+        the span of one of its backward edges (`spans`). The committed ops inside their
+        union (the region) get a graph that keeps reachability: ww chain edges, a wr edge
+        from the writer of the highest pair each op read of a key (all its reads' writers
+        without ww_deps, or where the key's offsets conflict), and realtime order as a
+        chain of virtual nodes.
+        """
+        cdef int64_t nrec = self.recs.size(), i, j, a, lo, hi, n_inv, n_real, best
+        cdef int32_t ri, w, k, last, v
+        cdef cbool fresh
+        cdef Rec* r
+        cdef Group* g
+        cdef VInfo* vi
+        cdef vector[int32_t] ridx = vector[int32_t](nrec, -1)
+        cdef vector[pair[int64_t, int32_t]] invs
+        cdef vector[pair[int64_t, int64_t]] spans = self.spans
+        sort(spans.begin(), spans.end())
+        i = 0
+        while i < <int64_t>spans.size():
+            lo = spans[i].first
+            hi = spans[i].second
+            i += 1
+            while i < <int64_t>spans.size() and spans[i].first <= hi:
+                if spans[i].second > hi:
+                    hi = spans[i].second
+                i += 1
+            for a in range(lo, hi + 1):
+                r = &self.recs[a]
+                if r.f <= F_TXN and r.committed and ridx[a] < 0:
+                    ridx[a] = <int32_t>nodes.size()
+                    nodes.push_back(<int32_t>a)
+        n_real = nodes.size()
+        adj.resize(n_real)
+        for j in range(<int64_t>self.chains.size()):
+            if ridx[self.chains[j].first] >= 0 and ridx[self.chains[j].second] >= 0:
+                adj[0][ridx[self.chains[j].first]].push_back(ridx[self.chains[j].second])
+        for i in range(n_real):
+            ri = deref(nodes)[i]
+            r = &self.recs[ri]
+            for j in range(r.g0, r.g1):
+                g = &self.groups[j]
+                k = g.key
+                if ww_deps and not self.keys[k].conflict:
+                    best = g.p0  # the highest (offset, value) pair read, as max(pairs)
+                    for a in range(g.p0 + 1, g.p1):
+                        if (self.poffs[a] > self.poffs[best] or (self.poffs[a] == self.poffs[best]
+                                and self.pvals[a] > self.pvals[best])):
+                            best = a
+                    vi = self.vals[k].find(self.pvals[best])
+                    if vi != NULL and vi.writer >= 0 and vi.writer != ri:
+                        w = vi.writer
+                        if self.recs[w].committed:
+                            if ridx[w] >= 0:
+                                adj[0][ridx[w]].push_back(<int32_t>i)
+                            continue
+                for a in range(g.p0, g.p1):
+                    vi = self.vals[k].find(self.pvals[a])
+                    if vi == NULL or vi.writer < 0 or vi.writer == ri:
+                        continue
+                    w = vi.writer
+                    if self.recs[w].committed and ridx[w] >= 0:
+                        adj[0][ridx[w]].push_back(<int32_t>i)
+        # realtime: op i reaches op j through virtual nodes when i completed ok before j
+        # was invoked (`cycles._link_realtime`)
+        for i in range(n_real):
+            if self.recs[deref(nodes)[i]].inv >= 0:
+                invs.push_back(pair[int64_t, int32_t](self.recs[deref(nodes)[i]].inv, <int32_t>i))
+        sort(invs.begin(), invs.end())
+        n_inv = invs.size()
+        j = 0
+        last = -1
+        fresh = False
+        for i in range(n_real):
+            r = &self.recs[deref(nodes)[i]]
+            while j < n_inv and invs[j].first < r.pos:
+                if last >= 0:
+                    adj[0][last].push_back(invs[j].second)
+                    fresh = True
+                j += 1
+            if r.kind == OK:
+                if last < 0 or fresh:
+                    v = <int32_t>adj.size()
+                    adj.push_back(vector[int32_t]())
+                    if last >= 0:
+                        adj[0][last].push_back(v)
+                    last = v
+                    fresh = False
+                adj[0][i].push_back(last)
+        if last >= 0:
+            while j < n_inv:
+                adj[0][last].push_back(invs[j].second)
+                j += 1
+
+    cdef cbool region_has_cycle(self, cbool ww_deps):
+        """Whether the dependency graph has a cycle, found as `cycles._cyclic_core` does:
+        a strongly connected component of two or more nodes exists exactly when the
+        region's graph (`region`) is not acyclic, which Kahn's algorithm tells."""
+        cdef int64_t i, j, n_all, removed, node
+        cdef vector[int32_t] nodes
+        cdef vector[vector[int32_t]] adj
+        cdef vector[int32_t] indeg
+        cdef vector[int32_t] ready
+        self.region(ww_deps, &nodes, &adj)
+        # Kahn: peel nodes without predecessors; what cannot be peeled lies on a cycle
+        n_all = adj.size()
+        indeg.assign(n_all, 0)
+        for i in range(n_all):
+            for j in range(<int64_t>adj[i].size()):
+                indeg[adj[i][j]] += 1
+        for i in range(n_all):
+            if indeg[i] == 0:
+                ready.push_back(<int32_t>i)
+        removed = 0
+        while not ready.empty():
+            node = ready.back()
+            ready.pop_back()
+            removed += 1
+            for j in range(<int64_t>adj[node].size()):
+                indeg[adj[node][j]] -= 1
+                if indeg[adj[node][j]] == 0:
+                    ready.push_back(adj[node][j])
+        return removed < n_all
 
     cdef int truncation_cases(self, set suspect) except -1:
         """`QueueAnalysis._truncation_checks` over the suspect keys."""
@@ -1710,91 +1480,9 @@ cdef class Screen:
         return out
 
     def region_graph(self, cbool ww_deps=True):
-        """The reduced dependency graph of `cycles._cyclic_core` over the region the
-        backward edges span: (region record indices in completion order, adjacency lists
-        with the realtime chain's virtual nodes after the region's)."""
-        cdef int64_t nrec = self.recs.size(), i, j, a, lo, hi, n_inv, n_real, best
-        cdef int32_t ri, w, k, last, v
-        cdef cbool fresh
-        cdef Rec* r
-        cdef Group* g
-        cdef VInfo* vi
-        cdef vector[int32_t] ridx = vector[int32_t](nrec, -1)
+        """`region`, for `checkers.queue.native`: (the region's record indices in completion
+        order, adjacency lists with the realtime chain's virtual nodes after the region's)."""
         cdef vector[int32_t] nodes
-        cdef vector[pair[int64_t, int32_t]] invs
-        cdef vector[pair[int64_t, int64_t]] spans = self.spans
-        sort(spans.begin(), spans.end())
-        i = 0
-        while i < <int64_t>spans.size():
-            lo = spans[i].first
-            hi = spans[i].second
-            i += 1
-            while i < <int64_t>spans.size() and spans[i].first <= hi:
-                if spans[i].second > hi:
-                    hi = spans[i].second
-                i += 1
-            for a in range(lo, hi + 1):
-                r = &self.recs[a]
-                if r.f <= F_TXN and r.committed and ridx[a] < 0:
-                    ridx[a] = <int32_t>nodes.size()
-                    nodes.push_back(<int32_t>a)
-        n_real = nodes.size()
-        adj = [[] for _ in range(n_real)]
-        for j in range(<int64_t>self.chains.size()):
-            if ridx[self.chains[j].first] >= 0 and ridx[self.chains[j].second] >= 0:
-                adj[ridx[self.chains[j].first]].append(ridx[self.chains[j].second])
-        for i in range(n_real):
-            ri = nodes[i]
-            r = &self.recs[ri]
-            for j in range(r.g0, r.g1):
-                g = &self.groups[j]
-                k = g.key
-                if ww_deps and not self.keys[k].conflict:
-                    best = g.p0  # the highest (offset, value) pair read, as max(pairs)
-                    for a in range(g.p0 + 1, g.p1):
-                        if (self.poffs[a] > self.poffs[best] or (self.poffs[a] == self.poffs[best]
-                                and self.pvals[a] > self.pvals[best])):
-                            best = a
-                    vi = self.vals[k].find(self.pvals[best])
-                    if vi != NULL and vi.writer >= 0 and vi.writer != ri:
-                        w = vi.writer
-                        if self.recs[w].committed:
-                            if ridx[w] >= 0:
-                                adj[ridx[w]].append(i)
-                            continue
-                for a in range(g.p0, g.p1):
-                    vi = self.vals[k].find(self.pvals[a])
-                    if vi == NULL or vi.writer < 0 or vi.writer == ri:
-                        continue
-                    w = vi.writer
-                    if self.recs[w].committed and ridx[w] >= 0:
-                        adj[ridx[w]].append(i)
-        for i in range(n_real):
-            if self.recs[nodes[i]].inv >= 0:
-                invs.push_back(pair[int64_t, int32_t](self.recs[nodes[i]].inv, <int32_t>i))
-        sort(invs.begin(), invs.end())
-        n_inv = invs.size()
-        j = 0
-        last = -1
-        fresh = False
-        for i in range(n_real):
-            r = &self.recs[nodes[i]]
-            while j < n_inv and invs[j].first < r.pos:
-                if last >= 0:
-                    adj[last].append(invs[j].second)
-                    fresh = True
-                j += 1
-            if r.kind == OK:
-                if last < 0 or fresh:
-                    v = len(adj)
-                    adj.append([])
-                    if last >= 0:
-                        adj[last].append(v)
-                    last = v
-                    fresh = False
-                adj[i].append(last)
-        if last >= 0:
-            while j < n_inv:
-                adj[last].append(invs[j].second)
-                j += 1
-        return [x for x in nodes], adj
+        cdef vector[vector[int32_t]] adj
+        self.region(ww_deps, &nodes, &adj)
+        return nodes, adj

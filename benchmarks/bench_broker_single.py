@@ -300,26 +300,32 @@ def _produce(bootstrap: str, n: int, size: int, producer_cls: type) -> float:
 # ---------------------------------------------------------------- broker
 
 
+def start_broker(port: int, data_dir: str, **overrides: str) -> subprocess.Popen[bytes]:
+    """A broker process on 127.0.0.1:``port`` with its logs under ``data_dir``, quiet, plus
+    ``overrides`` (broker keys and values; keys with dots go in as ``**{"key.name": v}``)."""
+    args = [
+        sys.executable,
+        "-m",
+        "isrlab.broker",
+        "start",
+        "-o",
+        f"listeners=PLAINTEXT://127.0.0.1:{port}",
+        "-o",
+        f"log.dirs={data_dir}/logs",
+        "-o",
+        "log.level=WARNING",
+    ]
+    for key, value in overrides.items():
+        args += ["-o", f"{key}={value}"]
+    return subprocess.Popen(args, cwd=ROOT)
+
+
 def broker_run(n: int, size: int) -> tuple[float, float]:
     from confluent_kafka import Consumer, Producer, TopicPartition
 
     port = free_port()
     with tempfile.TemporaryDirectory() as d:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "isrlab.broker",
-                "start",
-                "-o",
-                f"listeners=PLAINTEXT://127.0.0.1:{port}",
-                "-o",
-                f"log.dirs={d}/logs",
-                "-o",
-                "log.level=WARNING",
-            ],
-            cwd=ROOT,
-        )
+        proc = start_broker(port, d)
         try:
             wait_port(port)
             bootstrap = f"127.0.0.1:{port}"

@@ -27,27 +27,17 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from bench_broker_single import ROOT, _produce, free_port, wait_port  # noqa: E402
+from bench_broker_single import start_broker as broker_process  # noqa: E402
 
 
 def start_broker(journal: bool, port: int, d: str, segment_bytes: int) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "isrlab.broker",
-            "start",
-            "-o",
-            f"listeners=PLAINTEXT://127.0.0.1:{port}",
-            "-o",
-            f"log.dirs={d}/logs",
-            "-o",
-            "log.level=WARNING",
-            "-o",
-            f"log.segment.bytes={segment_bytes}",
-            "-o",
-            f"isrlab.power.journal.enable={'true' if journal else 'false'}",
-        ],
-        cwd=ROOT,
+    return broker_process(
+        port,
+        d,
+        **{
+            "log.segment.bytes": str(segment_bytes),
+            "isrlab.power.journal.enable": "true" if journal else "false",
+        },
     )
 
 

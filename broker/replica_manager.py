@@ -3,9 +3,11 @@ ReplicaManager and ReplicaFetcherManager).
 
 - hosts `HostedPartition`s and applies partition states to them;
 - ticks every core on a timer (ISR shrink, acks=all timeouts, follower re-sends);
-- runs the follower side: each SendFetch / SendOffsetsForLeaderEpoch the core emits becomes a real
-  request to the leader broker, over one connection per followed partition, and the response is
-  fed back to the core;
+- runs the follower side: the SendFetch actions of every partition that follows one leader
+  broker go out together, one Fetch request at a time per leader over one connection (Kafka's
+  ReplicaFetcherThread: a partition that asks while its leader's fetch is in flight goes in the
+  next one), and each partition's part of the response is fed back to its core; each
+  SendOffsetsForLeaderEpoch is a request of its own;
 - writes partition state (ISR changes) through a `StateStore`: ZooKeeper compare-and-set in a
   cluster, an in-memory register for a standalone broker;
 - checkpoints high watermarks to `replication-offset-checkpoint` (what a restarted replica starts
@@ -187,7 +189,11 @@ class ReplicaManager:
                 f"the log dir goes offline, as in Kafka: {e} (the high watermarks are learned "
                 "again from the leaders)"
             ) from e
-        self._connections: dict[tuple[int, TopicPartition], KafkaConnection] = {}
+        self._connections: dict[tuple[int, TopicPartition | None], KafkaConnection] = {}
+        #: per leader broker: the fetches waiting for its next batched Fetch, and whether a
+        #: fetcher task is sending them
+        self._fetch_queue: dict[int, dict[TopicPartition, tuple[HostedPartition, SendFetch]]] = {}
+        self._fetching: set[int] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loops: list[asyncio.Task[None]] = []
         self.stopping = False
@@ -274,7 +280,9 @@ class ReplicaManager:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _connection(self, leader: int, tp: TopicPartition) -> KafkaConnection | None:
+    def _connection(self, leader: int, tp: TopicPartition | None) -> KafkaConnection | None:
+        """The connection to ``leader`` for one partition's requests, or (``tp`` None) the one
+        its batched fetches share."""
         key = (leader, tp)
         conn = self._connections.get(key)
         if conn is None:
@@ -286,52 +294,86 @@ class ReplicaManager:
         return conn
 
     def send_fetch(self, partition: HostedPartition, action: SendFetch) -> None:
-        self._spawn(self._fetch(partition, action))
+        leader = action.leader_id
+        # a newer SendFetch of the same partition replaces one that has not gone out yet
+        self._fetch_queue.setdefault(leader, {})[partition.tp] = (partition, action)
+        if leader not in self._fetching:
+            self._fetching.add(leader)
+            self._spawn(self._fetcher(leader))
 
-    async def _fetch(self, hp: HostedPartition, a: SendFetch) -> None:
+    async def _fetcher(self, leader: int) -> None:
+        """Send ``leader``'s queued fetches, one batched request at a time, until none is left.
+        It yields once first, so the fetches the cores emit in this turn of the loop (all the
+        partitions answered by the previous response) share a request."""
+        try:
+            while not self.stopping:
+                await asyncio.sleep(0)
+                batch = self._fetch_queue.pop(leader, None)
+                if not batch:
+                    return
+                await self._fetch(leader, list(batch.values()))
+        finally:
+            self._fetching.discard(leader)
+            if self._fetch_queue.get(leader) and not self.stopping:
+                self._fetching.add(leader)
+                self._spawn(self._fetcher(leader))
+
+    async def _fetch(self, leader: int, batch: list[tuple[HostedPartition, SendFetch]]) -> None:
         F = FetchRequest[FETCH_VERSION]
+        by_topic: dict[str, list[Any]] = {}
+        for hp, a in batch:
+            by_topic.setdefault(hp.tp[0], []).append(
+                F.FetchTopic.FetchPartition(
+                    partition=hp.tp[1],
+                    current_leader_epoch=a.current_leader_epoch,
+                    fetch_offset=a.fetch_offset,
+                    log_start_offset=hp.log.log_start_offset,
+                    partition_max_bytes=8 << 20,
+                )
+            )
+        max_wait_ms = min(a.max_wait_ms for _, a in batch)
         req = F(
             replica_id=self.broker_id,
-            max_wait_ms=a.max_wait_ms,
+            max_wait_ms=max_wait_ms,
             min_bytes=1,
             max_bytes=16 << 20,
             isolation_level=0,
             session_id=0,
             session_epoch=-1,
-            topics=[
-                F.FetchTopic(
-                    topic=hp.tp[0],
-                    partitions=[
-                        F.FetchTopic.FetchPartition(
-                            partition=hp.tp[1],
-                            current_leader_epoch=a.current_leader_epoch,
-                            fetch_offset=a.fetch_offset,
-                            log_start_offset=hp.log.log_start_offset,
-                            partition_max_bytes=8 << 20,
-                        )
-                    ],
-                )
-            ],
+            topics=[F.FetchTopic(topic=t, partitions=ps) for t, ps in by_topic.items()],
             forgotten_topics_data=[],
             rack_id="",
         )
-        error, records, hw, log_start, leo = int(ErrorCode.REPLICA_NOT_AVAILABLE), b"", -1, -1, -1
-        conn = self._connection(a.leader_id, hp.tp)
+        failed = (int(ErrorCode.REPLICA_NOT_AVAILABLE), b"", -1, -1)
+        answers: dict[TopicPartition, tuple[int, bytes, int, int]] = {}
+        conn = self._connection(leader, None)
         try:
             if conn is None:
-                raise ConnectionFailed(f"broker {a.leader_id} is not registered")
-            resp = await conn.request(req, timeout=a.max_wait_ms / 1000 + 10)
-            part = resp.responses[0].partitions[0]
-            error, hw, log_start = part.error_code, part.high_watermark, part.log_start_offset
-            records = bytes(part.records or b"")
-            leo = hw
-            if error == ErrorCode.OFFSET_OUT_OF_RANGE:
-                leo, log_start = await self._leader_offsets(conn, hp, a.current_leader_epoch)
+                raise ConnectionFailed(f"broker {leader} is not registered")
+            resp = await conn.request(req, timeout=max_wait_ms / 1000 + 10)
+            for topic in resp.responses:
+                for part in topic.partitions:
+                    answers[(topic.topic, part.partition_index)] = (
+                        part.error_code,
+                        bytes(part.records or b""),
+                        part.high_watermark,
+                        part.log_start_offset,
+                    )
         except ConnectionFailed as e:
-            log.debug("%s: fetch from %d failed: %s", hp.name, a.leader_id, e)
+            log.debug("fetch of %d partitions from %d failed: %s", len(batch), leader, e)
             await asyncio.sleep(0.2)
-        if self.partitions.get(hp.tp) is hp and not self.stopping:
-            hp.on_fetch_response(a.request_id, error, records, hw, log_start, leo)
+        for hp, a in batch:
+            error, records, hw, log_start = answers.get(hp.tp, failed)
+            leo = hw
+            if error == ErrorCode.OFFSET_OUT_OF_RANGE and conn is not None:
+                try:
+                    leo, log_start = await self._leader_offsets(conn, hp, a.current_leader_epoch)
+                except ConnectionFailed as e:
+                    log.debug("%s: ListOffsets to %d failed: %s", hp.name, leader, e)
+                    error, records, hw, log_start = failed
+                    leo = hw
+            if self.partitions.get(hp.tp) is hp and not self.stopping:
+                hp.on_fetch_response(a.request_id, error, records, hw, log_start, leo)
 
     async def _leader_offsets(
         self, conn: KafkaConnection, hp: HostedPartition, epoch: int

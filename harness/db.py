@@ -388,10 +388,10 @@ echo {wh.deps_key} > {deps_marker}
             "replica.lag.time.max.ms": "10000",
             "default.replication.factor": str(min(3, len(self.nodes))),
             "auto.create.topics.enable": "false",
-            # Kafka's default is 50. This broker runs one replica fetcher per partition (Kafka
-            # batches a leader's partitions into one fetch): 50 idle offsets partitions on 3
-            # nodes cost a quarter of a core, 10 cost little (the same for __transaction_state).
-            # `broker_config` overrides them.
+            # Kafka's default is 50. A follower batches a leader's partitions into one fetch,
+            # but without fetch sessions (KIP-227) the leader reads every partition of that
+            # fetch each time one of them wakes it: 10 keep that small (the same for
+            # __transaction_state). `broker_config` overrides them.
             "offsets.topic.num.partitions": "10",
             "transaction.state.log.num.partitions": "10",
         }

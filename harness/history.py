@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -41,11 +42,19 @@ class HistoryWriter:
     `start_ns` is the monotonic instant (time.monotonic_ns()) that counts as time 0;
     by default the moment the writer is created. Several writers (or a later reader
     computing relative times) can share one start by passing it explicitly.
+    `clock` is the nanosecond clock the times are read from (default time.monotonic_ns; a
+    simulation passes its virtual clock, harness/sim/interpreter.py).
     """
 
-    def __init__(self, path: Path | str, start_ns: int | None = None) -> None:
+    def __init__(
+        self,
+        path: Path | str,
+        start_ns: int | None = None,
+        clock: Callable[[], int] | None = None,
+    ) -> None:
         self.path = Path(path)
-        self.start_ns = time.monotonic_ns() if start_ns is None else start_ns
+        self._clock: Callable[[], int] = clock or time.monotonic_ns
+        self.start_ns = self._clock() if start_ns is None else start_ns
         self._lock = threading.Lock()
         self._next_index = 0
         self._last_time = 0
@@ -62,7 +71,7 @@ class HistoryWriter:
 
     def now(self) -> int:
         """Nanoseconds since the writer's start (not yet clamped to the file's order)."""
-        return time.monotonic_ns() - self.start_ns
+        return self._clock() - self.start_ns
 
     def write(self, op: dict[str, Any]) -> dict[str, Any]:
         """Stamp `op` with index and time, append it as one line, return the stamped copy."""
@@ -70,7 +79,7 @@ class HistoryWriter:
             fd = self._fd
             if fd is None:
                 raise ValueError(f"history {self.path} is closed")
-            t = time.monotonic_ns() - self.start_ns
+            t = self._clock() - self.start_ns
             # The monotonic clock never goes back, but two threads can read it in one
             # order and take the lock in the other: clamp so times follow the file.
             if t < self._last_time:

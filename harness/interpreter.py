@@ -60,7 +60,20 @@ from typing import Any, Protocol
 from isrlab.harness.generator import Context, Generator, Pending
 from isrlab.harness.history import HistoryWriter
 
-__all__ = ["Client", "Interpreter", "NemesisLike", "bounds"]
+__all__ = [
+    "Client",
+    "Interpreter",
+    "NemesisLike",
+    "bounds",
+    "client_crashed",
+    "completion_of",
+    "crash_without_client",
+    "invoke_of",
+    "nemesis_completion_of",
+    "nemesis_invoke_of",
+    "open_failed",
+    "track_faults",
+]
 
 log = logging.getLogger(__name__)
 
@@ -423,14 +436,7 @@ class Interpreter:
             r = self._next(w)
             if r is None:
                 return None
-            invoke: Op = {"process": w.process, "type": "invoke"}
-            hints: Op = {}
-            for k, v in r.items():
-                if k.startswith("_"):
-                    hints[k] = v
-                elif k not in ("process", "type", "index", "time"):
-                    invoke[k] = v
-            invoke.setdefault("value", None)
+            invoke, hints = invoke_of(r, w.process)
             # Record while still holding the lock: the generator's order is the file's.
             self._record(w, invoke, invoke=True)
             # The op's client calls start now, for the hang bound.
@@ -450,24 +456,16 @@ class Interpreter:
                 client.open()
             except Exception as e:
                 _close_quietly(client)
-                return {**base, "type": "fail", "error": ["client-open", str(e)]}, None
+                return open_failed(base, e), None
         if client is None:  # crash with no open client: nothing to tear down
-            return {**base, "type": "info", "value": None}, None
+            return crash_without_client(base), None
         self._set_busy(w, "invoke")
         try:
             done = client.invoke({**invoke, **hints})
         except Exception as e:
             log.warning("process %s: client raised on %s: %r", process, f, e)
-            return {**base, "type": "info", "error": ["client-crash", repr(e)]}, client
-        done = {
-            k: v for k, v in done.items() if k not in ("index", "time") and not k.startswith("_")
-        }
-        done["process"] = process
-        done["f"] = f
-        if done.get("type") not in ("ok", "fail", "info"):
-            done["type"] = "info"
-            done["error"] = ["bad-completion-type", str(done.get("type"))]
-        return done, client
+            return client_crashed(base, e), client
+        return completion_of(done, process, f), client
 
     def _nemesis_loop(self, w: _Worker) -> None:
         nem = self.nemesis
@@ -476,9 +474,7 @@ class Interpreter:
             r = self._next(w)
             if r is None:
                 return
-            op = {k: v for k, v in r.items() if not k.startswith("_")}
-            op.setdefault("value", None)
-            op.update(process="nemesis", type="info")
+            op = nemesis_invoke_of(r)
             if self._record(w, op, invoke=True) is None:
                 return
             f = str(op["f"])
@@ -492,19 +488,82 @@ class Interpreter:
             except Exception as e:
                 log.exception("nemesis %s failed", f)
                 done = {**op, "error": ["nemesis-crash", repr(e)]}
-            done = {k: v for k, v in done.items() if k not in ("index", "time")}
-            done.update(process="nemesis", type="info", f=f)
+            done = nemesis_completion_of(done, f)
             self._set_busy(w, None)
             with self._lock:
                 if w.abandoned:
                     return
-                if f == "heal-all":
-                    self.active_faults.clear()
-                elif f.startswith("start-"):
-                    self.active_faults.add(f[len("start-") :])
-                elif f.startswith("stop-"):
-                    self.active_faults.discard(f[len("stop-") :])
+                track_faults(self.active_faults, f)
                 self._record(w, done)
+
+
+# ----- pure pieces, shared with the simulator's asyncio interpreter (harness/sim/interpreter.py)
+
+
+def invoke_of(r: Op, process: int | str) -> tuple[Op, Op]:
+    """The invoke to record for the generator's op `r` performed by `process`, and the op's
+    hints (its keys starting with "_": for the client, never written)."""
+    invoke: Op = {"process": process, "type": "invoke"}
+    hints: Op = {}
+    for k, v in r.items():
+        if k.startswith("_"):
+            hints[k] = v
+        elif k not in ("process", "type", "index", "time"):
+            invoke[k] = v
+    invoke.setdefault("value", None)
+    return invoke, hints
+
+
+def open_failed(base: Op, e: BaseException) -> Op:
+    """The completion of an op whose client could not be opened: nothing was sent."""
+    return {**base, "type": "fail", "error": ["client-open", str(e)]}
+
+
+def crash_without_client(base: Op) -> Op:
+    """A crash op of a process with no open client: nothing to tear down."""
+    return {**base, "type": "info", "value": None}
+
+
+def client_crashed(base: Op, e: BaseException) -> Op:
+    """The completion of an op whose client raised: unknown, and the process ends."""
+    return {**base, "type": "info", "error": ["client-crash", repr(e)]}
+
+
+def completion_of(done: Op, process: int | str, f: Any) -> Op:
+    """A client's completion as recorded: hints, index and time dropped, process and f the
+    invoke's, a type other than ok/fail/info turned into info ["bad-completion-type", ...]."""
+    out = {k: v for k, v in done.items() if k not in ("index", "time") and not k.startswith("_")}
+    out["process"] = process
+    out["f"] = f
+    if out.get("type") not in ("ok", "fail", "info"):
+        out["type"] = "info"
+        out["error"] = ["bad-completion-type", str(out.get("type"))]
+    return out
+
+
+def nemesis_invoke_of(r: Op) -> Op:
+    """The nemesis op to record (and hand to the nemesis) for the generator's op `r`."""
+    op = {k: v for k, v in r.items() if not k.startswith("_")}
+    op.setdefault("value", None)
+    op.update(process="nemesis", type="info")
+    return op
+
+
+def nemesis_completion_of(done: Op, f: str) -> Op:
+    """A nemesis's completion as recorded: an info op of process "nemesis" with the op's f."""
+    out = {k: v for k, v in done.items() if k not in ("index", "time")}
+    out.update(process="nemesis", type="info", f=f)
+    return out
+
+
+def track_faults(active: set[str], f: str) -> None:
+    """Active faults from a nemesis op's f: start-X opens X, stop-X closes it, heal-all all."""
+    if f == "heal-all":
+        active.clear()
+    elif f.startswith("start-"):
+        active.add(f[len("start-") :])
+    elif f.startswith("stop-"):
+        active.discard(f[len("stop-") :])
 
 
 def _close_quietly(client: Client) -> None:

@@ -1,0 +1,825 @@
+"""A simulated Kafka client for the queue workload: `QueueClient`'s ops and completion shapes
+(harness/workloads/queue/client.py), performed as asyncio code on the simulated network.
+
+`SimQueueClient(test, transport, bootstrap, process, node)` talks the Kafka protocol to the
+brokers of a `SimCluster` over `transport` (`cluster.net.host(...)`), with the broker's own
+request schemas (kafka-python's, as `broker/network/client.py`) and record-batch builder.
+`SimQueueClient.factory(test, net, nodes)` is the interpreter's client_factory(process,
+thread): thread t is bound to node t mod n (its `node`, first in its bootstrap order, as
+`QueueClient.factory`) and connects from host "client<t>".
+
+What it does, after librdkafka where it matters for anomalies:
+
+- metadata: a Metadata request to the first bootstrap broker that answers (own node first),
+  the leader of each partition cached; refreshed (one request at a time, shared by everyone
+  waiting) when a leader is unknown, after NOT_LEADER_OR_FOLLOWER, UNKNOWN_TOPIC_OR_PARTITION,
+  LEADER_NOT_AVAILABLE, FENCED_LEADER_EPOCH and a connection that failed or timed out. An
+  isolated broker's stale answer is believed, as a real client believes it;
+- connections: one per broker, requests pipelined and answers matched by correlation id, a
+  request timeout (request_timeout_ms) closes the connection (librdkafka and the Java client
+  tear it down too), connecting is bounded by the same timeout;
+- producer: acks from the test (0, 1, all); idempotent when test["idempotence"] (absent:
+  Kafka 3.x's default, on with acks=all), which needs acks=all (else `open` refuses, as
+  librdkafka does): InitProducerId first, per-partition sequence numbers, a retried batch
+  keeps its sequence (so the broker answers a retry of an append that happened with the
+  original offset); without idempotence a retry is a new append and can duplicate. The op's
+  consecutive sends to one partition go out as one batch, partitions in parallel. Retriable
+  errors (leadership, NOT_ENOUGH_REPLICAS[_AFTER_APPEND], REQUEST_TIMED_OUT, a connection
+  lost or timed out) are retried after retry.backoff.ms (100 ms) until `retries` (the knob;
+  unset: unbounded, librdkafka's) or until the batch's delivery timeout, the op's
+  op_timeout_ms (librdkafka's message.timeout.ms), after which the send completes as `info`
+  ("msg-timed-out"), never `fail`. Other errors are `fail` or `info` by
+  `queue.client.DEFINITE_ERRORS`'s rule (`_DEFINITE` below names the same errors by
+  broker code). An idempotent batch that did not end ok makes the producer take a new
+  producer id before its next batch (librdkafka's idempotent reset). acks=0: the request is
+  written and the send is ok with offset null, as librdkafka reports it;
+- consumer (assign only): `assign` adds keys at the log start (ListOffsets earliest: the
+  same as librdkafka's OFFSET_BEGINNING), keeps the positions of keys that stay, `_seek`
+  "beginning" restarts every key; `poll` sends one Fetch per leader (max_wait
+  fetch_wait_max_ms, min_bytes 1) and repeats until records arrive or the poll timeout
+  passes; the broker returns records below the high watermark only; positions move past
+  what was returned; OFFSET_OUT_OF_RANGE resets a key to the log start
+  (auto.offset.reset=earliest). Control batches are skipped;
+- completions: QueueClient's shapes through `checkers.queue.codec` (sends
+  `[offset, v]`, `[null, v]` with acks=0, bare `v` when not acknowledged; polls
+  `{k: [[offset, v], ...]}`), `node`, `producer` on sends, and `watermarks` (ListOffsets
+  earliest/latest from the leaders) on a seeded sample (watermark_p) of ok data ops. A
+  completion that is not ok rewinds the positions to the first offset it read, as
+  QueueClient's rollback.
+
+Known differences from librdkafka: no background prefetch (a poll fetches when called, so a
+consumer reads later than librdkafka would); no linger/batching across ops and one
+in-flight batch per partition per op (librdkafka pipelines up to 5); retry backoff is flat
+100 ms (librdkafka backs off exponentially up to 1 s); no periodic metadata refresh, no
+fetch-position validation with leader epochs (KIP-320: librdkafka ≥ 1.9 detects a truncated
+log and resets); no compression. Consumer groups (`subscribe`, `commit`) and transactions
+(`txn`) are not simulated yet: those ops complete as `fail` with error "unsupported-in-sim".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import struct
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from kafka.protocol.api_header import ResponseClassRegistry
+from kafka.protocol.consumer import FetchRequest, ListOffsetsRequest
+from kafka.protocol.metadata import MetadataRequest
+from kafka.protocol.producer import ProduceRequest
+from kafka.protocol.producer.transaction import InitProducerIdRequest
+from kafka.record.default_records import DefaultRecordBatch
+from kafka.record.memory_records import MemoryRecordsBuilder
+
+from isrlab.broker.errors import ErrorCode
+from isrlab.broker.network.client import ConnectionFailed
+from isrlab.broker.network.transport import Transport
+from isrlab.checkers.queue import codec
+from isrlab.harness.sim.cluster import EPOCH, PORT
+from isrlab.harness.workloads.queue.client import ClientError, _worse, parse_key
+from isrlab.harness.workloads.queue.client import _decode as _decode_value
+from isrlab.harness.workloads.queue.options import QueueOptions
+
+__all__ = ["UNSUPPORTED", "SimQueueClient"]
+
+log = logging.getLogger(__name__)
+
+Op = dict[str, Any]
+TP = tuple[str, int]
+
+#: the error of ops the simulated client does not perform
+UNSUPPORTED = "unsupported-in-sim"
+
+#: librdkafka's retry.backoff.ms
+RETRY_BACKOFF_S = 0.1
+
+E = ErrorCode
+#: broker errors after which the leader is looked up again
+_REFRESH = frozenset(
+    {
+        E.NOT_LEADER_OR_FOLLOWER,
+        E.UNKNOWN_TOPIC_OR_PARTITION,
+        E.LEADER_NOT_AVAILABLE,
+        E.FENCED_LEADER_EPOCH,
+        E.UNKNOWN_LEADER_EPOCH,
+        E.KAFKA_STORAGE_ERROR,
+    }
+)
+#: produce errors retried with the same batch (and sequence)
+_RETRIABLE = _REFRESH | {
+    E.NOT_ENOUGH_REPLICAS,
+    E.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+    E.REQUEST_TIMED_OUT,
+    E.COORDINATOR_LOAD_IN_PROGRESS,
+}
+#: produce errors that prove the batch was not appended: queue.client.DEFINITE_ERRORS's
+#: broker errors (the rest of that set are librdkafka's local errors)
+_DEFINITE = frozenset(
+    {
+        E.UNKNOWN_TOPIC_OR_PARTITION,
+        E.INVALID_TOPIC_EXCEPTION,
+        E.INVALID_REPLICATION_FACTOR,
+        E.NOT_CONTROLLER,
+        E.OUT_OF_ORDER_SEQUENCE_NUMBER,
+        E.PRODUCER_FENCED,
+        E.INVALID_PRODUCER_EPOCH,
+        E.MESSAGE_TOO_LARGE,
+        E.INVALID_REQUIRED_ACKS,
+    }
+)
+#: produce errors after which the producer cannot go on (QueueClient's _BREAKING_ERRORS)
+_BREAKING = frozenset({E.OUT_OF_ORDER_SEQUENCE_NUMBER, E.PRODUCER_FENCED})
+
+
+def _error_name(code: int) -> str:
+    """QueueClient's error_name for a broker error code: "not-leader-or-follower"."""
+    try:
+        name = ErrorCode(code).name
+    except ValueError:
+        name = str(code)
+    return name.lower().replace("_", "-")
+
+
+class _Conn:
+    """One connection to a broker: requests pipelined, answers matched by correlation id."""
+
+    def __init__(self, transport: Transport, host: str, port: int, client_id: str) -> None:
+        self.transport = transport
+        self.host, self.port, self.client_id = host, port, client_id
+        self._writer: asyncio.StreamWriter | None = None
+        self._reader_task: asyncio.Task[None] | None = None
+        self._connect_lock = asyncio.Lock()
+        self._correlation = 0
+        self._waiting: dict[int, tuple[asyncio.Future[Any], Any]] = {}
+
+    async def _connect(self, timeout: float) -> asyncio.StreamWriter:
+        async with self._connect_lock:
+            if self._writer is not None:
+                return self._writer
+            try:
+                reader, writer = await asyncio.wait_for(
+                    self.transport.connect(self.host, self.port, limit=1 << 20), timeout
+                )
+            except (OSError, TimeoutError) as e:
+                raise ConnectionFailed(
+                    f"cannot connect to {self.host}:{self.port}: {e!r}"
+                ) from None
+            self._writer = writer
+            self._reader_task = asyncio.get_running_loop().create_task(self._read(reader))
+            return writer
+
+    async def _read(self, reader: asyncio.StreamReader) -> None:
+        try:
+            while True:
+                head = await reader.readexactly(4)
+                (size,) = struct.unpack(">i", head)
+                frame = await reader.readexactly(size)
+                (correlation,) = struct.unpack_from(">i", frame, 0)
+                entry = self._waiting.pop(correlation, None)
+                if entry is None:
+                    continue  # its caller gave up (timed out or cancelled)
+                fut, request = entry
+                cls = ResponseClassRegistry._response_class_registry[request.API_KEY]
+                response = cls[request.API_VERSION].decode(frame, header=True)
+                if not fut.done():
+                    fut.set_result(response)
+        except (OSError, asyncio.IncompleteReadError) as e:
+            self._fail(ConnectionFailed(f"{self.host}:{self.port}: {e!r}"))
+
+    def _fail(self, exc: Exception) -> None:
+        waiting, self._waiting = self._waiting, {}
+        for fut, _ in waiting.values():
+            if not fut.done():
+                fut.set_exception(exc)
+        self.close()
+
+    async def request(self, request: Any, timeout: float, *, answer: bool = True) -> Any:
+        """Send `request`; its response (None when `answer` is false: acks=0). Raises
+        ConnectionFailed when the connection fails or no answer comes within `timeout`
+        (the connection is then closed)."""
+        writer = await self._connect(timeout)
+        self._correlation += 1
+        correlation = self._correlation
+        request.with_header(correlation_id=correlation, client_id=self.client_id)
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        if answer:
+            self._waiting[correlation] = (fut, request)
+        try:
+            writer.write(request.encode(header=True, framed=True))
+            await writer.drain()
+            if not answer:
+                return None
+            return await asyncio.wait_for(fut, timeout)
+        except TimeoutError:
+            self._fail(ConnectionFailed(f"{self.host}:{self.port}: request timed out"))
+            raise ConnectionFailed(f"{self.host}:{self.port}: request timed out") from None
+        except OSError as e:
+            self._fail(ConnectionFailed(f"{self.host}:{self.port}: {e!r}"))
+            raise ConnectionFailed(f"{self.host}:{self.port}: {e!r}") from None
+        finally:
+            self._waiting.pop(correlation, None)
+
+    def close(self) -> None:
+        writer, self._writer = self._writer, None
+        task, self._reader_task = self._reader_task, None
+        if writer is not None:
+            with contextlib.suppress(Exception):
+                writer.close()
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+
+
+class _Delivery:
+    """What became of one batch: "ok" (offset: the base offset, None when unknown), "fail"
+    (definitely not appended) or "info" (unknown), with an error name."""
+
+    __slots__ = ("error", "offset", "outcome")
+
+    def __init__(self, outcome: str, offset: int | None = None, error: str | None = None):
+        self.outcome = outcome
+        self.offset = offset
+        self.error = error
+
+
+class SimQueueClient:
+    """One process's producer + consumer on the simulated network (see the module doc)."""
+
+    def __init__(
+        self,
+        test: Mapping[str, Any],
+        transport: Transport,
+        bootstrap: Sequence[str],
+        process: int,
+        node: str | None = None,
+        port: int = PORT,
+    ) -> None:
+        self.test = test
+        self.transport = transport
+        self.bootstrap = list(bootstrap)
+        self.port = port
+        self.process = process
+        self.node = node or self.bootstrap[0]
+        self.knobs = QueueOptions.from_test(test)
+        acks = str(test.get("acks", "all"))
+        self.acks = -1 if acks in ("all", "-1") else int(acks)
+        idem = test.get("idempotence")
+        self.idempotent = bool(self.acks == -1 if idem is None else idem)
+        self.op_timeout = self.knobs.op_timeout_ms / 1000
+        self.request_timeout = self.knobs.request_timeout_ms / 1000
+        self.retries = self.knobs.retries
+        self.watermark_p = self.knobs.watermark_p
+        self._rng = random.Random(f"{test.get('seed', 0)}/{process}")
+        self.broken = False
+        self._open = False
+        # metadata
+        self._brokers: dict[int, tuple[str, int]] = {}
+        self._leaders: dict[TP, int] = {}
+        self._refreshing: asyncio.Future[None] | None = None
+        self._conns: dict[str, _Conn] = {}
+        # producer
+        self._pid = -1
+        self._epoch = -1
+        self._seq: dict[TP, int] = {}
+        # consumer: assigned keys and their next offset to fetch (None: the log start)
+        self.assigned: set[str] = set()
+        self.positions: dict[str, int | None] = {}
+
+    @classmethod
+    def factory(
+        cls, test: Mapping[str, Any], net: Any, nodes: Sequence[str], port: int = PORT
+    ) -> Callable[[int, int], SimQueueClient]:
+        """client_factory(process, thread): thread t bound to nodes[t mod n] (first in its
+        bootstrap order), connecting from host "client<t>" of `net` (a SimNetwork)."""
+        names = list(nodes)
+        if not names:
+            raise ValueError("SimQueueClient.factory needs at least one node")
+
+        def make(process: int, thread: int) -> SimQueueClient:
+            i = thread % len(names)
+            order = names[i:] + names[:i]
+            return cls(test, net.host(f"client{thread}"), order, process, node=names[i], port=port)
+
+        return make
+
+    # ----- lifecycle ----------------------------------------------------------------------
+
+    async def open(self) -> SimQueueClient:
+        if self.idempotent and self.acks != -1:
+            raise ClientError(
+                "idempotence needs acks=all (librdkafka refuses enable.idempotence with "
+                f"acks={self.acks})"
+            )
+        self._open = True
+        return self
+
+    async def close(self) -> None:
+        self._open = False
+        conns, self._conns = self._conns, {}
+        for c in conns.values():
+            c.close()
+        self.assigned = set()
+        self.positions = {}
+
+    # ----- connections and metadata -------------------------------------------------------
+
+    def _loop_time(self) -> float:
+        return asyncio.get_running_loop().time()
+
+    def _conn(self, host: str, port: int) -> _Conn:
+        key = f"{host}:{port}"
+        c = self._conns.get(key)
+        if c is None:
+            c = self._conns[key] = _Conn(self.transport, host, port, f"isrlab-sim-{self.process}")
+        return c
+
+    def _broker_conn(self, broker_id: int) -> _Conn | None:
+        addr = self._brokers.get(broker_id)
+        return None if addr is None else self._conn(*addr)
+
+    def _forget(self, tp: TP) -> None:
+        self._leaders.pop(tp, None)
+
+    async def _refresh(self, deadline: float) -> None:
+        """One Metadata request at a time; callers meanwhile wait for its answer."""
+        if self._refreshing is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(
+                    asyncio.shield(self._refreshing), max(0.0, deadline - self._loop_time())
+                )
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._refreshing = fut
+        try:
+            await self._refresh_once(deadline)
+        finally:
+            self._refreshing = None
+            fut.set_result(None)
+
+    async def _refresh_once(self, deadline: float) -> None:
+        topics = sorted({parse_key(k)[0] for k in self.test.get("keys") or ()})
+        M = MetadataRequest[8]
+        hosts = [(h, self.port) for h in self.bootstrap]
+        for b in sorted(self._brokers):
+            if self._brokers[b] not in hosts:
+                hosts.append(self._brokers[b])
+        for host, port in hosts:
+            left = min(self.request_timeout, deadline - self._loop_time())
+            if left <= 0:
+                return
+            req = M(
+                topics=[M.MetadataRequestTopic(name=t) for t in topics],
+                allow_auto_topic_creation=False,
+                include_cluster_authorized_operations=False,
+                include_topic_authorized_operations=False,
+            )
+            try:
+                resp = await self._conn(host, port).request(req, left)
+            except ConnectionFailed as e:
+                log.debug("process %s: metadata from %s: %s", self.process, host, e)
+                continue
+            self._brokers = {b.node_id: (b.host, b.port) for b in resp.brokers}
+            for t in resp.topics:
+                for p in t.partitions:
+                    tp = (t.name, p.partition_index)
+                    if t.error_code == 0 and p.error_code == 0 and p.leader_id >= 0:
+                        self._leaders[tp] = p.leader_id
+                    else:
+                        self._leaders.pop(tp, None)
+            return
+
+    async def _leader(self, tp: TP, deadline: float) -> int | None:
+        """The cached leader of `tp` (looked up when unknown), None if none is known."""
+        leader = self._leaders.get(tp)
+        if leader is None or leader not in self._brokers:
+            await self._refresh(deadline)
+            leader = self._leaders.get(tp)
+        return leader if leader is not None and leader in self._brokers else None
+
+    async def _backoff(self, deadline: float) -> None:
+        await asyncio.sleep(max(0.0, min(RETRY_BACKOFF_S, deadline - self._loop_time())))
+
+    # ----- ops ----------------------------------------------------------------------------
+
+    async def invoke(self, op: Mapping[str, Any]) -> Op:
+        """Perform `op` (an invoke: f, value, optional `_` hints); return its completion."""
+        f = op["f"]
+        base: Op = {k: v for k, v in op.items() if not k.startswith("_")}
+        base["node"] = self.node
+        if f == "crash":
+            await self.close()
+            return {**base, "type": "info", "value": None}
+        if not self._open:
+            return {**base, "type": "fail", "error": "client-not-open"}
+        if f == "assign":
+            return await self._assign(base, op.get("_seek") == "beginning")
+        if f in ("subscribe", "commit", "txn"):
+            return {**base, "type": "fail", "error": UNSUPPORTED}
+        if f in codec.DATA_FS:
+            poll_s = float(op.get("_poll_ms", self.knobs.poll_ms)) / 1000
+            return await self._transact(base, poll_s)
+        return {**base, "type": "fail", "error": f"unknown-f:{f}"}
+
+    async def _assign(self, op: Op, from_beginning: bool) -> Op:
+        try:
+            wanted = set(op["value"])
+            for k in wanted:
+                parse_key(k)
+        except (TypeError, ValueError) as e:
+            return {**op, "type": "fail", "error": ["bad-keys", str(e)]}
+        keep = set() if from_beginning else self.assigned & wanted
+        for k in sorted(self.assigned - keep):
+            self.positions.pop(k, None)
+        for k in sorted(wanted - keep):
+            self.positions[k] = None  # OFFSET_BEGINNING
+        self.assigned = set(wanted)
+        return {**op, "type": "ok"}
+
+    async def _transact(self, op: Op, poll_s: float) -> Op:
+        mops: list[Any] = list(op["value"] or [])
+        out: list[Any] = [list(m) for m in mops]
+        first_read: dict[str, int] = {}
+        verdict: str | None = None
+        errors: list[Any] = []
+        has_send = any(m and m[0] == codec.SEND for m in mops)
+        deadline = self._loop_time() + self.op_timeout
+        try:
+            i = 0
+            while i < len(mops):
+                if mops[i][0] == codec.SEND:
+                    j = i
+                    while j < len(mops) and mops[j][0] == codec.SEND:
+                        j += 1
+                    v, errs = await self._send_run(mops, out, i, j, deadline)
+                    verdict = _worse(verdict, v)
+                    errors += errs
+                    i = j
+                elif mops[i][0] == codec.POLL:
+                    out[i] = codec.poll_result(await self._poll(poll_s, first_read))
+                    i += 1
+                else:
+                    raise ValueError(f"unknown micro-op {mops[i]!r}")
+        except (ValueError, TypeError, IndexError) as e:
+            errors.append(["bad-op", str(e)])
+            verdict = _worse(verdict, "info" if has_send else "fail")
+        verdict = verdict or "ok"
+        if verdict != "ok":
+            for k, off in first_read.items():
+                if k in self.assigned:
+                    self.positions[k] = off
+        result: Op = {**op, "type": verdict, "value": out}
+        if errors:
+            result["error"] = errors[0] if len(errors) == 1 else errors
+        if verdict == "ok" and self.watermark_p > 0 and self._rng.random() < self.watermark_p:
+            touched = {m[1] for m in mops if m[0] == codec.SEND}
+            for m in out:
+                if m[0] == codec.POLL and len(m) > 1:
+                    touched.update(m[1])
+            result.update(await self._watermarks(sorted(touched), deadline))
+        if has_send:
+            result["producer"] = {
+                "id": self._pid,
+                "epoch": self._epoch,
+                "idempotent": self.idempotent,
+                "transactional_id": "",
+            }
+        return result
+
+    # -- producer
+
+    async def _send_run(
+        self, mops: list[Any], out: list[Any], i: int, j: int, deadline: float
+    ) -> tuple[str, list[Any]]:
+        by_tp: dict[TP, list[int]] = {}
+        for n in range(i, j):
+            by_tp.setdefault(parse_key(mops[n][1]), []).append(n)
+        tasks = {
+            tp: asyncio.get_running_loop().create_task(
+                self._deliver(tp, [str(mops[n][2]).encode() for n in ns], deadline)
+            )
+            for tp, ns in by_tp.items()
+        }
+        await asyncio.wait(
+            list(tasks.values()), timeout=max(0.0, deadline - self._loop_time()) + 0.001
+        )
+        acked = failed = unknown = 0
+        errors: list[Any] = []
+        for tp, ns in by_tp.items():
+            task = tasks[tp]
+            if task.done():
+                d = task.result()
+            else:
+                task.cancel()
+                d = _Delivery("info", error="timeout")
+            for x, n in enumerate(ns):
+                _, k, v = mops[n]
+                if d.outcome == "ok":
+                    acked += 1
+                    out[n] = codec.send_result(k, v, None if d.offset is None else d.offset + x)
+                else:
+                    out[n] = codec.send(k, v)
+                    errors.append(d.error)
+                    if d.outcome == "fail":
+                        failed += 1
+                    else:
+                        unknown += 1
+        if unknown == 0 and failed == 0:
+            return "ok", errors
+        if unknown == 0 and acked == 0:
+            return "fail", errors
+        return "info", errors
+
+    async def _init_pid(self, deadline: float) -> bool:
+        """An idempotent producer's id (InitProducerId to any broker); False at the deadline."""
+        while self._pid < 0:
+            if self._loop_time() >= deadline:
+                return False
+            hosts = [self._brokers[b] for b in sorted(self._brokers)] or [
+                (h, self.port) for h in self.bootstrap
+            ]
+            for host, port in hosts:
+                left = min(self.request_timeout, deadline - self._loop_time())
+                if left <= 0:
+                    return False
+                req = InitProducerIdRequest[1](transactional_id=None, transaction_timeout_ms=60000)
+                try:
+                    resp = await self._conn(host, port).request(req, left)
+                except ConnectionFailed:
+                    continue
+                if resp.error_code == 0:
+                    self._pid, self._epoch = resp.producer_id, resp.producer_epoch
+                    self._seq = {}
+                    return True
+            await self._backoff(deadline)
+        return True
+
+    async def _deliver(self, tp: TP, values: list[bytes], deadline: float) -> _Delivery:
+        """Produce one batch to `tp`'s leader, retried until acknowledged, a non-retriable
+        error, `retries` or the deadline (see the module doc)."""
+        pid = epoch = seq = -1
+        if self.idempotent:
+            if not await self._init_pid(deadline):
+                # nothing was sent: librdkafka times the message out in its queue
+                return _Delivery("info", error="msg-timed-out")
+            pid, epoch = self._pid, self._epoch
+            seq = self._seq.get(tp, 0)
+            self._seq[tp] = seq + len(values)
+        builder = MemoryRecordsBuilder(
+            magic=2,
+            compression_type=0,
+            batch_size=1 << 20,
+            producer_id=pid,
+            producer_epoch=epoch,
+            base_sequence=seq,
+        )
+        ts = int((EPOCH + self._loop_time()) * 1000)
+        for v in values:
+            builder.append(timestamp=ts, key=None, value=v, headers=[])
+        builder.close()
+        records = bytes(builder.buffer())
+        d = await self._retry(tp, records, deadline)
+        if self.idempotent and d.outcome != "ok" and self._pid == pid:
+            # librdkafka: after a batch that may or may not be in the log, a fresh producer id
+            # (its sequence numbers would otherwise be out of order from now on)
+            self._pid = self._epoch = -1
+        return d
+
+    async def _retry(self, tp: TP, records: bytes, deadline: float) -> _Delivery:
+        attempts = 0
+        P = ProduceRequest[8]
+        while True:
+            if self._loop_time() >= deadline:
+                return _Delivery("info", error="msg-timed-out")
+            leader = await self._leader(tp, deadline)
+            conn = None if leader is None else self._broker_conn(leader)
+            if conn is None:
+                await self._backoff(deadline)
+                continue
+            req = P(
+                transactional_id=None,
+                acks=self.acks,
+                timeout_ms=self.knobs.request_timeout_ms,
+                topic_data=[
+                    P.TopicProduceData(
+                        name=tp[0],
+                        partition_data=[
+                            P.TopicProduceData.PartitionProduceData(index=tp[1], records=records)
+                        ],
+                    )
+                ],
+            )
+            left = min(self.request_timeout, deadline - self._loop_time())
+            try:
+                resp = await conn.request(req, max(0.001, left), answer=self.acks != 0)
+            except ConnectionFailed as e:
+                log.debug("process %s: produce %s: %s", self.process, tp, e)
+                self._forget(tp)
+                attempts += 1
+                if self.retries is not None and attempts > self.retries:
+                    return _Delivery("info", error="transport")
+                await self._backoff(deadline)
+                continue
+            if resp is None:  # acks=0: written, nothing comes back
+                return _Delivery("ok")
+            p = resp.responses[0].partition_responses[0]
+            err = p.error_code
+            if err == 0:
+                return _Delivery("ok", p.base_offset if p.base_offset >= 0 else None)
+            if err == E.DUPLICATE_SEQUENCE_NUMBER:
+                return _Delivery("ok")
+            if err in _BREAKING:
+                self.broken = True
+            if err in _RETRIABLE:
+                if err in _REFRESH:
+                    self._forget(tp)
+                attempts += 1
+                if self.retries is None or attempts <= self.retries:
+                    await self._backoff(deadline)
+                    continue
+            outcome = "fail" if err in _DEFINITE else "info"
+            return _Delivery(outcome, error=_error_name(err))
+
+    # -- consumer
+
+    async def _list_offsets(
+        self, keys: Sequence[str], timestamp: int, deadline: float
+    ) -> dict[str, int]:
+        """Per key, ListOffsets of `timestamp` (-2 earliest, -1 latest: the high watermark)
+        asked of its leader; keys that fail are left out."""
+        by_leader: dict[int, list[TP]] = {}
+        for k in keys:
+            tp = parse_key(k)
+            leader = await self._leader(tp, deadline)
+            if leader is not None:
+                by_leader.setdefault(leader, []).append(tp)
+        out: dict[str, int] = {}
+        L = ListOffsetsRequest[4]
+        for leader, tps in sorted(by_leader.items()):
+            conn = self._broker_conn(leader)
+            left = min(self.request_timeout, deadline - self._loop_time())
+            if conn is None or left <= 0:
+                continue
+            topics: dict[str, list[int]] = {}
+            for t, p in tps:
+                topics.setdefault(t, []).append(p)
+            req = L(
+                replica_id=-1,
+                isolation_level=0,
+                topics=[
+                    L.ListOffsetsTopic(
+                        name=t,
+                        partitions=[
+                            L.ListOffsetsTopic.ListOffsetsPartition(
+                                partition_index=p, current_leader_epoch=-1, timestamp=timestamp
+                            )
+                            for p in ps
+                        ],
+                    )
+                    for t, ps in sorted(topics.items())
+                ],
+            )
+            try:
+                resp = await conn.request(req, left)
+            except ConnectionFailed:
+                for tp in tps:
+                    self._forget(tp)
+                continue
+            for t in resp.topics:
+                for p in t.partitions:
+                    if p.error_code == 0 and p.offset >= 0:
+                        out[f"{t.name}/{p.partition_index}"] = p.offset
+                    elif p.error_code in _REFRESH:
+                        self._forget((t.name, p.partition_index))
+        return out
+
+    async def _watermarks(self, keys: list[str], deadline: float) -> Op:
+        if not keys:
+            return {}
+        deadline = max(deadline, self._loop_time() + self.request_timeout)
+        low = await self._list_offsets(keys, -2, deadline)
+        high = await self._list_offsets(keys, -1, deadline)
+        out = {k: {"low": low[k], "high": high[k]} for k in keys if k in low and k in high}
+        return {"watermarks": out} if out else {}
+
+    async def _poll(self, timeout: float, first_read: dict[str, int]) -> dict[str, list[list[Any]]]:
+        read: dict[str, list[list[Any]]] = {}
+        if not self.assigned:
+            return read
+        deadline = self._loop_time() + timeout
+        while True:
+            unset = sorted(k for k in self.assigned if self.positions.get(k) is None)
+            if unset:
+                for k, off in (await self._list_offsets(unset, -2, deadline)).items():
+                    self.positions[k] = off
+            by_leader: dict[int, list[str]] = {}
+            for k in sorted(self.assigned):
+                if self.positions.get(k) is None:
+                    continue
+                leader = await self._leader(parse_key(k), deadline)
+                if leader is not None:
+                    by_leader.setdefault(leader, []).append(k)
+            left = deadline - self._loop_time()
+            if by_leader and left > 0:
+                tasks = [
+                    asyncio.get_running_loop().create_task(self._fetch(leader, ks, left))
+                    for leader, ks in sorted(by_leader.items())
+                ]
+                done, pending = await asyncio.wait(tasks, timeout=left)
+                for task in pending:
+                    task.cancel()
+                # (in leader order: the completion lists keys as the fetches were made)
+                for task in tasks:
+                    if task in done:
+                        for k, pairs in task.result().items():
+                            read.setdefault(k, []).extend(pairs)
+                            if pairs and k not in first_read:
+                                first_read[k] = pairs[0][0]
+            if read or self._loop_time() >= deadline:
+                return read
+            if not by_leader:
+                await self._backoff(deadline)
+
+    async def _fetch(self, leader: int, keys: list[str], left: float) -> dict[str, list[list[Any]]]:
+        conn = self._broker_conn(leader)
+        if conn is None:
+            return {}
+        F = FetchRequest[11]
+        max_wait = min(self.knobs.fetch_wait_max_ms, max(0, int(left * 1000)))
+        topics: dict[str, list[tuple[int, str]]] = {}
+        for k in keys:
+            t, p = parse_key(k)
+            topics.setdefault(t, []).append((p, k))
+        req = F(
+            replica_id=-1,
+            max_wait_ms=max_wait,
+            min_bytes=1,
+            max_bytes=1 << 20,
+            isolation_level=0,
+            session_id=0,
+            session_epoch=-1,
+            topics=[
+                F.FetchTopic(
+                    topic=t,
+                    partitions=[
+                        F.FetchTopic.FetchPartition(
+                            partition=p,
+                            current_leader_epoch=-1,
+                            fetch_offset=self.positions[k],
+                            log_start_offset=-1,
+                            partition_max_bytes=1 << 20,
+                        )
+                        for p, k in ps
+                    ],
+                )
+                for t, ps in sorted(topics.items())
+            ],
+            forgotten_topics_data=[],
+            rack_id="",
+        )
+        timeout = max_wait / 1000 + self.request_timeout
+        try:
+            resp = await conn.request(req, timeout)
+        except ConnectionFailed:
+            for k in keys:
+                self._forget(parse_key(k))
+            return {}
+        out: dict[str, list[list[Any]]] = {}
+        for t in resp.responses:
+            for p in t.partitions:
+                k = f"{t.topic}/{p.partition_index}"
+                if k not in self.assigned or self.positions.get(k) is None:
+                    continue  # unassigned meanwhile
+                if p.error_code == E.OFFSET_OUT_OF_RANGE:
+                    self.positions[k] = None  # auto.offset.reset=earliest
+                    continue
+                if p.error_code != 0:
+                    if p.error_code in _REFRESH:
+                        self._forget((t.topic, p.partition_index))
+                    continue
+                pos = self.positions[k]
+                assert pos is not None
+                pairs = [[o, v] for o, v in _records(bytes(p.records or b"")) if o >= pos]
+                if pairs:
+                    out[k] = pairs
+                    self.positions[k] = pairs[-1][0] + 1
+        return out
+
+
+def _records(data: bytes) -> list[tuple[int, Any]]:
+    """(offset, value) of the data records in a fetch's record bytes (whole batches only,
+    control batches skipped); a value that is not an int is kept as its text."""
+    out: list[tuple[int, Any]] = []
+    pos = 0
+    while pos + 12 <= len(data):
+        (length,) = struct.unpack_from(">i", data, pos + 8)
+        if pos + 12 + length > len(data):
+            break
+        batch = DefaultRecordBatch(data[pos : pos + 12 + length])
+        pos += 12 + length
+        if batch.is_control_batch:
+            continue
+        for r in batch:
+            out.append((r.offset, _decode_value(None if r.value is None else bytes(r.value))))
+    return out

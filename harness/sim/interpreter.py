@@ -1,0 +1,364 @@
+"""The interpreter on the simulator: `harness/interpreter.py`'s semantics as asyncio tasks on
+the virtual-time loop (`harness/sim/clock.py`), writing the same history.
+
+`SimInterpreter(generator, history, client_factory, concurrency, nemesis=None, seed=0,
+hang_timeout=None, run_timeout=None)`, then `await interp.run()`:
+
+- one task per client thread 0..concurrency-1. Thread t starts as process t; it asks the
+  generator for an op (`Context` time: the history writer's clock, which a simulated run
+  builds on the loop's virtual time), records the invoke, performs it with its client
+  (`await client.invoke(op)`) and records the completion. After an `info` completion, or
+  when the client reports itself `broken`, the client is closed and the thread continues as
+  process `process + concurrency` with a new client, opened lazily before its next op;
+- a client that cannot be opened (`await client.open()` raises) turns the op into a `fail`
+  with error ["client-open", message]; an exception escaping a client turns it into an
+  `info` with error ["client-crash", message] and a new process;
+- `hang_timeout` (virtual seconds): a client call (open or invoke) that takes longer is
+  cancelled; its op is completed as `info` ["hung", ...] and the thread goes on as a new
+  process (the threaded interpreter abandons the OS thread; a task can be cancelled);
+- `run_timeout` (virtual seconds from `run()`): when it passes, every open op is completed as
+  `info` ["run-timeout", ...] (the nemesis's too), every task is cancelled and `run()`
+  returns with `stats()["timed_out"]`;
+- one nemesis task when a nemesis is given: it performs the generator's ops for the thread
+  "nemesis" with `await nemesis.invoke(op) -> completion` (the op f "heal-all" with
+  `await nemesis.heal_all()` when the nemesis has it), recording both as `info` ops of
+  process "nemesis"; active faults are tracked from the f names as in the threaded one.
+
+What is shared with the threaded interpreter is imported from it (the invoke and completion
+shapes, the nemesis ops, fault tracking); what differs is only how waiting is done. Nothing
+here uses threads or real time: generator calls and history writes happen in the loop's one
+thread between awaits (no lock needed: no await between asking the generator and recording
+the invoke), a thread with nothing to do waits on an `asyncio.Condition` (woken on every
+completion, FIFO) or a virtual-time timeout, and tasks are created in thread order, so one
+seed gives one history.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from isrlab.harness.generator import Context, Generator, Pending
+from isrlab.harness.history import HistoryWriter
+from isrlab.harness.interpreter import (
+    client_crashed,
+    completion_of,
+    crash_without_client,
+    invoke_of,
+    nemesis_completion_of,
+    nemesis_invoke_of,
+    open_failed,
+    track_faults,
+)
+
+__all__ = ["AsyncClient", "AsyncNemesis", "SimInterpreter"]
+
+log = logging.getLogger(__name__)
+
+Op = dict[str, Any]
+
+# How long an idle thread waits (virtual seconds) when the generator says "pending, ask
+# again soon" and nothing completes meanwhile (the threaded interpreter's _IDLE_WAIT).
+_IDLE_WAIT = 0.05
+
+
+class AsyncClient(Protocol):
+    broken: bool
+
+    async def open(self) -> Any: ...
+
+    async def invoke(self, op: Op) -> Op: ...
+
+    async def close(self) -> None: ...
+
+
+class AsyncNemesis(Protocol):
+    async def invoke(self, op: Op) -> Op: ...
+
+
+@dataclass(eq=False)
+class _Worker:
+    thread: int | str
+    process: int | str
+    exhausted: bool = False
+    # Set when run() gave up on the run: nothing more is recorded for this worker.
+    abandoned: bool = False
+    open_invoke: Op | None = None
+
+
+class SimInterpreter:
+    def __init__(
+        self,
+        generator: Generator,
+        history: HistoryWriter,
+        client_factory: Callable[[int, int], AsyncClient],
+        concurrency: int,
+        nemesis: AsyncNemesis | None = None,
+        seed: int = 0,
+        hang_timeout: float | None = None,
+        run_timeout: float | None = None,
+    ) -> None:
+        """client_factory(process, thread) returns an unopened client; hang_timeout and
+        run_timeout are virtual seconds, None for no bound (see the module doc)."""
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        for name, v in (("hang_timeout", hang_timeout), ("run_timeout", run_timeout)):
+            if v is not None and not v > 0:
+                raise ValueError(f"{name} must be a positive number of seconds, not {v!r}")
+        self.generator = generator
+        self.history = history
+        self.client_factory = client_factory
+        self.concurrency = concurrency
+        self.nemesis = nemesis
+        self.hang_timeout = hang_timeout
+        self.run_timeout = run_timeout
+        self.rng = random.Random(seed)
+        self.threads: list[int | str] = list(range(concurrency))
+        if nemesis is not None:
+            self.threads.append("nemesis")
+        self._cond: asyncio.Condition | None = None
+        self._stop = False
+        self._closed = False
+        self._finished = False
+        self._workers: dict[int | str, _Worker] = {}
+        self.counts: collections.Counter[str] = collections.Counter()
+        self.active_faults: set[str] = set()
+        self.errors: list[str] = []
+        self.abandoned: list[str] = []
+        self.timed_out = False
+        self._started_ns: int | None = None
+
+    # ----- public -------------------------------------------------------------------------
+
+    async def run(self) -> dict[str, Any]:
+        """Run until every thread is done, `stop()`, or the run timeout; the final stats."""
+        self._cond = asyncio.Condition()
+        self._started_ns = self.history.now()
+        tasks: list[asyncio.Task[None]] = []
+        for t in self.threads:
+            w = _Worker(thread=t, process=t)
+            self._workers[t] = w
+            tasks.append(asyncio.create_task(self._guard(w), name=f"sim-worker-{t}"))
+        try:
+            _done, pending = await asyncio.wait(tasks, timeout=self.run_timeout)
+            if pending:
+                self._give_up()
+                for task in pending:
+                    task.cancel()
+                await asyncio.gather(*pending, return_exceptions=True)
+        finally:
+            self._closed = True
+            self._finished = True
+        return self.stats()
+
+    def stop(self) -> None:
+        """Ask every thread to stop after its current op."""
+        self._stop = True
+        if self._cond is not None:
+            asyncio.get_running_loop().create_task(self._notify())
+
+    def stats(self) -> dict[str, Any]:
+        now = self.history.now()
+        return {
+            "invoked": self.counts["invoke"],
+            "ok": self.counts["ok"],
+            "fail": self.counts["fail"],
+            "info": self.counts["info"],
+            "active_faults": sorted(self.active_faults),
+            "elapsed_s": (now - (now if self._started_ns is None else self._started_ns)) / 1e9,
+            "finished": self._finished,
+            "errors": list(self.errors),
+            "abandoned": list(self.abandoned),
+            "timed_out": self.timed_out,
+        }
+
+    # ----- internals ----------------------------------------------------------------------
+
+    async def _notify(self) -> None:
+        assert self._cond is not None
+        async with self._cond:
+            self._cond.notify_all()
+
+    def _give_up(self) -> None:
+        self._stop = True
+        self.timed_out = True
+        error = ["run-timeout", f"the run did not end within {self.run_timeout:.0f} s"]
+        busy = []
+        for w in self._workers.values():
+            if w.open_invoke is not None:
+                busy.append(str(w.thread))
+                self._complete_abandoned(w, error)
+            w.abandoned = True
+        msg = (
+            f"run timeout: {self.run_timeout:.0f} virtual s passed; open ops completed as "
+            f"info: {', '.join(busy) or 'none'}"
+        )
+        log.warning("%s", msg)
+        self.abandoned.append(msg)
+
+    def _complete_abandoned(self, w: _Worker, error: list[str]) -> None:
+        inv = w.open_invoke
+        if inv is None:
+            return
+        self._record(
+            w,
+            {
+                "process": w.process,
+                "type": "info",
+                "f": inv["f"],
+                "value": inv.get("value"),
+                "error": error,
+            },
+        )
+
+    async def _guard(self, w: _Worker) -> None:
+        try:
+            if w.thread == "nemesis":
+                await self._nemesis_loop(w)
+            else:
+                await self._worker_loop(w)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # a bug in a generator: stop the whole run, say why
+            log.exception("thread %s died", w.thread)
+            if not w.abandoned:
+                self.errors.append(f"thread {w.thread}: {e!r}")
+            self.stop()
+
+    def _context(self, time: int, w: _Worker, process: int | str) -> Context:
+        return Context(time, w.thread, process, self.threads, self.rng)
+
+    async def _next(self, w: _Worker) -> Op | None:
+        """The generator's next op for the worker's thread, or None when it is done."""
+        cond = self._cond
+        assert cond is not None
+        while not self._stop and not w.abandoned:
+            ctx = self._context(self.history.now(), w, w.process)
+            r = self.generator.op(ctx)
+            if r is None:
+                w.exhausted = True
+                await self._notify()  # threads waiting on a barrier may proceed
+                return None
+            if isinstance(r, Pending):
+                wait = _IDLE_WAIT
+                if r.at is not None:
+                    wait = min(wait, max(0.0, (r.at - ctx.time) / 1e9))
+                async with cond:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(cond.wait(), wait)
+                continue
+            return r
+        return None
+
+    def _record(self, w: _Worker, op: Op, *, invoke: bool = False) -> Op | None:
+        """Write an op and feed it to the generator (None: nothing written, the run is over)."""
+        if self._closed:
+            return None
+        stamped = self.history.write(op)
+        self.generator.update(self._context(stamped["time"], w, op["process"]), stamped)
+        w.open_invoke = stamped if invoke else None
+        if w.thread != "nemesis":
+            self.counts["invoke" if invoke else op["type"]] += 1
+        if not invoke:
+            asyncio.get_running_loop().create_task(self._notify())
+        return stamped
+
+    async def _bounded(self, call: Any) -> Any:
+        """Await a client call under the hang bound (TimeoutError past it)."""
+        if self.hang_timeout is None:
+            return await call
+        return await asyncio.wait_for(call, self.hang_timeout)
+
+    async def _worker_loop(self, w: _Worker) -> None:
+        client: AsyncClient | None = None
+        try:
+            while True:
+                r = await self._next(w)
+                if r is None:
+                    return
+                invoke, hints = invoke_of(r, w.process)
+                self._record(w, invoke, invoke=True)
+                completion, client = await self._perform(w, client, invoke, hints)
+                if w.abandoned or self._record(w, completion) is None:
+                    return
+                if completion["type"] == "info" or (client is not None and client.broken):
+                    if client is not None:
+                        await _close_quietly(client)
+                    client = None
+                    assert isinstance(w.process, int)
+                    w.process += self.concurrency
+        finally:
+            if client is not None:
+                await _close_quietly(client)
+
+    async def _perform(
+        self, w: _Worker, client: AsyncClient | None, invoke: Op, hints: Op
+    ) -> tuple[Op, AsyncClient | None]:
+        f = invoke["f"]
+        process, thread = w.process, w.thread
+        assert isinstance(process, int) and isinstance(thread, int)
+        base = {"process": process, "f": f, "value": invoke["value"]}
+        try:
+            if client is None and f != "crash":
+                client = self.client_factory(process, thread)
+                try:
+                    await self._bounded(client.open())
+                except TimeoutError:
+                    raise
+                except Exception as e:
+                    await _close_quietly(client)
+                    return open_failed(base, e), None
+            if client is None:
+                return crash_without_client(base), None
+            try:
+                done = await self._bounded(client.invoke({**invoke, **hints}))
+            except TimeoutError:
+                raise
+            except Exception as e:
+                log.warning("process %s: client raised on %s: %r", process, f, e)
+                return client_crashed(base, e), client
+        except TimeoutError:
+            msg = f"process {process} hung in {f} for {self.hang_timeout:.0f} virtual s"
+            log.warning("%s", msg)
+            self.abandoned.append(msg)
+            error = ["hung", f"no completion after {self.hang_timeout:.0f} s"]
+            return {**base, "type": "info", "error": error}, client
+        return completion_of(done, process, f), client
+
+    async def _nemesis_loop(self, w: _Worker) -> None:
+        nem = self.nemesis
+        assert nem is not None
+        while True:
+            r = await self._next(w)
+            if r is None:
+                return
+            op = nemesis_invoke_of(r)
+            if self._record(w, op, invoke=True) is None:
+                return
+            f = str(op["f"])
+            try:
+                heal_all = getattr(nem, "heal_all", None)
+                if f == "heal-all" and callable(heal_all):
+                    done: Op = {**op, "value": await heal_all()}
+                else:
+                    done = dict(await nem.invoke(dict(op)))
+            except Exception as e:
+                log.exception("nemesis %s failed", f)
+                done = {**op, "error": ["nemesis-crash", repr(e)]}
+            if w.abandoned:
+                return
+            track_faults(self.active_faults, f)
+            self._record(w, nemesis_completion_of(done, f))
+
+
+async def _close_quietly(client: AsyncClient) -> None:
+    try:
+        await client.close()
+    except Exception as e:
+        log.debug("closing client: %r", e)

@@ -1,0 +1,251 @@
+"""The queue workload on the simulator: `isrlab test`'s pieces (the test map, the generator
+phases, the history, the checker) around a `SimCluster` and simulated clients.
+
+- `sim_test(overrides)`: the test map, validated by `TestConfig` as `isrlab test` does
+  (defaults for the rest; `node_count` 3 and no nemesis schedule unless given), with
+  `"simulated": true` added;
+- `broker_overrides(test)`: the broker settings the test asks for (the test table's broker
+  keys, `flush_policy`, `broker_config`) on top of the timings `harness/db.py` gives every
+  real run (ZooKeeper session 6 s, replica lag 10 s, no auto-created topics);
+- `create_topics(cluster, keys, rf, min_insync)`: CreateTopics over the simulated network,
+  then a wait in virtual time for a leader of every key;
+- `run_queue(cluster, test, run_dir, nemesis=None, nemesis_gen=None)`: `queue_test`'s phases
+  (harness/workloads/queue/generator.py) with `SimQueueClient`s (harness/sim/client.py) under
+  `SimInterpreter` (harness/sim/interpreter.py) on the cluster's loop; writes test.json and
+  history.jsonl (times in virtual nanoseconds since the run started) into `run_dir` and
+  returns the interpreter's stats. `nemesis` is an object with `async invoke(op)` (and
+  optionally `async heal_all()`), `nemesis_gen` the generator of its ops;
+- `simulate_queue(overrides, base_dir, nemesis_factory=None, nemesis_gen=None)`: all of it
+  from one call, synchronous: a `VirtualTimeLoop`, a cluster of `node_count` brokers from the
+  test's seed, the run, then the project's checker on the history (`runner.check_run`:
+  results.json, the checker's artefacts, report.html); returns (run dir, results).
+
+The run directory has test.json, history.jsonl, results.json, report.html and the checker's
+artefacts, and `trace.txt` (the cluster's trace: nemesis operations, leaders, high
+watermarks; the network's per-segment lines are left out). There are no per-node log
+folders: the brokers run in this process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from kafka.protocol.admin import CreateTopicsRequest
+
+from isrlab.broker.network.client import ConnectionFailed, KafkaConnection
+from isrlab.harness.history import HistoryWriter
+from isrlab.harness.interpreter import bounds
+from isrlab.harness.sim import clock
+from isrlab.harness.sim.client import SimQueueClient
+from isrlab.harness.sim.cluster import PORT, SimCluster
+from isrlab.harness.sim.interpreter import AsyncNemesis, SimInterpreter
+from isrlab.harness.testconfig import (
+    BROKER_SETTINGS,
+    TestConfig,
+    flush_policy_properties,
+    render_broker_value,
+)
+from isrlab.harness.workloads.queue.client import parse_key
+from isrlab.harness.workloads.queue.generator import QueueWorkload, queue_test
+from isrlab.harness.workloads.queue.options import QueueOptions
+
+__all__ = [
+    "broker_overrides",
+    "create_topics",
+    "run_queue",
+    "sim_test",
+    "simulate_queue",
+]
+
+#: the timings every real run's brokers get (harness/db.py's broker_properties)
+BASE_BROKER_SETTINGS = {
+    "zookeeper.session.timeout.ms": "6000",
+    "replica.lag.time.max.ms": "10000",
+    "auto.create.topics.enable": "false",
+    "offsets.topic.num.partitions": "10",
+    "transaction.state.log.num.partitions": "10",
+}
+
+
+#: a network trace line of one data segment (left out of trace.txt: there are many)
+_SEGMENT = re.compile(r"^\S+ c\d+ \S+->\S+ data ")
+
+
+def sim_test(overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """The test map of a simulated run (see the module doc); ConfigError for bad values."""
+    config = TestConfig.from_mapping({"node_count": 3, "nemesis": "none", **overrides})
+    return {**config.to_test(), "simulated": True}
+
+
+def broker_overrides(test: Mapping[str, Any]) -> dict[str, str]:
+    """Broker settings for every simulated broker of `test`."""
+    props = dict(BASE_BROKER_SETTINGS)
+    props["default.replication.factor"] = str(
+        min(3, int(test.get("node_count") or 3), int(test.get("replication_factor") or 3))
+    )
+    for key, prop in BROKER_SETTINGS.items():
+        if test.get(key) is not None:
+            props[prop] = render_broker_value(test[key])
+    if test.get("flush_policy"):
+        props.update(flush_policy_properties(str(test["flush_policy"])))
+    for k, v in (test.get("broker_config") or {}).items():
+        props[str(k)] = str(v)
+    return props
+
+
+async def create_topics(
+    cluster: SimCluster,
+    keys: Iterable[str],
+    rf: int,
+    min_insync: int | None = None,
+    timeout: float = 60.0,
+) -> None:
+    """Create the topics of `keys` through the controller path and wait for their leaders."""
+    parts: dict[str, int] = {}
+    for k in keys:
+        topic, p = parse_key(k)
+        parts[topic] = max(parts.get(topic, 0), p + 1)
+    C = CreateTopicsRequest[4]
+    configs = (
+        []
+        if min_insync is None
+        else [
+            C.CreatableTopic.CreatableTopicConfig(name="min.insync.replicas", value=str(min_insync))
+        ]
+    )
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    pending = dict(parts)
+    hosts = [b.host for b in cluster.brokers.values()]
+    attempt = 0
+    while pending:
+        if loop.time() > deadline:
+            raise TimeoutError(f"creating topics {sorted(pending)}: not within {timeout} s")
+        host = hosts[attempt % len(hosts)]
+        attempt += 1
+        conn = KafkaConnection(host, PORT, "sim-admin", cluster.net.host("admin"))
+        topics = [
+            C.CreatableTopic(
+                name=t, num_partitions=n, replication_factor=rf, assignments=[], configs=configs
+            )
+            for t, n in sorted(pending.items())
+        ]
+        try:
+            r = await conn.request(C(topics=topics, timeout_ms=10000, validate_only=False), 30)
+        except ConnectionFailed:
+            await asyncio.sleep(0.5)
+            continue
+        finally:
+            conn.close()
+        for t in r.topics:
+            if t.error_code in (0, 36):  # created, or TOPIC_ALREADY_EXISTS
+                pending.pop(t.name, None)
+        if pending:
+            await asyncio.sleep(0.5)
+    tps = [parse_key(k) for k in keys]
+    await cluster.wait_for(
+        lambda: all(cluster.leader_of(tp) is not None for tp in tps),
+        max(1.0, deadline - loop.time()),
+        "a leader for every key",
+    )
+
+
+def _virtual_ns(loop: asyncio.AbstractEventLoop) -> Callable[[], int]:
+    return lambda: round(loop.time() * 1e9)
+
+
+async def run_queue(
+    cluster: SimCluster,
+    test: Mapping[str, Any],
+    run_dir: Path,
+    nemesis: AsyncNemesis | None = None,
+    nemesis_gen: Any = None,
+) -> dict[str, Any]:
+    """Run the queue workload of `test` (a `sim_test` map) against `cluster`, writing
+    test.json and history.jsonl into `run_dir`; the interpreter's final stats."""
+    loop = asyncio.get_running_loop()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "test.json").write_text(json.dumps(dict(test), indent=2, default=str))
+    await create_topics(
+        cluster,
+        test["keys"],
+        int(test.get("replication_factor") or 3),
+        test.get("min_insync_replicas"),
+    )
+    workload = QueueWorkload(test)
+    gen = queue_test(workload, test, nemesis_gen=nemesis_gen if nemesis is not None else None)
+    hang_timeout, run_timeout = bounds(
+        QueueOptions.from_test(test).op_timeout_ms / 1000,
+        float(test.get("time_limit", 60)),
+        float(test.get("recovery_time", 0)),
+        float(test.get("final_time_limit", 30)),
+    )
+    history = HistoryWriter(run_dir / "history.jsonl", clock=_virtual_ns(loop))
+    try:
+        interp = SimInterpreter(
+            gen,
+            history,
+            SimQueueClient.factory(test, cluster.net, [b.host for b in cluster.brokers.values()]),
+            int(test.get("concurrency", 20)),
+            nemesis=nemesis,
+            seed=int(test.get("seed") or 0),
+            hang_timeout=hang_timeout,
+            run_timeout=run_timeout,
+        )
+        stats = await interp.run()
+    finally:
+        history.close(fsync=False)
+        workload.close()
+    return stats
+
+
+def simulate_queue(
+    overrides: Mapping[str, Any],
+    base_dir: Path,
+    nemesis_factory: Callable[[SimCluster], AsyncNemesis] | None = None,
+    nemesis_gen: Any = None,
+    *,
+    check_invariants: bool = True,
+) -> tuple[Path, dict[str, Any]]:
+    """One simulated run from a test's overrides, checked (see the module doc): the run
+    directory (`base_dir`/run) and the checker's results (with the interpreter's stats
+    under "sim")."""
+    from isrlab.harness.runner import check_run
+
+    test = sim_test(overrides)
+    run_dir = Path(base_dir) / "run"
+    holder: dict[str, Any] = {}
+
+    async def main() -> dict[str, Any]:
+        loop: Any = asyncio.get_running_loop()
+        cluster = SimCluster(
+            loop,
+            Path(base_dir) / "data",
+            int(test.get("node_count") or 3),
+            seed=int(test.get("seed") or 0),
+            overrides=broker_overrides(test),
+            check_invariants=check_invariants,
+        )
+        holder["cluster"] = cluster
+        async with cluster:
+            nem = nemesis_factory(cluster) if nemesis_factory is not None else None
+            stats = await run_queue(cluster, test, run_dir, nem, nemesis_gen)
+            stats["virtual_s"] = loop.time()
+            return stats
+
+    stats = clock.run(main())
+    cluster: SimCluster = holder["cluster"]
+    trace = [line for line in cluster.trace if not _SEGMENT.match(line)]
+    (run_dir / "trace.txt").write_text("\n".join(trace) + "\n")
+    results = check_run(run_dir, test)
+    results["sim"] = {
+        **stats,
+        "invariant_checks": cluster.invariants.checks,
+        "violation": str(cluster.violation) if cluster.violation else None,
+    }
+    return run_dir, results

@@ -32,6 +32,7 @@ empty.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
 import logging
 import os
@@ -52,6 +53,21 @@ TRUNCATION_JOURNAL = "isrlab-truncations.jsonl"
 _OWN_FILES = (JOURNAL_NAME, JOURNAL_TMP, TRUNCATION_JOURNAL)
 
 PathLike = str | os.PathLike[str]
+
+#: the simulator's seam (harness/sim/cluster.py sets it in each simulated broker's context):
+#: True skips the ``os.fsync`` system calls of this module (they cost real milliseconds and a
+#: simulation never loses the real machine's page cache) while every journal record is
+#: written exactly as before, so ``apply_power_loss`` models the power loss the same way.
+#: False (the default) is the real broker's behaviour.
+skip_fsync: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "isrlab_durable_skip_fsync", default=False
+)
+
+
+def _fsync(fd: int) -> None:
+    """``os.fsync(fd)``, unless a simulation skips the system call (``skip_fsync``)."""
+    if not skip_fsync.get():
+        os.fsync(fd)
 
 
 class JournalError(Exception):
@@ -191,7 +207,7 @@ def _write_atomically(log_dir: str, records: list[list[Any]]) -> None:
     with open(tmp, "w", encoding="utf-8") as out:
         out.write(data)
         out.flush()
-        os.fsync(out.fileno())
+        _fsync(out.fileno())
     os.replace(tmp, os.path.join(log_dir, JOURNAL_NAME))
     _fsync_dir_only(log_dir)
 
@@ -199,7 +215,7 @@ def _write_atomically(log_dir: str, records: list[list[Any]]) -> None:
 def _fsync_dir_only(directory: PathLike) -> None:
     fd = os.open(directory, os.O_RDONLY)
     try:
-        os.fsync(fd)
+        _fsync(fd)
     finally:
         os.close(fd)
 
@@ -248,7 +264,7 @@ class Journal:
             line = (json.dumps(record, separators=(",", ":")) + "\n").encode()
             os.write(self._fd, line)
             if pending is None:
-                os.fsync(self._fd)
+                _fsync(self._fd)
             else:
                 pending.add(self)
             self.state.apply(record)
@@ -256,7 +272,7 @@ class Journal:
     def sync(self) -> None:
         with self._lock:
             if self._fd >= 0:
-                os.fsync(self._fd)
+                _fsync(self._fd)
 
     def close(self) -> None:
         with self._lock:
@@ -368,7 +384,7 @@ def _record(path: PathLike, make: Any) -> None:
 
 def fsync_fd(fd: int, path: PathLike) -> None:
     """fsync an open file, then record its length as synced."""
-    os.fsync(fd)
+    _fsync(fd)
     if _journals:
         size = os.fstat(fd).st_size
         _record(path, lambda rel: ["S", rel, size])
@@ -387,7 +403,7 @@ def fsync_dir(directory: PathLike) -> None:
     """fsync a directory, then record the entries it holds."""
     fd = os.open(directory, os.O_RDONLY)
     try:
-        os.fsync(fd)
+        _fsync(fd)
         if _journals:
             found = _journal_for(os.path.join(directory, "x"))
             if found is not None:
@@ -527,7 +543,7 @@ def apply_power_loss(log_dir: PathLike) -> PowerLossReport:
         else:
             fd = os.open(full, os.O_RDONLY)
             try:
-                os.fsync(fd)
+                _fsync(fd)
             finally:
                 os.close(fd)
     _write_atomically(root, _baseline(root).records())

@@ -28,6 +28,15 @@ of the dead program runs, as none runs in a killed process). Whatever else the p
 over. Callbacks scheduled in a context that names no process (the harness's, the simulated
 network's and ensemble's own) belong to no process.
 
+`loop.pause(process)` is SIGSTOP: the process keeps everything, runs nothing. A callback of
+its (a task's step, a timer come due, a future's done callback) that the loop reaches while it
+is paused is held instead of run, in the order the loop reached it; `loop.resume(process)`
+(SIGCONT) puts the held callbacks back in the ready queue in that order, so they run in the
+next iteration, before anything scheduled after the resume. Nothing is dropped and virtual
+time goes on: the process finds, as after a SIGSTOP, that its timers are overdue. What is
+delivered to it meanwhile (the simulated network runs in its own context) waits in its
+buffers. A paused process can be killed: what it held is cancelled with the rest.
+
 Events. `loop.after_event`, if set, is called after every callback the loop runs (a task's
 step, a timer, a network delivery) with its handle: an invariant checker runs there, and what
 it raises stops `run_until_complete` at that event.
@@ -104,6 +113,10 @@ class Process:
     def __init__(self, name: str) -> None:
         self.name = name
         self.alive = True
+        #: stopped (SIGSTOP) by `VirtualTimeLoop.pause`: its callbacks are held, not run
+        self.paused = False
+        #: the callbacks the loop reached while the process was paused, in that order
+        self.held: list[asyncio.Handle] = []
         self.context = contextvars.Context()
         self.context.run(_current_process.set, self)
         self.tasks: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
@@ -112,7 +125,8 @@ class Process:
         self.frozen: list[asyncio.Task[Any]] = []
 
     def __repr__(self) -> str:
-        return f"<Process {self.name}{'' if self.alive else ' killed'}>"
+        state = "" if self.alive else " killed"
+        return f"<Process {self.name}{state}{' paused' if self.paused and self.alive else ''}>"
 
     def run(self, fn: Callable[..., _T], *args: Any) -> _T:
         return self.context.run(fn, *args)
@@ -154,12 +168,24 @@ def owner(context: contextvars.Context | None) -> Process | None:
     return context.get(_current_process)
 
 
+def _held(handle: asyncio.Handle) -> bool:
+    """Hold `handle` (not run it) if its process is paused; whether it was held."""
+    process = owner(handle._context)  # type: ignore[attr-defined]
+    if process is not None and process.paused:
+        process.held.append(handle)
+        return True
+    return False
+
+
 class _EventHandle(asyncio.Handle):
-    """A callback whose run is an event (`VirtualTimeLoop.after_event`)."""
+    """A callback whose run is an event (`VirtualTimeLoop.after_event`), held while its
+    process is paused."""
 
     __slots__ = ()
 
     def _run(self) -> None:
+        if _held(self):
+            return
         super()._run()
         hook = self._loop.after_event  # type: ignore[attr-defined]
         if hook is not None:
@@ -167,12 +193,15 @@ class _EventHandle(asyncio.Handle):
 
 
 class _OrderedTimerHandle(asyncio.TimerHandle):
-    """A timer ordered by (due time, scheduling order); its run is an event."""
+    """A timer ordered by (due time, scheduling order); its run is an event, held while its
+    process is paused."""
 
     __slots__ = ("_seq",)
     _seq: int
 
     def _run(self) -> None:
+        if _held(self):
+            return
         super()._run()
         hook = self._loop.after_event  # type: ignore[attr-defined]
         if hook is not None:
@@ -269,14 +298,32 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
             return
         process.alive = False
         base: Any = self
-        for handle in list(base._ready) + list(base._scheduled):
+        for handle in list(base._ready) + list(base._scheduled) + process.held:
             if owner(handle._context) is process:
                 handle.cancel()
+        process.held.clear()
         for task in list(process.tasks):
             if not task.done():
                 task._log_destroy_pending = False  # type: ignore[attr-defined]
                 process.frozen.append(task)
                 self.frozen.add(task)
+
+    def pause(self, process: Process) -> None:
+        """SIGSTOP of `process` (see the module docstring): from now on, each of its callbacks
+        the loop reaches is held, not run."""
+        if process.alive:
+            process.paused = True
+
+    def resume(self, process: Process) -> None:
+        """SIGCONT of `process`: its held callbacks go back to the ready queue, in the order
+        they were held (a cancelled one is skipped when the loop reaches it)."""
+        if not process.paused:
+            return
+        process.paused = False
+        held, process.held = process.held, []
+        if process.alive:
+            base: Any = self
+            base._ready.extend(held)
 
     def run_in_executor(  # type: ignore[override]
         self, executor: Any, func: Callable[..., _T], *args: Any

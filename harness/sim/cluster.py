@@ -20,11 +20,27 @@ What a nemesis does to it:
 - `restart(id)`: a new incarnation from the same data directory (log recovery after the
   unclean shutdown, registration once the old session is gone, then the controller's
   decision), a new process, a new ZooKeeper session.
+- `power_loss(id)`: a crash (if it runs), then its log dirs cut back to what reached disk
+  (`broker.log.durable.apply_power_loss`, from the fsync journal every broker keeps while
+  `isrlab.power.journal.enable` is true, its default): what it had only in the page cache is
+  gone. `restart(id)` brings it back.
+- `pause(id)` / `resume(id)`: SIGSTOP / SIGCONT (`VirtualTimeLoop.pause`): nothing of the
+  process runs, what it is sent waits in its socket buffers, its ZooKeeper session is no
+  longer heard from (it expires if the pause outlasts its timeout; kazoo finds out on resume,
+  when its overdue read timeout fires, and opens a new session).
+- `set_clock_offset(id, seconds)`: the broker's wall clock (its `SimClock`) runs `seconds`
+  ahead of (behind, if negative) the others', as `nemeses.clock`'s offset file does to a real
+  broker; monotonic time is not moved. The offset outlives a restart, as the file does.
 - `partition(grudge)` / `partition_shape(...)` / `heal()`: the network's grudge
   (`nemeses.partition`'s vocabulary) between the broker hosts and any client hosts. ZooKeeper
   runs on the broker nodes, as in the embedded cluster: a broker keeps its session while it
   reaches a majority of them, and is cut from the ensemble otherwise (SUSPENDED, then its
   session expires unless healed in time).
+
+Every fsync of the simulated brokers (`broker.log.durable`) is recorded in their journals as
+on a real broker, but the system call itself is skipped (`durable.skip_fsync`, set in each
+broker's context): a simulation never loses the machine's page cache, and a real fsync costs
+milliseconds of wall time.
 
 After every event the loop runs, `Invariants.check` runs over the brokers' in-memory state and
 the ensemble's znodes (`harness.sim.invariants`); a violation stops the run with the virtual
@@ -48,6 +64,7 @@ from typing import Any
 from isrlab.broker import clock as broker_clock
 from isrlab.broker.cluster import ClusterKafkaServer
 from isrlab.broker.config import BrokerConfig
+from isrlab.broker.log import durable
 from isrlab.harness.sim.clock import Process, VirtualTimeLoop, owner
 from isrlab.harness.sim.invariants import Invariants, InvariantViolation, state_znodes
 from isrlab.harness.sim.kazoo_client import SimEnsemble, SimKazooClient
@@ -71,13 +88,21 @@ class SimClock:
     monotonic time the loop's, UUIDs from a seeded generator. A blocking sleep cannot pass
     virtual time (the loop's thread would stop with it) and is refused."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, rng: random.Random, epoch: float = EPOCH):
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        rng: random.Random,
+        epoch: float = EPOCH,
+        offset: float = 0.0,
+    ):
         self.loop = loop
         self.rng = rng
         self.epoch = epoch
+        #: seconds this broker's wall clock is off (a clock nemesis sets it)
+        self.offset = offset
 
     def time(self) -> float:
-        return self.epoch + self.loop.time()
+        return self.epoch + self.offset + self.loop.time()
 
     def monotonic(self) -> float:
         return self.loop.time()
@@ -103,11 +128,23 @@ class SimBroker:
     incarnation: int = 0
     server: ClusterKafkaServer | None = None
     process: Process | None = None
+    clock: SimClock | None = None
     dead: list[Process] = field(default_factory=list)
+    #: killed (crash or power loss) and not started since: what a nemesis restarts on heal
+    #: (a broker stopped cleanly is not)
+    crashed: bool = False
+    #: stopped by `SimCluster.pause` (SIGSTOP)
+    paused: bool = False
+    #: its wall clock's offset in seconds (kept across restarts, as the offset file is)
+    clock_offset: float = 0.0
 
     @property
     def alive(self) -> bool:
         return self.server is not None
+
+    @property
+    def log_dirs(self) -> list[str]:
+        return [d for d in self.config["log.dirs"].split(",") if d]
 
 
 class SimCluster:
@@ -128,6 +165,7 @@ class SimCluster:
         check_invariants: bool = True,
     ) -> None:
         self.loop = loop
+        self.base_dir = Path(base_dir)
         self.seed = seed
         self.rng = random.Random(seed)
         self.trace: list[str] = []
@@ -180,8 +218,13 @@ class SimCluster:
             raise RuntimeError(f"broker {broker_id} is running")
         b.incarnation += 1
         process = Process(f"broker{b.id}.{b.incarnation}")
-        sim_clock = SimClock(self.loop, random.Random(f"{self.seed}/{b.id}/{b.incarnation}"))
+        sim_clock = SimClock(
+            self.loop,
+            random.Random(f"{self.seed}/{b.id}/{b.incarnation}"),
+            offset=b.clock_offset,
+        )
         process.run(broker_clock.use, sim_clock)
+        process.run(durable.skip_fsync.set, True)
         config = BrokerConfig(b.config)
         kazoo = functools.partial(SimKazooClient, self.ensemble)
         server = process.run(
@@ -190,7 +233,8 @@ class SimCluster:
             self.net.host(b.host),
             kazoo,  # type: ignore[arg-type]
         )
-        b.process, b.server = process, server
+        b.process, b.server, b.clock = process, server, sim_clock
+        b.crashed = b.paused = False
         self.note(f"start broker {b.id} (incarnation {b.incarnation})")
         self._apply_zk_reachability()
         try:
@@ -209,7 +253,8 @@ class SimCluster:
         if b.server is None or b.process is None:
             raise RuntimeError(f"broker {broker_id} is not running")
         server, process = b.server, b.process
-        b.server, b.process = None, None
+        b.server, b.process, b.clock = None, None, None
+        b.crashed, b.paused = True, False
         self.loop.kill(process)
         zk_client = server.zk.zk
         if isinstance(zk_client, SimKazooClient):
@@ -224,8 +269,10 @@ class SimCluster:
         if b.server is None or b.process is None:
             return
         server, process = b.server, b.process
+        if b.paused:
+            self.resume(broker_id)  # a stopped process cannot act on SIGTERM
         await process.run(self.loop.create_task, server.stop())
-        b.server, b.process = None, None
+        b.server, b.process, b.clock = None, None, None
         self.note(f"stop broker {b.id}")
 
     async def close(self) -> None:
@@ -240,6 +287,76 @@ class SimCluster:
                 for process in b.dead:
                     process.bury()
                 b.dead.clear()
+
+    def power_loss(self, broker_id: int) -> list[durable.PowerLossReport]:
+        """Power loss of broker `broker_id`'s machine: crashed if it runs, then each of its log
+        dirs left as a power loss leaves it (`durable.apply_power_loss`: files cut back to their
+        synced length, entries never synced deleted). It stays down until `restart`. Raises
+        `durable.JournalError` if the broker kept no fsync journal."""
+        b = self.brokers[broker_id]
+        if b.server is not None:
+            self.crash(broker_id)
+        token = durable.skip_fsync.set(True)
+        try:
+            reports = [durable.apply_power_loss(d) for d in b.log_dirs]
+        finally:
+            durable.skip_fsync.reset(token)
+        for report in reports:
+            report.log_dir = self.relative(report.log_dir)
+            self.note(f"power loss broker {b.id}: {report.summary()}")
+        b.crashed = True
+        return reports
+
+    def relative(self, path: str | Path) -> str:
+        """`path` relative to the cluster's base directory (traces name no temporary dir)."""
+        try:
+            return str(Path(path).resolve().relative_to(self.base_dir.resolve()))
+        except ValueError:
+            return str(path)
+
+    def pause(self, broker_id: int) -> None:
+        """SIGSTOP of broker `broker_id` (see the module docstring)."""
+        b = self.brokers[broker_id]
+        if b.server is None or b.process is None:
+            raise RuntimeError(f"broker {broker_id} is not running")
+        if b.paused:
+            return
+        self.loop.pause(b.process)
+        b.paused = True
+        client = b.server.zk.zk
+        if isinstance(client, SimKazooClient):
+            sid = client._session_id
+            if sid is not None and sid in client.core.sessions:
+                # no pings from a stopped process: last heard now; kazoo's own read timeout
+                # (a timer of the process) is held with the rest until the resume
+                self.ensemble.call(client.core.partition, sid)
+        self.note(f"pause broker {b.id}")
+
+    def resume(self, broker_id: int) -> None:
+        """SIGCONT of broker `broker_id`: its held callbacks run, its session is heard again
+        (if it has not expired and the broker reaches the ensemble)."""
+        b = self.brokers[broker_id]
+        if not b.paused or b.server is None or b.process is None:
+            b.paused = False
+            return
+        b.paused = False
+        client = b.server.zk.zk
+        if isinstance(client, SimKazooClient) and self.reaches_zookeeper(b.host):
+            client.heal()
+            timer = client._suspend_timer
+            if timer is not None and timer.when() > self.loop.time():
+                # pings go out again before kazoo's read timeout: it notices nothing
+                client._cancel_suspend()
+        self.loop.resume(b.process)
+        self.note(f"resume broker {b.id}")
+
+    def set_clock_offset(self, broker_id: int, seconds: float) -> None:
+        """Broker `broker_id`'s wall clock `seconds` off from true (virtual) time."""
+        b = self.brokers[broker_id]
+        b.clock_offset = seconds
+        if b.clock is not None:
+            b.clock.offset = seconds
+        self.note(f"clock broker {b.id} offset {seconds:+.3f}")
 
     # ----- the network ---------------------------------------------------------------------
 
@@ -269,8 +386,8 @@ class SimCluster:
 
     def _apply_zk_reachability(self) -> None:
         for b in self.brokers.values():
-            if b.server is None:
-                continue
+            if b.server is None or b.paused:
+                continue  # a paused broker is not heard from whatever the network (resume)
             client = b.server.zk.zk
             if not isinstance(client, SimKazooClient):
                 continue

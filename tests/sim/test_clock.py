@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from typing import Any
 
 import pytest
 
-from isrlab.harness.sim.clock import Stalled, VirtualTimeLoop, run
+from isrlab.harness.sim.clock import Process, Stalled, VirtualTimeLoop, run
 
 
 def test_timers_fire_in_virtual_time_order() -> None:
@@ -115,3 +116,81 @@ def test_loop_is_usable_directly() -> None:
         assert loop.time() == 1.5
     finally:
         loop.close()
+
+
+def test_a_paused_process_runs_nothing_and_catches_up_on_resume() -> None:
+    """SIGSTOP / SIGCONT: a paused process's steps, timers and wake-ups are held, not dropped;
+    on resume they run in the order the loop reached them, before what comes after; another
+    process and the harness carry on meanwhile; data sent to it waits in its queue."""
+    ran: list[str] = []
+
+    async def ticker(name: str) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(1)
+            ran.append(f"{name} tick {loop.time():g}")
+
+    async def reader(queue: asyncio.Queue[str]) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            item = await queue.get()
+            ran.append(f"a got {item} at {loop.time():g}")
+
+    async def main() -> None:
+        loop: Any = asyncio.get_running_loop()
+        a, b = Process("a"), Process("b")
+        queue: asyncio.Queue[str] = asyncio.Queue()
+        a.run(loop.create_task, ticker("a"))
+        a.run(loop.create_task, reader(queue))
+        b.run(loop.create_task, ticker("b"))
+        a.run(loop.call_later, 2.5, ran.append, "a timer")
+        await asyncio.sleep(1.5)
+        loop.pause(a)
+        assert a.paused and repr(a) == "<Process a paused>"
+        queue.put_nowait("x")  # delivered while it is stopped: waits
+        await asyncio.sleep(2)
+        ran.append(f"harness at {loop.time():g}, {len(a.held)} held")
+        loop.resume(a)
+        await asyncio.sleep(0.7)
+        loop.kill(a)
+        loop.kill(b)
+        await asyncio.sleep(1)
+        a.bury()
+        b.bury()
+
+    run(main())
+    assert ran == [
+        "a tick 1",
+        "b tick 1",
+        "b tick 2",
+        "b tick 3",
+        # what a's loop reached while stopped: the reader's wake-up (x arrived at 1.5), its
+        # ticker's timer due at 2 and its own timer due at 2.5, all held; nothing of a ran
+        "harness at 3.5, 3 held",
+        # in that order on resume (the ticker's timer wakes its task, which runs after)
+        "a got x at 3.5",
+        "a timer",
+        "a tick 3.5",
+        "b tick 4",
+        # a's next tick (4.5) is after its kill at 4.2
+    ]
+
+
+def test_a_paused_process_can_be_killed_and_its_held_callbacks_never_run() -> None:
+    ran: list[str] = []
+
+    async def main() -> None:
+        loop: Any = asyncio.get_running_loop()
+        a = Process("a")
+        a.run(loop.call_later, 1, ran.append, "a timer")
+        a.run(loop.call_soon, ran.append, "a soon")
+        loop.pause(a)
+        await asyncio.sleep(2)
+        assert len(a.held) == 2
+        loop.kill(a)
+        assert a.held == []
+        loop.resume(a)  # nothing to resume: dead
+        await asyncio.sleep(2)
+
+    run(main())
+    assert ran == []

@@ -342,14 +342,13 @@ def run_test(config: TestConfig, progress: bool = True) -> tuple[Path, dict[str,
     return run_dir, check_run(run_dir, test)
 
 
-def check_run(run_dir: Path, test: Mapping[str, Any]) -> dict[str, Any]:
-    """Check a run directory's history.jsonl under its test's policy; write results.json, the
-    checker's artifacts and report.html; return the results."""
+def check_history(
+    run_dir: Path, test: Mapping[str, Any]
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The ops of a run directory's history.jsonl and the queue checker's results under its
+    test's policy (a run that checked nothing is "unknown", `idle_warning`); writes nothing."""
     from isrlab.checkers.api import check, policy_from_test
     from isrlab.checkers.history import load_history, nothing_checked
-    from isrlab.checkers.render import render_artifacts
-    from isrlab.checkers.unseen import annotate as annotate_unseen
-    from isrlab.harness.report import render_report
 
     ops = load_history(run_dir / "history.jsonl")
     policy = policy_from_test(dict(test))
@@ -360,6 +359,17 @@ def check_run(run_dir: Path, test: Mapping[str, Any]) -> dict[str, Any]:
         # The run as a whole checked nothing (Jepsen's stats checker fails such a run): its
         # verdict is "unknown", with the reason where the spec keeps it.
         nothing_checked(results, warning)
+    return ops, results
+
+
+def check_run(run_dir: Path, test: Mapping[str, Any]) -> dict[str, Any]:
+    """Check a run directory's history.jsonl under its test's policy; write results.json, the
+    checker's artifacts and report.html; return the results."""
+    from isrlab.checkers.render import render_artifacts
+    from isrlab.checkers.unseen import annotate as annotate_unseen
+    from isrlab.harness.report import render_report
+
+    ops, results = check_history(run_dir, test)
     annotate_unseen(results, ops, run_dir)  # what the replicas say of unread acknowledged writes
     (run_dir / "results.json").write_text(json.dumps(results, indent=2, default=str))
     render_artifacts(ops, results, run_dir)

@@ -18,7 +18,8 @@ phases, the history, the checker) around a `SimCluster` and simulated clients.
 - `simulate_queue(overrides, base_dir, nemesis_factory=None, nemesis_gen=None)`: all of it
   from one call, synchronous: a `VirtualTimeLoop`, a cluster of `node_count` brokers from the
   test's seed, the run, then the project's checker on the history (`runner.check_run`:
-  results.json, the checker's artefacts, report.html); returns (run dir, results).
+  results.json, the checker's artefacts, report.html; with `report=False`
+  `runner.check_history`, results.json only); returns (run dir, results).
 
 The run directory has test.json, history.jsonl, results.json, report.html and the checker's
 artefacts, and `trace.txt` (the cluster's trace: nemesis operations, leaders, high
@@ -211,11 +212,13 @@ def simulate_queue(
     nemesis_gen: Any = None,
     *,
     check_invariants: bool = True,
+    report: bool = True,
 ) -> tuple[Path, dict[str, Any]]:
     """One simulated run from a test's overrides, checked (see the module doc): the run
     directory (`base_dir`/run) and the checker's results (with the interpreter's stats
-    under "sim")."""
-    from isrlab.harness.runner import check_run
+    under "sim"). `report` false: results.json only (`runner.check_history`: the same
+    checker and policy, no artefacts, no report.html; a second or two less)."""
+    from isrlab.harness.runner import check_history, check_run
 
     test = sim_test(overrides)
     run_dir = Path(base_dir) / "run"
@@ -242,7 +245,11 @@ def simulate_queue(
     cluster: SimCluster = holder["cluster"]
     trace = [line for line in cluster.trace if not _SEGMENT.match(line)]
     (run_dir / "trace.txt").write_text("\n".join(trace) + "\n")
-    results = check_run(run_dir, test)
+    if report:
+        results = check_run(run_dir, test)
+    else:
+        results = check_history(run_dir, test)[1]
+        (run_dir / "results.json").write_text(json.dumps(results, indent=2, default=str))
     results["sim"] = {
         **stats,
         "invariant_checks": cluster.invariants.checks,

@@ -3,7 +3,7 @@ phases, the history, the checker) around a `SimCluster` and simulated clients.
 
 - `sim_test(overrides)`: the test map, validated by `TestConfig` as `isrlab test` does
   (defaults for the rest; `node_count` 3 and no nemesis schedule unless given), with
-  `"simulated": true` added;
+  `"simulated": true` added (`sim_config`: the `TestConfig` itself);
 - `broker_overrides(test)`: the broker settings the test asks for (the test table's broker
   keys, `flush_policy`, `broker_config`) on top of the timings `harness/db.py` gives every
   real run (ZooKeeper session 6 s, replica lag 10 s, no auto-created topics);
@@ -17,7 +17,9 @@ phases, the history, the checker) around a `SimCluster` and simulated clients.
   optionally `async heal_all()`), `nemesis_gen` the generator of its ops;
 - `simulate_queue(overrides, base_dir, nemesis_factory=None, nemesis_gen=None)`: all of it
   from one call, synchronous: a `VirtualTimeLoop`, a cluster of `node_count` brokers from the
-  test's seed, the run, then the project's checker on the history (`runner.check_run`:
+  test's seed, the run (with the test's own `nemesis` kinds when no nemesis is given: the
+  harness's schedule, `runner.ScheduleGenerator`, performed by `harness/sim/nemesis.py`'s
+  `SimNemesis`), then the project's checker on the history (`runner.check_run`:
   results.json, the checker's artefacts, report.html; with `report=False`
   `runner.check_history`, results.json only); returns (run dir, results).
 
@@ -59,6 +61,7 @@ __all__ = [
     "broker_overrides",
     "create_topics",
     "run_queue",
+    "sim_config",
     "sim_test",
     "simulate_queue",
 ]
@@ -77,10 +80,15 @@ BASE_BROKER_SETTINGS = {
 _SEGMENT = re.compile(r"^\S+ c\d+ \S+->\S+ data ")
 
 
+def sim_config(overrides: Mapping[str, Any]) -> TestConfig:
+    """The validated configuration of a simulated run: `overrides` on the test table's
+    defaults, except `node_count` 3 and no nemesis unless given; ConfigError for bad values."""
+    return TestConfig.from_mapping({"node_count": 3, "nemesis": "none", **overrides})
+
+
 def sim_test(overrides: Mapping[str, Any]) -> dict[str, Any]:
     """The test map of a simulated run (see the module doc); ConfigError for bad values."""
-    config = TestConfig.from_mapping({"node_count": 3, "nemesis": "none", **overrides})
-    return {**config.to_test(), "simulated": True}
+    return {**sim_config(overrides).to_test(), "simulated": True}
 
 
 def broker_overrides(test: Mapping[str, Any]) -> dict[str, str]:
@@ -218,9 +226,19 @@ def simulate_queue(
     directory (`base_dir`/run) and the checker's results (with the interpreter's stats
     under "sim"). `report` false: results.json only (`runner.check_history`: the same
     checker and policy, no artefacts, no report.html; a second or two less)."""
-    from isrlab.harness.runner import check_history, check_run
+    from isrlab.harness.runner import ScheduleGenerator, check_history, check_run
 
+    config = sim_config(overrides)
     test = sim_test(overrides)
+    if nemesis_factory is None and config.nemesis:
+        # the test's own nemesis, as `isrlab test` runs it: the harness's schedule of its
+        # kinds, performed by the simulator's nemesis
+        from isrlab.harness.sim.nemesis import SimNemesis
+
+        def nemesis_factory(cluster: SimCluster) -> AsyncNemesis:
+            return SimNemesis(cluster, list(config.nemesis), test)
+
+        nemesis_gen = ScheduleGenerator.for_test(config)
     run_dir = Path(base_dir) / "run"
     holder: dict[str, Any] = {}
 
@@ -237,7 +255,12 @@ def simulate_queue(
         holder["cluster"] = cluster
         async with cluster:
             nem = nemesis_factory(cluster) if nemesis_factory is not None else None
-            stats = await run_queue(cluster, test, run_dir, nem, nemesis_gen)
+            try:
+                stats = await run_queue(cluster, test, run_dir, nem, nemesis_gen)
+            finally:
+                close = getattr(nem, "close", None)
+                if callable(close):
+                    close()
             stats["virtual_s"] = loop.time()
             return stats
 

@@ -206,3 +206,25 @@ def test_acks_1_loses_acknowledged_writes_when_the_leader_is_cut_off(
         assert results["anomalies"]["lost-write"]["count"] > 10
     else:
         assert results["valid"] is True, results["anomaly_types"]
+
+
+def test_the_tests_own_nemesis_schedule_runs_on_the_simulator(tmp_path: Path) -> None:
+    """`nemesis: partition+kill` as `isrlab test` takes it: the harness's schedule
+    (runner.ScheduleGenerator) performed by harness/sim/nemesis.py's SimNemesis."""
+    run_dir, results = simulate_queue(
+        {
+            **BASE,
+            "seed": 1,
+            "nemesis": "partition+kill",
+            "nemesis_interval": 5,
+            "time_limit": 30,
+            "op_timeout_ms": 5000,
+        },
+        tmp_path,
+        report=False,
+    )
+    assert results["sim"]["violation"] is None and not results["sim"]["errors"]
+    assert results["valid"] is True, results["anomaly_types"]
+    history = (run_dir / "history.jsonl").read_text()
+    assert '"f":"start-kill"' in history and '"f":"start-partition"' in history
+    assert ok_ops(run_dir)[0] > 100

@@ -15,10 +15,12 @@ The nemesis here is a small one of this test (harness/sim/nemesis.py is the full
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import itertools
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -228,3 +230,131 @@ def test_the_tests_own_nemesis_schedule_runs_on_the_simulator(tmp_path: Path) ->
     history = (run_dir / "history.jsonl").read_text()
     assert '"f":"start-kill"' in history and '"f":"start-partition"' in history
     assert ok_ops(run_dir)[0] > 100
+
+
+def test_a_seed_gives_the_same_history_under_another_hash_seed(tmp_path: Path) -> None:
+    """No set or dict order of the process decides the history: the same seed in a process
+    with another PYTHONHASHSEED gives the same bytes."""
+    import os
+    import subprocess
+    import sys
+
+    here = small_run(tmp_path / "here", 5)
+    script = (
+        "import sys; from pathlib import Path; "
+        "from tests.sim.test_workload_on_sim import small_run; "
+        "print(small_run(Path(sys.argv[1]), 5))"
+    )
+    hash_seed = "1" if os.environ.get("PYTHONHASHSEED") != "1" else "2"
+    out = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "there")],
+        env={**os.environ, "PYTHONHASHSEED": hash_seed},
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    there = Path(out.stdout.strip().splitlines()[-1])
+    assert sha256(here) == sha256(there)
+
+
+class _ScriptedClient:
+    """Thread 0: process 0 cannot open once, then raises in invoke; process 2 hangs; process 4
+    works. Thread 1: process 1 answers info; process 3 works but reports itself broken;
+    process 5 works."""
+
+    opened: ClassVar[list[int]] = []
+
+    def __init__(self, process: int) -> None:
+        self.process = process
+        self.broken = False
+
+    async def open(self) -> None:
+        if self.process == 0 and 0 not in self.opened:
+            self.opened.append(0)
+            raise RuntimeError("no broker")
+
+    async def invoke(self, op: Op) -> Op:
+        await asyncio.sleep(0.5)
+        if self.process == 0:
+            raise ValueError("boom")
+        if self.process == 2:
+            await asyncio.sleep(3600)  # the hang bound cuts it
+        if self.process == 1:
+            return {**op, "type": "info", "error": "timeout"}
+        if self.process == 3:
+            self.broken = True
+        return {**op, "type": "ok", "_hint": 1, "time": -5}
+
+    async def close(self) -> None:
+        return None
+
+
+def test_the_sim_interpreter_renumbers_processes_as_the_threaded_one(tmp_path: Path) -> None:
+    import orjson
+
+    from isrlab.harness.generator import clients, limit, repeat
+    from isrlab.harness.history import HistoryWriter
+    from isrlab.harness.sim import clock
+    from isrlab.harness.sim.interpreter import SimInterpreter
+
+    _ScriptedClient.opened = []
+
+    async def main() -> dict[str, Any]:
+        loop = asyncio.get_running_loop()
+        history = HistoryWriter(tmp_path / "h.jsonl", clock=lambda: round(loop.time() * 1e9))
+        gen = clients(limit(40, repeat({"f": "poll", "value": None})))
+        interp = SimInterpreter(
+            gen, history, lambda p, t: _ScriptedClient(p), 2, hang_timeout=10, run_timeout=600
+        )
+        stats = await interp.run()
+        history.close(fsync=False)
+        return stats
+
+    stats = clock.run(main())
+    ops = [orjson.loads(line) for line in (tmp_path / "h.jsonl").read_bytes().splitlines()]
+    assert [o["index"] for o in ops] == list(range(len(ops)))
+    assert all(a["time"] <= b["time"] for a, b in itertools.pairwise(ops))
+    done: dict[int, list[tuple[str, Any]]] = {}
+    for o in ops:
+        if o["type"] != "invoke":
+            err = o.get("error")
+            done.setdefault(o["process"], []).append((o["type"], err[0] if err else None))
+            assert "_hint" not in o and o["time"] >= 0
+    assert done[0] == [("fail", "client-open"), ("info", "client-crash")]
+    assert done[2] == [("info", "hung")]
+    assert done[1] == [("info", "t")]  # (the client's own error string)
+    assert done[3] == [("ok", None)]  # broken: a new process after it
+    assert done[4] and done[5] and all(t == "ok" for t, _ in done[4] + done[5])
+    assert set(done) == {0, 1, 2, 3, 4, 5}
+    assert stats["invoked"] == 40 and not stats["timed_out"] and not stats["errors"]
+    hung = next(o for o in ops if o["process"] == 2 and o["type"] == "info")
+    assert hung["time"] - next(o for o in ops if o["process"] == 2)["time"] == 10 * 10**9
+
+
+def test_the_sim_interpreter_bounds_the_run_in_virtual_time(tmp_path: Path) -> None:
+    import orjson
+
+    from isrlab.harness.generator import clients, repeat
+    from isrlab.harness.history import HistoryWriter
+    from isrlab.harness.sim import clock
+    from isrlab.harness.sim.interpreter import SimInterpreter
+
+    _ScriptedClient.opened = [0]  # process 0 opens, then raises; process 2 hangs for good
+
+    async def main() -> tuple[dict[str, Any], float]:
+        loop = asyncio.get_running_loop()
+        history = HistoryWriter(tmp_path / "h.jsonl", clock=lambda: round(loop.time() * 1e9))
+        gen = clients(repeat({"f": "poll", "value": None}))
+        interp = SimInterpreter(gen, history, lambda p, t: _ScriptedClient(p), 1, run_timeout=30)
+        stats = await interp.run()
+        history.close(fsync=False)
+        return stats, loop.time()
+
+    wall = time.monotonic()
+    (stats, virtual), elapsed = clock.run(main()), time.monotonic() - wall
+    ops = [orjson.loads(line) for line in (tmp_path / "h.jsonl").read_bytes().splitlines()]
+    assert stats["timed_out"] and 30 <= virtual < 31 and elapsed < 5
+    assert ops[-1]["process"] == 2 and ops[-1]["type"] == "info"
+    assert ops[-1]["error"][0] == "run-timeout"

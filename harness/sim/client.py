@@ -79,7 +79,13 @@ from isrlab.broker.network.client import ConnectionFailed
 from isrlab.broker.network.transport import Transport
 from isrlab.checkers.queue import codec
 from isrlab.harness.sim.cluster import EPOCH, PORT
-from isrlab.harness.workloads.queue.client import ClientError, _worse, parse_key
+from isrlab.harness.workloads.queue.client import (
+    ClientError,
+    _worse,
+    parse_key,
+    send_verdict,
+    touched_keys,
+)
 from isrlab.harness.workloads.queue.client import _decode as _decode_value
 from isrlab.harness.workloads.queue.options import QueueOptions
 
@@ -473,11 +479,7 @@ class SimQueueClient:
         if errors:
             result["error"] = errors[0] if len(errors) == 1 else errors
         if verdict == "ok" and self.watermark_p > 0 and self._rng.random() < self.watermark_p:
-            touched = {m[1] for m in mops if m[0] == codec.SEND}
-            for m in out:
-                if m[0] == codec.POLL and len(m) > 1:
-                    touched.update(m[1])
-            result.update(await self._watermarks(sorted(touched), deadline))
+            result.update(await self._watermarks(touched_keys(mops, out), deadline))
         if has_send:
             result["producer"] = {
                 "id": self._pid,
@@ -525,11 +527,7 @@ class SimQueueClient:
                         failed += 1
                     else:
                         unknown += 1
-        if unknown == 0 and failed == 0:
-            return "ok", errors
-        if unknown == 0 and acked == 0:
-            return "fail", errors
-        return "info", errors
+        return send_verdict(acked, failed, unknown), errors
 
     async def _init_pid(self, deadline: float) -> bool:
         """An idempotent producer's id (InitProducerId to any broker); False at the deadline."""

@@ -101,6 +101,8 @@ __all__ = [
     "error_name",
     "generation_of",
     "parse_key",
+    "send_verdict",
+    "touched_keys",
 ]
 
 log = logging.getLogger(__name__)
@@ -852,11 +854,7 @@ class QueueClient:
         if errors:
             result["error"] = errors[0] if len(errors) == 1 else errors
         if verdict == "ok" and self.watermark_p > 0 and self._rng.random() < self.watermark_p:
-            touched = {m[1] for m in mops if m[0] == codec.SEND}
-            for m in out:
-                if m[0] == codec.POLL and len(m) > 1:
-                    touched.update(m[1])
-            result.update(self._watermarks(sorted(touched), deadline))
+            result.update(self._watermarks(touched_keys(mops, out), deadline))
         if has_send:
             result.update(self._producer_info())
         return result
@@ -914,11 +912,7 @@ class QueueClient:
                 else:
                     unknown += 1
         failed += refused
-        if unknown == 0 and failed == 0:
-            return "ok", errors
-        if unknown == 0 and acked == 0:
-            return "fail", errors
-        return "info", errors
+        return send_verdict(acked, failed, unknown), errors
 
     def _poll(self, timeout: float, first_read: dict[str, int]) -> dict[str, list[list[Any]]]:
         consumer = self.consumer
@@ -980,6 +974,26 @@ class QueueClient:
                 # Not fetching that partition yet: nothing to rewind, or the process ends.
                 log.debug("rollback %s to %s: %s", k, off, e)
                 self.broken = True
+
+
+def send_verdict(acked: int, failed: int, unknown: int) -> str:
+    """A run of sends' outcome from its records' fates: ok when all were acknowledged, fail
+    when all definitely failed, info otherwise (also used by harness/sim/client.py)."""
+    if unknown == 0 and failed == 0:
+        return "ok"
+    if unknown == 0 and acked == 0:
+        return "fail"
+    return "info"
+
+
+def touched_keys(mops: list[Any], out: list[Any]) -> list[str]:
+    """The keys an op's micro-ops sent to (`mops`, the invoke) or read (`out`, completed
+    polls), sorted: the keys its watermarks are asked for."""
+    touched = {m[1] for m in mops if m[0] == codec.SEND}
+    for m in out:
+        if m[0] == codec.POLL and len(m) > 1:
+            touched.update(m[1])
+    return sorted(touched)
 
 
 _CGMD_MAGIC = b"CGMDv2:"

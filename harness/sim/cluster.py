@@ -296,6 +296,8 @@ class SimCluster:
         b = self.brokers[broker_id]
         if b.server is not None:
             self.crash(broker_id)
+        for d in b.log_dirs:
+            durable.detach(d)  # the dead process's journal file, closed as the kernel would
         token = durable.skip_fsync.set(True)
         try:
             reports = [durable.apply_power_loss(d) for d in b.log_dirs]
@@ -353,6 +355,8 @@ class SimCluster:
     def set_clock_offset(self, broker_id: int, seconds: float) -> None:
         """Broker `broker_id`'s wall clock `seconds` off from true (virtual) time."""
         b = self.brokers[broker_id]
+        if seconds == b.clock_offset:
+            return
         b.clock_offset = seconds
         if b.clock is not None:
             b.clock.offset = seconds

@@ -268,7 +268,11 @@ class SimNemesis:
         results = await asyncio.gather(
             *(self.cluster.restart(i) for i in down), return_exceptions=True
         )
-        errors = [f"n{i}: {r!r}" for i, r in zip(down, results, strict=True) if r is not None]
+        errors = [
+            f"{self.cluster.brokers[i].host}: {r!r}"
+            for i, r in zip(down, results, strict=True)
+            if r is not None
+        ]
         if errors:
             raise NemesisError("restart failed: " + "; ".join(errors))
 

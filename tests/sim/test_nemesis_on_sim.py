@@ -311,6 +311,8 @@ def test_pause_the_leader_past_its_session_then_resume_it(tmp_path: Path) -> Non
         acked = await produce(c, leader, 10, "p")
         # short: 2 s, below the session timeout and kazoo's read timeout (2/3 of it)
         sid = session_of(c, leader)
+        states: list[str] = []
+        c.server(leader).zk.zk.add_listener(states.append)
         done = await both.invoke(compose._op("start-pause", {"target": "leader", "key": KEY}))
         assert done["value"] == {"target": "leader", "nodes": [f"n{leader}"]}, done
         assert c.brokers[leader].paused
@@ -319,10 +321,12 @@ def test_pause_the_leader_past_its_session_then_resume_it(tmp_path: Path) -> Non
         assert done["value"] == {"nodes": [f"n{leader}"]}, done
         await asyncio.sleep(10)
         assert session_of(c, leader) == sid and c.leader_of(TP) == leader
+        assert states == []  # kazoo never noticed: pings went out again before its timeout
         # long: past the session timeout
         start = loop.time()
         await both.invoke(compose._op("start-pause", {"target": "leader", "key": KEY}))
         held = c.brokers[leader].process.held  # type: ignore[union-attr]
+        c.heal()  # the network's heal does not make a stopped process heard again
         new = await new_leader(c, leader)
         took = loop.time() - start
         assert SESSION_MS / 1000 <= took <= SESSION_MS / 1000 + 1.0, took
@@ -494,7 +498,7 @@ def test_power_loss_of_one_replica_keeps_every_acknowledged_record(tmp_path: Pat
 
 
 def test_power_loss_of_a_single_replica_loses_what_was_only_in_the_page_cache(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """One replica, no flush policy (the page cache, as Kafka): the acknowledged records were
     never fsynced, so the journal says the segment has no synced byte and the power loss
@@ -513,10 +517,15 @@ def test_power_loss_of_a_single_replica_loses_what_was_only_in_the_page_cache(
         got = await read_all(c, leader)
         return len(acked), len(got)
 
+    import os
+
+    fsyncs: list[int] = []
+    monkeypatch.setattr(os, "fsync", fsyncs.append)  # none may run: the seam skips them all
     (acked, got), _ = run_sim(tmp_path / "cache", lambda c: body(c, {}))
     assert (acked, got) == (10, 0)
     (acked, got), _ = run_sim(tmp_path / "flushed", lambda c: body(c, {"flush.messages": "1"}))
     assert (acked, got) == (10, 10)
+    assert fsyncs == []
 
 
 def test_unsupported_kinds_are_refused_by_name(tmp_path: Path) -> None:

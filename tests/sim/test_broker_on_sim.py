@@ -12,7 +12,6 @@ import random
 import struct
 import subprocess
 import sys
-import time
 import zlib
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -91,12 +90,10 @@ def test_produce_and_fetch_through_the_broker_in_virtual_time(tmp_path: Path) ->
         client.close()
         return f, took
 
-    wall = time.monotonic()
     f, took = run_with_broker(tmp_path, body)
     assert [v for _, v in values(f)] == [b"a", b"b"] + [bytes([i]) * 100_000 for i in range(5)]
     assert f.responses[0].partitions[0].high_watermark == 7
     assert 0 < took < 0.1  # a few milliseconds of simulated latency
-    assert time.monotonic() - wall < 20
 
 
 def test_a_partitioned_client_times_out_in_virtual_time_then_succeeds_after_heal(
@@ -120,7 +117,6 @@ def test_a_partitioned_client_times_out_in_virtual_time_then_succeeds_after_heal
         out.append(repr([v for _, v in values(f)]))
         return out
 
-    wall = time.monotonic()
     out = run_with_broker(tmp_path, body)
     # the produce written into the cut is never delivered (the connection is a black hole), the
     # next connect's SYNs are lost until the client gives up; after the heal a new connection
@@ -130,7 +126,6 @@ def test_a_partitioned_client_times_out_in_virtual_time_then_succeeds_after_heal
         "offset 1",
         "[b'before', b'after']",
     ]
-    assert time.monotonic() - wall < 20
 
 
 async def _raw(net: SimNetwork, host: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
@@ -242,14 +237,12 @@ def _traced_run(tmp: Path, seed: int) -> str:
 
 
 def test_a_seeded_run_gives_a_byte_identical_trace(tmp_path: Path) -> None:
-    wall = time.monotonic()
     one = _traced_run(tmp_path / "1", 7)
     two = _traced_run(tmp_path / "2", 7)
     other = _traced_run(tmp_path / "3", 8)
     assert one.encode() == two.encode()
     assert one != other
     assert "failed" in one and " read " in one and "drop" in one
-    assert time.monotonic() - wall < 60
 
 
 def test_the_trace_is_the_same_in_another_process_with_another_hash_seed(tmp_path: Path) -> None:

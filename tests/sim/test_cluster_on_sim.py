@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import struct
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -144,9 +143,7 @@ async def failover(c: SimCluster, n: int = 20) -> list[str]:
 
 
 def test_a_cluster_fails_over_and_the_old_leader_rejoins(tmp_path: Path) -> None:
-    wall = time.monotonic()
     out, c = run_cluster(tmp_path, failover)
-    elapsed = time.monotonic() - wall
     elected_after = float(out[-1].split("=")[1])
     # the session expires at the tick boundary after its timeout (6 s, ticks of 500 ms); the
     # controller then elects within a few network round trips
@@ -155,8 +152,7 @@ def test_a_cluster_fails_over_and_the_old_leader_rejoins(tmp_path: Path) -> None
     assert c.invariants.checks > 5000  # after every event
     assert any(" leader t-0 epoch 1 " in line for line in c.trace)
     assert any("crash broker" in line for line in c.trace)
-    assert c.loop.time() > 120  # minutes of virtual time ...
-    assert elapsed < 30, elapsed  # ... in a few wall-clock seconds
+    assert c.loop.time() > 120  # minutes of virtual time
 
 
 def test_the_same_seed_gives_a_byte_identical_trace(tmp_path: Path) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -189,9 +188,7 @@ def run_sim(
         async with cluster:
             return await body(cluster)
 
-    wall = time.monotonic()
     result = clock.run(main())
-    holder["c"].wall = time.monotonic() - wall  # type: ignore[attr-defined]
     assert holder["c"].violation is None
     return result, holder["c"]
 
@@ -296,7 +293,6 @@ def test_kill_the_leader_then_restart_it(tmp_path: Path) -> None:
     for real, sim in pairs:
         assert_alike(real, sim)
     assert any("crash broker" in line for line in c.trace)
-    assert c.wall < 15, c.wall  # type: ignore[attr-defined]
 
 
 def test_pause_the_leader_past_its_session_then_resume_it(tmp_path: Path) -> None:
@@ -355,7 +351,6 @@ def test_pause_the_leader_past_its_session_then_resume_it(tmp_path: Path) -> Non
         assert_alike(real, sim)
     assert any(" pause broker " in line for line in c.trace)
     assert any(" resume broker " in line for line in c.trace)
-    assert c.wall < 15, c.wall  # type: ignore[attr-defined]
 
 
 def test_every_partition_shape_the_real_nemesis_draws(tmp_path: Path) -> None:
@@ -387,10 +382,9 @@ def test_every_partition_shape_the_real_nemesis_draws(tmp_path: Path) -> None:
         both.close()
         return both.pairs
 
-    pairs, c = run_sim(tmp_path, body)
+    pairs, _ = run_sim(tmp_path, body)
     for real, sim in pairs:
         assert_alike(real, sim)
-    assert c.wall < 15, c.wall  # type: ignore[attr-defined]
 
 
 def test_clock_bump_and_strobe_move_one_brokers_wall_clock_only(tmp_path: Path) -> None:
@@ -447,10 +441,9 @@ def test_clock_bump_and_strobe_move_one_brokers_wall_clock_only(tmp_path: Path) 
         both.close()
         return both.pairs
 
-    pairs, c = run_sim(tmp_path, body)
+    pairs, _ = run_sim(tmp_path, body)
     for real, sim in pairs:
         assert_alike(real, sim)
-    assert c.wall < 15, c.wall  # type: ignore[attr-defined]
 
 
 def test_power_loss_of_one_replica_keeps_every_acknowledged_record(tmp_path: Path) -> None:
@@ -494,7 +487,6 @@ def test_power_loss_of_one_replica_keeps_every_acknowledged_record(tmp_path: Pat
     for real, sim in pairs:
         assert_alike(real, sim)
     assert any(" power loss broker " in line for line in c.trace)
-    assert c.wall < 15, c.wall  # type: ignore[attr-defined]
 
 
 def test_power_loss_of_a_single_replica_loses_what_was_only_in_the_page_cache(

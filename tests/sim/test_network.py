@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import errno
 import random
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -120,11 +119,9 @@ def test_a_connect_across_a_partition_times_out_as_a_syn_into_a_black_hole() -> 
         await task
         return failed, now() - start
 
-    wall = time.monotonic()
     failed, healed = run(body)
     assert failed == pytest.approx(SYN_TIMEOUT)
     assert 7 < healed < 7.01  # SYNs at 0, 1, 3, 7 s
-    assert time.monotonic() - wall < 5
 
 
 def test_bytes_sent_into_a_partition_never_arrive_and_the_sender_times_out() -> None:

@@ -57,7 +57,15 @@ def short_test(tmp_path: Path, **over: object) -> dict:
     return make_test(conf)
 
 
-@pytest.mark.parametrize("kinds", [["partition", "kill", "clock"], ["pause", "partition-iptables"]])
+@pytest.mark.parametrize(
+    "kinds",
+    [
+        ["partition", "kill", "clock"],
+        # pause and the iptables partition are each driven on the embedded cluster by
+        # tests/nemeses; this whole-run twin goes with the soak (make soak)
+        pytest.param(["pause", "partition-iptables"], marks=pytest.mark.slow),
+    ],
+)
 def test_short_run_per_fault_kind(tmp_path, kinds):
     from isrlab.harness.runner import run_test
 

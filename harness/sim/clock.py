@@ -3,11 +3,15 @@
 `VirtualTimeLoop` is asyncio's own selector loop with two changes:
 
 - `time()` is a virtual clock (seconds from `start`, default 0.0). When nothing is ready to run,
-  asyncio asks the selector to wait until the next timer; this loop polls the selector without
-  waiting and moves the clock forward by that timeout instead, so the next timer is due at once.
-  `asyncio.sleep(3600)` returns in microseconds of wall time, one hour later on the loop's clock.
-  With nothing ready and no timer, nothing can ever happen (no other thread may wake the loop):
-  `select` raises `Stalled`, which ends `run_until_complete` instead of hanging.
+  asyncio would ask the selector to wait until the next timer; this loop moves the clock forward
+  by that timeout instead, so the next timer is due at once. `asyncio.sleep(3600)` returns in
+  microseconds of wall time, one hour later on the loop's clock. With nothing ready and no
+  timer, nothing can ever happen (no other thread may wake the loop): the loop raises
+  `Stalled`, which ends `run_until_complete` instead of hanging. The loop runs its own
+  iteration (asyncio's `_run_once`, same order of steps) over a heap of (due time, scheduling
+  order, handle) tuples; the real selector (which still owns the self-pipe) is polled, without
+  waiting, only while a real file descriptor is registered, a signal handler is set or
+  another thread wrote to the self-pipe (`call_soon_threadsafe`), not on every iteration.
 - `run_in_executor` (and so `asyncio.to_thread`) runs the function on the loop's thread, in the
   loop iteration after the call, instead of in a thread pool: a thread's timing would decide
   the order of events. The function takes no virtual time; a blocking call blocks for real.
@@ -37,9 +41,12 @@ time goes on: the process finds, as after a SIGSTOP, that its timers are overdue
 delivered to it meanwhile (the simulated network runs in its own context) waits in its
 buffers. A paused process can be killed: what it held is cancelled with the rest.
 
+The process a callback belongs to is found once, when it is scheduled (the owner of its
+context), and kept on its handle.
+
 Events. `loop.after_event`, if set, is called after every callback the loop runs (a task's
 step, a timer, a network delivery) with its handle: an invariant checker runs there, and what
-it raises stops `run_until_complete` at that event.
+it raises stops `run_until_complete` at that event. `loop.iterations` counts the iterations.
 
 Why not `looptime` (MIT, maintained, works on 3.11 here): it is built for fast tests next to
 real I/O and threads, not for reproducible runs. While a thread-pool future is pending it
@@ -57,11 +64,20 @@ import heapq
 import itertools
 import logging
 import selectors
+import sys
 import weakref
+from asyncio import base_events, format_helpers
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 _T = TypeVar("_T")
+
+# asyncio's constants for its own iteration (base_events), kept so that this loop's clock
+# jumps and timer heap clean-ups happen as asyncio's would
+_base_events: Any = base_events
+_MAXIMUM_SELECT_TIMEOUT: float = _base_events.MAXIMUM_SELECT_TIMEOUT
+_MIN_SCHEDULED: int = _base_events._MIN_SCHEDULED_TIMER_HANDLES
+_CANCELLED_FRACTION: float = _base_events._MIN_CANCELLED_TIMER_HANDLES_FRACTION
 
 
 class Stalled(RuntimeError):
@@ -70,17 +86,26 @@ class Stalled(RuntimeError):
 
 class _VirtualSelector(selectors.BaseSelector):
     """The loop's real selector (it still owns the self-pipe), polled without waiting; a wait
-    becomes a jump of the virtual clock."""
+    becomes a jump of the virtual clock. It tells the loop whether anything besides the
+    loop's own self-pipe is registered (only then does each iteration poll it)."""
 
     def __init__(self, real: selectors.BaseSelector, loop: VirtualTimeLoop):
         self._real = real
         self._loop = loop
 
+    def _count(self) -> None:
+        loop = self._loop
+        loop._real_fds = len(self._real.get_map()) > getattr(loop, "_internal_fds", 0)
+
     def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
-        return self._real.register(fileobj, events, data)
+        key = self._real.register(fileobj, events, data)
+        self._count()
+        return key
 
     def unregister(self, fileobj: Any) -> selectors.SelectorKey:
-        return self._real.unregister(fileobj)
+        key = self._real.unregister(fileobj)
+        self._count()
+        return key
 
     def modify(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
         return self._real.modify(fileobj, events, data)
@@ -168,66 +193,92 @@ def owner(context: contextvars.Context | None) -> Process | None:
     return context.get(_current_process)
 
 
-def _held(handle: asyncio.Handle) -> bool:
-    """Hold `handle` (not run it) if its process is paused; whether it was held."""
-    process = owner(handle._context)  # type: ignore[attr-defined]
-    if process is not None and process.paused:
-        process.held.append(handle)
-        return True
-    return False
+def _init_handle(
+    handle: Any, callback: Any, args: Any, loop: Any, context: Any, process: Process | None
+) -> None:
+    """asyncio's `Handle.__init__` (without its per-handle `get_debug()` call), plus the
+    process the handle belongs to, found once when it is scheduled."""
+    if context is None:
+        context = contextvars.copy_context()
+    handle._context = context
+    handle._loop = loop
+    handle._callback = callback
+    handle._args = args
+    handle._cancelled = False
+    handle._repr = None
+    handle._process = process
+    if loop._debug:
+        handle._source_traceback = format_helpers.extract_stack(sys._getframe(2))
+    else:
+        handle._source_traceback = None
 
 
 class _EventHandle(asyncio.Handle):
     """A callback whose run is an event (`VirtualTimeLoop.after_event`), held while its
-    process is paused."""
+    process (`_process`, the owner of its context) is paused; run by `VirtualTimeLoop`."""
 
-    __slots__ = ()
+    __slots__ = ("_process",)
+    _process: Process | None
 
-    def _run(self) -> None:
-        if _held(self):
-            return
-        super()._run()
-        hook = self._loop.after_event  # type: ignore[attr-defined]
-        if hook is not None:
-            hook(self)
+    def __init__(
+        self,
+        callback: Any,
+        args: Any,
+        loop: Any,
+        context: Any = None,
+        process: Process | None = None,
+    ) -> None:
+        _init_handle(self, callback, args, loop, context, process)
 
 
 class _OrderedTimerHandle(asyncio.TimerHandle):
-    """A timer ordered by (due time, scheduling order); its run is an event, held while its
-    process is paused."""
+    """A timer; the loop keeps it in its heap as (due time, scheduling order, handle), so
+    timers due at the same time fire in the order they were set. Its run is an event, held
+    while its process is paused."""
 
-    __slots__ = ("_seq",)
-    _seq: int
+    __slots__ = ("_process",)
+    _process: Process | None
 
-    def _run(self) -> None:
-        if _held(self):
-            return
-        super()._run()
-        hook = self._loop.after_event  # type: ignore[attr-defined]
-        if hook is not None:
-            hook(self)
-
-    def __lt__(self, other: object) -> bool:
-        if isinstance(other, _OrderedTimerHandle):
-            return (self.when(), self._seq) < (other.when(), other._seq)
-        return (
-            self.when() < other.when() if isinstance(other, asyncio.TimerHandle) else NotImplemented
-        )
+    def __init__(
+        self,
+        when: float,
+        callback: Any,
+        args: Any,
+        loop: Any,
+        context: Any = None,
+        process: Process | None = None,
+    ) -> None:
+        _init_handle(self, callback, args, loop, context, process)
+        self._when = when
+        self._scheduled = False
 
 
 class VirtualTimeLoop(asyncio.SelectorEventLoop):
-    """An event loop whose clock is virtual and jumps to the next timer when idle."""
+    """An event loop whose clock is virtual and jumps to the next timer when idle.
+
+    It runs its own iteration (`_run_once`): its timer heap holds (due time, scheduling
+    order, handle) tuples, compared in C; the real selector is polled only while something
+    real is registered on it (a file descriptor besides the loop's own self-pipe) or after a
+    write to the self-pipe (`call_soon_threadsafe`) or with a signal handler set; each
+    handle's process is found when it is scheduled, not on every run."""
 
     def __init__(self, start: float = 0.0) -> None:
         real = selectors.DefaultSelector()
         # assigned before the base class registers its self-pipe through it
         self._now = float(start)
         self._timer_seq = itertools.count()
+        #: something besides the self-pipe is registered on the real selector
+        self._real_fds = False
+        #: the self-pipe was written to (a wake-up from another thread): poll it
+        self._self_pipe_written = False
         #: called after every callback the loop runs, with its handle (see the module docstring)
         self.after_event: Callable[[asyncio.Handle], None] | None = None
         #: tasks of killed processes: never to run again (nor to be cancelled)
         self.frozen: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
+        #: loop iterations run (for benchmarks)
+        self.iterations = 0
         super().__init__(_VirtualSelector(real, self))
+        self._real_selector = real
 
     def time(self) -> float:
         return self._now
@@ -236,42 +287,146 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         if seconds > 0:
             self._now += seconds
 
-    def call_at(  # type: ignore[override]
-        self, when: float, callback: Callable[..., object], *args: Any, context: Any = None
-    ) -> asyncio.TimerHandle:
-        """asyncio's call_at, with timers due at the same time kept in scheduling order."""
-        base: Any = self  # asyncio's private helpers, as BaseEventLoop.call_at uses them
-        base._check_closed()
+    def _write_to_self(self) -> None:
+        self._self_pipe_written = True
+        super()._write_to_self()  # type: ignore[misc]
+
+    # ----- one iteration -----------------------------------------------------------------
+
+    def _run_once(self) -> None:
+        """One iteration, as asyncio's `_run_once` orders it: drop cancelled timers, poll
+        for I/O (only if something real is registered), jump the clock to the next timer if
+        nothing is ready (Stalled if there is none), move the due timers to the ready queue,
+        run what was ready at the start of the run-through (each run an event)."""
+        self.iterations += 1
+        base: Any = self
+        scheduled: list[tuple[float, int, Any]] = base._scheduled
+        n = len(scheduled)
+        if n > _MIN_SCHEDULED and base._timer_cancelled_count / n > _CANCELLED_FRACTION:
+            kept = []
+            for entry in scheduled:
+                if entry[2]._cancelled:
+                    entry[2]._scheduled = False
+                else:
+                    kept.append(entry)
+            heapq.heapify(kept)
+            base._scheduled = scheduled = kept
+            base._timer_cancelled_count = 0
+        else:
+            while scheduled and scheduled[0][2]._cancelled:
+                base._timer_cancelled_count -= 1
+                heapq.heappop(scheduled)[2]._scheduled = False
+
+        ready = base._ready
+        idle = not ready and not base._stopping
+        if self._real_fds or self._self_pipe_written or base._signal_handlers:
+            self._self_pipe_written = False
+            events = self._real_selector.select(0)
+            if events:
+                idle = False
+                base._process_events(events)
+        if idle:
+            if not scheduled:
+                raise Stalled(
+                    f"at virtual time {self._now:.6f}: nothing ready and no timer scheduled"
+                )
+            # the wait asyncio would ask of the selector, taken as a jump of the clock (the
+            # same arithmetic as a select timeout, so the same virtual times)
+            timeout = min(max(0, scheduled[0][0] - self._now), _MAXIMUM_SELECT_TIMEOUT)
+            if timeout > 0:
+                self._now += timeout
+
+        end_time = self._now + base._clock_resolution
+        while scheduled and scheduled[0][0] < end_time:
+            handle = heapq.heappop(scheduled)[2]
+            handle._scheduled = False
+            ready.append(handle)
+
+        popleft = ready.popleft
+        for _ in range(len(ready)):
+            handle = popleft()
+            if handle._cancelled:
+                continue
+            try:
+                process = handle._process
+            except AttributeError:  # asyncio's own (a real fd's reader): no process, no event
+                handle._run()
+                continue
+            if process is not None and process.paused:
+                process.held.append(handle)
+                continue
+            try:
+                handle._context.run(handle._callback, *handle._args)
+            except (SystemExit, KeyboardInterrupt):
+                raise
+            except BaseException as exc:
+                self._callback_raised(handle, exc)
+            hook = self.after_event
+            if hook is not None:
+                hook(handle)
+        handle = None  # no cycle through an exception's traceback
+
+    def _callback_raised(self, handle: Any, exc: BaseException) -> None:
+        """What asyncio's `Handle._run` does with an exception a callback raised."""
+        cb = format_helpers._format_callback_source(handle._callback, handle._args)
+        context = {"message": f"Exception in callback {cb}", "exception": exc, "handle": handle}
+        if handle._source_traceback:
+            context["source_traceback"] = handle._source_traceback
+        self.call_exception_handler(context)
+
+    # ----- scheduling ----------------------------------------------------------------------
+
+    def call_soon(  # type: ignore[override]
+        self, callback: Callable[..., object], *args: Any, context: Any = None
+    ) -> asyncio.Handle:
+        """asyncio's call_soon (see `_call_soon`)."""
+        base: Any = self
+        if base._closed:
+            raise RuntimeError("Event loop is closed")
         if base._debug:
-            base._check_thread()
-            base._check_callback(callback, "call_at")
-        timer: Any = _OrderedTimerHandle(when, callback, args, self, context)
-        timer._seq = next(self._timer_seq)
-        if timer._source_traceback:
-            del timer._source_traceback[-1]
-        process = owner(context)
-        if process is not None and not process.alive:
-            timer._cancelled = True  # a killed process schedules nothing
-            return timer
-        heapq.heappush(base._scheduled, timer)
-        timer._scheduled = True
-        return timer
+            return super().call_soon(callback, *args, context=context)
+        return self._call_soon(callback, args, context)
 
     def _call_soon(  # type: ignore[override]
         self, callback: Callable[..., object], args: Any, context: Any
     ) -> asyncio.Handle:
         """asyncio's `_call_soon` (behind call_soon and call_soon_threadsafe), with a killed
         process's callbacks dropped and every run an event."""
-        handle: Any = _EventHandle(callback, args, self, context)
-        if handle._source_traceback:
-            del handle._source_traceback[-1]
-        process = owner(context)
+        process = _current_process.get() if context is None else context.get(_current_process)
+        handle: Any = _EventHandle(callback, args, self, context, process)
         if process is not None and not process.alive:
             handle._cancelled = True
             return handle  # type: ignore[no-any-return]
         base: Any = self
         base._ready.append(handle)
         return handle  # type: ignore[no-any-return]
+
+    def call_later(  # type: ignore[override]
+        self, delay: float, callback: Callable[..., object], *args: Any, context: Any = None
+    ) -> asyncio.TimerHandle:
+        if delay is None:
+            raise TypeError("delay must not be None")
+        return self.call_at(self._now + delay, callback, *args, context=context)
+
+    def call_at(  # type: ignore[override]
+        self, when: float, callback: Callable[..., object], *args: Any, context: Any = None
+    ) -> asyncio.TimerHandle:
+        """asyncio's call_at, with timers due at the same time kept in scheduling order."""
+        base: Any = self  # asyncio's private helpers, as BaseEventLoop.call_at uses them
+        if base._closed:
+            raise RuntimeError("Event loop is closed")
+        if base._debug:
+            base._check_thread()
+            base._check_callback(callback, "call_at")
+        process = _current_process.get() if context is None else context.get(_current_process)
+        timer: Any = _OrderedTimerHandle(when, callback, args, self, context, process)
+        seq = next(self._timer_seq)
+        if process is not None and not process.alive:
+            timer._cancelled = True  # a killed process schedules nothing
+            return timer  # type: ignore[no-any-return]
+        heapq.heappush(base._scheduled, (when, seq, timer))
+        timer._scheduled = True
+        return timer  # type: ignore[no-any-return]
 
     def create_task(  # type: ignore[override]
         self,
@@ -298,8 +453,9 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
             return
         process.alive = False
         base: Any = self
-        for handle in list(base._ready) + list(base._scheduled) + process.held:
-            if owner(handle._context) is process:
+        timers = [entry[2] for entry in base._scheduled]
+        for handle in list(base._ready) + timers + process.held:
+            if getattr(handle, "_process", None) is process:
                 handle.cancel()
         process.held.clear()
         for task in list(process.tasks):

@@ -194,3 +194,145 @@ def test_a_paused_process_can_be_killed_and_its_held_callbacks_never_run() -> No
 
     run(main())
     assert ran == []
+
+
+def _count_real_polls(loop: VirtualTimeLoop) -> list[float]:
+    """Record every poll of the loop's real selector (its timeouts)."""
+    polls: list[float] = []
+    real: Any = loop._real_selector  # type: ignore[attr-defined]
+    select = real.select
+
+    def counting(timeout: float | None = None) -> Any:
+        polls.append(timeout)  # type: ignore[arg-type]
+        return select(timeout)
+
+    real.select = counting
+    return polls
+
+
+def test_the_real_selector_is_polled_only_while_a_real_fd_is_registered() -> None:
+    """Nothing real registered (the self-pipe aside): no poll at all, however many iterations.
+    A real socket registered: polled (without waiting) every iteration, its data read, and
+    virtual time still jumps; unregistered: no poll again."""
+    import socket
+
+    loop = VirtualTimeLoop()
+    polls = _count_real_polls(loop)
+    try:
+
+        async def main() -> list[tuple[bytes, float]]:
+            got: list[tuple[bytes, float]] = []
+            for _ in range(50):
+                await asyncio.sleep(0.1)
+            assert polls == [] and loop.iterations >= 50  # type: ignore[attr-defined]
+            a, b = socket.socketpair()
+            a.setblocking(False)
+            arrived = asyncio.Event()
+
+            def readable() -> None:
+                got.append((a.recv(100), loop.time()))
+                arrived.set()
+
+            loop.add_reader(a.fileno(), readable)
+            b.send(b"hello")
+            await arrived.wait()
+            await asyncio.sleep(3600)  # a jump with a real fd registered
+            loop.remove_reader(a.fileno())
+            a.close()
+            b.close()
+            n = len(polls)
+            await asyncio.sleep(1)
+            assert len(polls) == n
+            return got
+
+        got = loop.run_until_complete(main())
+        assert [g[0] for g in got] == [b"hello"] and got[0][1] == pytest.approx(5.0)
+        assert polls and set(polls) == {0}  # never a real wait
+        assert loop.time() == pytest.approx(3606.0)
+    finally:
+        loop.close()
+
+
+def test_a_wake_up_from_another_thread_is_read_from_the_self_pipe() -> None:
+    """call_soon_threadsafe runs the callback and the self-pipe's byte is read (one poll)."""
+    import threading
+
+    loop = VirtualTimeLoop()
+    polls = _count_real_polls(loop)
+    ran: list[float] = []
+    try:
+
+        async def main() -> None:
+            t = threading.Thread(target=loop.call_soon_threadsafe, args=(ran.append, 1.0))
+            t.start()
+            t.join()  # (blocks the loop: the callback is queued when it returns)
+            await asyncio.sleep(2)
+
+        loop.run_until_complete(main())
+        assert ran == [1.0] and polls == [0]
+        with pytest.raises(BlockingIOError):  # its byte was read
+            loop._ssock.recv(10)  # type: ignore[attr-defined]
+    finally:
+        loop.close()
+
+
+def test_timers_keep_their_order_through_a_heap_clean_up_and_jumps_past_a_day() -> None:
+    """Most timers cancelled (the heap is rebuilt without them, as asyncio does); the rest
+    fire in (due time, scheduling order); a timer three days away fires at exactly its time."""
+    fired: list[tuple[int, float]] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        handles = [
+            loop.call_later((i % 7) * 0.5, lambda i=i: fired.append((i, loop.time())))
+            for i in range(300)
+        ]
+        for i, h in enumerate(handles):
+            if i % 3:
+                h.cancel()
+        await asyncio.sleep(0)
+        await asyncio.sleep(10)
+        await asyncio.sleep(3 * 86400 + 0.25)
+
+    assert run(main()) is None
+    expected = sorted(
+        ((i, (i % 7) * 0.5) for i in range(300) if i % 3 == 0), key=lambda e: (e[1], e[0])
+    )
+    assert fired == expected
+
+
+def test_a_callback_scheduled_with_a_process_context_belongs_to_it() -> None:
+    """The owner is the process of the context the callback is scheduled with (explicit or
+    current), found when it is scheduled: held while paused, dropped once killed."""
+    ran: list[str] = []
+
+    async def main() -> None:
+        loop: Any = asyncio.get_running_loop()
+        a = Process("a")
+        loop.pause(a)
+        loop.call_soon(ran.append, "explicit", context=a.context.copy())
+        loop.call_later(0.5, ran.append, "timer", context=a.context.copy())
+        loop.call_soon(ran.append, "harness")
+        await asyncio.sleep(1)
+        assert ran == ["harness"] and len(a.held) == 2
+        loop.resume(a)
+        await asyncio.sleep(0)
+        assert ran == ["harness", "explicit", "timer"]
+        loop.kill(a)
+        loop.call_soon(ran.append, "after kill", context=a.context.copy())
+        a.run(loop.call_later, 0.1, ran.append, "after kill")
+        await asyncio.sleep(1)
+
+    run(main())
+    assert ran == ["harness", "explicit", "timer"]
+
+
+def test_a_jump_to_the_next_timer_is_one_iteration() -> None:
+    async def main() -> int:
+        loop: Any = asyncio.get_running_loop()
+        before = loop.iterations
+        await asyncio.sleep(3600)
+        return loop.iterations - before  # type: ignore[no-any-return]
+
+    # the sleep's timer set; the jump, where the timer fires and wakes the task; its step
+    assert run(main()) == 2

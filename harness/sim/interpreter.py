@@ -27,17 +27,26 @@ hang_timeout=None, run_timeout=None)`, then `await interp.run()`:
 What is shared with the threaded interpreter is imported from it (the invoke and completion
 shapes, the nemesis ops, fault tracking); what differs is only how waiting is done. Nothing
 here uses threads or real time: generator calls and history writes happen in the loop's one
-thread between awaits (no lock needed: no await between asking the generator and recording
-the invoke), a thread with nothing to do waits on an `asyncio.Condition` (woken on every
-completion, FIFO) or a virtual-time timeout, and tasks are created in thread order, so one
-seed gives one history.
+thread between awaits (no lock needed: an op the generator gives is recorded as invoked in
+the same callback that asked for it), and tasks are created in thread order, so one seed
+gives one history.
+
+Waiting. A thread the generator answers `Pending(at)` is asked again at `at` (at most
+`_IDLE_WAIT` later when `at` is None or further: the threaded interpreter's poll), or, since
+`at` is a promise only as long as nothing else happens, after the next completion (or a
+thread's end, or `stop()`): any event may change the generator's answer (an `until_ok` done,
+a barrier passed). As in the threaded interpreter, every thread then waiting is asked again,
+in the order they last asked. The asking is done by the interpreter itself, in one callback
+per completion and in the thread's timer, not by waking each thread's task: a thread whose
+answer is still `Pending` stays asleep (its timer set again from now, as a new wait would
+be); only a thread given an op (its invoke recorded then and there) or told it is done is
+woken.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import logging
 import random
 from collections.abc import Callable
@@ -67,6 +76,9 @@ Op = dict[str, Any]
 # again soon" and nothing completes meanwhile (the threaded interpreter's _IDLE_WAIT).
 _IDLE_WAIT = 0.05
 
+# what `_take` gives when the run is over before the op could be recorded
+_STOP = object()
+
 
 class AsyncClient(Protocol):
     broken: bool
@@ -90,6 +102,10 @@ class _Worker:
     # Set when run() gave up on the run: nothing more is recorded for this worker.
     abandoned: bool = False
     open_invoke: Op | None = None
+    # While asleep after a Pending: what wakes its task (a taken op, None, or an error) and
+    # the timer of its deadline.
+    wake: asyncio.Future[Any] | None = None
+    timer: asyncio.TimerHandle | None = None
 
 
 class SimInterpreter:
@@ -122,7 +138,13 @@ class SimInterpreter:
         self.threads: list[int | str] = list(range(concurrency))
         if nemesis is not None:
             self.threads.append("nemesis")
-        self._cond: asyncio.Condition | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        # the threads asleep after a Pending, in the order they last asked (a dict as an
+        # ordered set)
+        self._asleep: dict[_Worker, None] = {}
+        self._wake_scheduled = False
+        #: how many times the generator was asked for an op
+        self.queries = 0
         self._stop = False
         self._closed = False
         self._finished = False
@@ -138,7 +160,7 @@ class SimInterpreter:
 
     async def run(self) -> dict[str, Any]:
         """Run until every thread is done, `stop()`, or the run timeout; the final stats."""
-        self._cond = asyncio.Condition()
+        self._loop = asyncio.get_running_loop()
         self._started_ns = self.history.now()
         tasks: list[asyncio.Task[None]] = []
         for t in self.threads:
@@ -160,8 +182,8 @@ class SimInterpreter:
     def stop(self) -> None:
         """Ask every thread to stop after its current op."""
         self._stop = True
-        if self._cond is not None:
-            asyncio.get_running_loop().create_task(self._notify())
+        if self._loop is not None:
+            self._wake_soon()
 
     def stats(self) -> dict[str, Any]:
         now = self.history.now()
@@ -176,14 +198,11 @@ class SimInterpreter:
             "errors": list(self.errors),
             "abandoned": list(self.abandoned),
             "timed_out": self.timed_out,
+            "generator_queries": self.queries,
+            "loop_iterations": getattr(self._loop, "iterations", None),
         }
 
     # ----- internals ----------------------------------------------------------------------
-
-    async def _notify(self) -> None:
-        assert self._cond is not None
-        async with self._cond:
-            self._cond.notify_all()
 
     def _give_up(self) -> None:
         self._stop = True
@@ -234,27 +253,93 @@ class SimInterpreter:
     def _context(self, time: int, w: _Worker, process: int | str) -> Context:
         return Context(time, w.thread, process, self.threads, self.rng)
 
-    async def _next(self, w: _Worker) -> Op | None:
-        """The generator's next op for the worker's thread, or None when it is done."""
-        cond = self._cond
-        assert cond is not None
+    # ----- asking the generator, sleeping ---------------------------------------------------
+
+    def _ask(self, w: _Worker) -> tuple[bool, Any]:
+        """Ask the generator once for the worker's thread: (True, what `_take` made of the
+        op, or None when the thread is done) or (False, the virtual seconds to sleep)."""
+        ctx = self._context(self.history.now(), w, w.process)
+        self.queries += 1
+        r = self.generator.op(ctx)
+        if r is None:
+            w.exhausted = True
+            self._wake_soon()  # threads waiting on a barrier may proceed
+            return True, None
+        if isinstance(r, Pending):
+            wait = _IDLE_WAIT
+            if r.at is not None:
+                wait = min(wait, max(0.0, (r.at - ctx.time) / 1e9))
+            return False, wait
+        return True, self._take(w, r)
+
+    def _take(self, w: _Worker, r: Op) -> Any:
+        """Record the invoke of the generator's op `r` (in the same callback that asked for it):
+        the nemesis's op, or a client's (invoke, hints); _STOP when the run is over."""
+        if w.thread == "nemesis":
+            op = nemesis_invoke_of(r)
+            return op if self._record(w, op, invoke=True) is not None else _STOP
+        invoke, hints = invoke_of(r, w.process)
+        self._record(w, invoke, invoke=True)
+        return invoke, hints
+
+    async def _next(self, w: _Worker) -> Any:
+        """The worker's next op, its invoke recorded (see `_take`), or None when its thread
+        is done (or the run stopped)."""
         while not self._stop and not w.abandoned:
-            ctx = self._context(self.history.now(), w, w.process)
-            r = self.generator.op(ctx)
-            if r is None:
-                w.exhausted = True
-                await self._notify()  # threads waiting on a barrier may proceed
-                return None
-            if isinstance(r, Pending):
-                wait = _IDLE_WAIT
-                if r.at is not None:
-                    wait = min(wait, max(0.0, (r.at - ctx.time) / 1e9))
-                async with cond:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(cond.wait(), wait)
-                continue
-            return r
+            given, value = self._ask(w)
+            if given:
+                return value
+            loop = asyncio.get_running_loop()
+            w.wake = loop.create_future()
+            self._sleep(w, value)
+            try:
+                return await w.wake
+            finally:
+                if w.timer is not None:
+                    w.timer.cancel()
+                w.wake = w.timer = None
+                self._asleep.pop(w, None)
         return None
+
+    def _sleep(self, w: _Worker, seconds: float) -> None:
+        """(Re)set the worker's deadline `seconds` from now; it goes last in the asleep order."""
+        if w.timer is not None:
+            w.timer.cancel()
+        assert self._loop is not None
+        w.timer = self._loop.call_later(seconds, self._ask_again, w)
+        self._asleep.pop(w, None)
+        self._asleep[w] = None
+
+    def _ask_again(self, w: _Worker) -> None:
+        """Ask the generator again for an asleep worker (its deadline came, or an event
+        happened): still Pending, it sleeps on; otherwise its task is woken with the op."""
+        wake = w.wake
+        if wake is None or wake.done():
+            return
+        if self._stop or w.abandoned:
+            wake.set_result(None)
+            return
+        try:
+            given, value = self._ask(w)
+        except Exception as e:  # a bug in a generator: the worker's task reports it
+            wake.set_exception(e)
+            return
+        if given:
+            wake.set_result(value)
+        else:
+            self._sleep(w, value)
+
+    def _wake_soon(self) -> None:
+        """After a completion (or a thread's end, or stop): every asleep thread is asked again
+        in the next loop iteration, in the order they last asked."""
+        if not self._wake_scheduled and self._loop is not None:
+            self._wake_scheduled = True
+            self._loop.call_soon(self._wake_all)
+
+    def _wake_all(self) -> None:
+        self._wake_scheduled = False
+        for w in list(self._asleep):
+            self._ask_again(w)
 
     def _record(self, w: _Worker, op: Op, *, invoke: bool = False) -> Op | None:
         """Write an op and feed it to the generator (None: nothing written, the run is over)."""
@@ -266,7 +351,7 @@ class SimInterpreter:
         if w.thread != "nemesis":
             self.counts["invoke" if invoke else op["type"]] += 1
         if not invoke:
-            asyncio.get_running_loop().create_task(self._notify())
+            self._wake_soon()
         return stamped
 
     async def _bounded(self, call: Any) -> Any:
@@ -279,11 +364,10 @@ class SimInterpreter:
         client: AsyncClient | None = None
         try:
             while True:
-                r = await self._next(w)
-                if r is None:
+                taken = await self._next(w)
+                if taken is None:
                     return
-                invoke, hints = invoke_of(r, w.process)
-                self._record(w, invoke, invoke=True)
+                invoke, hints = taken
                 completion, client = await self._perform(w, client, invoke, hints)
                 if w.abandoned or self._record(w, completion) is None:
                     return
@@ -335,11 +419,8 @@ class SimInterpreter:
         nem = self.nemesis
         assert nem is not None
         while True:
-            r = await self._next(w)
-            if r is None:
-                return
-            op = nemesis_invoke_of(r)
-            if self._record(w, op, invoke=True) is None:
+            op = await self._next(w)
+            if op is None or op is _STOP:
                 return
             f = str(op["f"])
             try:

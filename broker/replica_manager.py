@@ -266,6 +266,12 @@ class ReplicaManager:
             return ReadResult(error=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
         return hp.read(fetch_offset, max_bytes, **kw)
 
+    def fetch_has_answer(self, tp: TopicPartition, interest: FetchInterest) -> bool:
+        """Whether a fetch of ``tp`` would now get records or an error (a partition not
+        hosted here: UNKNOWN_TOPIC_OR_PARTITION, an answer)."""
+        hp = self.partitions.get(tp)
+        return hp is None or hp.fetch_has_answer(interest)
+
     # ----- PartitionIO ----------------------------------------------------------------------
 
     def data_changed(self, partition: HostedPartition) -> None:

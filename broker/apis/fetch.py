@@ -7,7 +7,9 @@ is their acknowledgement. Those bounds, the offset range and the leader epoch ch
 replication core's answer (`Partition.on_fetch`); this handler serves what it names.
 `max_wait_ms`/`min_bytes` make the request wait until enough data is fetchable or the time is up
 (it is woken only when one of its partitions has records or an error for it: the core's
-`fetch_has_answer`, so an append does not wake consumers waiting at the high watermark);
+`fetch_has_answer`, so an append does not wake consumers waiting at the high watermark; a
+consumer's fetch that nothing can answer yet waits before its first read, a follower's reads
+first, as its fetch offset acknowledges its log end);
 `max_bytes` bounds the whole response and `partition_max_bytes` each partition, except that the
 first batch of the first non-empty partition is returned even when it is larger (so a consumer can
 always make progress), as in Kafka.
@@ -61,28 +63,41 @@ def _read_all(server: KafkaServer, req: Any, replica_id: int) -> tuple[list[Any]
     return out, total, errors
 
 
+def _interests(req: Any, replica_id: int) -> tuple[list[tuple[str, int]], list[FetchInterest]]:
+    read_committed = getattr(req, "isolation_level", 0) == 1
+    tps = [(t.topic, p.partition) for t in req.topics for p in t.partitions]
+    interests = [
+        FetchInterest(replica_id, p.fetch_offset, p.current_leader_epoch, read_committed)
+        for t in req.topics
+        for p in t.partitions
+    ]
+    return tps, interests
+
+
 async def handle_fetch(server: KafkaServer, request: Request) -> list[bytes | FileRegion]:
     req = request.body
     replica_id = req.replica_id if req.replica_id is not None else -1
     deadline = clock.monotonic() + max(req.max_wait_ms, 0) / 1000
-    tps: list[tuple[str, int]] | None = None
-    interests: list[FetchInterest] | None = None
+    waits: tuple[list[tuple[str, int]], list[FetchInterest]] | None = None
+    rm = server.replica_manager
+    if replica_id < 0 and req.max_wait_ms > 0 and not server.stopping:
+        # A consumer's fetch changes nothing on the leader: when no partition has records or
+        # an error for it (the cores' fetch_has_answer), it waits before reading anything.
+        # A follower's fetch always reads first: its fetch offset acknowledges its log end.
+        waits = _interests(req, replica_id)
+        if not any(map(rm.fetch_has_answer, *waits)):
+            await rm.notifier.wait(waits[0], deadline - clock.monotonic(), waits[1])
+            await asyncio.sleep(0)
     while True:
         results, total, errors = _read_all(server, req, replica_id)
         now = clock.monotonic()
         if total >= max(req.min_bytes, 1) or errors or now >= deadline or server.stopping:
             break
-        if tps is None:
-            read_committed = getattr(req, "isolation_level", 0) == 1
-            tps = [(t.topic, p.partition) for t in req.topics for p in t.partitions]
-            interests = [
-                FetchInterest(replica_id, p.fetch_offset, p.current_leader_epoch, read_committed)
-                for t in req.topics
-                for p in t.partitions
-            ]
+        if waits is None:
+            waits = _interests(req, replica_id)
         # Woken only when a partition can answer with records or an error (its core's
         # fetch_has_answer); the read after waking decides, as min_bytes may not be reached.
-        await server.replica_manager.notifier.wait(tps, deadline - now, interests)
+        await rm.notifier.wait(waits[0], deadline - now, waits[1])
         await asyncio.sleep(0)
     return _encode(server, request, results)
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -114,5 +116,76 @@ def test_errors_and_waiters_without_interest_wake(leader: Leader) -> None:
         await settle()
         assert at_hw.done()
         assert notifier._waiters == {}
+
+    asyncio.run(go())
+
+
+class CountingServer:
+    """What `handle_fetch` uses of a KafkaServer, over the Leader's ReplicaManager, counting
+    the partition reads."""
+
+    def __init__(self, leader: Leader) -> None:
+        self.replica_manager = leader.rm
+        self.stopping = False
+        self.config = {"zero.copy.threshold.bytes": 0}
+        self.reads: list[int] = []
+
+    def read_partition(self, tp: tuple[str, int], fetch_offset: int, max_bytes: int, **kw):  # type: ignore[no-untyped-def]
+        self.reads.append(kw["replica_id"])
+        kw.pop("fetcher_log_start", None)
+        return self.replica_manager.read(tp, fetch_offset, max_bytes, **kw)
+
+
+def _fetch_request(replica_id: int, offset: int) -> Any:
+    from kafka.protocol.consumer import FetchRequest
+
+    F = FetchRequest[11]
+    body = F(
+        replica_id=replica_id,
+        max_wait_ms=5000,
+        min_bytes=1,
+        max_bytes=1 << 20,
+        isolation_level=0,
+        session_id=0,
+        session_epoch=-1,
+        topics=[
+            F.FetchTopic(
+                topic=TP[0],
+                partitions=[
+                    F.FetchTopic.FetchPartition(
+                        partition=TP[1],
+                        current_leader_epoch=EPOCH,
+                        fetch_offset=offset,
+                        log_start_offset=-1,
+                        partition_max_bytes=1 << 20,
+                    )
+                ],
+            )
+        ],
+        forgotten_topics_data=[],
+        rack_id="",
+    )
+    return SimpleNamespace(body=body, api_version=11, correlation_id=7)
+
+
+def test_a_consumer_fetch_at_the_hw_reads_only_once_woken(leader: Leader) -> None:
+    """A consumer's long poll at the high watermark reads nothing until the HW moves, then
+    reads once; a follower's fetch reads at once (its offset acknowledges its log end)."""
+    from isrlab.broker.apis.fetch import handle_fetch
+
+    async def go() -> None:
+        server = CountingServer(leader)
+        consumer = asyncio.ensure_future(handle_fetch(server, _fetch_request(-1, 0)))  # type: ignore[arg-type]
+        await settle()
+        assert server.reads == [] and not consumer.done()
+        leader.append()  # the HW does not move yet: nothing for the consumer
+        await settle()
+        assert server.reads == [] and not consumer.done()
+        follower = asyncio.ensure_future(handle_fetch(server, _fetch_request(1, 1)))  # type: ignore[arg-type]
+        await settle()
+        # the follower read once at offset 1 (its LEO): the HW moves to 1, the consumer wakes
+        assert consumer.done() and server.reads == [1, -1], server.reads
+        assert not follower.done()
+        follower.cancel()
 
     asyncio.run(go())

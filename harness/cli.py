@@ -6,6 +6,7 @@ isrlab check PATH ...      check recorded histories (queue, register, cas-regist
 isrlab cluster up|down|status    the embedded network-namespace cluster
 isrlab serve [STORE]       browse the run store in a web browser
 isrlab matrix / analyze    many runs, and the Spark analysis of them
+isrlab sim --seeds N ...   many seeds of the queue test on the simulator, in parallel processes
 
 Every command's module is imported only when that command runs (or when `isrlab --help` lists
 them all): `isrlab check` starts without the test runner, SSH, the matrix or Spark's side.
@@ -51,6 +52,12 @@ def _seeds() -> tuple[Callable[..., Any], str | None]:
     return seeds.seeds_command, seeds.seeds_command.__doc__
 
 
+def _sim() -> tuple[Callable[..., Any], str | None]:
+    from isrlab.harness.sim import cli as sim_cli
+
+    return sim_cli.sim_command, sim_cli.sim_command.__doc__
+
+
 def _serve() -> tuple[Callable[..., Any], str | None]:
     from isrlab.harness import serve
 
@@ -81,6 +88,7 @@ COMMANDS: dict[str, Callable[[], tuple[Callable[..., Any], str | None]]] = {
     "test": _test,
     "demo": _demo,
     "seeds": _seeds,
+    "sim": _sim,
     "serve": _serve,
     "matrix": _matrix,
     "analyze": _analyze,

@@ -32,6 +32,7 @@ folders: the brokers run in this process.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -87,8 +88,9 @@ def sim_config(overrides: Mapping[str, Any]) -> TestConfig:
 
 
 def sim_test(overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """The test map of a simulated run (see the module doc); ConfigError for bad values."""
-    return {**sim_config(overrides).to_test(), "simulated": True}
+    """The test map of a simulated run (see the module doc); ConfigError for bad values.
+    ``mode: "sim"`` marks it for the pipeline (a test.json without ``mode`` is a real run's)."""
+    return {**sim_config(overrides).to_test(), "simulated": True, "mode": "sim"}
 
 
 def broker_overrides(test: Mapping[str, Any]) -> dict[str, str]:
@@ -221,11 +223,16 @@ def simulate_queue(
     *,
     check_invariants: bool = True,
     report: bool = True,
+    run_dir: Path | None = None,
 ) -> tuple[Path, dict[str, Any]]:
     """One simulated run from a test's overrides, checked (see the module doc): the run
-    directory (`base_dir`/run) and the checker's results (with the interpreter's stats
-    under "sim"). `report` false: results.json only (`runner.check_history`: the same
-    checker and policy, no artefacts, no report.html; a second or two less)."""
+    directory (`run_dir`, default `base_dir`/run; the brokers' data under `base_dir`/data)
+    and the checker's results (with the interpreter's stats under "sim"). `report` false:
+    results.json only (`runner.check_history`: the same checker and policy, no artefacts,
+    no report.html; a second or two less). results.json gets two optional fields: ``mode``
+    ("sim") and ``sim`` (the interpreter's stats, the virtual seconds, the invariant checks,
+    the history's sha256). trace.txt is written also when the run raises (an invariant
+    violation: its last line says which)."""
     from isrlab.harness.runner import ScheduleGenerator, check_history, check_run
 
     config = sim_config(overrides)
@@ -239,7 +246,7 @@ def simulate_queue(
             return SimNemesis(cluster, list(config.nemesis), test)
 
         nemesis_gen = ScheduleGenerator.for_test(config)
-    run_dir = Path(base_dir) / "run"
+    run_dir = Path(run_dir) if run_dir is not None else Path(base_dir) / "run"
     holder: dict[str, Any] = {}
 
     async def main() -> dict[str, Any]:
@@ -264,18 +271,25 @@ def simulate_queue(
             stats["virtual_s"] = loop.time()
             return stats
 
-    stats = clock.run(main())
+    try:
+        stats = clock.run(main())
+    finally:
+        if "cluster" in holder:
+            trace = [line for line in holder["cluster"].trace if not _SEGMENT.match(line)]
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / "trace.txt").write_text("\n".join(trace) + "\n")
     cluster: SimCluster = holder["cluster"]
-    trace = [line for line in cluster.trace if not _SEGMENT.match(line)]
-    (run_dir / "trace.txt").write_text("\n".join(trace) + "\n")
     if report:
         results = check_run(run_dir, test)
     else:
         results = check_history(run_dir, test)[1]
         (run_dir / "results.json").write_text(json.dumps(results, indent=2, default=str))
+    results["mode"] = "sim"
     results["sim"] = {
         **stats,
         "invariant_checks": cluster.invariants.checks,
         "violation": str(cluster.violation) if cluster.violation else None,
+        "history_sha256": hashlib.sha256((run_dir / "history.jsonl").read_bytes()).hexdigest(),
     }
+    (run_dir / "results.json").write_text(json.dumps(results, indent=2, default=str))
     return run_dir, results

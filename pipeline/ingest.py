@@ -3,7 +3,7 @@
 Two explicit schemas (Arrow here, Spark DDL alongside so both sides agree):
 
 - ``runs``: one row per run: ``run_id`` (``<test-name>/<timestamp>``), ``path``,
-  ``name``, the grouping columns of `pipeline.store.config_of` (workload, acks, consumer,
+  ``name``, the grouping columns of `pipeline.store.config_of` (workload, mode, acks, consumer,
   nemesis, idempotence, txn, isolation_level, min_insync_replicas, unclean_leader_election,
   truncation_mode, replica_lag_time_max_ms, zk_session_timeout_ms), ``seed`` and the whole
   ``test_json``;
@@ -45,6 +45,7 @@ __all__ = [
 _ARROW = {"string": pa.string(), "boolean": pa.bool_(), "int": pa.int32(), "bigint": pa.int64()}
 _CONFIG_TYPES = {
     "workload": "string",
+    "mode": "string",
     "consumer": "string",
     "nemesis": "string",
     **{o.name: o.column or "string" for o in COLUMNS},

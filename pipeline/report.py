@@ -34,7 +34,7 @@ from isrlab.checkers.unseen import CLASSES as UNSEEN_CLASSES
 from isrlab.checkers.unseen import OFFSET_CLASSES
 from isrlab.harness.testconfig import CONSUMER_MODES, option
 from isrlab.pipeline.aggregate import rate_interval
-from isrlab.pipeline.store import ABSENT, SWITCHES
+from isrlab.pipeline.store import ABSENT, MODES, SWITCHES
 
 if TYPE_CHECKING:
     from isrlab.pipeline.analyze import Analysis
@@ -67,6 +67,8 @@ def _setting(c: dict[str, Any]) -> str:
     ``mixed`` for queue runs whose processes joined the consumer group)."""
     workload = c.get("workload", "queue")
     parts = [] if workload == "queue" else [str(workload)]
+    if c.get("mode", "real") != "real":
+        parts.insert(0, str(c["mode"]))  # `isrlab sim`'s runs: "sim, min.insync=2, ..."
     if workload == "queue" and c.get("consumer", "assign") != "assign":
         parts.append(str(c["consumer"]))
     parts.append(f"min.insync={c['min_insync_replicas']}")
@@ -166,19 +168,27 @@ def storage_rows(configs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 
 def switch_tables(configs: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per switch, per workload and per consumer mode: {value: {acks: pooled invalid rate}}
-    over every other column."""
+    """Per switch, per workload, per mode (real or sim) and per consumer mode: {value: {acks:
+    pooled invalid rate}} over every other column."""
     acks = _order(sorted({c["acks"] for c in configs}), ACKS_ORDER)
     out: dict[str, dict[str, Any]] = {}
-    for switch in ("workload", "consumer", *SWITCHES):
+    for switch in ("workload", "mode", "consumer", *SWITCHES):
         values = _order(
-            sorted({c[switch] for c in configs}, key=str), (*WORKLOADS, *CONSUMER_MODES)
+            sorted(
+                {c.get(switch, "real") if switch == "mode" else c[switch] for c in configs}, key=str
+            ),
+            (*WORKLOADS, *MODES, *CONSUMER_MODES),
         )
         rows = []
         for value in values:
             cells = {}
             for a in acks:
-                members = [c for c in configs if c[switch] == value and c["acks"] == a]
+                members = [
+                    c
+                    for c in configs
+                    if (c.get(switch, "real") if switch == "mode" else c[switch]) == value
+                    and c["acks"] == a
+                ]
                 cells[a] = _pool(members, "invalid") if members else None
             rows.append({"value": value, "cells": cells})
         out[switch] = {"acks": acks, "rows": rows}

@@ -8,7 +8,8 @@ history.jsonl), so that the pipeline reports and skips them instead of failing.
 
 `config_of(test)` reduces a test configuration to the columns the published report
 groups by: workload (``queue``, or ``eos``: consume-transform-produce; a test.json without
-the key ran the queue workload), acks, consumer (how the processes took keys: ``assign``, ``subscribe`` or
+the key ran the queue workload), mode (``real``, or ``sim`` for `isrlab sim`'s runs, whose
+test.json says ``"mode": "sim"``; a test.json without the key is a real run's), acks, consumer (how the processes took keys: ``assign``, ``subscribe`` or
 ``mixed``, `harness.testconfig.consumer_mode`; a test.json from before consumer groups reads
 as ``assign``), nemesis (one fault kind; ``combined`` for the matrix's schedule of all
 four kinds; kinds joined by ``+``, e.g. ``kill+partition``, for other compositions;
@@ -53,10 +54,13 @@ __all__ = [
     "config_name",
     "config_of",
     "discover_runs",
+    "run_mode",
 ]
 
 SWITCHES = tuple(o.name for o in COLUMNS if o.switch)
-CONFIG_COLUMNS = ("workload", "acks", "consumer", "nemesis", *SWITCHES, *TIMINGS)
+CONFIG_COLUMNS = ("workload", "mode", "acks", "consumer", "nemesis", *SWITCHES, *TIMINGS)
+#: how a run ran: "real" (brokers on nodes; a test.json without ``mode``) or "sim" (`isrlab sim`)
+MODES = ("real", "sim")
 # What a run whose test.json lacks a key ran with (the brokers' setting then).
 ABSENT: dict[str, Any] = {o.name: o.absent for o in COLUMNS if o.name in (*SWITCHES, *TIMINGS)}
 _COERCE = {"boolean": bool, "int": int, "bigint": int, "string": str}
@@ -80,6 +84,15 @@ class BadRun:
     reason: str
 
 
+def run_mode(test: Mapping[str, Any]) -> str:
+    """``sim`` for a simulated run's test.json (``"mode": "sim"``, or the older
+    ``"simulated": true``), ``real`` otherwise (absent: every run before the simulator)."""
+    mode = test.get("mode")
+    if mode is None:
+        return "sim" if test.get("simulated") is True else "real"
+    return str(mode)
+
+
 def config_of(test: Mapping[str, Any]) -> dict[str, Any]:
     """The report's grouping columns for one test configuration (see the module doc)."""
     workload = test.get("workload") or "queue"
@@ -87,6 +100,7 @@ def config_of(test: Mapping[str, Any]) -> dict[str, Any]:
         workload = workload.get("name") or "queue"
     out: dict[str, Any] = {
         "workload": str(workload),
+        "mode": run_mode(test),
         "acks": str(test.get("acks", "all")).lower().replace("-1", "all"),
         "consumer": consumer_mode(test),
         "nemesis": nemesis_label(test.get("nemesis")),

@@ -156,10 +156,7 @@ def refusals(values: Mapping[str, Any], config: TestConfig) -> list[str]:
             "own clock (process): leave it out"
         )
     if config.workload != "queue":
-        out.append(
-            f"--workload {config.workload}: the simulator runs the queue workload only (its "
-            "clients have no consume-transform-produce yet); run `isrlab test` for it"
-        )
+        out.append(_workload_refusal(config.workload))
     if config.txn:
         out.append(
             "--txn: transactions are not simulated yet (the simulated producer is not "
@@ -184,6 +181,13 @@ def refusals(values: Mapping[str, Any], config: TestConfig) -> list[str]:
             "or run `isrlab test` on real brokers"
         )
     return out
+
+
+def _workload_refusal(workload: str) -> str:
+    return (
+        f"--workload {workload}: the simulator runs the queue workload only (its clients have "
+        "no consume-transform-produce yet); run `isrlab test` for it"
+    )
 
 
 def _flag_text(name: str, value: Any) -> list[str]:
@@ -614,6 +618,10 @@ def _sim_command(
         else:
             seed_list = [TestConfig.from_mapping({}).seed or 0]  # a random one, as isrlab test
         values["seed"] = seed_list[0]
+        if values.get("workload") not in (None, "queue"):  # (said before its own checks)
+            raise BadInput(
+                "the simulator cannot run this:\n  - " + _workload_refusal(values["workload"])
+            )
         name_given = values.get("name") not in (None, DERIVED_NAME)
         try:
             config = TestConfig.from_mapping(

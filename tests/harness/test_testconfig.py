@@ -158,6 +158,7 @@ def test_broker_settings_and_report_columns_come_from_the_table() -> None:
 
     assert set(CONFIG_COLUMNS) == {
         "workload",
+        "mode",
         "consumer",
         "nemesis",
         *(o.name for o in testconfig.COLUMNS),

@@ -22,6 +22,7 @@ def test_config_of_fills_kafka_defaults_and_labels_faults() -> None:
     c = config_of({"acks": "all", "nemesis": ["kill", "partition", "pause", "clock"]})
     assert c == {
         "workload": "queue",  # a test.json without a workload ran the queue workload
+        "mode": "real",  # a test.json without a mode is a real run's (not `isrlab sim`'s)
         "acks": "all",
         "consumer": "assign",  # a test.json from before consumer groups
         "nemesis": "combined",

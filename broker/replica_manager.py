@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
-from kafka.protocol.consumer import FetchRequest, ListOffsetsRequest, OffsetForLeaderEpochRequest
+from kafka.protocol.consumer import ListOffsetsRequest, OffsetForLeaderEpochRequest
 
 from isrlab.broker.errors import ErrorCode, KafkaError
 from isrlab.broker.log.checkpoint import OffsetCheckpointFile
@@ -32,6 +32,12 @@ from isrlab.broker.log.errors import KafkaStorageError
 from isrlab.broker.log.log import Log
 from isrlab.broker.log.recovery import LogDirFailure
 from isrlab.broker.network.client import ConnectionFailed, KafkaConnection
+from isrlab.broker.network.replica_fetch import (
+    FetchPart,
+    MalformedResponse,
+    decode_fetch_response,
+    encode_fetch_request,
+)
 from isrlab.broker.network.transport import Transport
 from isrlab.broker.partition import AppendResult, HostedPartition, ReadResult
 from isrlab.broker.replication import (
@@ -45,7 +51,6 @@ from isrlab.broker.replication import (
 log = logging.getLogger(__name__)
 
 TopicPartition = tuple[str, int]
-FETCH_VERSION = 11
 EPOCH_VERSION = 3
 LIST_OFFSETS_VERSION = 4
 
@@ -325,46 +330,44 @@ class ReplicaManager:
                 self._spawn(self._fetcher(leader))
 
     async def _fetch(self, leader: int, batch: list[tuple[HostedPartition, SendFetch]]) -> None:
-        F = FetchRequest[FETCH_VERSION]
-        by_topic: dict[str, list[Any]] = {}
-        for hp, a in batch:
-            by_topic.setdefault(hp.tp[0], []).append(
-                F.FetchTopic.FetchPartition(
-                    partition=hp.tp[1],
-                    current_leader_epoch=a.current_leader_epoch,
-                    fetch_offset=a.fetch_offset,
-                    log_start_offset=hp.log.log_start_offset,
-                    partition_max_bytes=8 << 20,
-                )
+        parts = [
+            FetchPart(
+                hp.tp[0],
+                hp.tp[1],
+                a.current_leader_epoch,
+                a.fetch_offset,
+                hp.log.log_start_offset,
+                8 << 20,
             )
+            for hp, a in batch
+        ]
         max_wait_ms = min(a.max_wait_ms for _, a in batch)
-        req = F(
-            replica_id=self.broker_id,
-            max_wait_ms=max_wait_ms,
-            min_bytes=1,
-            max_bytes=16 << 20,
-            isolation_level=0,
-            session_id=0,
-            session_epoch=-1,
-            topics=[F.FetchTopic(topic=t, partitions=ps) for t, ps in by_topic.items()],
-            forgotten_topics_data=[],
-            rack_id="",
-        )
+        client_id = f"replica-{self.broker_id}"
+
+        def encode(correlation_id: int) -> bytes:
+            return encode_fetch_request(
+                correlation_id, client_id, self.broker_id, max_wait_ms, 1, 16 << 20, parts
+            )
+
         failed = (int(ErrorCode.REPLICA_NOT_AVAILABLE), b"", -1, -1)
         answers: dict[TopicPartition, tuple[int, bytes, int, int]] = {}
         conn = self._connection(leader, None)
         try:
             if conn is None:
                 raise ConnectionFailed(f"broker {leader} is not registered")
-            resp = await conn.request(req, timeout=max_wait_ms / 1000 + 10)
-            for topic in resp.responses:
-                for part in topic.partitions:
-                    answers[(topic.topic, part.partition_index)] = (
-                        part.error_code,
-                        bytes(part.records or b""),
-                        part.high_watermark,
-                        part.log_start_offset,
-                    )
+            frame = await conn.exchange(encode, timeout=max_wait_ms / 1000 + 10)
+            try:
+                _, _, fetched = decode_fetch_response(frame)
+            except MalformedResponse as e:
+                conn.close()
+                raise ConnectionFailed(f"broker {leader}: {e}") from None
+            for f in fetched:
+                answers[(f.topic, f.partition)] = (
+                    f.error_code,
+                    f.records,
+                    f.high_watermark,
+                    f.log_start_offset,
+                )
         except ConnectionFailed as e:
             log.debug("fetch of %d partitions from %d failed: %s", len(batch), leader, e)
             await asyncio.sleep(0.2)

@@ -1,8 +1,10 @@
 """A small asyncio Kafka client connection, for broker-to-broker requests (replica fetchers).
 
-Requests are encoded and responses decoded by kafka-python's schemas, like the server side.
-One request is in flight at a time per connection (the fetchers use one connection per
-partition they follow, so a long-polling fetch never delays another partition).
+`request` encodes a kafka-python request object and decodes its response with kafka-python's
+schemas; `exchange` sends bytes a caller encoded and returns the response frame (the
+follower's Fetch: broker/network/replica_fetch.py). One request is in flight at a time per
+connection (the fetchers use one connection per leader broker for their batched fetches, and
+one per partition for its other requests).
 Connections are opened through a `Transport` (the broker's: sockets, or a simulated network).
 """
 
@@ -11,11 +13,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import struct
+from collections.abc import Callable
 from typing import Any
 
 from kafka.protocol.api_header import ResponseClassRegistry
 
 from isrlab.broker.network.transport import SOCKETS, Transport
+
+_I32 = struct.Struct(">i")
 
 
 class ConnectionFailed(Exception):
@@ -41,29 +46,39 @@ class KafkaConnection:
         except (OSError, TimeoutError) as e:
             raise ConnectionFailed(f"cannot connect to {self.host}:{self.port}: {e}") from None
 
-    async def request(self, request: Any, timeout: float) -> Any:
+    async def exchange(self, encode: Callable[[int], bytes], timeout: float) -> bytes:
+        """Send the framed request ``encode(correlation_id)`` returns and read its response
+        frame (without the size prefix), whose correlation id is checked."""
         async with self._lock:
             try:
                 if self._writer is None:
                     await self._connect(timeout)
                 assert self._reader is not None and self._writer is not None
                 self._correlation += 1
-                request.with_header(correlation_id=self._correlation, client_id=self.client_id)
-                data = request.encode(header=True, framed=True)
-                self._writer.write(data)
+                self._writer.write(encode(self._correlation))
                 await self._writer.drain()
                 head = await asyncio.wait_for(self._reader.readexactly(4), timeout)
-                (size,) = struct.unpack(">i", head)
+                (size,) = _I32.unpack(head)
                 frame = await asyncio.wait_for(self._reader.readexactly(size), timeout)
             except (OSError, TimeoutError, asyncio.IncompleteReadError, ConnectionFailed) as e:
                 self.close()
                 raise ConnectionFailed(f"{self.host}:{self.port}: {e!r}") from None
-            cls = ResponseClassRegistry._response_class_registry[request.API_KEY]
-            response = cls[request.API_VERSION].decode(frame, header=True)
-            if response.header.correlation_id != self._correlation:
+            if size < 4 or _I32.unpack_from(frame)[0] != self._correlation:
                 self.close()
                 raise ConnectionFailed("correlation id mismatch")
-            return response
+            return frame
+
+    async def request(self, request: Any, timeout: float) -> Any:
+        """A kafka-python request object -> its decoded response."""
+
+        def encode(correlation_id: int) -> bytes:
+            request.with_header(correlation_id=correlation_id, client_id=self.client_id)
+            data: bytes = request.encode(header=True, framed=True)
+            return data
+
+        frame = await self.exchange(encode, timeout)
+        cls = ResponseClassRegistry._response_class_registry[request.API_KEY]
+        return cls[request.API_VERSION].decode(frame, header=True)
 
     def close(self) -> None:
         if self._writer is not None:

@@ -16,14 +16,16 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from kafka.protocol.consumer import FetchResponse
+from kafka.protocol.consumer import FetchRequest, FetchResponse
 
 from isrlab.broker.errors import ErrorCode
 from isrlab.broker.network.client import ConnectionFailed
-from isrlab.broker.replica_manager import FETCH_VERSION, LocalStateStore, ReplicaManager
+from isrlab.broker.network.replica_fetch import VERSION
+from isrlab.broker.replica_manager import LocalStateStore, ReplicaManager
 from isrlab.broker.replication import ReplicationConfig, SendFetch
 
-R = FetchResponse[FETCH_VERSION]
+R = FetchResponse[VERSION]
+Q = FetchRequest[VERSION]
 
 
 class FakePartition:
@@ -49,7 +51,11 @@ class FakeConnection:
         self.gate = asyncio.Event()
         self.fail = False
 
-    async def request(self, req: Any, timeout: float) -> Any:
+    async def exchange(self, encode: Any, timeout: float) -> bytes:
+        frame = encode(len(self.requests) + 1)  # what the fetcher sends, read by kafka-python
+        req = Q.decode(frame[4:], header=True)
+        assert req.header.correlation_id == len(self.requests) + 1
+        assert req.replica_id == 1 and req.max_wait_ms == 500
         self.in_flight += 1
         self.most_in_flight = max(self.most_in_flight, self.in_flight)
         self.requests.append(
@@ -59,7 +65,7 @@ class FakeConnection:
         self.in_flight -= 1
         if self.fail:
             raise ConnectionFailed("reset")
-        return R(
+        resp = R(
             throttle_time_ms=0,
             error_code=0,
             session_id=0,
@@ -85,6 +91,9 @@ class FakeConnection:
                 for t in req.topics
             ],
         )
+        resp.with_header(correlation_id=req.header.correlation_id)
+        data: bytes = resp.encode(header=True, framed=True)
+        return data[4:]
 
     def close(self) -> None:
         pass

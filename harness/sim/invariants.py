@@ -18,6 +18,21 @@ request, so checking changes nothing a broker does:
 The data check is incremental: the bytes of each broker incarnation's log are read once, as
 the high watermark moves past them. `check()` returns what changed (for a trace) and raises
 `InvariantViolation` naming the invariant; `SimCluster` adds the virtual time and the event.
+
+Checking after an event that changed nothing is cheap. A broker's in-memory state changes only
+when its own code runs, and that runs only in its process's callbacks (or when the harness
+starts or stops it: the set of live incarnations changes). So `check(brokers, ran=ids)` is
+told which brokers' code the event ran (`SimCluster` knows a callback's process): only their
+partitions are looked at, each through a fingerprint of what the invariants read of it (is
+leader, leader epoch, high watermark, ISR, the log's start and end offsets, the hosted
+partition object itself); a partition whose fingerprint moved is dirty, and every leader of
+a dirty partition is checked as a full check would (an ISR member's log moving is checked at
+its leader). An event of no broker (the network, the ensemble, the clients) checks only the
+state znodes (by zxid: nothing when nothing was written). A change in the live set, or `ran`
+None, is a full check. The trace lines come out in the same order as a full check's.
+`verify_tracking=True` (or `VERIFY_TRACKING`) reads every partition of every live broker
+after every check (through the properties, not the fingerprint) and raises if one changed that
+the check did not treat as dirty: the tests run a failover with it.
 """
 
 from __future__ import annotations
@@ -32,6 +47,9 @@ from isrlab.broker.replication import LeaderAndIsr
 
 #: how much of a log one check reads at most per partition and member (the rest next event)
 READ_CHUNK = 16 << 20
+
+#: check after every check that the dirty tracking missed no change (slow: tests only)
+VERIFY_TRACKING = False
 
 
 class InvariantViolation(AssertionError):
@@ -81,10 +99,20 @@ def parse_batches(data: bytes) -> list[_Batch]:
 
 
 class Invariants:
-    def __init__(self, state_znodes: Any = None) -> None:
+    def __init__(self, state_znodes: Any = None, *, verify_tracking: bool | None = None) -> None:
         """`state_znodes()` gives `(path, data, mzxid)` of every partition state znode (the
-        simulated ensemble's, read directly); None checks brokers only."""
+        simulated ensemble's, read directly); None checks brokers only. `verify_tracking`
+        (default `VERIFY_TRACKING`): after every check, make sure the dirty tracking missed
+        no change (see the module doc)."""
         self.state_znodes = state_znodes
+        self.verify_tracking = VERIFY_TRACKING if verify_tracking is None else verify_tracking
+        #: broker id -> its partitions, their objects and their fingerprints as last looked at
+        self.seen: dict[int, tuple[list[Any], list[Any], list[tuple[Any, ...]]]] = {}
+        #: the servers of the live brokers at the last check (a new incarnation is a new one)
+        self.live_servers: list[Any] | None = None
+        #: checks that looked at every broker (the rest looked at the event's broker only)
+        self.full_checks = 0
+        self._verified: dict[int, dict[tuple[str, int], tuple[Any, tuple[Any, ...]]]] | None = None
         self.leaders: dict[tuple[tuple[str, int], int], int] = {}
         self.zk_epochs: dict[str, tuple[int, int]] = {}  # path -> (mzxid, leader epoch)
         self.zk_seen: dict[str, tuple[int, int, tuple[int, ...]]] = {}  # leader, epoch, ISR
@@ -95,44 +123,126 @@ class Invariants:
 
     # ----- the check -----------------------------------------------------------------------
 
-    def check(self, brokers: Iterable[LiveBroker]) -> list[str]:
+    def check(self, brokers: Iterable[LiveBroker], ran: Iterable[int] | None = None) -> list[str]:
         """Check every invariant now; what changed (new leaders, HWs, ZooKeeper epochs) as
-        lines for a trace. Raises InvariantViolation."""
+        lines for a trace. Raises InvariantViolation. `ran`: the ids of the brokers whose
+        code ran since the last check (None: any, a full check; see the module doc)."""
         self.checks += 1
         changes: list[str] = []
-        live = [b for b in brokers if b.server is not None]
-        by_id = {b.id: b for b in live}
+        live = []
+        servers = []
+        for b in brokers:
+            server = b.server
+            if server is not None:
+                live.append(b)
+                servers.append(server)
         if self.state_znodes is not None:
             self._check_znodes(changes)
+        if ran is None or servers != self.live_servers:
+            self.live_servers = servers
+            self.full_checks += 1
+            self.seen = {}
+            dirty: set[tuple[str, int]] | None = None
+            for b in live:
+                self._look(b, None)
+        else:
+            dirty = set()
+            for b in live:
+                if b.id in ran:
+                    self._look(b, dirty)
+            if not dirty:
+                if self.verify_tracking:
+                    self._verify(live, dirty)
+                return changes
+        by_id = {b.id: b for b in live}
         for b in live:
-            for tp, hp in sorted(b.server.replica_manager.partitions.items()):
-                if not hp.is_leader:
-                    continue
-                tp = (tp[0], tp[1])
-                epoch = hp.leader_epoch
-                seen = self.leaders.setdefault((tp, epoch), b.id)
-                if seen != b.id:
-                    raise InvariantViolation(
-                        f"two leaders of {tp[0]}-{tp[1]} at leader epoch {epoch}: broker "
-                        f"{seen} and broker {b.id}"
-                    )
-                key = (b.id, b.incarnation, tp, epoch)
-                hw = hp.high_watermark
-                before = self.leader_hw.get(key)
-                if before is None:
-                    changes.append(
-                        f"leader {tp[0]}-{tp[1]} epoch {epoch} broker {b.id} isr {hp.isr} hw {hw}"
-                    )
-                elif hw < before:
-                    raise InvariantViolation(
-                        f"the high watermark of {tp[0]}-{tp[1]} on its leader, broker {b.id} "
-                        f"(epoch {epoch}), went down from {before} to {hw}"
-                    )
-                elif hw > before:
-                    changes.append(f"hw {tp[0]}-{tp[1]} broker {b.id} {before} -> {hw}")
-                self.leader_hw[key] = hw
-                self._check_committed(tp, hw, b, hp.isr, by_id)
+            partitions = b.server.replica_manager.partitions
+            tps = sorted(partitions) if dirty is None else sorted(dirty & partitions.keys())
+            for tp in tps:
+                hp = partitions[tp]
+                if hp.is_leader:
+                    self._check_leader(b, (tp[0], tp[1]), hp, by_id, changes)
+        if self.verify_tracking:
+            self._verify(live, dirty)
         return changes
+
+    def _look(self, b: LiveBroker, dirty: set[tuple[str, int]] | None) -> None:
+        """Fingerprint broker `b`'s partitions; those that moved go into `dirty`."""
+        partitions = b.server.replica_manager.partitions
+        tps = list(partitions)
+        hps = list(partitions.values())
+        fps = _fingerprints(hps)
+        before = self.seen.get(b.id)
+        self.seen[b.id] = (tps, hps, fps)
+        if dirty is None or before is None:
+            if dirty is not None:
+                dirty.update(tps)
+            return
+        if fps == before[2] and hps == before[1] and tps == before[0]:
+            return  # (objects compare by identity)
+        old = {tp: (hp, fp) for tp, hp, fp in zip(*before, strict=True)}
+        for tp, hp, fp in zip(tps, hps, fps, strict=True):
+            was = old.get(tp)
+            if was is None or was[0] is not hp or was[1] != fp:
+                dirty.add(tp)
+        # (a partition no longer hosted needs no check: the data check skips a member
+        # without it, and it leads nothing)
+
+    def _verify(self, live: list[LiveBroker], dirty: set[tuple[str, int]] | None) -> None:
+        """`verify_tracking`: every partition whose state (read through the properties the
+        check reads, not through `_fingerprints`) changed since the last check must have been
+        dirty in this one (or this one a full check)."""
+        now = {
+            b.id: {
+                tp: (hp, _public_fingerprint(hp))
+                for tp, hp in b.server.replica_manager.partitions.items()
+            }
+            for b in live
+        }
+        before, self._verified = self._verified, now
+        if dirty is None or before is None:
+            return
+        for bid, parts in now.items():
+            was = before.get(bid, {})
+            for tp in parts.keys() | was.keys():
+                a, c = was.get(tp), parts.get(tp)
+                if tp not in dirty and (a is None or c is None or a[0] is not c[0] or a[1] != c[1]):
+                    raise AssertionError(
+                        f"invariant dirty tracking missed a change of {tp[0]}-{tp[1]} on broker "
+                        f"{bid}: {a and a[1]} -> {c and c[1]}"
+                    )
+
+    def _check_leader(
+        self,
+        b: LiveBroker,
+        tp: tuple[str, int],
+        hp: Any,
+        by_id: dict[int, LiveBroker],
+        changes: list[str],
+    ) -> None:
+        epoch = hp.leader_epoch
+        seen = self.leaders.setdefault((tp, epoch), b.id)
+        if seen != b.id:
+            raise InvariantViolation(
+                f"two leaders of {tp[0]}-{tp[1]} at leader epoch {epoch}: broker "
+                f"{seen} and broker {b.id}"
+            )
+        key = (b.id, b.incarnation, tp, epoch)
+        hw = hp.high_watermark
+        before = self.leader_hw.get(key)
+        if before is None:
+            changes.append(
+                f"leader {tp[0]}-{tp[1]} epoch {epoch} broker {b.id} isr {hp.isr} hw {hw}"
+            )
+        elif hw < before:
+            raise InvariantViolation(
+                f"the high watermark of {tp[0]}-{tp[1]} on its leader, broker {b.id} "
+                f"(epoch {epoch}), went down from {before} to {hw}"
+            )
+        elif hw > before:
+            changes.append(f"hw {tp[0]}-{tp[1]} broker {b.id} {before} -> {hw}")
+        self.leader_hw[key] = hw
+        self._check_committed(tp, hw, b, hp.isr, by_id)
 
     def _check_znodes(self, changes: list[str]) -> None:
         for path, data, mzxid in self.state_znodes():
@@ -216,6 +326,45 @@ class Invariants:
                 f"what was committed (offsets {known.base}..{known.last}, crc {known.crc:08x})"
                 f" (leader {leader})"
             )
+
+
+def _fingerprints(hps: list[Any]) -> list[tuple[Any, ...]]:
+    """What the invariants read of each hosted partition, as one comparable value: its
+    replication core's role, leader epoch, high watermark and ISR, its log's start and end
+    offsets. This runs after every event of a broker, for each of its partitions, so it reads
+    the core and the log directly (a quarter of the cost of `HostedPartition`'s properties); a
+    partition object without them (the checker's own tests' stand-ins) is read through the
+    properties the check reads."""
+    out = []
+    try:
+        for hp in hps:
+            core = hp.core
+            lg = hp.log
+            out.append(
+                (
+                    core.role,
+                    core.leader_epoch,
+                    core.high_watermark,
+                    core.isr,
+                    lg.log_start_offset,
+                    lg.log_end_offset,
+                )
+            )
+    except AttributeError:
+        return [_public_fingerprint(hp) for hp in hps]
+    return out
+
+
+def _public_fingerprint(hp: Any) -> tuple[Any, ...]:
+    lg = getattr(hp, "log", None)
+    return (
+        hp.is_leader,
+        hp.leader_epoch,
+        hp.high_watermark,
+        list(hp.isr),
+        None if lg is None else lg.log_start_offset,
+        None if lg is None else lg.log_end_offset,
+    )
 
 
 def state_znodes(core: Any, chroot: str = "") -> Any:

@@ -253,3 +253,150 @@ def test_the_checker_reports_two_leaders_in_one_epoch_and_a_falling_high_waterma
     other._check_committed = lambda *a: None  # type: ignore[method-assign]
     with pytest.raises(InvariantViolation, match="two leaders of t-0 at leader epoch 3"):
         other.check([b1, Broker(2, {TP: HP(3, 0)})])
+
+
+class _Log:
+    def __init__(self, end: int) -> None:
+        self.log_start_offset, self.log_end_offset = 0, end
+
+    def read(self, start: int, max_bytes: int, max_offset: int) -> Any:
+        return type("Read", (), {"read_bytes": staticmethod(lambda: b"")})()
+
+
+class _Core:
+    def __init__(self, leader: bool, epoch: int, hw: int, isr: list[int]) -> None:
+        self.role, self.leader_epoch, self.high_watermark = (
+            "leader" if leader else "follower",
+            epoch,
+            hw,
+        )
+        self.isr = tuple(isr)
+
+
+class _HP:
+    """A hosted partition stand-in: a core and a log (no batches: the data check reads
+    nothing), and the properties the check reads."""
+
+    def __init__(self, leader: bool, epoch: int, hw: int, isr: list[int], end: int) -> None:
+        self.core = _Core(leader, epoch, hw, isr)
+        self.log = _Log(end)
+
+    is_leader = property(lambda self: self.core.role == "leader")
+    leader_epoch = property(lambda self: self.core.leader_epoch)
+    high_watermark = property(lambda self: self.core.high_watermark)
+    isr = property(lambda self: list(self.core.isr))
+
+
+class _Broker:
+    def __init__(self, bid: int, hps: dict[Any, _HP]) -> None:
+        self.id, self.incarnation = bid, 1
+        self.server = type("S", (), {"replica_manager": type("R", (), {"partitions": hps})})
+
+
+def test_after_an_event_only_the_brokers_that_ran_are_looked_at_and_every_change_is_checked() -> (
+    None
+):
+    """The dirty tracking (`check(brokers, ran=...)`): an event that changed nothing checks no
+    partition; each field the invariants read, changed by the event's broker, is checked at
+    that event: a falling HW, a second leader at an epoch (by becoming leader, or by moving to
+    the epoch), a member that joins the ISR with a short log, an ISR member whose log is cut
+    below its leader's HW (a follower's change checked at the partition's leader), a broker
+    restarted by the harness (a new incarnation: a full check)."""
+    other = ("u", 0)
+
+    def cluster() -> tuple[Invariants, list[_Broker], list[int]]:
+        leader = _HP(True, 3, 10, [1, 2], 12)
+        follower = _HP(False, 3, 10, [1, 2], 11)
+        spare = _HP(True, 2, 0, [3], 0)  # broker 3 leads another partition
+        brokers = [
+            _Broker(1, {TP: leader}),
+            _Broker(2, {TP: follower}),
+            _Broker(3, {TP: _HP(False, 3, 0, [1, 2], 4), other: spare}),
+        ]
+        inv = Invariants()
+        led: list[int] = []
+        check_leader = inv._check_leader
+
+        def counting(b: Any, *a: Any) -> None:
+            led.append(b.id)
+            check_leader(b, *a)
+
+        inv._check_leader = counting  # type: ignore[method-assign]
+        assert inv.check(brokers)  # a full check first: the leaders' lines
+        assert led == [1, 3] and inv.full_checks == 1
+        led.clear()
+        return inv, brokers, led
+
+    inv, brokers, led = cluster()
+    for ran in [(), (1,), (2, 3), None]:
+        inv.check(brokers, ran)
+    assert led == [1, 3] and inv.full_checks == 2  # only the full check looked at leaders
+
+    inv, brokers, led = cluster()
+    hps = [b.server.replica_manager.partitions for b in brokers]  # type: ignore[attr-defined]
+    hps[0][TP].core.high_watermark = 9
+    inv.check(brokers, (2, 3))  # not broker 1's event: its state cannot have changed
+    with pytest.raises(InvariantViolation, match="went down from 10 to 9"):
+        inv.check(brokers, (1,))
+
+    inv, brokers, led = cluster()
+    hps = [b.server.replica_manager.partitions for b in brokers]  # type: ignore[attr-defined]
+    hps[1][TP].core.role = "leader"  # at the epoch broker 1 leads
+    with pytest.raises(InvariantViolation, match="two leaders of t-0 at leader epoch 3"):
+        inv.check(brokers, (2,))
+
+    inv, brokers, led = cluster()
+    hps = [b.server.replica_manager.partitions for b in brokers]  # type: ignore[attr-defined]
+    hps[2][other].core.leader_epoch = 3
+    inv.check(brokers, (3,))  # another partition at epoch 3: fine
+    assert led == [3]
+    hps[2][TP].core.role, hps[2][TP].core.leader_epoch = "leader", 2
+    inv.check(brokers, (3,))  # leads t-0 at an older epoch: no violation here
+    hps[2][TP].core.leader_epoch = 3  # moves to the epoch broker 1 leads
+    with pytest.raises(InvariantViolation, match="two leaders of t-0 at leader epoch 3"):
+        inv.check(brokers, (3,))
+
+    inv, brokers, led = cluster()
+    hps = [b.server.replica_manager.partitions for b in brokers]  # type: ignore[attr-defined]
+    hps[0][TP].core.isr = (1, 2, 3)  # broker 3's log ends at 4, below the HW 10
+    with pytest.raises(InvariantViolation, match=r"broker 3, in the ISR .* below the high"):
+        inv.check(brokers, (1,))
+
+    inv, brokers, led = cluster()
+    hps = [b.server.replica_manager.partitions for b in brokers]  # type: ignore[attr-defined]
+    hps[1][TP].log.log_end_offset = 7  # the follower truncates below its leader's HW
+    with pytest.raises(InvariantViolation, match=r"broker 2, in the ISR .* end at 7, below"):
+        inv.check(brokers, (2,))
+    assert led == [1]  # checked at broker 1, the leader of the partition that moved
+
+    inv, brokers, led = cluster()
+    # broker 2 restarted by the harness (a new server, its log short): checked at that event,
+    # though no code of broker 2 ran yet
+    brokers[1].server = _Broker(2, {TP: _HP(False, 3, 0, [1, 2], 5)}).server
+    with pytest.raises(InvariantViolation, match=r"broker 2, in the ISR .* end at 5, below"):
+        inv.check(brokers, ())
+
+
+def test_the_dirty_tracking_misses_no_change_and_traces_as_full_checks_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The failover run (kill, election, restart, two quiet minutes) with every check verified
+    against a fingerprint of every broker (`VERIFY_TRACKING`: a change the tracking did not
+    look at raises); its trace is the trace of the same run with a full check after every
+    event, and nearly every check looked at one broker or none."""
+    from isrlab.harness.sim import invariants
+
+    monkeypatch.setattr(invariants, "VERIFY_TRACKING", True)
+    _, tracked = run_cluster(tmp_path / "tracked", failover, seed=5)
+    assert tracked.violation is None and tracked.invariants.verify_tracking
+    assert tracked.invariants.full_checks < tracked.invariants.checks / 100
+
+    monkeypatch.setattr(invariants, "VERIFY_TRACKING", False)
+    full_check = Invariants.check
+    monkeypatch.setattr(
+        Invariants, "check", lambda self, brokers, ran=None: full_check(self, brokers)
+    )
+    _, full = run_cluster(tmp_path / "full", failover, seed=5)
+    assert full.invariants.full_checks == full.invariants.checks
+    assert tracked.trace == full.trace
+    assert tracked.invariants.checks == full.invariants.checks > 5000

@@ -1,7 +1,9 @@
 """The asyncio socket server: frames in, handler calls, responses out (Kafka's SocketServer).
 
 One task per connection reads size-prefixed frames and starts their handlers in arrival order;
-responses go out strictly in request order, which clients rely on. Unlike Kafka, which mutes a
+responses go out strictly in request order, which clients rely on: a responder task sends them
+from a queue, except that a request answered at once while nothing else of its connection is in
+flight is answered by the reading task itself. Unlike Kafka, which mutes a
 channel while one of its requests is in flight, up to MAX_INFLIGHT_PER_CONNECTION requests are
 handled concurrently, so acks=all produces waiting for the same replication round complete together. Anything wrong with a frame (too large, truncated, undecodable, an unknown API) is
 logged and the connection is closed; other connections are unaffected and nothing reaches the log.
@@ -549,9 +551,21 @@ class SocketServer:
             return False
         request.listener = conn.listener
         conn.inflight += 1
-        await pending.put(asyncio.create_task(self.handler(request, conn)))
+        task = asyncio.create_task(self.handler(request, conn))
         # Let the new handler run up to its first await (its append) before reading on.
         await asyncio.sleep(0)
+        if conn.inflight == 1 and task.done() and not task.cancelled() and not task.exception():
+            # Answered at once with nothing ahead of it on this connection (the responder is
+            # idle and its queue empty): sent from here, without the responder's hand-off.
+            try:
+                parts = task.result()
+                if parts is not None:
+                    await conn.send(parts)
+            finally:
+                conn.inflight -= 1
+                conn.last_activity = conn._loop.time()
+            return True
+        await pending.put(task)
         return True
 
 

@@ -266,3 +266,46 @@ def test_the_trace_is_the_same_in_another_process_with_another_hash_seed(tmp_pat
             timeout=120,
         ).stdout
         assert out == here.encode()
+
+
+def test_pipelined_responses_keep_request_order(tmp_path: Path) -> None:
+    """Requests written back to back on one connection are answered in their order: a long
+    poll holds back the metadata answers behind it (they wait in the responder's queue); a
+    request answered at once with nothing ahead of it goes out straight from the reading task."""
+    from kafka.protocol.api_header import ResponseClassRegistry
+    from kafka.protocol.metadata import MetadataRequest
+
+    def frame(req: Any, correlation: int) -> bytes:
+        req.with_header(correlation_id=correlation, client_id="pipe")
+        data: bytes = req.encode(header=True, framed=True)
+        return data
+
+    async def body(net: SimNetwork, server: KafkaServer) -> list[tuple[int, float]]:
+        loop = asyncio.get_running_loop()
+        reader, writer = await net.host("c1").connect("b1", 9092)
+        poll = fetch_request(TOPIC)
+        poll.max_wait_ms = 300  # the topic is empty: a long poll until the deadline
+        reqs = [poll, MetadataRequest[4](topics=None, allow_auto_topic_creation=False)]
+        reqs.append(MetadataRequest[4](topics=None, allow_auto_topic_creation=False))
+        start = loop.time()
+        writer.write(b"".join(frame(r, i + 1) for i, r in enumerate(reqs)))
+        got = []
+        for _ in reqs:
+            (size,) = struct.unpack(">i", await reader.readexactly(4))
+            data = await reader.readexactly(size)
+            got.append((struct.unpack_from(">i", data)[0], round(loop.time() - start, 3)))
+        # alone on the connection: answered at once
+        last = MetadataRequest[4](topics=None, allow_auto_topic_creation=False)
+        writer.write(frame(last, 4))
+        (size,) = struct.unpack(">i", await reader.readexactly(4))
+        data = await reader.readexactly(size)
+        cls = ResponseClassRegistry._response_class_registry[3][4]
+        assert cls.decode(data, header=True).header.correlation_id == 4
+        got.append((4, round(loop.time() - start, 3)))
+        writer.close()
+        return got
+
+    got = run_with_broker(tmp_path, body)
+    assert [c for c, _ in got] == [1, 2, 3, 4]
+    assert got[0][1] >= 0.3 and got[1][1] >= got[0][1] and got[2][1] >= got[0][1]
+    assert got[3][1] - got[2][1] < 0.1

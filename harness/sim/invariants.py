@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import struct
 import zlib
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -108,7 +108,8 @@ class Invariants:
         self.verify_tracking = VERIFY_TRACKING if verify_tracking is None else verify_tracking
         #: broker id -> its partitions, their objects and their fingerprints as last looked at
         self.seen: dict[int, tuple[list[Any], list[Any], list[tuple[Any, ...]]]] = {}
-        #: the servers of the live brokers at the last check (a new incarnation is a new one)
+        #: each broker's server at the last check (None when down; a new incarnation is a new
+        #: server)
         self.live_servers: list[Any] | None = None
         #: checks that looked at every broker (the rest looked at the event's broker only)
         self.full_checks = 0
@@ -123,22 +124,23 @@ class Invariants:
 
     # ----- the check -----------------------------------------------------------------------
 
-    def check(self, brokers: Iterable[LiveBroker], ran: Iterable[int] | None = None) -> list[str]:
+    def check(self, brokers: Iterable[LiveBroker], ran: Collection[int] | None = None) -> list[str]:
         """Check every invariant now; what changed (new leaders, HWs, ZooKeeper epochs) as
         lines for a trace. Raises InvariantViolation. `ran`: the ids of the brokers whose
         code ran since the last check (None: any, a full check; see the module doc)."""
         self.checks += 1
         changes: list[str] = []
-        live = []
-        servers = []
-        for b in brokers:
-            server = b.server
-            if server is not None:
-                live.append(b)
-                servers.append(server)
         if self.state_znodes is not None:
             self._check_znodes(changes)
-        if ran is None or servers != self.live_servers:
+        brokers = list(brokers)
+        servers = [b.server for b in brokers]
+        full = ran is None or servers != self.live_servers
+        if not full and not ran:
+            if self.verify_tracking:
+                self._verify([b for b in brokers if b.server is not None], set())
+            return changes  # no broker's code ran: no broker state changed
+        live = [b for b in brokers if b.server is not None]
+        if full:
             self.live_servers = servers
             self.full_checks += 1
             self.seen = {}
@@ -146,6 +148,7 @@ class Invariants:
             for b in live:
                 self._look(b, None)
         else:
+            assert ran is not None
             dirty = set()
             for b in live:
                 if b.id in ran:

@@ -224,6 +224,7 @@ def simulate_queue(
     check_invariants: bool = True,
     report: bool = True,
     run_dir: Path | None = None,
+    nemesis_schedule: Iterable[tuple[int, Mapping[str, Any]]] | None = None,
 ) -> tuple[Path, dict[str, Any]]:
     """One simulated run from a test's overrides, checked (see the module doc): the run
     directory (`run_dir`, default `base_dir`/run; the brokers' data under `base_dir`/data)
@@ -232,7 +233,9 @@ def simulate_queue(
     no report.html; a second or two less). results.json gets two optional fields: ``mode``
     ("sim") and ``sim`` (the interpreter's stats, the virtual seconds, the invariant checks,
     the history's sha256). trace.txt is written also when the run raises (an invariant
-    violation: its last line says which)."""
+    violation: its last line says which). `nemesis_schedule`: the test's nemesis performs
+    these ``(at, op)`` (at: ns on the history's clock) instead of its generated schedule
+    (harness/sim/shrink.py's `FixedSchedule`; `schedule_of(run_dir)` gives a run's own)."""
     from isrlab.harness.runner import ScheduleGenerator, check_history, check_run
 
     config = sim_config(overrides)
@@ -245,7 +248,12 @@ def simulate_queue(
         def nemesis_factory(cluster: SimCluster) -> AsyncNemesis:
             return SimNemesis(cluster, list(config.nemesis), test)
 
-        nemesis_gen = ScheduleGenerator.for_test(config)
+        if nemesis_schedule is not None:
+            from isrlab.harness.sim.shrink import FixedSchedule
+
+            nemesis_gen = FixedSchedule(nemesis_schedule)
+        else:
+            nemesis_gen = ScheduleGenerator.for_test(config)
     run_dir = Path(run_dir) if run_dir is not None else Path(base_dir) / "run"
     holder: dict[str, Any] = {}
 

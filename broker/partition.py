@@ -63,6 +63,9 @@ from isrlab.broker.replication import (
 )
 
 log = logging.getLogger(__name__)
+
+#: a tick time after any other
+_NEVER = 1 << 62
 #: topic (and broker default) config key of the historic switch: false accepts batches and
 #: markers of zombie producers (an older epoch) instead of INVALID_PRODUCER_EPOCH
 EPOCH_FENCING_KEY = "transaction.producer.epoch.fencing.enable"
@@ -265,6 +268,8 @@ class HostedPartition:
         self._ids = itertools.count(1)
         self._produce_futures: dict[int, asyncio.Future[AppendResult]] = {}
         self._last_hw = -1
+        #: when `tick` next runs the core's tick (None: at the next call)
+        self._tick_at: int | None = None
 
     # ----- state ----------------------------------------------------------------------------
 
@@ -306,6 +311,7 @@ class HostedPartition:
         core = self.core
         before = (core.role, core.leader_id, core.leader_epoch)
         leo = self.log.log_end_offset
+        self._tick_at = None
         actions = core.become_leader_or_follower(state, replicas, now_ms())
         if (core.role, core.leader_id, core.leader_epoch) != before:  # not a stale state
             if core.is_leader:
@@ -350,6 +356,7 @@ class HostedPartition:
     # ----- actions --------------------------------------------------------------------------
 
     def dispatch(self, actions: list[Action]) -> None:
+        self._tick_at = None  # the core had an input: its next tick is due at once
         hw_before = self._last_hw
         for a in actions:
             if isinstance(a, ProduceResponse):
@@ -379,7 +386,15 @@ class HostedPartition:
             self.io.data_changed(self)
 
     def tick(self) -> None:
-        self.dispatch(self.core.tick(now_ms()))
+        """Time passed: the core's tick, skipped before the earliest time it could act
+        (`Partition.next_tick_ms`; any input to the core, through `dispatch` or `become`,
+        makes the next call tick again)."""
+        now = now_ms()
+        if self._tick_at is not None and now < self._tick_at:
+            return
+        self.dispatch(self.core.tick(now))
+        at = self.core.next_tick_ms(now)
+        self._tick_at = _NEVER if at is None else at
 
     # ----- produce --------------------------------------------------------------------------
 

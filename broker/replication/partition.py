@@ -680,6 +680,34 @@ class Partition:
                 actions += self._resume(now)
         return actions
 
+    def next_tick_ms(self, now: int) -> int | None:
+        """The earliest time at which ``tick`` may act if nothing else reaches this partition
+        first (no request, response, state or result): ``tick(t)`` returns no actions for any
+        ``t`` below it. None: not until something else happens. A shell may skip the ticks
+        before it, as long as any other input makes it ask again."""
+        at: list[int] = []
+        if self.role is Role.LEADER:
+            at += [p.deadline_ms for p in self._parked_fetches]
+            at += [d.deadline_ms for d in self._delayed_produces.values()]
+            if self._can_propose():
+                leo = self.log.log_end_offset
+                lag = self.config.replica_lag_time_max_ms
+                for r in self.isr:
+                    if r == self.broker_id:
+                        continue
+                    replica = self._remote.get(r)
+                    if replica is None:
+                        return now  # an ISR member this leader does not know: shrinks now
+                    if replica.log_end_offset != leo:
+                        # out of sync once now - last caught up exceeds the lag
+                        at.append(replica.last_caught_up_time_ms + lag + 1)
+        elif self.role is Role.FOLLOWER and self.phase is not FollowerPhase.IDLE:
+            if self._inflight is not None:
+                at.append(self._inflight.sent_ms + self.config.replica_socket_timeout_ms)
+            elif self._retry_at is not None:
+                at.append(self._retry_at)
+        return min(at) if at else None
+
     # ------------------------------------------------------------------ follower
     def _cancel_follower_requests(self) -> None:
         self._inflight = None

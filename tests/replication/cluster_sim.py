@@ -272,12 +272,20 @@ class SimCluster:
         return msg
 
     def advance(self, ms: int) -> None:
-        """Let ``ms`` of simulated time pass and tick every live broker."""
+        """Let ``ms`` of simulated time pass and tick every live broker. Each tick is held to
+        the partition's ``next_tick_ms`` (what lets the broker's shell skip ticks): a tick
+        before that time must do nothing."""
+        due = {b: self.partitions[b].next_tick_ms(self.now) for b in self.brokers}
         self.now += ms
         self.trace.append(f"advance {ms} -> {self.now}")
         for b in self.brokers:
             if self.alive[b]:
-                self._run_broker(b, self.partitions[b].tick(self.now))
+                actions = self.partitions[b].tick(self.now)
+                at = due[b]
+                assert actions == [] or (at is not None and self.now >= at), (
+                    f"broker {b}: next_tick_ms said {at}, but tick({self.now}) gave {actions}"
+                )
+                self._run_broker(b, actions)
 
     def crash(self, b: int, lose_unflushed: bool = False) -> None:
         """Kill broker ``b``; its ZooKeeper session lives on until :meth:`expire`."""

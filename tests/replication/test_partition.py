@@ -395,6 +395,7 @@ def test_high_watermark_mode_truncates_to_own_hw_on_leader_change() -> None:
 def test_follower_resends_lost_request_and_backs_off_on_errors() -> None:
     p, _ = follower()
     fetch = one(p.become_follower(LeaderAndIsr(0, 0, (0, 1), 1), (0, 1), now=0), SendFetch)
+    assert p.next_tick_ms(0) == 1_000  # the request's socket timeout
     assert p.tick(999) == []
     again = one(p.tick(1_000), SendFetch)
     assert isinstance(again, SendFetch) and again.request_id != fetch.request_id
@@ -402,7 +403,9 @@ def test_follower_resends_lost_request_and_backs_off_on_errors() -> None:
         p.on_fetch_response(again.request_id, ErrorCode.UNKNOWN_LEADER_EPOCH, [], 0, 0, 0, 1_001)
         == []
     )
+    assert p.next_tick_ms(1_001) == 1_201  # the back-off
     assert p.tick(1_100) == []
+    assert p.tick(1_200) == []
     retry = one(p.tick(1_201), SendFetch)
     assert isinstance(retry, SendFetch)
     assert (
@@ -410,6 +413,7 @@ def test_follower_resends_lost_request_and_backs_off_on_errors() -> None:
         == []
     )
     assert p.phase is FollowerPhase.IDLE and p.tick(100_000) == []
+    assert p.next_tick_ms(100_000) is None  # waits for the controller's next state
 
 
 def test_follower_ahead_of_leader_truncates_on_out_of_range() -> None:

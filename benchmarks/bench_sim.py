@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -140,15 +141,20 @@ def _shim(tree: Path) -> Path:
 
 def simulate(tree: Path | None, spec: dict[str, Any]) -> dict[str, Any]:
     env = dict(os.environ)
-    if tree is not None:
-        env["PYTHONPATH"] = str(_shim(tree))
-    out = subprocess.run(
-        [sys.executable, __file__, "--child", json.dumps(spec)],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    shim = None if tree is None else _shim(tree)
+    if shim is not None:
+        env["PYTHONPATH"] = str(shim)
+    try:
+        out = subprocess.run(
+            [sys.executable, __file__, "--child", json.dumps(spec)],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+    finally:
+        if shim is not None:
+            shutil.rmtree(shim, ignore_errors=True)  # (the links only, not the tree)
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
     if out.returncode != 0 or not lines:
         raise RuntimeError(f"simulated run failed:\n{out.stderr[-3000:]}")

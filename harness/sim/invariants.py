@@ -11,9 +11,14 @@ request, so checking changes nothing a broker does:
 - **leader HW monotonic**: while a broker (one incarnation of it) leads a partition at an
   epoch, its high watermark never goes down;
 - **committed data agrees**: the record batches below a leader's high watermark are the same
-  bytes on every member of its ISR that is alive, and the same as the first leader that
-  exposed them as committed (a later leader holding other bytes below its HW, or an ISR
-  member missing them, is a violation).
+  bytes on every member of its ISR that is alive (as far as its log reaches), and the same as
+  the first leader that exposed them as committed (a later leader holding other bytes below
+  its HW, or missing them, is a violation). An ISR member whose log ends below the HW is
+  allowed and traced ("isr-member-behind-hw"): a follower restarted after losing its unsynced
+  tail (a power loss, a disk put back) before its ZooKeeper session expired is still named
+  in the ISR for a moment, as in ZooKeeper-era Kafka (KIP-966 closes that window). What must
+  not happen is that it holds other bytes, or leads: were it elected, the committed batches
+  it lacks would be missing at a leader, or overwritten by other bytes, and reported.
 
 The data check is incremental: the bytes of each broker incarnation's log are read once, as
 the high watermark moves past them. `check()` returns what changed (for a trace) and raises
@@ -120,6 +125,8 @@ class Invariants:
         self.leader_hw: dict[tuple[int, int, tuple[str, int], int], int] = {}
         self.canon: dict[tuple[str, int], _Canon] = {}
         self.verified: dict[tuple[int, int, tuple[str, int]], int] = {}
+        #: (broker, incarnation, partition) seen in an ISR with its log end below the HW
+        self.behind: set[tuple[int, int, tuple[str, int]]] = set()
         self.checks = 0
 
     # ----- the check -----------------------------------------------------------------------
@@ -245,7 +252,7 @@ class Invariants:
         elif hw > before:
             changes.append(f"hw {tp[0]}-{tp[1]} broker {b.id} {before} -> {hw}")
         self.leader_hw[key] = hw
-        self._check_committed(tp, hw, b, hp.isr, by_id)
+        self._check_committed(tp, hw, b, hp.isr, by_id, changes)
 
     def _check_znodes(self, changes: list[str]) -> None:
         for path, data, mzxid in self.state_znodes():
@@ -276,6 +283,7 @@ class Invariants:
         leader: LiveBroker,
         isr: list[int],
         by_id: dict[int, LiveBroker],
+        changes: list[str],
     ) -> None:
         canon = self.canon.setdefault(tp, _Canon())
         # the leader first: what it holds below its HW and nobody committed yet is canon
@@ -295,13 +303,28 @@ class Invariants:
             if canon.start < 0:
                 canon.start = canon.end = lg.log_start_offset
             start = max(start, canon.start)
-            if lg.log_end_offset < hw:
+            if m == leader.id and lg.log_end_offset < canon.end:
                 raise InvariantViolation(
-                    f"{tp[0]}-{tp[1]}: broker {m}, in the ISR {isr} of leader {leader.id}, "
-                    f"has its log end at {lg.log_end_offset}, below the high watermark {hw}"
+                    f"{tp[0]}-{tp[1]}: the leader, broker {m}, has its log end at "
+                    f"{lg.log_end_offset}: the committed batches up to offset {canon.end} "
+                    "are not all on it"
                 )
-            while start < hw:
-                data = lg.read(start, READ_CHUNK, max_offset=hw).read_bytes()
+            upto = hw
+            if lg.log_end_offset < hw:
+                if m == leader.id:
+                    raise InvariantViolation(
+                        f"{tp[0]}-{tp[1]}: the leader, broker {m}, has its log end at "
+                        f"{lg.log_end_offset}, below its high watermark {hw}"
+                    )
+                upto = lg.log_end_offset
+                if key not in self.behind:
+                    self.behind.add(key)
+                    changes.append(
+                        f"isr-member-behind-hw {tp[0]}-{tp[1]} broker {m} log end "
+                        f"{lg.log_end_offset} hw {hw} (leader {leader.id})"
+                    )
+            while start < upto:
+                data = lg.read(start, READ_CHUNK, max_offset=upto).read_bytes()
                 batches = parse_batches(data)
                 if not batches:
                     break

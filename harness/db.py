@@ -98,6 +98,20 @@ CLOCK_SHIM = PROJECT_ROOT / "nemeses" / "clockshim.py"
 CREATE_ATTEMPT_S = 10.0  # one CreateTopics attempt before asking again with a fresh client
 ZK_PORT = 2181
 BROKER_PORT = 9092
+
+#: what every test's brokers get beyond their addresses (real runs here, simulated runs in
+#: harness/sim/run.py): a 6 s ZooKeeper session and a 10 s replica lag (faults show within a
+#: short run), no auto-created topics (the harness creates its keys), and 10 partitions of
+#: __consumer_offsets and __transaction_state where Kafka has 50 (a follower batches a leader's
+#: partitions into one fetch, but without fetch sessions, KIP-227, the leader reads every
+#: partition of that fetch each time one of them wakes it). `broker_config` overrides them.
+BASE_BROKER_SETTINGS: dict[str, str] = {
+    "zookeeper.session.timeout.ms": "6000",
+    "replica.lag.time.max.ms": "10000",
+    "auto.create.topics.enable": "false",
+    "offsets.topic.num.partitions": "10",
+    "transaction.state.log.num.partitions": "10",
+}
 ZK_CHROOT = "/isrlab"
 ZK_ENSEMBLE_SIZE = 3
 
@@ -384,16 +398,8 @@ echo {wh.deps_key} > {deps_marker}
             "listeners": f"PLAINTEXT://{n.host}:{BROKER_PORT}",
             "log.dirs": self.path(node, "broker", "data"),
             "zookeeper.connect": self.zk_connect(),
-            "zookeeper.session.timeout.ms": "6000",
-            "replica.lag.time.max.ms": "10000",
+            **BASE_BROKER_SETTINGS,
             "default.replication.factor": str(min(3, len(self.nodes))),
-            "auto.create.topics.enable": "false",
-            # Kafka's default is 50. A follower batches a leader's partitions into one fetch,
-            # but without fetch sessions (KIP-227) the leader reads every partition of that
-            # fetch each time one of them wakes it: 10 keep that small (the same for
-            # __transaction_state). `broker_config` overrides them.
-            "offsets.topic.num.partitions": "10",
-            "transaction.state.log.num.partitions": "10",
         }
         for key, prop in BROKER_SETTINGS.items():
             if self.test.get(key) is not None:

@@ -13,12 +13,12 @@ request, so checking changes nothing a broker does:
 - **committed data agrees**: the record batches below a leader's high watermark are the same
   bytes on every member of its ISR that is alive (as far as its log reaches), and the same as
   the first leader that exposed them as committed (a later leader holding other bytes below
-  its HW, or missing them, is a violation). An ISR member whose log ends below the HW is
-  allowed and traced ("isr-member-behind-hw"): a follower restarted after losing its unsynced
-  tail (a power loss, a disk put back) before its ZooKeeper session expired is still named
-  in the ISR for a moment, as in ZooKeeper-era Kafka (KIP-966 closes that window). What must
-  not happen is that it holds other bytes, or leads: were it elected, the committed batches
-  it lacks would be missing at a leader, or overwritten by other bytes, and reported.
+  its HW, or taking over without them, is a violation). An ISR member whose log ends below
+  the HW is a violation, except for a restarted broker (a later incarnation) that has not yet
+  caught up: traced ("isr-member-behind-hw"). A follower restarted after losing its unsynced
+  tail (a power loss, a disk put back) before its ZooKeeper session expired is still named in
+  the ISR for a moment, as in ZooKeeper-era Kafka (KIP-966 closes that window); what must not
+  happen is that it holds other bytes, or leads without them.
 
 The data check is incremental: the bytes of each broker incarnation's log are read once, as
 the high watermark moves past them. `check()` returns what changed (for a trace) and raises
@@ -127,6 +127,8 @@ class Invariants:
         self.verified: dict[tuple[int, int, tuple[str, int]], int] = {}
         #: (broker, incarnation, partition) seen in an ISR with its log end below the HW
         self.behind: set[tuple[int, int, tuple[str, int]]] = set()
+        #: (broker, incarnation, partition) whose log end has reached its leader's HW
+        self.caught_up: set[tuple[int, int, tuple[str, int]]] = set()
         self.checks = 0
 
     # ----- the check -----------------------------------------------------------------------
@@ -244,6 +246,15 @@ class Invariants:
             changes.append(
                 f"leader {tp[0]}-{tp[1]} epoch {epoch} broker {b.id} isr {hp.isr} hw {hw}"
             )
+            # a leader new at its epoch holds everything committed before it took over (a
+            # zombie of an older epoch is not held to what its successors committed)
+            canon = self.canon.get(tp)
+            if canon is not None and hp.log.log_end_offset < canon.end:
+                raise InvariantViolation(
+                    f"{tp[0]}-{tp[1]}: broker {b.id} leads at epoch {epoch} with its log "
+                    f"end at {hp.log.log_end_offset}: the batches committed before, up to "
+                    f"offset {canon.end}, are not all on it"
+                )
         elif hw < before:
             raise InvariantViolation(
                 f"the high watermark of {tp[0]}-{tp[1]} on its leader, broker {b.id} "
@@ -303,19 +314,16 @@ class Invariants:
             if canon.start < 0:
                 canon.start = canon.end = lg.log_start_offset
             start = max(start, canon.start)
-            if m == leader.id and lg.log_end_offset < canon.end:
+            upto = hw
+            if lg.log_end_offset >= hw:
+                self.caught_up.add(key)
+            elif m == leader.id:
                 raise InvariantViolation(
                     f"{tp[0]}-{tp[1]}: the leader, broker {m}, has its log end at "
-                    f"{lg.log_end_offset}: the committed batches up to offset {canon.end} "
-                    "are not all on it"
+                    f"{lg.log_end_offset}, below its high watermark {hw}"
                 )
-            upto = hw
-            if lg.log_end_offset < hw:
-                if m == leader.id:
-                    raise InvariantViolation(
-                        f"{tp[0]}-{tp[1]}: the leader, broker {m}, has its log end at "
-                        f"{lg.log_end_offset}, below its high watermark {hw}"
-                    )
+            elif member.incarnation > 1 and key not in self.caught_up:
+                # restarted (with what its disk kept) and not yet caught up: traced
                 upto = lg.log_end_offset
                 if key not in self.behind:
                     self.behind.add(key)
@@ -323,6 +331,11 @@ class Invariants:
                         f"isr-member-behind-hw {tp[0]}-{tp[1]} broker {m} log end "
                         f"{lg.log_end_offset} hw {hw} (leader {leader.id})"
                     )
+            else:
+                raise InvariantViolation(
+                    f"{tp[0]}-{tp[1]}: broker {m}, in the ISR {isr} of leader {leader.id}, "
+                    f"has its log end at {lg.log_end_offset}, below the high watermark {hw}"
+                )
             while start < upto:
                 data = lg.read(start, READ_CHUNK, max_offset=upto).read_bytes()
                 batches = parse_batches(data)

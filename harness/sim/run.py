@@ -42,6 +42,7 @@ from typing import Any
 from kafka.protocol.admin import CreateTopicsRequest
 
 from isrlab.broker.network.client import ConnectionFailed, KafkaConnection
+from isrlab.harness.db import BASE_BROKER_SETTINGS
 from isrlab.harness.history import HistoryWriter
 from isrlab.harness.interpreter import bounds
 from isrlab.harness.sim import clock
@@ -66,15 +67,6 @@ __all__ = [
     "sim_test",
     "simulate_queue",
 ]
-
-#: the timings every real run's brokers get (harness/db.py's broker_properties)
-BASE_BROKER_SETTINGS = {
-    "zookeeper.session.timeout.ms": "6000",
-    "replica.lag.time.max.ms": "10000",
-    "auto.create.topics.enable": "false",
-    "offsets.topic.num.partitions": "10",
-    "transaction.state.log.num.partitions": "10",
-}
 
 
 #: a network trace line of one data segment (left out of trace.txt: there are many)

@@ -519,8 +519,8 @@ def test_power_loss_of_a_single_replica_loses_what_was_only_in_the_page_cache(
     # the broker leads again without the ten committed records: the invariants say so
     with pytest.raises(
         InvariantViolation,
-        match=r"the leader, broker \d, has its log end at 0: the committed batches up to "
-        r"offset 10 are not all on it",
+        match=r"broker \d leads at epoch \d+ with its log end at 0: the batches committed "
+        r"before, up to offset 10, are not all on it",
     ):
         run_sim(tmp_path / "cache", lambda c: body(c, {}))
     (acked, got), _ = run_sim(tmp_path / "flushed", lambda c: body(c, {"flush.messages": "1"}))

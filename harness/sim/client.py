@@ -37,7 +37,10 @@ What it does, after librdkafka where it matters for anomalies:
   same as librdkafka's OFFSET_BEGINNING), keeps the positions of keys that stay, `_seek`
   "beginning" restarts every key; `poll` sends one Fetch per leader (max_wait
   fetch_wait_max_ms, min_bytes 1) and repeats until records arrive or the poll timeout
-  passes; the broker returns records below the high watermark only; positions move past
+  passes (a poll that returns nothing has always taken its timeout, with nothing assigned
+  too, as librdkafka's poll blocks for it; a deadline less than MIN_WAIT_S away counts as
+  passed: the loop can run a timer due within its clock resolution without moving its
+  clock); the broker returns records below the high watermark only; positions move past
   what was returned; OFFSET_OUT_OF_RANGE resets a key to the log start
   (auto.offset.reset=earliest). Control batches are skipped;
 - completions: QueueClient's shapes through `checkers.queue.codec` (sends
@@ -101,6 +104,12 @@ UNSUPPORTED = "unsupported-in-sim"
 
 #: librdkafka's retry.backoff.ms
 RETRY_BACKOFF_S = 0.1
+
+#: what is left of a deadline below this is nothing: the loop runs a timer that is due within
+#: its clock resolution (1 ns) without moving its clock, so a wait for a few ulps of virtual
+#: time can end before the clock has reached the deadline, and a loop "until the deadline"
+#: would ask again at the same instant for ever while other tasks keep the loop busy
+MIN_WAIT_S = 1e-6
 
 E = ErrorCode
 #: broker errors after which the leader is looked up again
@@ -352,9 +361,7 @@ class SimQueueClient:
         """One Metadata request at a time; callers meanwhile wait for its answer."""
         if self._refreshing is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(
-                    asyncio.shield(self._refreshing), max(0.0, deadline - self._loop_time())
-                )
+                await asyncio.wait_for(asyncio.shield(self._refreshing), self._left(deadline))
             return
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._refreshing = fut
@@ -372,7 +379,7 @@ class SimQueueClient:
             if self._brokers[b] not in hosts:
                 hosts.append(self._brokers[b])
         for host, port in hosts:
-            left = min(self.request_timeout, deadline - self._loop_time())
+            left = min(self.request_timeout, self._left(deadline))
             if left <= 0:
                 return
             req = M(
@@ -404,8 +411,13 @@ class SimQueueClient:
             leader = self._leaders.get(tp)
         return leader if leader is not None and leader in self._brokers else None
 
+    def _left(self, deadline: float) -> float:
+        """Virtual seconds left until `deadline`; 0 once less than MIN_WAIT_S is."""
+        left = deadline - self._loop_time()
+        return left if left >= MIN_WAIT_S else 0.0
+
     async def _backoff(self, deadline: float) -> None:
-        await asyncio.sleep(max(0.0, min(RETRY_BACKOFF_S, deadline - self._loop_time())))
+        await asyncio.sleep(min(RETRY_BACKOFF_S, self._left(deadline)))
 
     # ----- ops ----------------------------------------------------------------------------
 
@@ -503,9 +515,7 @@ class SimQueueClient:
             )
             for tp, ns in by_tp.items()
         }
-        await asyncio.wait(
-            list(tasks.values()), timeout=max(0.0, deadline - self._loop_time()) + 0.001
-        )
+        await asyncio.wait(list(tasks.values()), timeout=self._left(deadline) + 0.001)
         acked = failed = unknown = 0
         errors: list[Any] = []
         for tp, ns in by_tp.items():
@@ -532,13 +542,13 @@ class SimQueueClient:
     async def _init_pid(self, deadline: float) -> bool:
         """An idempotent producer's id (InitProducerId to any broker); False at the deadline."""
         while self._pid < 0:
-            if self._loop_time() >= deadline:
+            if self._left(deadline) <= 0:
                 return False
             hosts = [self._brokers[b] for b in sorted(self._brokers)] or [
                 (h, self.port) for h in self.bootstrap
             ]
             for host, port in hosts:
-                left = min(self.request_timeout, deadline - self._loop_time())
+                left = min(self.request_timeout, self._left(deadline))
                 if left <= 0:
                     return False
                 req = InitProducerIdRequest[1](transactional_id=None, transaction_timeout_ms=60000)
@@ -588,7 +598,7 @@ class SimQueueClient:
         attempts = 0
         P = ProduceRequest[8]
         while True:
-            if self._loop_time() >= deadline:
+            if self._left(deadline) <= 0:
                 return _Delivery("info", error="msg-timed-out")
             leader = await self._leader(tp, deadline)
             conn = None if leader is None else self._broker_conn(leader)
@@ -608,7 +618,7 @@ class SimQueueClient:
                     )
                 ],
             )
-            left = min(self.request_timeout, deadline - self._loop_time())
+            left = min(self.request_timeout, self._left(deadline))
             try:
                 resp = await conn.request(req, max(0.001, left), answer=self.acks != 0)
             except ConnectionFailed as e:
@@ -656,7 +666,7 @@ class SimQueueClient:
         L = ListOffsetsRequest[4]
         for leader, tps in sorted(by_leader.items()):
             conn = self._broker_conn(leader)
-            left = min(self.request_timeout, deadline - self._loop_time())
+            left = min(self.request_timeout, self._left(deadline))
             if conn is None or left <= 0:
                 continue
             topics: dict[str, list[int]] = {}
@@ -702,10 +712,15 @@ class SimQueueClient:
         return {"watermarks": out} if out else {}
 
     async def _poll(self, timeout: float, first_read: dict[str, int]) -> dict[str, list[list[Any]]]:
+        """Fetch until records arrive or `timeout` has passed: a poll that returns nothing has
+        taken its timeout of virtual time (librdkafka's poll blocks for its timeout, with or
+        without an assignment), so a generator that polls again at once cannot spin at one
+        virtual instant."""
         read: dict[str, list[list[Any]]] = {}
-        if not self.assigned:
-            return read
         deadline = self._loop_time() + timeout
+        if not self.assigned:
+            await asyncio.sleep(self._left(deadline))
+            return read
         while True:
             unset = sorted(k for k in self.assigned if self.positions.get(k) is None)
             if unset:
@@ -718,7 +733,7 @@ class SimQueueClient:
                 leader = await self._leader(parse_key(k), deadline)
                 if leader is not None:
                     by_leader.setdefault(leader, []).append(k)
-            left = deadline - self._loop_time()
+            left = self._left(deadline)
             if by_leader and left > 0:
                 tasks = [
                     asyncio.get_running_loop().create_task(self._fetch(leader, ks, left))
@@ -734,7 +749,7 @@ class SimQueueClient:
                             read.setdefault(k, []).extend(pairs)
                             if pairs and k not in first_read:
                                 first_read[k] = pairs[0][0]
-            if read or self._loop_time() >= deadline:
+            if read or self._left(deadline) <= 0:
                 return read
             if not by_leader:
                 await self._backoff(deadline)

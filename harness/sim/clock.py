@@ -7,7 +7,12 @@
   by that timeout instead, so the next timer is due at once. `asyncio.sleep(3600)` returns in
   microseconds of wall time, one hour later on the loop's clock. With nothing ready and no
   timer, nothing can ever happen (no other thread may wake the loop): the loop raises
-  `Stalled`, which ends `run_until_complete` instead of hanging. The loop runs its own
+  `Stalled`, which ends `run_until_complete` instead of hanging. The opposite, callbacks
+  that keep the loop busy at one virtual instant for ever (a retry loop that never waits, a
+  wait shorter than the clock resolution: the loop runs a timer due within it without moving
+  its clock), would hang the run as surely: after `stuck_limit` iterations (1,000,000) without
+  the clock moving, the loop raises `TimeStuck` ("virtual time stuck at T: ..."), which ends
+  `run_until_complete` too. The loop runs its own
   iteration (asyncio's `_run_once`, same order of steps) over a heap of (due time, scheduling
   order, handle) tuples; the real selector (which still owns the self-pipe) is polled, without
   waiting, only while a real file descriptor is registered, a signal handler is set or
@@ -84,6 +89,16 @@ class Stalled(RuntimeError):
     """Nothing is ready, no timer is scheduled: no event can ever happen again."""
 
 
+class TimeStuck(RuntimeError):
+    """The loop ran `stuck_limit` iterations without its clock moving: a busy loop at one
+    virtual instant, which would never end."""
+
+
+#: iterations at one virtual instant after which the loop raises TimeStuck (far more than
+#: the callbacks of one instant of a run, a few seconds of wall time of a busy loop)
+STUCK_LIMIT = 1_000_000
+
+
 class _VirtualSelector(selectors.BaseSelector):
     """The loop's real selector (it still owns the self-pipe), polled without waiting; a wait
     becomes a jump of the virtual clock. It tells the loop whether anything besides the
@@ -158,19 +173,22 @@ class Process:
 
     def bury(self) -> None:
         """Close the coroutines of the tasks frozen at the kill (the simulation is over: their
-        `finally` blocks may run now; what they raise or schedule is dropped)."""
-        frozen, self.frozen = self.frozen, []
+        `finally` blocks may run now; what they raise or schedule is dropped). They run in the
+        process's context, so what they schedule is the dead process's and is dropped (a task
+        they create is frozen, and closed here in turn), not the harness's to run."""
         previous = logging.root.manager.disable
         logging.disable(logging.CRITICAL)  # what the dead program would log is not output
         try:
-            for task in frozen:
-                coro = task.get_coro()
-                try:
-                    if hasattr(coro, "close"):
-                        coro.close()
-                except BaseException as e:  # a dead program's cleanup: nothing to report
-                    if isinstance(e, KeyboardInterrupt):
-                        raise
+            while self.frozen:
+                frozen, self.frozen = self.frozen, []
+                for task in frozen:
+                    coro = task.get_coro()
+                    try:
+                        if hasattr(coro, "close"):
+                            self.context.run(coro.close)
+                    except BaseException as e:  # a dead program's cleanup: nothing to report
+                        if isinstance(e, KeyboardInterrupt):
+                            raise
         finally:
             logging.disable(previous)
 
@@ -277,6 +295,10 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         self.frozen: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
         #: loop iterations run (for benchmarks)
         self.iterations = 0
+        #: iterations at one virtual instant after which TimeStuck is raised
+        self.stuck_limit = STUCK_LIMIT
+        self._instant = float(start)  # the clock at the start of the last iteration...
+        self._instant_since = 0  # ... and the iteration in which it last moved
         super().__init__(_VirtualSelector(real, self))
         self._real_selector = real
 
@@ -299,6 +321,11 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         nothing is ready (Stalled if there is none), move the due timers to the ready queue,
         run what was ready at the start of the run-through (each run an event)."""
         self.iterations += 1
+        if self._now != self._instant:
+            self._instant, self._instant_since = self._now, self.iterations
+        elif self.iterations - self._instant_since > self.stuck_limit:
+            self._instant_since = self.iterations  # the same allowance again for a shutdown
+            raise TimeStuck(self._stuck_message())
         base: Any = self
         scheduled: list[tuple[float, int, Any]] = base._scheduled
         n = len(scheduled)
@@ -365,6 +392,17 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
             if hook is not None:
                 hook(handle)
         handle = None  # no cycle through an exception's traceback
+
+    def _stuck_message(self) -> str:
+        base: Any = self
+        ready = [repr(h) for h in list(base._ready)[:5]]
+        more = len(base._ready) - len(ready)
+        return (
+            f"virtual time stuck at {self._now:.6f}: {self.stuck_limit} loop iterations without "
+            f"the clock moving (a busy loop at one virtual instant); ready: "
+            + (", ".join(ready) or "nothing")
+            + (f" and {more} more" if more > 0 else "")
+        )
 
     def _callback_raised(self, handle: Any, exc: BaseException) -> None:
         """What asyncio's `Handle._run` does with an exception a callback raised."""
@@ -530,4 +568,13 @@ def _cancel_all(loop: asyncio.AbstractEventLoop) -> None:
         loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
 
 
-__all__ = ["Process", "Stalled", "VirtualTimeLoop", "current_process", "owner", "run"]
+__all__ = [
+    "STUCK_LIMIT",
+    "Process",
+    "Stalled",
+    "TimeStuck",
+    "VirtualTimeLoop",
+    "current_process",
+    "owner",
+    "run",
+]

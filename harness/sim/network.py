@@ -114,7 +114,8 @@ class SimSocket(asyncio.transports._FlowControlMixin, asyncio.Transport):
         self._reading = True
         self._closing = False  # the application closed or aborted it
         self._app_closed = False  # ... fully (not only write_eof): arriving bytes are reset
-        self._eof_sent = False
+        self._eof_sent = False  # a FIN went out (write_eof, or a close)
+        self._write_eof_called = False  # the application called write_eof
         self._lost = False  # connection_lost is due (or done)
         self._lost_exc: BaseException | None = None
         self._out: collections.deque[tuple[str, bytes]] = collections.deque()  # in flight
@@ -180,7 +181,11 @@ class SimSocket(asyncio.transports._FlowControlMixin, asyncio.Transport):
             self._protocol.resume_writing()
 
     def write(self, data: Any) -> None:
-        if self._eof_sent:
+        # asyncio's _SelectorSocketTransport.write: an error only after the application's own
+        # write_eof(); after a close (the application's, the kernel's at a crash) or a lost
+        # connection the bytes are dropped without a word (asyncio counts them in _conn_lost),
+        # and after the peer's FIN the socket still sends (half-closed; the peer resets)
+        if self._write_eof_called:
             raise RuntimeError("Cannot call write() after write_eof()")
         if not data or self.is_closing():
             return
@@ -196,7 +201,7 @@ class SimSocket(asyncio.transports._FlowControlMixin, asyncio.Transport):
     def write_eof(self) -> None:
         if self._eof_sent or self.is_closing():
             return
-        self._eof_sent = True
+        self._eof_sent = self._write_eof_called = True
         self._net._send(self, _FIN, b"")
 
     def close(self) -> None:

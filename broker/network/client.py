@@ -53,13 +53,16 @@ class KafkaConnection:
             try:
                 if self._writer is None:
                     await self._connect(timeout)
-                assert self._reader is not None and self._writer is not None
+                # this exchange's streams: a close() from another task meanwhile ends them
+                # (an OSError or an incomplete read), it does not pull them from under us
+                reader, writer = self._reader, self._writer
+                assert reader is not None and writer is not None
                 self._correlation += 1
-                self._writer.write(encode(self._correlation))
-                await self._writer.drain()
-                head = await asyncio.wait_for(self._reader.readexactly(4), timeout)
+                writer.write(encode(self._correlation))
+                await writer.drain()
+                head = await asyncio.wait_for(reader.readexactly(4), timeout)
                 (size,) = _I32.unpack(head)
-                frame = await asyncio.wait_for(self._reader.readexactly(size), timeout)
+                frame = await asyncio.wait_for(reader.readexactly(size), timeout)
             except (OSError, TimeoutError, asyncio.IncompleteReadError, ConnectionFailed) as e:
                 self.close()
                 raise ConnectionFailed(f"{self.host}:{self.port}: {e!r}") from None

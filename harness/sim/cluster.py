@@ -248,7 +248,10 @@ class SimCluster:
         try:
             await process.run(self.loop.create_task, server.start())
         except BaseException:
+            # down, as a real broker that exits at start-up (ZooKeeper unreachable, say):
+            # what heals the cluster starts it again
             b.server = None
+            b.crashed = True
             raise
         self.note(f"broker {b.id} registered")
 

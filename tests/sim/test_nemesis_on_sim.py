@@ -295,6 +295,29 @@ def test_kill_the_leader_then_restart_it(tmp_path: Path) -> None:
     assert any("crash broker" in line for line in c.trace)
 
 
+def test_a_broker_whose_restart_failed_is_started_by_heal_all(tmp_path: Path) -> None:
+    """A killed broker restarted while it cannot reach ZooKeeper fails to start, as a real
+    broker exits at start-up; it is down, not forgotten: `heal_all` starts it again (a
+    partition's only eligible replica left down would keep it offline to the end)."""
+
+    async def body(c: SimCluster) -> dict[str, Any]:
+        nem = SimNemesis(c, "partition,kill", {"seed": 5, "keys": [KEY]})
+        await create_topic(c)
+        killed = await nem.invoke(compose._op("start-kill", {"target": "one"}))
+        victim = int(killed["value"]["nodes"][0][1:])
+        others = [f"n{b}" for b in (1, 2, 3) if b != victim]
+        c.partition({f"n{victim}": others, **{o: [f"n{victim}"] for o in others}})
+        done = await nem.invoke(compose._op("stop-kill", None))
+        assert "restart failed" in str(done.get("error")), done
+        assert not c.brokers[victim].alive and c.brokers[victim].crashed
+        healed = await nem.heal_all()
+        assert c.brokers[victim].alive
+        assert healed["kill"] == [f"n{victim}"], healed
+        return healed
+
+    run_sim(tmp_path, body)
+
+
 def test_pause_the_leader_past_its_session_then_resume_it(tmp_path: Path) -> None:
     """SIGSTOP longer than the ZooKeeper session: the session expires, another broker leads;
     after SIGCONT the old leader finds its session gone, registers again and follows. A short

@@ -161,11 +161,7 @@ class Interpreter:
     ) -> None:
         """client_factory(process, thread) returns an unopened client for that process.
         hang_timeout / run_timeout: seconds, None for no bound (see the module doc)."""
-        if concurrency < 1:
-            raise ValueError("concurrency must be at least 1")
-        for name, v in (("hang_timeout", hang_timeout), ("run_timeout", run_timeout)):
-            if v is not None and not v > 0:
-                raise ValueError(f"{name} must be a positive number of seconds, not {v!r}")
+        check_arguments(concurrency, hang_timeout, run_timeout)
         self.generator = generator
         self.history = history
         self.client_factory = client_factory
@@ -498,6 +494,18 @@ class Interpreter:
 
 
 # ----- pure pieces, shared with the simulator's asyncio interpreter (harness/sim/interpreter.py)
+
+
+def check_arguments(
+    concurrency: int, hang_timeout: float | None, run_timeout: float | None
+) -> None:
+    """Both interpreters' (this one's and harness/sim/interpreter.py's) argument checks: at
+    least one thread, bounds positive (None: no bound)."""
+    if concurrency < 1:
+        raise ValueError("concurrency must be at least 1")
+    for name, v in (("hang_timeout", hang_timeout), ("run_timeout", run_timeout)):
+        if v is not None and not v > 0:
+            raise ValueError(f"{name} must be a positive number of seconds, not {v!r}")
 
 
 def invoke_of(r: Op, process: int | str) -> tuple[Op, Op]:

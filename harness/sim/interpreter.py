@@ -56,6 +56,7 @@ from typing import Any, Protocol
 from isrlab.harness.generator import Context, Generator, Pending
 from isrlab.harness.history import HistoryWriter
 from isrlab.harness.interpreter import (
+    check_arguments,
     client_crashed,
     completion_of,
     crash_without_client,
@@ -122,11 +123,7 @@ class SimInterpreter:
     ) -> None:
         """client_factory(process, thread) returns an unopened client; hang_timeout and
         run_timeout are virtual seconds, None for no bound (see the module doc)."""
-        if concurrency < 1:
-            raise ValueError("concurrency must be at least 1")
-        for name, v in (("hang_timeout", hang_timeout), ("run_timeout", run_timeout)):
-            if v is not None and not v > 0:
-                raise ValueError(f"{name} must be a positive number of seconds, not {v!r}")
+        check_arguments(concurrency, hang_timeout, run_timeout)
         self.generator = generator
         self.history = history
         self.client_factory = client_factory

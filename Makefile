@@ -9,7 +9,7 @@ SYSDEPS := /usr/sbin/sshd:openssh-server /usr/sbin/iptables:iptables /usr/sbin/r
            /usr/bin/java:default-jre-headless /usr/sbin/tc:iproute2 /usr/bin/g++:g++ \
            /usr/bin/kcat:kcat
 
-.PHONY: all setup sysdeps venv build test lint typecheck unit demo soak bench clean
+.PHONY: all setup sysdeps venv build test lint typecheck unit demo soak bench sim-seeds clean
 
 all: test
 
@@ -59,6 +59,10 @@ demo: setup
 
 soak: setup
 	$(VENV)/bin/pytest -q -m slow
+
+# 200 seeds of the default (safe) configuration on the simulator: exit 1 if one is invalid
+sim-seeds: setup
+	$(VENV)/bin/isrlab sim --seeds 1-200 --workers 2 --store build/sim-seeds
 
 bench: setup
 	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

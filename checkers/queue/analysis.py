@@ -572,13 +572,16 @@ class QueueAnalysis(CaseBuilders):
                 # Only ok copier transactions bound what was consumed: an info one is "proven"
                 # by a read of one of its output values, but a retried copy sends the same
                 # values, so that read may prove the other attempt (seen in property tests).
-                if rec.kind != OK or not sent_to:
+                # An info one still links its keys (it read them and sent to them, whatever
+                # became of it): an output key written only by info copies is compared with
+                # the inputs they read (property tests found one left unlinked).
+                if rec.kind not in (OK, INFO) or not sent_to:
                     continue
                 for k in inputs:
                     offs = [o for o, _v in rec.reads.get(k, ()) if o is not None]
                     if offs:
                         links.update((k, out) for out in sent_to)
-                        if max(offs) > consumed.get(k, -1):
+                        if rec.kind == OK and max(offs) > consumed.get(k, -1):
                             consumed[k] = max(offs)
             for name, cases in check_eos(self.orders, inputs, outputs, consumed, links).items():
                 self.anomalies.add_all(name, cases)

@@ -237,3 +237,29 @@ def test_never_copied_is_eos_missing(shape: dict[str, Any], data: st.DataObject)
     r = check_queue(ops, eos=eos)
     assert "eos-missing" in r["anomaly_types"] and r["valid"] is False
     assert any(ex["value"] == v for ex in r["anomalies"]["eos-missing"]["examples"])
+
+
+def test_an_output_key_written_only_by_info_copies_is_still_checked() -> None:
+    """The case hypothesis found: value 0 reached out/0 through a copier transaction whose
+    outcome is unknown (info); an output key only info copies wrote must still be linked to
+    the input keys they read, or a second copy of 0 there is a plain duplicate and not the
+    exactly-once violation it is."""
+    shape = {
+        "n_ops": 50,
+        "processes": 4,
+        "keys": 3,
+        "seed": 1_372_493_235,
+        "txn_rate": 0.0,
+        "info_rate": 0.2,
+        "fail_rate": 0.0,
+        "crash_rate": 0.0,
+        "assign_rate": 0.0,
+        "late_acks": 0.0,
+    }
+    ops, eos = copier_history(shape)
+    out = drains(ops)[eos["output"][0]]
+    pairs = out["value"][0][1][eos["output"][0]]
+    assert pairs == [[0, 0]]
+    pairs.append([1, 0])
+    r = check_queue(ops, eos=eos)
+    assert "eos-duplicate" in r["anomaly_types"] and r["valid"] is False

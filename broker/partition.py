@@ -268,8 +268,8 @@ class HostedPartition:
         self._ids = itertools.count(1)
         self._produce_futures: dict[int, asyncio.Future[AppendResult]] = {}
         self._last_hw = -1
-        #: when `tick` next runs the core's tick (None: at the next call)
-        self._tick_at: int | None = None
+        #: when `tick` next runs the core's tick (0: at the next call)
+        self._tick_at = 0
 
     # ----- state ----------------------------------------------------------------------------
 
@@ -311,7 +311,7 @@ class HostedPartition:
         core = self.core
         before = (core.role, core.leader_id, core.leader_epoch)
         leo = self.log.log_end_offset
-        self._tick_at = None
+        self._tick_at = 0
         actions = core.become_leader_or_follower(state, replicas, now_ms())
         if (core.role, core.leader_id, core.leader_epoch) != before:  # not a stale state
             if core.is_leader:
@@ -356,7 +356,7 @@ class HostedPartition:
     # ----- actions --------------------------------------------------------------------------
 
     def dispatch(self, actions: list[Action]) -> None:
-        self._tick_at = None  # the core had an input: its next tick is due at once
+        self._tick_at = 0  # the core had an input: its next tick is due at once
         hw_before = self._last_hw
         for a in actions:
             if isinstance(a, ProduceResponse):
@@ -390,7 +390,7 @@ class HostedPartition:
         (`Partition.next_tick_ms`; any input to the core, through `dispatch` or `become`,
         makes the next call tick again)."""
         now = now_ms()
-        if self._tick_at is not None and now < self._tick_at:
+        if now < self._tick_at:
             return
         self.dispatch(self.core.tick(now))
         at = self.core.next_tick_ms(now)

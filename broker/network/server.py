@@ -455,13 +455,7 @@ class SocketServer:
             task = await pending.get()
             if task is None:
                 return
-            try:
-                parts = await task
-                if parts is not None:
-                    await conn.send(parts)
-            finally:
-                conn.inflight -= 1
-                conn.last_activity = conn._loop.time()
+            await _answer(conn, task)
 
     async def _read_requests(
         self,
@@ -557,16 +551,21 @@ class SocketServer:
         if conn.inflight == 1 and task.done() and not task.cancelled() and not task.exception():
             # Answered at once with nothing ahead of it on this connection (the responder is
             # idle and its queue empty): sent from here, without the responder's hand-off.
-            try:
-                parts = task.result()
-                if parts is not None:
-                    await conn.send(parts)
-            finally:
-                conn.inflight -= 1
-                conn.last_activity = conn._loop.time()
+            await _answer(conn, task)
             return True
         await pending.put(task)
         return True
+
+
+async def _answer(conn: Connection, task: asyncio.Task[list[bytes | FileRegion] | None]) -> None:
+    """Send a handler's response (None: none to send), then count the request done."""
+    try:
+        parts = await task
+        if parts is not None:
+            await conn.send(parts)
+    finally:
+        conn.inflight -= 1
+        conn.last_activity = conn._loop.time()
 
 
 def _done(parts: list[bytes | FileRegion]) -> asyncio.Task[list[bytes | FileRegion] | None]:

@@ -57,6 +57,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
@@ -80,7 +81,7 @@ log = logging.getLogger(__name__)
 Op = dict[str, Any]
 
 # Copies of its transactional id a zombie waits for one with a shared output key.
-ZOMBIE_TRIES = 20
+ZOMBIE_TRIES = 200
 
 
 class _Zombie:
@@ -103,15 +104,22 @@ class _Zombie:
 # transactional id -> its zombie (at most one: a new one replaces and drops the old)
 _zombies: dict[str, _Zombie] = {}
 _zombies_lock = threading.Lock()
+# How the zombies of this run ended ("woken", "gave-up", "replaced", "closed": its copier's
+# process ended first, "left": the run ended first); read by `drop_zombies`.
+_fates: Counter[str] = Counter()
 
 
-def drop_zombies() -> None:
-    """Drop every zombie copier (the run is over)."""
+def drop_zombies() -> dict[str, int]:
+    """Drop every zombie copier (the run is over): how the run's zombies ended."""
     with _zombies_lock:
         zombies = list(_zombies.values())
         _zombies.clear()
+        _fates["left"] += len(zombies)
+        fates = dict(_fates)
+        _fates.clear()
     for z in zombies:
         z.drop()
+    return fates
 
 
 class _Roles(Protocol):
@@ -238,6 +246,8 @@ class EosCopier(QueueClient):
         with _zombies_lock:
             old = _zombies.pop(transactional_id, None)
             _zombies[transactional_id] = z
+            if old is not None:
+                _fates["replaced"] += 1
         if old is not None:
             old.drop()
 
@@ -248,6 +258,8 @@ class EosCopier(QueueClient):
         if self.transactional_id and not self._zombified:
             with _zombies_lock:
                 z = _zombies.pop(self.transactional_id, None)
+                if z is not None:
+                    _fates["closed"] += 1
             if z is not None:
                 z.drop()
 
@@ -266,6 +278,7 @@ class EosCopier(QueueClient):
             if not sends and z.tries < ZOMBIE_TRIES:
                 return {}
             del _zombies[self.transactional_id]
+            _fates["woken" if sends else "gave-up"] += 1
         if not sends:
             z.drop()
             return {"process": z.process, "gave-up": True}

@@ -103,6 +103,7 @@ class EosWorkload:
         self._kill_out: int | str | None = None  # the process carrying the pending kill
         self._next_crash: dict[int | str, int] = {}
         self.kills = 0  # copier kills that happened
+        self.zombie_fates: dict[str, int] = {}  # (knob copier_zombies) set by `close`
         # Set when the final drain asks for its first op: new clients read committed.
         self.draining = False
 
@@ -189,10 +190,10 @@ class EosWorkload:
 
     def close(self) -> None:
         """Drop the zombie copiers (knob `copier_zombies`) still held, those of abandoned
-        threads included."""
+        threads included; `zombie_fates` then tells how the run's zombies ended."""
         from isrlab.harness.workloads.eos.client import drop_zombies
 
-        drop_zombies()
+        self.zombie_fates = drop_zombies()
 
 
 class _Draining:

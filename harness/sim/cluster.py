@@ -201,6 +201,8 @@ class SimCluster:
         self._broker_of: dict[Process, int] = {}
         self._check = check_invariants
         self._violation: InvariantViolation | None = None
+        #: hosts whose ZooKeeper client traffic only is cut (`cut_zookeeper`)
+        self.zk_cut: set[str] = set()
 
     # ----- lifecycle -----------------------------------------------------------------------
 
@@ -392,12 +394,28 @@ class SimCluster:
 
     def reaches_zookeeper(self, host: str) -> bool:
         """Whether `host` reaches a majority of the ZooKeeper nodes (itself counts)."""
+        if host in self.zk_cut:
+            return False
         reached = sum(
             1
             for z in self.zk_hosts
             if z == host or (self.net.reachable(host, z) and self.net.reachable(z, host))
         )
         return reached * 2 > len(self.zk_hosts)
+
+    def cut_zookeeper(self, broker_id: int) -> None:
+        """Cut broker `broker_id`'s ZooKeeper client off from every ZooKeeper server (the
+        zk-cut nemesis: its host's TCP to the client port dropped), nothing else: its peers
+        and clients still reach it; its session expires unless healed in time."""
+        self.zk_cut.add(self.brokers[broker_id].host)
+        self.note(f"zk-cut broker {broker_id}")
+        self._apply_zk_reachability()
+
+    def heal_zookeeper(self, broker_id: int) -> None:
+        """Undo `cut_zookeeper`."""
+        self.zk_cut.discard(self.brokers[broker_id].host)
+        self.note(f"zk-uncut broker {broker_id}")
+        self._apply_zk_reachability()
 
     def _apply_zk_reachability(self) -> None:
         for b in self.brokers.values():

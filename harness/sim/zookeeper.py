@@ -124,6 +124,9 @@ class Session:
     ephemerals: set[str] = field(default_factory=set)
     # the next request ends in ConnectionLoss: None no, True applied first, False not applied
     lose_next: bool | None = None
+    # watch events fired while the client could not be reached: on its TCP connection, which
+    # lives on, they arrive when it can be reached again (dropped with the connection)
+    held: list[WatchEvent] = field(default_factory=list)
 
 
 WRITES = frozenset({"create", "set", "delete"})
@@ -232,8 +235,12 @@ class SimZooKeeper:
             s.notify(Notice.EXPIRED)
 
     def drop_connection(self, sid: int) -> None:
-        """The session's connection closed (the session lives on): its watches go with it."""
+        """The session's connection closed (the session lives on): its watches go with it,
+        and the events held for it."""
         self._drop_watches(sid)
+        s = self.sessions.get(sid)
+        if s is not None:
+            s.held.clear()
 
     def _drop_watches(self, sid: int) -> None:
         for table in (self._data_watches, self._child_watches):
@@ -262,6 +269,9 @@ class SimZooKeeper:
             return
         s.reachable = True
         s.notify(Notice.REACHABLE)
+        held, s.held = s.held, []
+        for event in held:
+            s.notify(event)
 
     def expire(self, sid: int) -> None:
         """End the session now, as if its timeout had passed."""
@@ -409,8 +419,12 @@ class SimZooKeeper:
         sids = table.pop(path, set())
         for sid in sorted(sids - skip):
             s = self.sessions.get(sid)
-            if s is not None and s.reachable:
+            if s is None:
+                continue
+            if s.reachable:
                 s.notify(WatchEvent(kind, path))
+            else:
+                s.held.append(WatchEvent(kind, path))
         return frozenset(sids)
 
 

@@ -10,13 +10,14 @@ import random
 
 import pytest
 from kazoo.exceptions import ConnectionLoss, NodeExistsError, NoNodeError, SessionExpiredError
-from kazoo.protocol.states import KazooState
+from kazoo.protocol.states import EventType, KazooState
 
 from isrlab.broker.replication import LeaderAndIsr, TopicPartition, WriteStateZnode
 from isrlab.broker.topics import TopicInfo
 from isrlab.broker.zk_client import KafkaZkClient
 from isrlab.harness.sim.clock import VirtualTimeLoop
 from isrlab.harness.sim.kazoo_client import SimEnsemble, SimKazooClient
+from isrlab.harness.sim.zookeeper import Notice, SimZooKeeper, WatchEvent
 
 
 @pytest.fixture
@@ -102,6 +103,82 @@ def test_a_lost_connection_clears_watches_with_a_none_event(loop) -> None:
     b.set("/w", b"changed")
     until(loop, 2.0)
     assert seen == ["NONE"]
+
+
+def test_a_watch_event_fired_while_the_client_is_unreachable_arrives_when_it_is_again(
+    loop,
+) -> None:
+    """A client cut (or a process paused, SimCluster.pause) for less than kazoo's read timeout
+    keeps its TCP connection: an event the ensemble fires meanwhile is delivered after the heal,
+    not lost (a lost one left a broker's DataWatch on a state znode silent for good: isrlab sim
+    --seed 44 --nemesis kill+pause+partition --nemesis-interval 4 lost acknowledged records)."""
+    a, b = clients(loop)
+    b.create("/state", b"epoch 1")
+    calls: list[bytes | None] = []
+    a.DataWatch("/state", lambda data, stat: calls.append(data))
+    a.partition()
+    b.set("/state", b"epoch 2")
+    until(loop, 1.0)
+    assert calls == [b"epoch 1"]
+    a.heal()
+    a._cancel_suspend()  # as SimCluster.resume: the pings resume before the read timeout
+    until(loop, 2.0)
+    assert calls == [b"epoch 1", b"epoch 2"]
+    b.set("/state", b"epoch 3")  # and the watch is set again
+    until(loop, 3.0)
+    assert calls == [b"epoch 1", b"epoch 2", b"epoch 3"]
+
+
+def test_events_held_for_an_unreachable_client_go_with_its_connection(loop) -> None:
+    """Once the client has dropped the connection (its read timeout), the events held for it
+    are gone with the connection: the watches are cleared with a NONE event and DataWatch
+    reads again on reconnection, so it sees the change once."""
+    a, b = clients(loop)
+    b.create("/state", b"epoch 1")
+    calls: list[bytes | None] = []
+    a.DataWatch("/state", lambda data, stat: calls.append(data))
+    a.partition()
+    b.set("/state", b"epoch 2")
+    until(loop, 3.0)  # SUSPENDED after 2/3 of the 4 s session timeout
+    assert not a.connected
+    a.heal()
+    until(loop, 4.0)
+    assert a.connected and calls == [b"epoch 1", b"epoch 2"]
+
+
+class _Still:
+    def time(self) -> float:
+        return 0.0
+
+
+def test_the_ensemble_holds_events_for_an_unreachable_session_until_its_connection_drops() -> None:
+    """The core: events for a cut session are held and sent on the heal, in order; a dropped
+    connection discards them (its watches are gone with it)."""
+    core = SimZooKeeper(clock=_Still(), rng=random.Random(1))
+    notices: list[object] = []
+    sid, _ = core.open_session(4000, notices.append)
+    core.request(sid, "create", "/a", b"", False, False)
+    core.request(sid, "create", "/b", b"", False, False)
+    for path in ("/a", "/b"):
+        core.request(sid, "get", path, True)
+    core.partition(sid)
+    core.request(core.open_session(4000, lambda n: None)[0], "set", "/b", b"1", -1)
+    core.request(core.open_session(4000, lambda n: None)[0], "set", "/a", b"1", -1)
+    assert notices == [Notice.CUT]
+    core.heal(sid)
+    assert notices == [
+        Notice.CUT,
+        Notice.REACHABLE,
+        WatchEvent(EventType.CHANGED, "/b"),
+        WatchEvent(EventType.CHANGED, "/a"),
+    ]
+    notices.clear()
+    core.request(sid, "get", "/a", True)
+    core.partition(sid)
+    core.request(core.open_session(4000, lambda n: None)[0], "set", "/a", b"2", -1)
+    core.drop_connection(sid)
+    core.heal(sid)
+    assert notices == [Notice.CUT, Notice.REACHABLE]
 
 
 def test_an_expired_session_is_replaced_and_datawatch_reads_again(loop) -> None:

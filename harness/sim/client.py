@@ -2,8 +2,11 @@
 (harness/workloads/queue/client.py), performed as asyncio code on the simulated network.
 
 `SimQueueClient(test, transport, bootstrap, process, node)` talks the Kafka protocol to the
-brokers of a `SimCluster` over `transport` (`cluster.net.host(...)`), with the broker's own
-request schemas (kafka-python's, as `broker/network/client.py`) and record-batch builder.
+brokers of a `SimCluster` over `transport` (`cluster.net.host(...)`): Produce and Fetch
+requests, their responses and the fetched records through the hand-written codecs of
+`harness/sim/wire.py` (held to kafka-python's by tests/sim/test_client_wire.py), the rarer
+requests through kafka-python's classes (as `broker/network/client.py`), batches built by
+kafka-python's record-batch builder.
 `SimQueueClient.factory(test, net, nodes)` is the interpreter's client_factory(process,
 thread): thread t is bound to node t mod n (its `node`, first in its bootstrap order, as
 `QueueClient.factory`) and connects from host "client<t>".
@@ -63,6 +66,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import random
 import struct
@@ -70,17 +74,16 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from kafka.protocol.api_header import ResponseClassRegistry
-from kafka.protocol.consumer import FetchRequest, ListOffsetsRequest
+from kafka.protocol.consumer import ListOffsetsRequest
 from kafka.protocol.metadata import MetadataRequest
-from kafka.protocol.producer import ProduceRequest
 from kafka.protocol.producer.transaction import InitProducerIdRequest
-from kafka.record.default_records import DefaultRecordBatch
 from kafka.record.memory_records import MemoryRecordsBuilder
 
 from isrlab.broker.errors import ErrorCode
 from isrlab.broker.network.client import ConnectionFailed
 from isrlab.broker.network.transport import Transport
 from isrlab.checkers.queue import codec
+from isrlab.harness.sim import wire
 from isrlab.harness.sim.cluster import EPOCH, PORT
 from isrlab.harness.workloads.queue.client import (
     ClientError,
@@ -168,7 +171,7 @@ class _Conn:
         self._reader_task: asyncio.Task[None] | None = None
         self._connect_lock = asyncio.Lock()
         self._correlation = 0
-        self._waiting: dict[int, tuple[asyncio.Future[Any], Any]] = {}
+        self._waiting: dict[int, tuple[asyncio.Future[Any], Callable[[bytes], Any]]] = {}
 
     async def _connect(self, timeout: float) -> asyncio.StreamWriter:
         async with self._connect_lock:
@@ -196,9 +199,8 @@ class _Conn:
                 entry = self._waiting.pop(correlation, None)
                 if entry is None:
                     continue  # its caller gave up (timed out or cancelled)
-                fut, request = entry
-                cls = ResponseClassRegistry._response_class_registry[request.API_KEY]
-                response = cls[request.API_VERSION].decode(frame, header=True)
+                fut, decode = entry
+                response = decode(frame)
                 if not fut.done():
                     fut.set_result(response)
         except (OSError, asyncio.IncompleteReadError) as e:
@@ -212,18 +214,38 @@ class _Conn:
         self.close()
 
     async def request(self, request: Any, timeout: float, *, answer: bool = True) -> Any:
-        """Send `request`; its response (None when `answer` is false: acks=0). Raises
-        ConnectionFailed when the connection fails or no answer comes within `timeout`
-        (the connection is then closed)."""
+        """Send `request` (a kafka-python request object); its response (None when `answer`
+        is false: acks=0). Raises ConnectionFailed when the connection fails or no answer
+        comes within `timeout` (the connection is then closed)."""
+        cls = ResponseClassRegistry._response_class_registry[request.API_KEY][request.API_VERSION]
+
+        def encode(correlation: int, client_id: str) -> bytes:
+            request.with_header(correlation_id=correlation, client_id=client_id)
+            return request.encode(header=True, framed=True)  # type: ignore[no-any-return]
+
+        return await self.call(
+            encode, lambda frame: cls.decode(frame, header=True), timeout, answer=answer
+        )
+
+    async def call(
+        self,
+        encode: Callable[[int, str], bytes],
+        decode: Callable[[bytes], Any],
+        timeout: float,
+        *,
+        answer: bool = True,
+    ) -> Any:
+        """`request` with the framed request from `encode(correlation id, client id)` and the
+        response from `decode(frame)` (harness/sim/wire.py's hand-written codecs)."""
         writer = await self._connect(timeout)
         self._correlation += 1
         correlation = self._correlation
-        request.with_header(correlation_id=correlation, client_id=self.client_id)
+        data = encode(correlation, self.client_id)
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         if answer:
-            self._waiting[correlation] = (fut, request)
+            self._waiting[correlation] = (fut, decode)
         try:
-            writer.write(request.encode(header=True, framed=True))
+            writer.write(data)
             await writer.drain()
             if not answer:
                 return None
@@ -596,7 +618,6 @@ class SimQueueClient:
 
     async def _retry(self, tp: TP, records: bytes, deadline: float) -> _Delivery:
         attempts = 0
-        P = ProduceRequest[8]
         while True:
             if self._left(deadline) <= 0:
                 return _Delivery("info", error="msg-timed-out")
@@ -605,22 +626,16 @@ class SimQueueClient:
             if conn is None:
                 await self._backoff(deadline)
                 continue
-            req = P(
-                transactional_id=None,
-                acks=self.acks,
-                timeout_ms=self.knobs.request_timeout_ms,
-                topic_data=[
-                    P.TopicProduceData(
-                        name=tp[0],
-                        partition_data=[
-                            P.TopicProduceData.PartitionProduceData(index=tp[1], records=records)
-                        ],
-                    )
-                ],
-            )
             left = min(self.request_timeout, self._left(deadline))
             try:
-                resp = await conn.request(req, max(0.001, left), answer=self.acks != 0)
+                resp = await conn.call(
+                    functools.partial(
+                        _produce, self.acks, self.knobs.request_timeout_ms, tp, records
+                    ),
+                    wire.decode_produce_response,
+                    max(0.001, left),
+                    answer=self.acks != 0,
+                )
             except ConnectionFailed as e:
                 log.debug("process %s: produce %s: %s", self.process, tp, e)
                 self._forget(tp)
@@ -631,7 +646,7 @@ class SimQueueClient:
                 continue
             if resp is None:  # acks=0: written, nothing comes back
                 return _Delivery("ok")
-            p = resp.responses[0].partition_responses[0]
+            p = resp[0]
             err = p.error_code
             if err == 0:
                 return _Delivery("ok", p.base_offset if p.base_offset >= 0 else None)
@@ -758,81 +773,66 @@ class SimQueueClient:
         conn = self._broker_conn(leader)
         if conn is None:
             return {}
-        F = FetchRequest[11]
         max_wait = min(self.knobs.fetch_wait_max_ms, max(0, int(left * 1000)))
-        topics: dict[str, list[tuple[int, str]]] = {}
+        topics: dict[str, list[tuple[int, int, int]]] = {}
         for k in keys:
             t, p = parse_key(k)
-            topics.setdefault(t, []).append((p, k))
-        req = F(
-            replica_id=-1,
-            max_wait_ms=max_wait,
-            min_bytes=1,
-            max_bytes=1 << 20,
-            isolation_level=0,
-            session_id=0,
-            session_epoch=-1,
-            topics=[
-                F.FetchTopic(
-                    topic=t,
-                    partitions=[
-                        F.FetchTopic.FetchPartition(
-                            partition=p,
-                            current_leader_epoch=-1,
-                            fetch_offset=self.positions[k],
-                            log_start_offset=-1,
-                            partition_max_bytes=1 << 20,
-                        )
-                        for p, k in ps
-                    ],
-                )
-                for t, ps in sorted(topics.items())
-            ],
-            forgotten_topics_data=[],
-            rack_id="",
+            position = self.positions[k]
+            assert position is not None
+            topics.setdefault(t, []).append((p, position, 1 << 20))
+        encode = functools.partial(
+            _fetch_request, max_wait, 1, 1 << 20, sorted(topics.items(), key=lambda t: t[0])
         )
         timeout = max_wait / 1000 + self.request_timeout
         try:
-            resp = await conn.request(req, timeout)
+            _, parts = await conn.call(encode, wire.decode_fetch_response, timeout)
         except ConnectionFailed:
             for k in keys:
                 self._forget(parse_key(k))
             return {}
         out: dict[str, list[list[Any]]] = {}
-        for t in resp.responses:
-            for p in t.partitions:
-                k = f"{t.topic}/{p.partition_index}"
-                if k not in self.assigned or self.positions.get(k) is None:
-                    continue  # unassigned meanwhile
-                if p.error_code == E.OFFSET_OUT_OF_RANGE:
-                    self.positions[k] = None  # auto.offset.reset=earliest
-                    continue
-                if p.error_code != 0:
-                    if p.error_code in _REFRESH:
-                        self._forget((t.topic, p.partition_index))
-                    continue
-                pos = self.positions[k]
-                assert pos is not None
-                pairs = [[o, v] for o, v in _records(bytes(p.records or b"")) if o >= pos]
-                if pairs:
-                    out[k] = pairs
-                    self.positions[k] = pairs[-1][0] + 1
+        for p in parts:
+            k = f"{p.topic}/{p.partition}"
+            if k not in self.assigned or self.positions.get(k) is None:
+                continue  # unassigned meanwhile
+            if p.error_code == E.OFFSET_OUT_OF_RANGE:
+                self.positions[k] = None  # auto.offset.reset=earliest
+                continue
+            if p.error_code != 0:
+                if p.error_code in _REFRESH:
+                    self._forget((p.topic, p.partition))
+                continue
+            pos = self.positions[k]
+            assert pos is not None
+            pairs = [[o, v] for o, v in _records(p.records) if o >= pos]
+            if pairs:
+                out[k] = pairs
+                self.positions[k] = pairs[-1][0] + 1
         return out
+
+
+def _produce(
+    acks: int, timeout_ms: int, tp: TP, records: bytes, correlation: int, client_id: str
+) -> bytes:
+    return wire.encode_produce_request(
+        correlation, client_id, acks, timeout_ms, tp[0], tp[1], records
+    )
+
+
+def _fetch_request(
+    max_wait_ms: int,
+    min_bytes: int,
+    max_bytes: int,
+    topics: list[tuple[str, list[tuple[int, int, int]]]],
+    correlation: int,
+    client_id: str,
+) -> bytes:
+    return wire.encode_fetch_request(
+        correlation, client_id, max_wait_ms, min_bytes, max_bytes, topics
+    )
 
 
 def _records(data: bytes) -> list[tuple[int, Any]]:
     """(offset, value) of the data records in a fetch's record bytes (whole batches only,
     control batches skipped); a value that is not an int is kept as its text."""
-    out: list[tuple[int, Any]] = []
-    pos = 0
-    while pos + 12 <= len(data):
-        (length,) = struct.unpack_from(">i", data, pos + 8)
-        if pos + 12 + length > len(data):
-            break
-        batch = DefaultRecordBatch(data[pos : pos + 12 + length])
-        pos += 12 + length
-        if batch.is_control_batch:
-            continue
-        for r in batch:
-            out.append((r.offset, _decode_value(None if r.value is None else bytes(r.value))))
-    return out
+    return [(o, _decode_value(v)) for o, v in wire.decode_records(data)]

@@ -40,7 +40,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 from isrlab.broker.config import BrokerConfig
@@ -50,6 +50,7 @@ from isrlab.nemeses.base import (
     ClusterDB,
     NemesisError,
     coordinator_node,
+    default_key,
     leader_node,
     resolve_targets,
     txn_coordinator_node,
@@ -59,7 +60,26 @@ from isrlab.nemeses.compose import KINDS, parse_kinds
 from isrlab.nemeses.partition import Grudge, grudge
 
 #: the kinds a simulated cluster can be given
-SUPPORTED: tuple[str, ...] = ("partition", "partition-iptables", "kill", "pause", "power", "clock")
+SUPPORTED: tuple[str, ...] = (
+    "partition",
+    "partition-iptables",
+    "kill",
+    "pause",
+    "power",
+    "clock",
+    "isr-squeeze",
+    "leader-flap",
+    "zk-cut",
+)
+#: the targeted kinds (`nemeses.targeted`) among them: one sequence each, run in `start`
+TARGETED_SIM: tuple[str, ...] = ("isr-squeeze", "leader-flap", "zk-cut")
+#: how often the targeted faults read the state znode (`nemeses.targeted.POLL_S`)
+POLL_S = 0.25
+
+
+def _split(key: str) -> tuple[str, int]:
+    topic, _, part = key.rpartition("/")
+    return topic, int(part)
 
 
 class SimTargets:
@@ -105,6 +125,26 @@ class SimTargets:
     def txn_coordinator(self, transactional_id: str) -> str | None:
         p = partition_for(transactional_id, self._config("transaction.state.log.num.partitions"))
         return self.leader_of("__transaction_state", p)
+
+    def _znode(self, path: str) -> Any:
+        node = self.cluster.ensemble.core.nodes.get(f"{CHROOT}{path}")
+        if node is None:
+            raise KeyError(f"no znode {path}")
+        return json.loads(node.data)
+
+    def partition_state(self, topic: str, partition: int) -> tuple[str | None, list[str], int]:
+        """(leader node, ISR nodes, leader epoch) as the controller last wrote them in the
+        partition's state znode (`harness.db.DB.partition_state`), read from the ensemble."""
+        state = self._znode(f"/brokers/topics/{topic}/partitions/{partition}/state")
+        leader = int(state["leader"])
+        isr = [n for n in (self.host(int(b)) for b in state["isr"]) if n]
+        return (self.host(leader) if leader >= 0 else None), isr, int(state["leader_epoch"])
+
+    def assignment(self, topic: str, partition: int) -> list[str]:
+        """The assigned replicas of the partition in order, from the topic znode
+        (`harness.db.DB.assignment`): the order the controller elects from."""
+        replicas = self._znode(f"/brokers/topics/{topic}")["partitions"][str(partition)]
+        return [n for n in (self.host(int(b)) for b in replicas) if n]
 
     @property
     def db(self) -> ClusterDB:
@@ -152,6 +192,12 @@ class SimNemesis:
         self.offsets: dict[str, float] = {}
         self.max_skew_ms = int(self.test.get("clock_max_skew_ms") or DEFAULT_MAX_SKEW_MS)
         self._strobe: asyncio.Task[None] | None = None
+        # the targeted kinds' own bookkeeping, per kind (as each real fault keeps its own)
+        self.cuts: dict[str, Grudge] = {}  # a targeted kind's network cut
+        self.t_killed: dict[str, set[str]] = {k: set() for k in TARGETED_SIM}
+        self.t_paused: dict[str, set[str]] = {k: set() for k in TARGETED_SIM}
+        self.zk_cut: set[str] = set()
+        self._starts: list[asyncio.Task[None]] = []
 
     # ----- the ops -------------------------------------------------------------------------
 
@@ -183,6 +229,12 @@ class SimNemesis:
         value = dict(value or {})
         if kind in ("partition", "partition-iptables"):
             return self._start_partition(kind, value)
+        if kind == "isr-squeeze":
+            return await self._start_isr_squeeze(value)
+        if kind == "leader-flap":
+            return await self._start_leader_flap(value)
+        if kind == "zk-cut":
+            return self._start_zk_cut(value)
         target = str(value.get("target", "one"))
         if kind == "clock":
             return self._start_clock(value, target)
@@ -202,8 +254,14 @@ class SimNemesis:
     async def _stop(self, kind: str) -> Any:
         if kind in ("partition", "partition-iptables"):
             self.grudges.pop(kind, None)
-            self.cluster.heal()
+            self._apply_grudges()
             return {n: [] for n in self.targets.names}
+        if kind == "isr-squeeze":
+            return await self._stop_isr_squeeze()
+        if kind == "leader-flap":
+            return await self._stop_leader_flap()
+        if kind == "zk-cut":
+            return self._stop_zk_cut()
         if kind == "clock":
             return self._stop_clock()
         if kind == "pause":
@@ -222,7 +280,9 @@ class SimNemesis:
 
     # ----- partition -----------------------------------------------------------------------
 
-    def _start_partition(self, kind: str, value: dict[str, Any]) -> Grudge:
+    def _grudge_of(self, value: dict[str, Any]) -> Grudge:
+        """The grudge `nemeses.partition.PartitionFault.start` imposes for `value`, over
+        every node (drawn with this nemesis's generator)."""
         shape = str(value.get("shape", "halves"))
         db = self.targets.db
         if "grudge" in value:
@@ -236,11 +296,24 @@ class SimNemesis:
             elif shape == "isolate-txn-coordinator":
                 victim = txn_coordinator_node(db, self.rng)
             g = grudge(shape, self.targets.names, self.rng, victim)
-        current = {n: list(g.get(n, [])) for n in self.targets.names}
-        self.cluster.heal()
-        self.cluster.partition(current)
+        return {n: list(g.get(n, [])) for n in self.targets.names}
+
+    def _start_partition(self, kind: str, value: dict[str, Any]) -> Grudge:
+        current = self._grudge_of(value)
         self.grudges = {kind: current}
+        self._apply_grudges()
         return current
+
+    def _apply_grudges(self) -> None:
+        """Impose the union of the partition kinds' grudge and the targeted kinds' cuts (each
+        fault's own rules, as routes and chains of several faults add up on real nodes)."""
+        merged: dict[str, set[str]] = {}
+        for g in [*self.grudges.values(), *self.cuts.values()]:
+            for a, bs in g.items():
+                merged.setdefault(a, set()).update(bs)
+        self.cluster.heal()
+        if any(merged.values()):
+            self.cluster.partition({a: sorted(bs) for a, bs in sorted(merged.items())})
 
     # ----- processes -----------------------------------------------------------------------
 
@@ -297,6 +370,304 @@ class SimNemesis:
         if errors:
             out["error"] = "; ".join(f"{n}: {e}" for n, e in sorted(errors.items()))
         return out
+
+    # ----- the targeted kinds (nemeses.targeted, in virtual time) ---------------------------
+
+    def _state(self, key: str) -> tuple[str | None, list[str], int] | None:
+        try:
+            return self.targets.partition_state(*_split(key))
+        except Exception:
+            return None
+
+    async def _wait_for(
+        self, key: str, done: Callable[[tuple[str | None, list[str], int]], bool], wait_s: float
+    ) -> tuple[tuple[str | None, list[str], int] | None, float]:
+        """Read the state znode every `POLL_S` (virtual) until `done(state)` or `wait_s`;
+        (last state, seconds waited), as `nemeses.targeted._Watching.wait_for`."""
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        state = self._state(key)
+        while (state is None or not done(state)) and loop.time() - start < wait_s:
+            await asyncio.sleep(POLL_S)
+            state = self._state(key)
+        return state, round(loop.time() - start, 3)
+
+    def _t_kill(self, kind: str, node: str) -> bool:
+        if self._crash(node):
+            self.t_killed[kind].add(node)
+            return True
+        return False
+
+    def _t_pause(self, kind: str, nodes: list[str]) -> list[str]:
+        hit = [n for n in nodes if self._pause(n)]
+        self.t_paused[kind].update(hit)
+        return hit
+
+    def _t_resume(self, kind: str, nodes: list[str]) -> None:
+        for n in nodes:
+            self.cluster.resume(self.targets.broker_id(n))
+            self.t_paused[kind].discard(n)
+
+    def _spawn_start(self, node: str) -> None:
+        """Start `node`'s broker and go on at once, as `db.start` starts the daemon and
+        returns without waiting for it to register (a broker that fails to start is down,
+        crashed: heal_all starts it again)."""
+        broker_id = self.targets.broker_id(node)
+        if self.cluster.brokers[broker_id].alive:
+            return
+
+        async def start() -> None:
+            try:
+                await self.cluster.restart(broker_id)
+            except Exception as e:
+                self.cluster.note(f"nemesis start of {node} failed: {e!r}")
+
+        self._starts.append(asyncio.get_running_loop().create_task(start()))
+
+    async def _t_stop_kills(self, kind: str) -> dict[str, Any]:
+        """The real fault's ``_kills.stop``: start every broker it killed."""
+        nodes = sorted(self.t_killed[kind])
+        await self._restart(nodes)
+        self.t_killed[kind].clear()
+        return {"nodes": nodes}
+
+    def _t_cut(self, kind: str, g: Grudge | None) -> Grudge:
+        """Impose (None: heal) `kind`'s own cut; the real `PartitionFault.start`/`stop`
+        value: the grudge over every node."""
+        if g is None:
+            self.cuts.pop(kind, None)
+            self._apply_grudges()
+            return {n: [] for n in self.targets.names}
+        current = {n: list(g.get(n, [])) for n in self.targets.names}
+        self.cuts[kind] = current
+        self._apply_grudges()
+        return current
+
+    async def _start_isr_squeeze(self, value: dict[str, Any]) -> dict[str, Any]:
+        """`nemeses.targeted.IsrSqueezeFault.start`: followers SIGSTOPped until the state
+        znode shows the ISR at ``to``'s size, then the leader killed, isolated or powered
+        off, and the followers resumed."""
+        kind = "isr-squeeze"
+        key = str(value.get("key") or default_key(self.targets.db))
+        to = str(value.get("to", "min"))
+        then = str(value.get("then", "kill"))
+        lag_ms = int(self.test.get("replica_lag_time_max_ms") or 10000)
+        wait_s = float(value.get("wait_s", 3 * lag_ms / 1000))
+        leader, isr, epoch = self._state(key) or (None, [], -1)
+        if leader is None:
+            return {"key": key, "error": "no leader in the state znode"}
+        target = 1 if to == "leader" else max(1, int(self.test.get("min_insync_replicas") or 1))
+        followers = [n for n in isr if n != leader]
+        victims = self.rng.sample(followers, max(0, len(isr) - target))
+        out: dict[str, Any] = {
+            "key": key,
+            "to": to,
+            "then": then,
+            "leader": leader,
+            "leader_epoch": epoch,
+            "isr_before": isr,
+        }
+        if not victims:
+            return {**out, "error": f"the ISR {isr} is already at {target}: nothing to squeeze"}
+        paused = self._t_pause(kind, victims)
+        try:
+            seen, waited = await self._wait_for(
+                key, lambda s: s[0] == leader and len(s[1]) <= target, wait_s
+            )
+            out.update(paused=paused, waited_s=waited, isr_at_failure=seen[1] if seen else None)
+            if seen is None or seen[0] != leader or len(seen[1]) > target:
+                return {**out, "error": f"the ISR did not shrink to {target} in {wait_s} s"}
+            if then == "isolate":
+                value = {"shape": "isolate-leader", "key": key}
+                out["isolated"] = self._t_cut(kind, self._grudge_of(value))
+            else:
+                out["killed"] = leader if self._t_kill(kind, leader) else None
+                if then == "power" and out["killed"] is not None:
+                    try:  # before the followers resume: the leader is down, its files cut
+                        reports = self.cluster.power_loss(self.targets.broker_id(leader))
+                        out["power_loss"] = "\n".join(r.summary() for r in reports)
+                    except Exception as e:
+                        out["error"] = f"power loss of {leader}: {type(e).__name__}: {e}"
+        finally:
+            self._t_resume(kind, paused)
+        return out
+
+    async def _stop_isr_squeeze(self) -> dict[str, Any]:
+        out = await self._t_stop_kills("isr-squeeze")
+        if "isr-squeeze" in self.cuts:
+            out["healed"] = self._t_cut("isr-squeeze", None)
+        return out
+
+    async def _start_leader_flap(self, value: dict[str, Any]) -> dict[str, Any]:
+        """`nemeses.targeted.LeaderFlapFault.start`: two leader changes in quick succession
+        (``follower`` restart, cut or diverge; see that module)."""
+        kind = "leader-flap"
+        key = str(value.get("key") or default_key(self.targets.db))
+        gap_ms = int(value.get("gap_ms", 500))
+        wait_s = float(value.get("wait_s", 30))
+        follower = str(value.get("follower", "restart"))
+        first, isr, epoch = self._state(key) or (None, [], -1)
+        if first is None:
+            return {"key": key, "error": "no leader in the state znode"}
+        out: dict[str, Any] = {"key": key, "gap_ms": gap_ms, "leaders": [first], "epochs": [epoch]}
+        if follower == "cut":
+            out["follower"] = "cut"
+            return await self._flap_with_a_cut(key, first, isr, gap_ms, wait_s, out)
+        if follower == "diverge":
+            out["follower"] = "diverge"
+            return await self._flap_to_diverge(key, first, isr, value, wait_s, out)
+        if len(isr) < 2:
+            return {**out, "error": f"the ISR {isr} has no follower to take over"}
+        self._t_kill(kind, first)
+        seen, waited = await self._wait_for(key, lambda s: s[0] not in (None, first), wait_s)
+        if seen is None or seen[0] in (None, first):
+            return {**out, "error": f"no new leader within {wait_s} s"}
+        second = seen[0]
+        out["leaders"].append(second)
+        out["epochs"].append(seen[2])
+        restarted = [n for n in seen[1] if n not in (first, second)]
+        if restarted:
+            node = self.rng.choice(restarted)
+            self._crash(node)  # db.kill and db.start: not the fault's to start again
+            self._spawn_start(node)
+            out["restarted"] = node
+        return await self._kill_the_second(key, second, gap_ms, wait_s, waited, out)
+
+    async def _kill_the_second(
+        self, key: str, second: str, gap_ms: int, wait_s: float, waited: float, out: dict[str, Any]
+    ) -> dict[str, Any]:
+        await asyncio.sleep(gap_ms / 1000)
+        self._t_kill("leader-flap", second)
+        third, waited2 = await self._wait_for(key, lambda s: s[0] not in (None, second), wait_s)
+        out["waited_s"] = round(waited + waited2, 3)
+        if third is not None and third[0] is not None:
+            out["leaders"].append(third[0])
+            out["epochs"].append(third[2])
+        return out
+
+    async def _flap_with_a_cut(
+        self, key: str, first: str, isr: list[str], gap_ms: int, wait_s: float, out: dict[str, Any]
+    ) -> dict[str, Any]:
+        followers = [n for n in isr if n != first]
+        if len(followers) < 2:
+            return {**out, "error": f"the ISR {isr} has no two followers to cut apart"}
+        pair = sorted(self.rng.sample(followers, 2))
+        b, c = pair
+        out["cut"] = pair
+        self._t_cut("leader-flap", {b: [c], c: [b]})
+        self._t_kill("leader-flap", first)
+        seen, waited = await self._wait_for(key, lambda s: s[0] not in (None, first), wait_s)
+        out["waited_s"] = waited
+        if seen is None or seen[0] in (None, first):
+            return {**out, "error": f"no new leader within {wait_s} s"}
+        second = seen[0]
+        out["leaders"].append(second)
+        out["epochs"].append(seen[2])
+        out["isr_at_second_kill"] = seen[1]
+        if second not in pair:
+            return {**out, "error": f"{second} was elected, not one of the cut pair {pair}"}
+        out["truncating"] = c if second == b else b
+        return await self._kill_the_second(key, second, gap_ms, wait_s, waited, out)
+
+    def _succession(self, key: str, isr: list[str]) -> list[str]:
+        try:
+            order = self.targets.assignment(*_split(key))
+        except Exception:
+            order = []
+        ranked = [n for n in order if n in isr]
+        return ranked if len(ranked) == len(isr) else list(isr)
+
+    async def _flap_to_diverge(
+        self,
+        key: str,
+        first: str,
+        isr: list[str],
+        value: dict[str, Any],
+        wait_s: float,
+        out: dict[str, Any],
+    ) -> dict[str, Any]:
+        """``follower: diverge`` (KIP-279's scenario): see `nemeses.targeted`."""
+        kind = "leader-flap"
+        lag_ms = int(value.get("lag_ms", 500))
+        lead_ms = int(value.get("lead_ms", max(int(value.get("gap_ms", 500)), 1500)))
+        followers = [n for n in self._succession(key, isr) if n != first]
+        if len(followers) != 2:
+            return {**out, "error": f"the ISR {isr} has not exactly two followers"}
+        b, c = followers
+        out.update(cut=sorted(followers), lagging=b, lag_ms=lag_ms, lead_ms=lead_ms)
+        self._t_cut(kind, {b: [c], c: [b]})
+        paused = self._t_pause(kind, [b])
+        try:
+            await asyncio.sleep(lag_ms / 1000)
+            self._t_kill(kind, first)
+        finally:
+            self._t_resume(kind, paused)
+        seen, waited = await self._wait_for(key, lambda s: s[0] not in (None, first), wait_s)
+        out["waited_s"] = waited
+        if seen is None or seen[0] != b:
+            elected = None if seen is None else seen[0]
+            return {**out, "error": f"{elected} was elected, not the lagging follower {b}"}
+        out["leaders"].append(b)
+        out["epochs"].append(seen[2])
+        await asyncio.sleep(lead_ms / 1000)
+        self._t_kill(kind, b)
+        seen, waited2 = await self._wait_for(key, lambda s: s[0] not in (None, b), wait_s)
+        out["waited_s"] = round(waited + waited2, 3)
+        if seen is None or seen[0] != c:
+            elected = None if seen is None else seen[0]
+            return {**out, "error": f"{elected} was elected after {b}, not {c}"}
+        out["leaders"].append(c)
+        out["epochs"].append(seen[2])
+        out["healed"] = self._t_cut(kind, None)
+        self._spawn_start(b)
+        self.t_killed[kind].discard(b)
+        seen, waited3 = await self._wait_for(key, lambda s: s[0] == c and b in s[1], wait_s)
+        out["waited_s"] = round(waited + waited2 + waited3, 3)
+        if seen is None or b not in seen[1]:
+            return {**out, "error": f"{b} did not rejoin {c}'s ISR within {wait_s} s"}
+        out["isr_at_third_kill"] = seen[1]
+        await asyncio.sleep(lag_ms / 1000)
+        self._t_kill(kind, c)
+        seen, waited4 = await self._wait_for(key, lambda s: s[0] not in (None, c), wait_s)
+        out["waited_s"] = round(waited + waited2 + waited3 + waited4, 3)
+        if seen is not None and seen[0] is not None:
+            out["leaders"].append(seen[0])
+            out["epochs"].append(seen[2])
+        return out
+
+    async def _stop_leader_flap(self) -> dict[str, Any]:
+        healed = None
+        if "leader-flap" in self.cuts:  # the cut first, so the brokers started find their peers
+            healed = self._t_cut("leader-flap", None)
+        out = await self._t_stop_kills("leader-flap")
+        if healed is not None:
+            out["healed"] = healed
+        return out
+
+    def _start_zk_cut(self, value: dict[str, Any]) -> dict[str, Any]:
+        """`nemeses.targeted.ZkCutFault.start`: the key's leader cut off from ZooKeeper only
+        (`SimCluster.cut_zookeeper`: its session's traffic, nothing else), and one in-sync
+        follower SIGSTOPped unless ``pause_follower`` is false."""
+        key = str(value.get("key") or default_key(self.targets.db))
+        leader, isr, epoch = self._state(key) or (None, [], -1)
+        if leader is None:
+            return {"key": key, "error": "no leader in the state znode"}
+        self.cluster.cut_zookeeper(self.targets.broker_id(leader))
+        self.zk_cut.add(leader)
+        out: dict[str, Any] = {"key": key, "leader": leader, "leader_epoch": epoch, "isr": isr}
+        followers = [n for n in isr if n != leader]
+        if value.get("pause_follower", True) and followers:
+            out["paused"] = self._t_pause("zk-cut", [self.rng.choice(followers)])
+        return out
+
+    def _stop_zk_cut(self) -> dict[str, Any]:
+        nodes = sorted(self.zk_cut)
+        for n in nodes:
+            self.cluster.heal_zookeeper(self.targets.broker_id(n))
+        self.zk_cut.clear()
+        paused = sorted(self.t_paused["zk-cut"])
+        self._t_resume("zk-cut", paused)
+        return {"nodes": nodes, "resumed": paused}
 
     # ----- clocks --------------------------------------------------------------------------
 
@@ -371,8 +742,15 @@ class SimNemesis:
         cut = dict(self.cluster.net.grudge)
         self.cluster.heal()
         self.grudges.clear()
+        self.cuts.clear()
         if cut:
             out["partition"] = cut
+        zk_cut = sorted(self.zk_cut)
+        for n in zk_cut:
+            self.cluster.heal_zookeeper(self.targets.broker_id(n))
+        self.zk_cut.clear()
+        if zk_cut:
+            out["zk-cut"] = zk_cut
         skewed = self._stop_clock()["nodes"]
         if skewed:
             out["clock"] = skewed
@@ -386,14 +764,20 @@ class SimNemesis:
         await self._restart(dead)
         self.killed.clear()
         self.power_killed.clear()
+        for kind in TARGETED_SIM:
+            self.t_killed[kind].clear()
+            self.t_paused[kind].clear()
         if dead:
             out["power" if "power" in self.kinds else "kill"] = dead
         self.active.clear()
         return out
 
     def close(self) -> None:
-        """Stop background work (a clock strobe)."""
+        """Stop background work (a clock strobe, broker starts still under way)."""
         self._stop_strobe()
+        for task in self._starts:
+            task.cancel()
+        self._starts.clear()
 
 
 __all__ = ["SUPPORTED", "SimNemesis", "SimTargets"]

@@ -40,7 +40,9 @@ in the order they last asked. The asking is done by the interpreter itself, in o
 per completion and in the thread's timer, not by waking each thread's task: a thread whose
 answer is still `Pending` stays asleep (its timer set again from now, as a new wait would
 be); only a thread given an op (its invoke recorded then and there) or told it is done is
-woken.
+woken. Threads whose deadlines fall on the same virtual instant (all those told the same
+`at`) share one timer, which asks them in the order they went to sleep: one event, not one
+per thread (at 200 ops/s and 10 threads, 15,000 events fewer in a 20-s run).
 """
 
 from __future__ import annotations
@@ -104,9 +106,9 @@ class _Worker:
     abandoned: bool = False
     open_invoke: Op | None = None
     # While asleep after a Pending: what wakes its task (a taken op, None, or an error) and
-    # the timer of its deadline.
+    # its deadline (the loop time of the timer it shares with the threads due then).
     wake: asyncio.Future[Any] | None = None
-    timer: asyncio.TimerHandle | None = None
+    due: float | None = None
 
 
 class SimInterpreter:
@@ -139,6 +141,8 @@ class SimInterpreter:
         # the threads asleep after a Pending, in the order they last asked (a dict as an
         # ordered set)
         self._asleep: dict[_Worker, None] = {}
+        # deadline -> its timer and the threads due then, in the order they went to sleep
+        self._due: dict[float, tuple[asyncio.TimerHandle, dict[_Worker, None]]] = {}
         self._wake_scheduled = False
         #: how many times the generator was asked for an op
         self.queries = 0
@@ -292,20 +296,47 @@ class SimInterpreter:
             try:
                 return await w.wake
             finally:
-                if w.timer is not None:
-                    w.timer.cancel()
-                w.wake = w.timer = None
+                self._unschedule(w)
+                w.wake = None
                 self._asleep.pop(w, None)
         return None
 
     def _sleep(self, w: _Worker, seconds: float) -> None:
-        """(Re)set the worker's deadline `seconds` from now; it goes last in the asleep order."""
-        if w.timer is not None:
-            w.timer.cancel()
-        assert self._loop is not None
-        w.timer = self._loop.call_later(seconds, self._ask_again, w)
+        """(Re)set the worker's deadline `seconds` from now; it goes last in the asleep order
+        (and last among the threads due at the same instant)."""
+        self._unschedule(w)
+        loop = self._loop
+        assert loop is not None
+        when = loop.time() + seconds
+        group = self._due.get(when)
+        if group is None:
+            group = self._due[when] = (loop.call_at(when, self._ask_due, when), {})
+        group[1][w] = None
+        w.due = when
         self._asleep.pop(w, None)
         self._asleep[w] = None
+
+    def _unschedule(self, w: _Worker) -> None:
+        """Take the worker out of its deadline's timer (cancelled when no thread is left)."""
+        when, w.due = w.due, None
+        if when is None:
+            return
+        group = self._due.get(when)
+        if group is not None:
+            group[1].pop(w, None)
+            if not group[1]:
+                group[0].cancel()
+                del self._due[when]
+
+    def _ask_due(self, when: float) -> None:
+        """A deadline came: ask its threads again, in the order they went to sleep."""
+        group = self._due.pop(when, None)
+        if group is None:
+            return
+        for w in list(group[1]):
+            if w.due == when:
+                w.due = None
+                self._ask_again(w)
 
     def _ask_again(self, w: _Worker) -> None:
         """Ask the generator again for an asleep worker (its deadline came, or an event
@@ -355,7 +386,10 @@ class SimInterpreter:
         """Await a client call under the hang bound (TimeoutError past it)."""
         if self.hang_timeout is None:
             return await call
-        return await asyncio.wait_for(call, self.hang_timeout)
+        # in the worker's own task (asyncio.wait_for would run the call in a task of its own:
+        # a task, a waiter future and a callback more per op)
+        async with asyncio.timeout(self.hang_timeout):
+            return await call
 
     async def _worker_loop(self, w: _Worker) -> None:
         client: AsyncClient | None = None

@@ -35,8 +35,9 @@ Exit code: 0 every seed valid; 1 some seed invalid; 2 bad options, or (none inva
 unknown, crashed or not deterministic.
 
 Options the simulator cannot honour are refused before anything runs (`refusals`): real hosts
-and the embedded cluster's options, the eos workload, transactions, consumer groups,
-read_committed, and the nemesis kinds `harness.sim.nemesis.SimNemesis` does not model.
+and the embedded cluster's options, the eos workload, consumer groups, and the nemesis kinds
+`harness.sim.nemesis.SimNemesis` does not model (transactions and read_committed are simulated:
+harness/sim/txn.py).
 """
 
 from __future__ import annotations
@@ -157,21 +158,11 @@ def refusals(values: Mapping[str, Any], config: TestConfig) -> list[str]:
         )
     if config.workload != "queue":
         out.append(_workload_refusal(config.workload))
-    if config.txn:
-        out.append(
-            "--txn: transactions are not simulated yet (the simulated producer is not "
-            "transactional); leave it out, or run `isrlab test --txn`"
-        )
     if consumer_mode(config.to_test()) != "assign" or config.commit_p:
         out.append(
             "consumer groups (--subscribe, --sub-p, --commit-p, the sub_via knob) are not "
             "simulated yet (the simulated consumer assigns keys); leave them out, or run "
             "`isrlab test`"
-        )
-    if config.isolation_level != "read_uncommitted":
-        out.append(
-            f"--isolation-level {config.isolation_level}: the simulated consumer reads "
-            "uncommitted (there are no transactions to hide); leave it out"
         )
     unsupported = [k for k in config.nemesis if k not in SUPPORTED]
     if unsupported:

@@ -103,7 +103,7 @@ def test_check_determinism_runs_each_seed_twice(tmp_path: Path) -> None:
     [
         (["--nemesis", "packet"], "packet not simulated"),
         (["--nemesis", "kill+corrupt"], "corrupt not simulated"),
-        (["--txn"], "--txn: transactions are not simulated"),
+        (["--txn", "--acks", "1"], "txn (--txn) needs acks=all"),
         (["--subscribe"], "consumer groups"),
         (["--workload", "eos"], "queue workload only"),
         (["--nodes", "n1,n2,n3"], "--nodes: the simulator runs its brokers in this process"),

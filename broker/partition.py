@@ -236,6 +236,15 @@ class ReadResult:
         return self.data.size if self.data is not None else 0
 
 
+_BROKER_ERRORS: dict[int, ErrorCode] = {int(e): e for e in ErrorCode}
+
+
+def _broker_error(error: int) -> ErrorCode:
+    """The broker's ErrorCode of the replication core's (another enum of the same codes)."""
+    code = _BROKER_ERRORS.get(error)
+    return code if code is not None else ErrorCode(int(error))
+
+
 class HostedPartition:
     def __init__(
         self,
@@ -364,7 +373,7 @@ class HostedPartition:
                 if fut is not None and not fut.done():
                     fut.set_result(
                         AppendResult(
-                            ErrorCode(int(a.error)),
+                            _broker_error(a.error),
                             a.base_offset,
                             a.last_offset,
                             self.log.log_start_offset,
@@ -459,26 +468,46 @@ class HostedPartition:
         read_committed: bool,
         min_one_message: bool,
     ) -> ReadResult:
-        actions = self.core.on_fetch(
-            replica_id, fetch_offset, current_leader_epoch, now_ms(), read_committed=read_committed
-        )
-        resp = next((a for a in actions if isinstance(a, FetchResponse)), None)
-        self.dispatch([a for a in actions if not isinstance(a, FetchResponse)])
-        if resp is None:  # pragma: no cover - the core always answers a non-parked fetch
-            return ReadResult(error=ErrorCode.UNKNOWN_SERVER_ERROR)
-        res = ReadResult(
-            error=ErrorCode(int(resp.error)),
-            high_watermark=resp.high_watermark,
-            last_stable_offset=resp.last_stable_offset,
-            log_start_offset=resp.log_start_offset,
-        )
+        core = self.core
+        if replica_id < 0:
+            # A consumer's fetch changes nothing in the core (`on_fetch` has no other action
+            # for it): its answer is `consumer_fetch` and the core's state as it stands, what
+            # on_consumer_fetch's FetchResponse holds.
+            error, records_end = core.consumer_fetch(
+                fetch_offset, current_leader_epoch, read_committed
+            )
+            res = ReadResult(
+                _broker_error(error),
+                core.high_watermark,
+                core.last_stable_offset,
+                self.log.log_start_offset,
+            )
+        else:
+            actions = core.on_fetch(
+                replica_id,
+                fetch_offset,
+                current_leader_epoch,
+                now_ms(),
+                read_committed=read_committed,
+            )
+            resp = next((a for a in actions if isinstance(a, FetchResponse)), None)
+            self.dispatch([a for a in actions if not isinstance(a, FetchResponse)])
+            if resp is None:  # pragma: no cover - the core always answers a non-parked fetch
+                return ReadResult(error=ErrorCode.UNKNOWN_SERVER_ERROR)
+            records_end = resp.records_end
+            res = ReadResult(
+                _broker_error(resp.error),
+                resp.high_watermark,
+                resp.last_stable_offset,
+                resp.log_start_offset,
+            )
         if res.error != ErrorCode.NONE:
             return res
         try:
             res.data = self.log.read(
                 fetch_offset,
                 max_bytes,
-                max_offset=resp.records_end,
+                max_offset=records_end,
                 min_one_message=min_one_message,
             )
             if read_committed and replica_id < 0:

@@ -19,7 +19,6 @@ Large record data is sent with sendfile: see `broker.network.codec`.
 
 from __future__ import annotations
 
-import asyncio
 from typing import TYPE_CHECKING, Any
 
 from isrlab.broker import clock
@@ -87,7 +86,6 @@ async def handle_fetch(server: KafkaServer, request: Request) -> list[bytes | Fi
         waits = _interests(req, replica_id)
         if not any(map(rm.fetch_has_answer, *waits)):
             await rm.notifier.wait(waits[0], deadline - clock.monotonic(), waits[1])
-            await asyncio.sleep(0)
     while True:
         results, total, errors = _read_all(server, req, replica_id)
         now = clock.monotonic()
@@ -98,7 +96,6 @@ async def handle_fetch(server: KafkaServer, request: Request) -> list[bytes | Fi
         # Woken only when a partition can answer with records or an error (its core's
         # fetch_has_answer); the read after waking decides, as min_bytes may not be reached.
         await rm.notifier.wait(waits[0], deadline - now, waits[1])
-        await asyncio.sleep(0)
     return _encode(server, request, results)
 
 

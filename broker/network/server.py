@@ -40,7 +40,8 @@ import collections
 import contextlib
 import logging
 import struct
-from collections.abc import Callable, Coroutine
+import types
+from collections.abc import Callable, Coroutine, Generator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -428,7 +429,7 @@ class SocketServer:
         responses in the same order. Handlers run concurrently (pipelining), so an acks=all
         produce waiting for replication does not hold back the requests behind it; each handler
         does its appends before its first await, so appends still happen in request order."""
-        pending: asyncio.Queue[asyncio.Task[list[bytes | FileRegion] | None] | None] = (
+        pending: asyncio.Queue[asyncio.Future[list[bytes | FileRegion] | None] | None] = (
             asyncio.Queue(maxsize=MAX_INFLIGHT_PER_CONNECTION)
         )
         responder = asyncio.create_task(self._respond(conn, pending))
@@ -449,7 +450,7 @@ class SocketServer:
     async def _respond(
         self,
         conn: Connection,
-        pending: asyncio.Queue[asyncio.Task[list[bytes | FileRegion] | None] | None],
+        pending: asyncio.Queue[asyncio.Future[list[bytes | FileRegion] | None] | None],
     ) -> None:
         while True:
             task = await pending.get()
@@ -460,7 +461,7 @@ class SocketServer:
     async def _read_requests(
         self,
         conn: Connection,
-        pending: asyncio.Queue[asyncio.Task[list[bytes | FileRegion] | None] | None],
+        pending: asyncio.Queue[asyncio.Future[list[bytes | FileRegion] | None] | None],
     ) -> None:
         while True:
             frame = await self._read_frame(conn)
@@ -528,15 +529,20 @@ class SocketServer:
         self,
         conn: Connection,
         frame: bytes | bytearray,
-        pending: asyncio.Queue[asyncio.Task[list[bytes | FileRegion] | None] | None],
+        pending: asyncio.Queue[asyncio.Future[list[bytes | FileRegion] | None] | None],
     ) -> bool:
-        """Decode one request and start its handler; False: close the connection."""
+        """Decode one request and start its handler; False: close the connection.
+
+        The handler's coroutine is stepped here, in the reading task, up to its first wait
+        (its append done), as a task's first step would run it: one answered at once costs no
+        task and no loop iteration; one that waits goes on as a task from where it stopped
+        (`_resume`)."""
         try:
             request = decode_request(memoryview(frame))
         except UnsupportedVersion as e:
             if e.api_key == 18:
                 conn.inflight += 1
-                await pending.put(_done(_api_versions_unsupported(e.correlation_id)))
+                await pending.put(_done(conn, _api_versions_unsupported(e.correlation_id)))
                 return True
             log.warning("connection %s: %s; closing", conn.peer, e)
             return False
@@ -545,19 +551,33 @@ class SocketServer:
             return False
         request.listener = conn.listener
         conn.inflight += 1
-        task = asyncio.create_task(self.handler(request, conn))
-        # Let the new handler run up to its first await (its append) before reading on.
-        await asyncio.sleep(0)
-        if conn.inflight == 1 and task.done() and not task.cancelled() and not task.exception():
-            # Answered at once with nothing ahead of it on this connection (the responder is
-            # idle and its queue empty): sent from here, without the responder's hand-off.
-            await _answer(conn, task)
+        coro = self.handler(request, conn)
+        try:
+            yielded = coro.send(None)
+        except StopIteration as stop:
+            parts = stop.value
+            if conn.inflight == 1:
+                # Answered at once with nothing ahead of it on this connection (the responder
+                # is idle and its queue empty): sent from here, without the responder's hand-off.
+                try:
+                    if parts is not None:
+                        await conn.send(parts)
+                finally:
+                    conn.inflight -= 1
+                    conn.last_activity = conn._loop.time()
+                return True
+            await pending.put(_done(conn, parts))
             return True
-        await pending.put(task)
+        except Exception as e:  # the handler failed in its first step: the responder raises it
+            fut: asyncio.Future[list[bytes | FileRegion] | None] = conn._loop.create_future()
+            fut.set_exception(e)
+            await pending.put(fut)
+            return True
+        await pending.put(asyncio.ensure_future(_continue(coro, yielded)))
         return True
 
 
-async def _answer(conn: Connection, task: asyncio.Task[list[bytes | FileRegion] | None]) -> None:
+async def _answer(conn: Connection, task: asyncio.Future[list[bytes | FileRegion] | None]) -> None:
     """Send a handler's response (None: none to send), then count the request done."""
     try:
         parts = await task
@@ -568,11 +588,40 @@ async def _answer(conn: Connection, task: asyncio.Task[list[bytes | FileRegion] 
         conn.last_activity = conn._loop.time()
 
 
-def _done(parts: list[bytes | FileRegion]) -> asyncio.Task[list[bytes | FileRegion] | None]:
-    async def value() -> list[bytes | FileRegion] | None:
-        return parts
+def _done(
+    conn: Connection, parts: list[bytes | FileRegion] | None
+) -> asyncio.Future[list[bytes | FileRegion] | None]:
+    fut: asyncio.Future[list[bytes | FileRegion] | None] = conn._loop.create_future()
+    fut.set_result(parts)
+    return fut
 
-    return asyncio.create_task(value())
+
+@types.coroutine
+def _resume(coro: Coroutine[Any, Any, Any], yielded: Any) -> Generator[Any, Any, Any]:
+    """The rest of ``coro``, whose first step returned ``yielded`` (what it waits on), run by
+    the task awaiting this: each value or exception the task passes in goes on to ``coro``."""
+    while True:
+        try:
+            sent = yield yielded
+        except GeneratorExit:
+            coro.close()
+            raise
+        except BaseException as e:  # a cancellation, or what the awaited future raised
+            try:
+                yielded = coro.throw(e)
+            except StopIteration as stop:
+                return stop.value
+        else:
+            try:
+                yielded = coro.send(sent)
+            except StopIteration as stop:
+                return stop.value
+
+
+async def _continue(
+    coro: Coroutine[Any, Any, list[bytes | FileRegion] | None], yielded: Any
+) -> list[bytes | FileRegion] | None:
+    return await _resume(coro, yielded)  # type: ignore[no-any-return]
 
 
 def _api_versions_unsupported(correlation_id: int) -> list[bytes | FileRegion]:

@@ -426,15 +426,26 @@ class Partition:
         read_committed: bool = False,
     ) -> FetchResponse:
         """A consumer Fetch: it may read only below the HW (the LSO when ``read_committed``)."""
+        error, end = self.consumer_fetch(fetch_offset, current_leader_epoch, read_committed)
+        return self._fetch_response(request_id, CONSUMER_REPLICA_ID, error, fetch_offset, end)
+
+    def consumer_fetch(
+        self,
+        fetch_offset: int,
+        current_leader_epoch: int = NO_EPOCH_CHECK,
+        read_committed: bool = False,
+    ) -> tuple[ErrorCode, int]:
+        """`on_consumer_fetch`'s answer without building it: (error, where the records to
+        serve end). The rest of its FetchResponse is the core's state as it stands
+        (``high_watermark``, ``last_stable_offset``, the log start; records end at
+        ``fetch_offset`` on an error); a consumer fetch changes nothing here."""
         error = self._epoch_error(current_leader_epoch)
         if error is None and not (
             self.log.log_start_offset <= fetch_offset <= self.log.log_end_offset
         ):
             error = ErrorCode.OFFSET_OUT_OF_RANGE
         end = max(fetch_offset, self._readable_end(CONSUMER_REPLICA_ID, read_committed))
-        return self._fetch_response(
-            request_id, CONSUMER_REPLICA_ID, error or ErrorCode.NONE, fetch_offset, end
-        )
+        return error or ErrorCode.NONE, end
 
     def on_list_offsets(
         self,

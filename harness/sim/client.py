@@ -51,15 +51,20 @@ What it does, after librdkafka where it matters for anomalies:
   `{k: [[offset, v], ...]}`), `node`, `producer` on sends, and `watermarks` (ListOffsets
   earliest/latest from the leaders) on a seeded sample (watermark_p) of ok data ops. A
   completion that is not ok rewinds the positions to the first offset it read, as
-  QueueClient's rollback.
+  QueueClient's rollback;
+- transactions (test["txn"]) and read_committed (test["isolation_level"]): harness/sim/txn.py
+  (`attach`, called here): librdkafka's transactional producer, every data op one
+  transaction as QueueClient's, and a read_committed fetch that drops aborted transactions.
 
 Known differences from librdkafka: no background prefetch (a poll fetches when called, so a
 consumer reads later than librdkafka would); no linger/batching across ops and one
 in-flight batch per partition per op (librdkafka pipelines up to 5); retry backoff is flat
 100 ms (librdkafka backs off exponentially up to 1 s); no periodic metadata refresh, no
 fetch-position validation with leader epochs (KIP-320: librdkafka ≥ 1.9 detects a truncated
-log and resets); no compression. Consumer groups (`subscribe`, `commit`) and transactions
-(`txn`) are not simulated yet: those ops complete as `fail` with error "unsupported-in-sim".
+log and resets); no compression. Consumer groups (`subscribe`, `commit`) are not simulated
+yet: those ops complete as `fail` with error "unsupported-in-sim". Transactions: no
+send_offsets_to_transaction (the queue workload sends none), no coordinator monitor, flat
+back-offs (harness/sim/txn.py's module doc).
 """
 
 from __future__ import annotations

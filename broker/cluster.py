@@ -22,9 +22,10 @@ from collections.abc import Callable
 from typing import Any
 
 from kazoo.client import KazooClient
+from kazoo.exceptions import SessionExpiredError
 from kazoo.protocol.states import KazooState
 
-from isrlab.broker import clock
+from isrlab.broker import clock, zk_retry
 from isrlab.broker.config import BrokerConfig
 from isrlab.broker.controller_service import ControllerService
 from isrlab.broker.errors import ErrorCode, KafkaError
@@ -48,7 +49,9 @@ class ZkStateStore:
         self.zk = zk
 
     async def write_state(self, action: WriteStateZnode) -> tuple[bool, int]:
-        return await asyncio.to_thread(self.zk.write_state, action)
+        """The leader's ISR write: made again after a dropped connection (see `zk_retry`);
+        a failed outcome then means a conflict, for which the controller's state follows."""
+        return await zk_retry.call(self.zk.zk, self.zk.write_state, action)
 
 
 class ZkTopicStore:
@@ -293,7 +296,10 @@ class ClusterKafkaServer(KafkaServer):
         gen = self._brokers_gen
 
         async def apply() -> None:
-            view = await asyncio.to_thread(self._lookup_brokers, ids)
+            try:
+                view = await zk_retry.call(self.zk.zk, self._lookup_brokers, ids)
+            except SessionExpiredError:
+                return  # the new session's watch reports the brokers again
             if gen == self._brokers_gen:
                 self._brokers = view
 
@@ -311,7 +317,10 @@ class ClusterKafkaServer(KafkaServer):
             self._spawn(self._add_topic_locally(name))
 
     async def _add_topic_locally(self, name: str) -> None:
-        info = await asyncio.to_thread(self.zk.topic, name)
+        try:
+            info = await zk_retry.call(self.zk.zk, self.zk.topic, name)
+        except SessionExpiredError:
+            return  # the new session's watch reports the topics again
         if info is None or name in self._topics:
             return
         self._topics[name] = info

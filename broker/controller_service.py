@@ -9,7 +9,10 @@ away (the controller died or lost its ZooKeeper session). The active controller 
 - deletion requests (children of `/admin/delete_topics`) -> the topic's znodes are removed,
 
 and executes what it returns: conditional state-znode writes (reporting the outcome back), re-reads
-after a version conflict.
+after a version conflict. Every ZooKeeper call goes through `zk_retry.call`: one that meets a
+dropped connection is made again once the session is connected again (Kafka's ZooKeeperClient
+does the same), so an event is never half-handled and a write's outcome always reaches the
+core; a session that changed meanwhile ends the handling (the controller resigns).
 
 KIP-966 in ZooKeeper mode: a broker's epoch is its registration's czxid (Kafka's ZooKeeper
 broker epoch) and its registration says whether it started after a clean shutdown. A broker
@@ -36,6 +39,7 @@ from typing import Any
 from kazoo.exceptions import NoNodeError
 from kazoo.protocol.states import KazooState
 
+from isrlab.broker import zk_retry
 from isrlab.broker.controller.controller import (
     Controller,
     ControllerAction,
@@ -135,7 +139,7 @@ class ControllerService:
             return
         elif kind == "brokers":
             live = sorted(int(c) for c in value)
-            regs = await asyncio.to_thread(self._registrations, live)
+            regs = await zk_retry.call(self.zk.zk, self._registrations, live)
             renewed = {b for b, (epoch, _) in regs.items() if self._epochs.get(b) != epoch}
             bounced = {b for b in renewed if b in self._epochs}
             unclean = sorted(b for b in renewed if not regs[b][1])
@@ -152,7 +156,7 @@ class ControllerService:
             for name in value:
                 if any(tp.topic == name for tp in self.core.assignments):
                     continue
-                info = await asyncio.to_thread(self.zk.topic, name)
+                info = await zk_retry.call(self.zk.zk, self.zk.topic, name)
                 if info is None:
                     continue
                 log.info("controller: new topic %s %s", name, info.assignment)
@@ -162,11 +166,11 @@ class ControllerService:
                 for tp in [tp for tp in self.core.assignments if tp.topic == name]:
                     self.core.assignments.pop(tp, None)
                     self.core.states.pop(tp, None)
-                await asyncio.to_thread(self.zk.delete_topic_znodes, name)
+                await zk_retry.call(self.zk.zk, self.zk.delete_topic_znodes, name)
                 log.info("controller: deleted topic %s", name)
 
     async def _elect(self) -> None:
-        epoch = await asyncio.to_thread(self.zk.try_become_controller, self.broker_id)
+        epoch = await zk_retry.call(self.zk.zk, self.zk.try_become_controller, self.broker_id)
         if epoch is None:
             return
         log.info("broker %d is now the controller (epoch %d)", self.broker_id, epoch)
@@ -176,9 +180,9 @@ class ControllerService:
             eligible_leader_replicas=self.eligible_leader_replicas,
             min_insync_replicas=self.min_insync_replicas,
         )
-        assignments, states, written_at = await asyncio.to_thread(self._read_all)
-        live = await asyncio.to_thread(self.zk.broker_ids)
-        regs = await asyncio.to_thread(self._registrations, live)
+        assignments, states, written_at = await zk_retry.call(self.zk.zk, self._read_all)
+        live = await zk_retry.call(self.zk.zk, self.zk.broker_ids)
+        regs = await zk_retry.call(self.zk.zk, self._registrations, live)
         self._epochs = {b: e for b, (e, _) in regs.items()}
         # Registered since the state was last written: not yet taken into account by it.
         newer = {tp: [b for b, (e, _) in regs.items() if e > written_at[tp]] for tp in states}
@@ -186,7 +190,7 @@ class ControllerService:
         await self._execute(self.core.load(assignments, states, live, unclean, newer))
         self._watch_cluster()
         # Catch up with deletions requested while nobody was controller.
-        for name in await asyncio.to_thread(self.zk.deletion_requests):
+        for name in await zk_retry.call(self.zk.zk, self.zk.deletion_requests):
             await self._handle("deletions", [name])
 
     def _registrations(self, live: list[int]) -> dict[int, tuple[int, bool]]:
@@ -229,7 +233,7 @@ class ControllerService:
         while queue and self.core is not None:
             a = queue.pop(0)
             if isinstance(a, WriteStateZnode):
-                ok, version = await asyncio.to_thread(self.zk.write_state, a)
+                ok, version = await zk_retry.call(self.zk.zk, self.zk.write_state, a)
                 if ok:
                     log.info(
                         "controller: %s leader=%d epoch=%d isr=%s elr=%s",
@@ -241,7 +245,7 @@ class ControllerService:
                     )
                 queue += self.core.on_write_result(a.tp, ok, version)
             elif isinstance(a, ReadStateZnode):
-                st = await asyncio.to_thread(self.zk.partition_state, a.tp)
+                st = await zk_retry.call(self.zk.zk, self.zk.partition_state, a.tp)
                 if st is not None:
                     queue += self.core.on_state_read(a.tp, st)
             elif isinstance(a, WriteAssignmentZnode):

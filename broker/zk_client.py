@@ -217,12 +217,20 @@ class KafkaZkClient:
     # ----- controller -----------------------------------------------------------------------
 
     def try_become_controller(self, broker_id: int) -> int | None:
-        """Create the ephemeral /controller; on success bump /controller_epoch and return it."""
+        """Create the ephemeral /controller; on success bump /controller_epoch and return it.
+        Safe to call again after a ConnectionLoss (Kafka's checked ephemeral create): a
+        /controller this very session created counts as created."""
         data = json.dumps({"version": 1, "brokerid": broker_id, "timestamp": str(clock.now_ms())})
         try:
             self.zk.create("/controller", data.encode(), ephemeral=True)
         except NodeExistsError:
-            return None
+            session = self.zk.client_id
+            try:
+                _, stat = self.zk.get("/controller")
+            except NoNodeError:
+                return None  # gone meanwhile: the watch on it tries again
+            if session is None or stat.ephemeralOwner != session[0]:
+                return None
         while True:
             try:
                 raw, stat = self.zk.get("/controller_epoch")
@@ -325,7 +333,12 @@ class KafkaZkClient:
         return LeaderAndIsr.from_json(data, stat.version)
 
     def write_state(self, action: WriteStateZnode) -> tuple[bool, int]:
-        """Compare-and-set of a partition state znode; (ok, new or current version)."""
+        """Compare-and-set of a partition state znode; (ok, new or current version).
+
+        A conflict whose znode holds exactly the data written is this write's own, made by
+        an attempt whose reply was lost with the connection (`zk_retry` makes it again):
+        success at the znode's version, as Kafka's conditional update checks
+        (`checkLeaderAndIsrZkData`)."""
         try:
             if action.expected_version is None or action.expected_version < 0:
                 self.zk.create(action.path, action.data, makepath=True)
@@ -334,10 +347,14 @@ class KafkaZkClient:
             return True, stat.version
         except (BadVersionError, NodeExistsError):
             try:
-                _, stat = self.zk.get(action.path)
-                return False, stat.version
+                data, stat = self.zk.get(action.path)
             except NoNodeError:
                 return False, -1
+            expected = action.expected_version
+            ours = 0 if expected is None or expected < 0 else expected + 1  # what it would make
+            if data == action.data and stat.version == ours:
+                return True, stat.version
+            return False, stat.version
         except NoNodeError:
             return False, -1
 

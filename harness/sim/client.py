@@ -5,8 +5,8 @@
 brokers of a `SimCluster` over `transport` (`cluster.net.host(...)`): Produce and Fetch
 requests, their responses and the fetched records through the hand-written codecs of
 `harness/sim/wire.py` (held to kafka-python's by tests/sim/test_client_wire.py), the rarer
-requests through kafka-python's classes (as `broker/network/client.py`), batches built by
-kafka-python's record-batch builder.
+requests through kafka-python's classes (as `broker/network/client.py`); batches are built
+as kafka-python's record-batch builder builds them (`wire.encode_batch`).
 `SimQueueClient.factory(test, net, nodes)` is the interpreter's client_factory(process,
 thread): thread t is bound to node t mod n (its `node`, first in its bootstrap order, as
 `QueueClient.factory`) and connects from host "client<t>".
@@ -82,7 +82,6 @@ from kafka.protocol.api_header import ResponseClassRegistry
 from kafka.protocol.consumer import ListOffsetsRequest
 from kafka.protocol.metadata import MetadataRequest
 from kafka.protocol.producer.transaction import InitProducerIdRequest
-from kafka.record.memory_records import MemoryRecordsBuilder
 
 from isrlab.broker.errors import ErrorCode
 from isrlab.broker.network.client import ConnectionFailed
@@ -632,19 +631,8 @@ class SimQueueClient:
             pid, epoch = self._pid, self._epoch
             seq = self._seq.get(tp, 0)
             self._seq[tp] = seq + len(values)
-        builder = MemoryRecordsBuilder(
-            magic=2,
-            compression_type=0,
-            batch_size=1 << 20,
-            producer_id=pid,
-            producer_epoch=epoch,
-            base_sequence=seq,
-        )
         ts = int((EPOCH + self._loop_time()) * 1000)
-        for v in values:
-            builder.append(timestamp=ts, key=None, value=v, headers=[])
-        builder.close()
-        records = bytes(builder.buffer())
+        records = wire.encode_batch(values, ts, pid, epoch, seq)
         d = await self._retry(tp, records, deadline)
         if self.idempotent and d.outcome != "ok" and self._pid == pid:
             # librdkafka: after a batch that may or may not be in the log, a fresh producer id

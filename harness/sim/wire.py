@@ -12,6 +12,9 @@ byte (`ProduceRequest[8]`, `FetchRequest[11]` with their v1 headers, framed), th
 field for field (`ProduceResponse[8]`, `FetchResponse[11]` as kafka-python encodes them), the
 records as kafka-python's `DefaultRecordBatch` iterates them, on hypothesis-generated contents.
 
+- `encode_batch(values, timestamp, producer_id, producer_epoch, base_sequence)`: the record
+  batch kafka-python's `MemoryRecordsBuilder` (magic 2, no compression) builds of records
+  with no key and no headers, all at `timestamp` (the client's only shape);
 - `encode_produce_request(correlation, client_id, acks, timeout_ms, topic, partition,
   records)`: one topic, one partition, no transactional id (the client's only shape);
 - `decode_produce_response(frame)` -> [`ProducedPart`]: every partition of every topic;
@@ -34,6 +37,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from kafka.record.default_records import DefaultRecordBatch
+from kafka.record.util import calc_crc32c
 
 PRODUCE_KEY, PRODUCE_VERSION = 0, 8
 FETCH_KEY, FETCH_VERSION = 1, 11
@@ -50,6 +54,7 @@ _FETCH_TOP = struct.Struct(">ihi")  # throttle time, error code, session id
 _FETCHED = struct.Struct(">ihqqq")  # index, error, high watermark, last stable, log start
 _FETCH_TAIL = b"\x00\x00\x00\x00\x00\x00"  # no forgotten topics (int32 0), rack id "" (int16 0)
 _BATCH_HEAD = struct.Struct(">qiibIhiqqqhii")  # a v2 record batch's 61-byte header
+_CRC = struct.Struct(">I")
 
 
 class ProducedPart(NamedTuple):
@@ -71,6 +76,60 @@ class FetchedPart(NamedTuple):
 
 class MalformedResponse(ValueError):
     pass
+
+
+def _put_varint(value: int, out: bytearray) -> None:
+    """`value` as a zigzag varint at the end of `out`."""
+    v = (value << 1) ^ (value >> 63)
+    while v >= 0x80:
+        out.append((v & 0x7F) | 0x80)
+        v >>= 7
+    out.append(v)
+
+
+def encode_batch(
+    values: Sequence[bytes],
+    timestamp: int,
+    producer_id: int,
+    producer_epoch: int,
+    base_sequence: int,
+) -> bytes:
+    """A v2 record batch of `values` (no keys, no headers, one timestamp; see the module
+    doc). Needs at least one value."""
+    if not values:
+        raise ValueError("a record batch needs at least one record")
+    out = bytearray(_BATCH_HEAD.size)
+    for i, value in enumerate(values):
+        # attributes 0, timestamp delta 0, the offset delta, key null (zigzag -1), the value,
+        # no headers
+        record = bytearray(b"\x00\x00")
+        _put_varint(i, record)
+        record.append(1)
+        _put_varint(len(value), record)
+        record += value
+        record.append(0)
+        _put_varint(len(record), out)
+        out += record
+    n = len(values)
+    _BATCH_HEAD.pack_into(
+        out,
+        0,
+        0,  # base offset (the broker's)
+        len(out) - 12,
+        0,  # partition leader epoch (the broker's)
+        2,  # magic
+        0,  # the CRC, below
+        0,  # attributes: no compression, not transactional, not control
+        n - 1,
+        timestamp,
+        timestamp,
+        producer_id,
+        producer_epoch,
+        base_sequence,
+        n,
+    )
+    _CRC.pack_into(out, 17, calc_crc32c(memoryview(out)[21:]))  # over attributes .. end
+    return bytes(out)
 
 
 def _head(api_key: int, version: int, correlation_id: int, client_id: str) -> bytearray:
@@ -236,10 +295,22 @@ def decode_records(data: bytes) -> list[tuple[int, bytes | None]]:
             continue
         p = pos + _BATCH_HEAD.size
         for _ in range(count):
-            _, p = _varint(data, p)  # the record's length
+            # (a one-byte varint read in line: the common case)
+            if data[p] < 0x80:  # the record's length
+                p += 1
+            else:
+                _, p = _varint(data, p)
             p += 1  # attributes
-            _, p = _varint(data, p)  # timestamp delta
-            delta, p = _varint(data, p)
+            if data[p] < 0x80:  # timestamp delta
+                p += 1
+            else:
+                _, p = _varint(data, p)
+            b = data[p]
+            if b < 0x80:
+                delta = (b >> 1) ^ -(b & 1)
+                p += 1
+            else:
+                delta, p = _varint(data, p)
             n, p = _varint(data, p)  # key
             if n > 0:
                 p += n
@@ -249,12 +320,15 @@ def decode_records(data: bytes) -> list[tuple[int, bytes | None]]:
             else:
                 value = data[p : p + n]
                 p += n
-            headers, p = _varint(data, p)
-            for _ in range(headers):
-                n, p = _varint(data, p)
-                p += max(n, 0)
-                n, p = _varint(data, p)
-                p += max(n, 0)
+            if data[p] == 0:  # no headers
+                p += 1
+            else:
+                headers, p = _varint(data, p)
+                for _ in range(headers):
+                    n, p = _varint(data, p)
+                    p += max(n, 0)
+                    n, p = _varint(data, p)
+                    p += max(n, 0)
             out.append((base + delta, value))
         if p > end:
             raise MalformedResponse("records run past the end of their batch")
@@ -269,6 +343,7 @@ __all__ = [
     "decode_fetch_response",
     "decode_produce_response",
     "decode_records",
+    "encode_batch",
     "encode_fetch_request",
     "encode_produce_request",
 ]

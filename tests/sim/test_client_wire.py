@@ -299,3 +299,31 @@ def test_records_decode_as_kafka_python_iterates_them(batches: list[Any], cut: i
         assert wire.decode_records(data[: len(data) - min(cut, len(last))]) == wire.decode_records(
             head
         )
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    values=st.lists(st.binary(max_size=300), min_size=1, max_size=8),
+    timestamp=st.integers(0, 2**50),
+    # an idempotent producer's (id, epoch, sequence), or none (-1s), as the client sends them
+    producer=st.one_of(
+        st.just((-1, -1, -1)),
+        st.tuples(st.integers(0, 2**63 - 1), st.integers(0, 2**15 - 1), st.integers(0, 2**31 - 1)),
+    ),
+)
+def test_batches_encode_as_kafka_pythons_builder_builds_them(
+    values: list[bytes], timestamp: int, producer: tuple[int, int, int]
+) -> None:
+    pid, epoch, seq = producer
+    builder = MemoryRecordsBuilder(
+        magic=2,
+        compression_type=0,
+        batch_size=1 << 20,
+        producer_id=pid,
+        producer_epoch=epoch,
+        base_sequence=seq,
+    )
+    for v in values:
+        builder.append(timestamp=timestamp, key=None, value=v, headers=[])
+    builder.close()
+    assert wire.encode_batch(values, timestamp, pid, epoch, seq) == bytes(builder.buffer())

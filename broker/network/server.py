@@ -37,10 +37,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import collections.abc
 import contextlib
 import logging
 import struct
-import types
 from collections.abc import Callable, Coroutine, Generator
 from dataclasses import dataclass, field
 from typing import Any
@@ -456,7 +456,16 @@ class SocketServer:
             task = await pending.get()
             if task is None:
                 return
-            await _answer(conn, task)
+            try:
+                await _answer(conn, task)
+            except (ConnectionError, asyncio.CancelledError):
+                raise
+            except Exception:
+                # a handler failed: its answer and those after it are never sent, and the
+                # connection closes now (its reading task then ends and logs the error)
+                conn.closed = True
+                conn.writer.close()
+                raise
 
     async def _read_requests(
         self,
@@ -536,7 +545,7 @@ class SocketServer:
         The handler's coroutine is stepped here, in the reading task, up to its first wait
         (its append done), as a task's first step would run it: one answered at once costs no
         task and no loop iteration; one that waits goes on as a task from where it stopped
-        (`_resume`)."""
+        (`_Resumed`)."""
         try:
             request = decode_request(memoryview(frame))
         except UnsupportedVersion as e:
@@ -573,7 +582,7 @@ class SocketServer:
             fut.set_exception(e)
             await pending.put(fut)
             return True
-        await pending.put(asyncio.ensure_future(_continue(coro, yielded)))
+        await pending.put(asyncio.ensure_future(_Resumed(coro, yielded)))
         return True
 
 
@@ -596,32 +605,40 @@ def _done(
     return fut
 
 
-@types.coroutine
-def _resume(coro: Coroutine[Any, Any, Any], yielded: Any) -> Generator[Any, Any, Any]:
-    """The rest of ``coro``, whose first step returned ``yielded`` (what it waits on), run by
-    the task awaiting this: each value or exception the task passes in goes on to ``coro``."""
-    while True:
-        try:
-            sent = yield yielded
-        except GeneratorExit:
-            coro.close()
-            raise
-        except BaseException as e:  # a cancellation, or what the awaited future raised
-            try:
-                yielded = coro.throw(e)
-            except StopIteration as stop:
-                return stop.value
-        else:
-            try:
-                yielded = coro.send(sent)
-            except StopIteration as stop:
-                return stop.value
+_STARTED = object()
 
 
-async def _continue(
-    coro: Coroutine[Any, Any, list[bytes | FileRegion] | None], yielded: Any
-) -> list[bytes | FileRegion] | None:
-    return await _resume(coro, yielded)  # type: ignore[no-any-return]
+class _Resumed(collections.abc.Coroutine[Any, Any, Any]):
+    """The rest of a coroutine whose first step ran already and returned ``first`` (what it
+    waits on), for a task to run: the task's first step yields ``first`` again, and every
+    later value or exception (a cancellation, even one before that first step) goes on to
+    the coroutine itself."""
+
+    __slots__ = ("_coro", "_first")
+
+    def __init__(self, coro: Coroutine[Any, Any, Any], first: Any) -> None:
+        self._coro = coro
+        self._first = first
+
+    def send(self, value: Any) -> Any:
+        first = self._first
+        if first is not _STARTED:
+            self._first = _STARTED
+            return first
+        return self._coro.send(value)
+
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
+        self._first = _STARTED
+        if val is None and tb is None:
+            return self._coro.throw(typ)
+        return self._coro.throw(typ, val, tb)
+
+    def close(self) -> None:
+        self._first = _STARTED
+        self._coro.close()
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        raise TypeError("a _Resumed is run by a task, not awaited")
 
 
 def _api_versions_unsupported(correlation_id: int) -> list[bytes | FileRegion]:

@@ -279,6 +279,19 @@ class _Conn:
             task.cancel()
 
 
+async def _within(coro: Any, timeout: float) -> tuple[bool, Any]:
+    """(True, what `coro` returned) or, when `timeout` passed first (`coro` cancelled),
+    (False, None): `asyncio.wait` of one task, run in the caller's task."""
+    cm = asyncio.timeout(timeout)
+    try:
+        async with cm:
+            return True, await coro
+    except TimeoutError:
+        if not cm.expired():
+            raise
+        return False, None
+
+
 def _time_out(fut: asyncio.Future[Any]) -> None:
     if not fut.done():
         fut.set_exception(TimeoutError())
@@ -566,22 +579,31 @@ class SimQueueClient:
         by_tp: dict[TP, list[int]] = {}
         for n in range(i, j):
             by_tp.setdefault(parse_key(mops[n][1]), []).append(n)
-        tasks = {
-            tp: asyncio.get_running_loop().create_task(
-                self._deliver(tp, [str(mops[n][2]).encode() for n in ns], deadline)
-            )
-            for tp, ns in by_tp.items()
-        }
-        await asyncio.wait(list(tasks.values()), timeout=self._left(deadline) + 0.001)
+        timeout = self._left(deadline) + 0.001
+        deliveries: dict[TP, _Delivery] = {}
+        if len(by_tp) == 1:  # one partition: in this task (no task, no wait's callbacks)
+            ((tp, ns),) = by_tp.items()
+            values = [str(mops[n][2]).encode() for n in ns]
+            delivered, got = await _within(self._deliver(tp, values, deadline), timeout)
+            deliveries[tp] = got if delivered else _Delivery("info", error="timeout")
+        else:
+            tasks = {
+                tp: asyncio.get_running_loop().create_task(
+                    self._deliver(tp, [str(mops[n][2]).encode() for n in ns], deadline)
+                )
+                for tp, ns in by_tp.items()
+            }
+            await asyncio.wait(list(tasks.values()), timeout=timeout)
+            for tp, task in tasks.items():
+                if task.done():
+                    deliveries[tp] = task.result()
+                else:
+                    task.cancel()
+                    deliveries[tp] = _Delivery("info", error="timeout")
         acked = failed = unknown = 0
         errors: list[Any] = []
         for tp, ns in by_tp.items():
-            task = tasks[tp]
-            if task.done():
-                d = task.result()
-            else:
-                task.cancel()
-                d = _Delivery("info", error="timeout")
+            d = deliveries[tp]
             for x, n in enumerate(ns):
                 _, k, v = mops[n]
                 if d.outcome == "ok":
@@ -773,7 +795,14 @@ class SimQueueClient:
                 if leader is not None:
                     by_leader.setdefault(leader, []).append(k)
             left = self._left(deadline)
-            if by_leader and left > 0:
+            if len(by_leader) == 1 and left > 0:  # one leader: in this task
+                ((leader, ks),) = by_leader.items()
+                fetched, got = await _within(self._fetch(leader, ks, left), left)
+                for k, pairs in (got if fetched else {}).items():
+                    read.setdefault(k, []).extend(pairs)
+                    if pairs and k not in first_read:
+                        first_read[k] = pairs[0][0]
+            elif by_leader and left > 0:
                 tasks = [
                     asyncio.get_running_loop().create_task(self._fetch(leader, ks, left))
                     for leader, ks in sorted(by_leader.items())

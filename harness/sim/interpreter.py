@@ -386,10 +386,11 @@ class SimInterpreter:
         """Await a client call under the hang bound (TimeoutError past it)."""
         if self.hang_timeout is None:
             return await call
-        # in the worker's own task (asyncio.wait_for would run the call in a task of its own:
-        # a task, a waiter future and a callback more per op)
-        async with asyncio.timeout(self.hang_timeout):
-            return await call
+        # (asyncio.timeout in the worker's task would save a task per op, but it changes the
+        # order of events: at bdadb58, which did that, `isrlab sim --seed 7` finds
+        # hw-regression-realtime in the safe configuration, docs/benchmarks.md's simulator
+        # section, 2026-11-29)
+        return await asyncio.wait_for(call, self.hang_timeout)
 
     async def _worker_loop(self, w: _Worker) -> None:
         client: AsyncClient | None = None

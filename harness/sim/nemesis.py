@@ -26,12 +26,24 @@ Kinds:
   ``strobe`` between the offset and 0 every ``period_ms`` (a task on the loop, in virtual
   time, where the real fault runs a thread); ``stop-clock`` puts every clock back.
 
-Every other kind of `nemeses.compose.KINDS` (packet, corrupt, power-zookeeper, the targeted
-ones) is refused when the nemesis is built (`NemesisError` naming it): the simulator has no
-model of it yet.
+- ``isr-squeeze``, ``leader-flap`` (``follower`` restart, cut or diverge) and ``zk-cut``: the
+  sequences of `nemeses.targeted`, step for step, as coroutines on the loop (the real faults
+  are synchronous, with injectable ``sleep``/``clock``): the state znode read from the
+  ensemble every `POLL_S` virtual seconds while waiting (`SimTargets.partition_state`), the
+  election order from the topic znode (`SimTargets.assignment`), the same draws from the
+  generator, the real faults' completion values. A whole strike runs in ``start-<kind>``;
+  where the real one calls ``db.start`` the broker is started without waiting for its
+  registration (the daemon is started and the call returns), while ``stop-<kind>`` starts what
+  the kind killed and waits (``KillFault.stop``). A targeted cut is the kind's own grudge,
+  imposed with the partition kinds' (their union); ``zk-cut`` cuts the leader's ZooKeeper
+  client only (`SimCluster.cut_zookeeper`).
 
-`heal_all()` undoes every fault on the cluster whatever this nemesis did: the partition, the
-clock offsets, the paused brokers, then the crashed ones restarted (a broker stopped cleanly
+Every other kind of `nemeses.compose.KINDS` (packet, corrupt, power-zookeeper,
+lagging-failover, late-produce) is refused when the nemesis is built (`NemesisError` naming
+it): the simulator has no faithful model of it yet (docs/simulation.md says why for packet).
+
+`heal_all()` undoes every fault on the cluster whatever this nemesis did: the partition (and
+the targeted cuts), the ZooKeeper cuts, the clock offsets, the paused brokers, then the crashed ones restarted (a broker stopped cleanly
 is left alone), as `nemeses.compose.heal_all` does to real nodes.
 """
 

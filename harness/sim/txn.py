@@ -66,7 +66,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from kafka.protocol.metadata import FindCoordinatorRequest
@@ -219,14 +219,19 @@ class SimTxnProducer:
                 await asyncio.sleep(min(COORD_RETRY_S, c._left(deadline)))
         return self.coordinator
 
-    async def _request(self, req: Any, deadline: float) -> Any:
+    async def _request(
+        self, req: Any, deadline: float, on_send: Callable[[], None] | None = None
+    ) -> Any:
         """`req` to the coordinator; None when no coordinator answered in time or the
-        connection failed (the coordinator is then looked up again)."""
+        connection failed (the coordinator is then looked up again). `on_send` is called
+        when the request is sent."""
         c = self.c
         coord = await self._coordinator(deadline)
         left = min(c.request_timeout, c._left(deadline))
         if coord is None or left <= 0:
             return None
+        if on_send is not None:
+            on_send()
         try:
             return await c._conn(*coord).request(req, left)
         except ConnectionFailed:
@@ -455,8 +460,9 @@ class SimTxnProducer:
                     for t, ps in sorted(topics.items())
                 ],
             )
-            self.req_cnt += 1
-            resp = await self._request(req, deadline)
+            # librdkafka's txn_req_cnt counts the requests sent (an answer with an error takes
+            # it back): an abort sends EndTxn only if one may have reached the coordinator
+            resp = await self._request(req, deadline, self._sent)
             backoff = ADD_RETRY_S
             if resp is not None:
                 error = 0
@@ -486,6 +492,9 @@ class SimTxnProducer:
             todo = sorted(set(tps) - self.added)
             if todo:
                 await asyncio.sleep(min(backoff, c._left(deadline)))
+
+    def _sent(self) -> None:
+        self.req_cnt += 1
 
     # ----- produce --------------------------------------------------------------------------
 

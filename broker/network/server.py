@@ -72,6 +72,9 @@ UNSUPPORTED_VERSION = 35
 MAX_INFLIGHT_PER_CONNECTION = 64
 # asyncio's per-connection read buffer: reading pauses at twice this much unread data.
 STREAM_BUFFER_LIMIT = 256 << 10
+# Requests one connection's reading task handles before it lets the loop run other work: frames
+# already buffered are read without a wait, and handlers answered at once do not wait either.
+MAX_REQUESTS_WITHOUT_YIELD = 16
 
 INT_MAX = 2147483647
 
@@ -472,7 +475,13 @@ class SocketServer:
         conn: Connection,
         pending: asyncio.Queue[asyncio.Future[list[bytes | FileRegion] | None] | None],
     ) -> None:
+        handled = 0
         while True:
+            handled += 1
+            if handled == MAX_REQUESTS_WITHOUT_YIELD:
+                # other connections' turn: this one's frames may all have been buffered
+                handled = 0
+                await asyncio.sleep(0)
             frame = await self._read_frame(conn)
             if frame is None:
                 return

@@ -14,7 +14,13 @@ from typing import Any
 from kafka.protocol.metadata import ApiVersionsRequest
 
 from isrlab.broker.network.codec import Request
-from isrlab.broker.network.server import Connection, Listener, SocketServer, _Resumed
+from isrlab.broker.network.server import (
+    MAX_REQUESTS_WITHOUT_YIELD,
+    Connection,
+    Listener,
+    SocketServer,
+    _Resumed,
+)
 
 
 def _frame(correlation_id: int) -> bytes:
@@ -171,3 +177,32 @@ def test_a_handler_cancelled_before_its_task_first_runs_is_cancelled_at_its_wait
 
     asyncio.run(main())
     assert seen == ["cancelled", "task cancelled", "cancelled", "task2 cancelled"]
+
+
+def test_a_connection_with_many_buffered_requests_lets_another_in() -> None:
+    """A connection whose frames are all buffered and answered at once never waits: its
+    reading task lets the loop run after MAX_REQUESTS_WITHOUT_YIELD of them, so another
+    connection's request is not held behind all of them."""
+    order: list[int] = []
+
+    async def handler(request: Request, conn: Connection) -> list[Any] | None:
+        order.append(request.correlation_id)
+        return _answer(request.correlation_id, b"ok")
+
+    async def go(port: int) -> None:
+        ra, wa = await asyncio.open_connection("127.0.0.1", port)
+        rb, wb = await asyncio.open_connection("127.0.0.1", port)
+        wa.write(b"".join(_frame(cid) for cid in range(200)))
+        wb.write(_frame(1000))
+        await wa.drain()
+        await wb.drain()
+        assert await _read_answer(rb) == (1000, b"ok")
+        for cid in range(200):
+            assert await _read_answer(ra) == (cid, b"ok")
+        wa.close()
+        wb.close()
+
+    _serve(handler, go)
+    assert sorted(order) == [*range(200), 1000]
+    assert MAX_REQUESTS_WITHOUT_YIELD <= 32  # the bound below leaves room for a few turns
+    assert order.index(1000) < 100  # not behind all of the other connection's 200

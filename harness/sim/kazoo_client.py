@@ -224,6 +224,9 @@ class SimKazooClient:
             )
         elif notice is Notice.REACHABLE:
             self._cut = False
+            # a cut shorter than the read timeout: the TCP connection lived on (the replies
+            # held meanwhile arrive now), kazoo notices nothing
+            self._cancel_suspend()
             if self.state == KazooState.SUSPENDED:
                 self._later(self._reconnect_delay, self._reconnect)
 

@@ -108,6 +108,11 @@ class ControllerService:
     def _on_session_state(self, state: KazooState) -> None:
         if state == KazooState.LOST:
             self._post("session-lost")
+        elif state == KazooState.CONNECTED and self._watching:
+            # Connected again: kazoo set the watches again and its ChildrenWatch reports
+            # /brokers/ids only if the ids differ, but a broker may have bounced meanwhile
+            # (same id, new registration): look at the registrations again.
+            self._post("resync")
 
     def _watch_cluster(self) -> None:
         if self._watching:
@@ -137,6 +142,9 @@ class ControllerService:
             self.core = None
         elif self.core is None:
             return
+        elif kind == "resync":
+            ids = await zk_retry.call(self.zk.zk, self.zk.broker_ids)
+            await self._handle("brokers", [str(b) for b in ids])
         elif kind == "brokers":
             live = sorted(int(c) for c in value)
             regs = await zk_retry.call(self.zk.zk, self._registrations, live)

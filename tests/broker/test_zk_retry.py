@@ -109,3 +109,42 @@ def test_the_leaders_isr_write_and_the_controllers_calls_go_through_the_retry(lo
     zk.zk.core.lose_connection_on_next(zk.zk.client_id[0], applied=False)
     loop.run_until_complete(controller._elect())
     assert controller.is_active and zk.controller_id() == 1
+
+
+def test_the_controller_looks_at_the_registrations_again_after_a_reconnection(loop) -> None:
+    """A broker that bounced while the controller's connection was down leaves /brokers/ids
+    with the same children, which kazoo's ChildrenWatch does not report after reconnecting:
+    the controller reads the registrations again on every reconnection, so it still sees the
+    new broker epoch (and handles the bounce as a failure and a start)."""
+    from isrlab.broker.controller_service import ControllerService
+
+    ens = SimEnsemble(loop, seed=7)
+
+    def client() -> KafkaZkClient:
+        k = KafkaZkClient("sim/kafka", 6000, kazoo=functools.partial(SimKazooClient, ens))
+        k.start()
+        return k
+
+    zk1, zk2 = client(), client()
+    assert zk1.register_broker(1, "h1", 9092) and zk2.register_broker(2, "h2", 9092)
+    controller = ControllerService(zk1, broker_id=1, unclean_leader_election=False)
+
+    async def main() -> tuple[int, int, int]:
+        controller.start()
+        await asyncio.sleep(1)
+        assert controller.is_active
+        before = controller._epochs[2]
+        zk1.zk.partition()  # past the read timeout (4 s), within the session (6 s)
+        await asyncio.sleep(1)
+        zk2.zk.stop()  # broker 2 bounces: its registration goes, a new one comes
+        bounced = client()
+        assert bounced.register_broker(2, "h2", 9092)
+        await asyncio.sleep(4)
+        zk1.zk.heal()
+        await asyncio.sleep(2)
+        after = controller._epochs[2]
+        await controller.stop()
+        return before, after, bounced.broker_registration(2)[0]
+
+    before, after, registered = loop.run_until_complete(main())
+    assert before != registered and after == registered

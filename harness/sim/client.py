@@ -61,7 +61,8 @@ consumer reads later than librdkafka would); no linger/batching across ops and o
 in-flight batch per partition per op (librdkafka pipelines up to 5); retry backoff is flat
 100 ms (librdkafka backs off exponentially up to 1 s); no periodic metadata refresh, no
 fetch-position validation with leader epochs (KIP-320: librdkafka ≥ 1.9 detects a truncated
-log and resets); no compression. Consumer groups (`subscribe`, `commit`) are not simulated
+log and resets), though metadata naming an older leader epoch than one already seen is
+ignored as librdkafka ≥ 2.1 ignores it; no compression. Consumer groups (`subscribe`, `commit`) are not simulated
 yet: those ops complete as `fail` with error "unsupported-in-sim". Transactions: no
 send_offsets_to_transaction (the queue workload sends none), no coordinator monitor, flat
 back-offs (harness/sim/txn.py's module doc).
@@ -343,6 +344,10 @@ class SimQueueClient:
         # metadata
         self._brokers: dict[int, tuple[str, int]] = {}
         self._leaders: dict[TP, int] = {}
+        # the newest leader epoch seen per partition: metadata naming an older one is stale
+        # (a broker cut off from the cluster still answers as the leader it was) and is
+        # ignored, as librdkafka >= 2.1 does (KIP-320)
+        self._leader_epochs: dict[TP, int] = {}
         self._refreshing: asyncio.Future[None] | None = None
         self._conns: dict[str, _Conn] = {}
         # producer
@@ -465,8 +470,11 @@ class SimQueueClient:
             for t in resp.topics:
                 for p in t.partitions:
                     tp = (t.name, p.partition_index)
+                    if p.leader_epoch < self._leader_epochs.get(tp, -1):
+                        continue  # stale: keep what a newer epoch said
                     if t.error_code == 0 and p.error_code == 0 and p.leader_id >= 0:
                         self._leaders[tp] = p.leader_id
+                        self._leader_epochs[tp] = p.leader_epoch
                     else:
                         self._leaders.pop(tp, None)
             return

@@ -560,7 +560,21 @@ class SimQueueClient:
         except (ValueError, TypeError, IndexError) as e:
             errors.append(["bad-op", str(e)])
             verdict = _worse(verdict, "info" if has_send else "fail")
-        verdict = verdict or "ok"
+        return await self._complete(op, verdict or "ok", out, errors, first_read, deadline)
+
+    async def _complete(
+        self,
+        op: Op,
+        verdict: str,
+        out: list[Any],
+        errors: list[Any],
+        first_read: dict[str, int],
+        deadline: float,
+        transactional_id: str = "",
+    ) -> Op:
+        """A data op's completion as QueueClient shapes it: positions rewound to the first
+        offset read unless ok, the error(s), sampled watermarks on ok, the producer on sends."""
+        mops: list[Any] = list(op["value"] or [])
         if verdict != "ok":
             for k, off in first_read.items():
                 if k in self.assigned:
@@ -570,12 +584,12 @@ class SimQueueClient:
             result["error"] = errors[0] if len(errors) == 1 else errors
         if verdict == "ok" and self.watermark_p > 0 and self._rng.random() < self.watermark_p:
             result.update(await self._watermarks(touched_keys(mops, out), deadline))
-        if has_send:
+        if any(m and m[0] == codec.SEND for m in mops):
             result["producer"] = {
                 "id": self._pid,
                 "epoch": self._epoch,
-                "idempotent": self.idempotent,
-                "transactional_id": "",
+                "idempotent": self.idempotent or bool(transactional_id),
+                "transactional_id": transactional_id,
             }
         return result
 

@@ -94,7 +94,7 @@ from isrlab.harness.sim.client import (
 )
 from isrlab.harness.sim.cluster import EPOCH
 from isrlab.harness.workloads.queue.client import _decode as _decode_value
-from isrlab.harness.workloads.queue.client import _worse, parse_key, send_verdict, touched_keys
+from isrlab.harness.workloads.queue.client import _worse, parse_key, send_verdict
 
 if TYPE_CHECKING:
     from isrlab.harness.sim.client import SimQueueClient
@@ -346,24 +346,9 @@ class SimTxnProducer:
             verdict = _worse(verdict, "info" if has_send else "fail")
             if in_txn:
                 verdict = await self._abort(errors)
-        verdict = verdict or "ok"
-        if verdict != "ok":
-            for k, off in first_read.items():
-                if k in c.assigned:
-                    c.positions[k] = off
-        result: Op = {**op, "type": verdict, "value": out}
-        if errors:
-            result["error"] = errors[0] if len(errors) == 1 else errors
-        if verdict == "ok" and c.watermark_p > 0 and c._rng.random() < c.watermark_p:
-            result.update(await c._watermarks(touched_keys(mops, out), deadline))
-        if has_send:
-            result["producer"] = {
-                "id": c._pid,
-                "epoch": c._epoch,
-                "idempotent": True,
-                "transactional_id": self.transactional_id,
-            }
-        return result
+        return await c._complete(
+            op, verdict or "ok", out, errors, first_read, deadline, self.transactional_id
+        )
 
     async def _commit(self, deadline: float, errors: list[Any]) -> str:
         """commit_transaction: the op's verdict (see the module doc)."""

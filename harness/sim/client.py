@@ -310,6 +310,31 @@ class _Delivery:
         self.error = error
 
 
+def tally_deliveries(
+    mops: list[Any], out: list[Any], by_tp: Mapping[TP, list[int]], deliveries: Mapping[TP, Any]
+) -> tuple[str, list[Any]]:
+    """A run of sends' completions from each partition's delivery (`by_tp`: the micro-op
+    indexes sent to each partition, in order): `out` filled as QueueClient fills it (an
+    acknowledged send's offset, the bare value otherwise), and the run's verdict and errors."""
+    acked = failed = unknown = 0
+    errors: list[Any] = []
+    for tp, ns in by_tp.items():
+        d = deliveries[tp]
+        for x, n in enumerate(ns):
+            _, k, v = mops[n]
+            if d.outcome == "ok":
+                acked += 1
+                out[n] = codec.send_result(k, v, None if d.offset is None else d.offset + x)
+            else:
+                out[n] = codec.send(k, v)
+                errors.append(d.error)
+                if d.outcome == "fail":
+                    failed += 1
+                else:
+                    unknown += 1
+    return send_verdict(acked, failed, unknown), errors
+
+
 class SimQueueClient:
     """One process's producer + consumer on the simulated network (see the module doc)."""
 
@@ -622,23 +647,7 @@ class SimQueueClient:
                 else:
                     task.cancel()
                     deliveries[tp] = _Delivery("info", error="timeout")
-        acked = failed = unknown = 0
-        errors: list[Any] = []
-        for tp, ns in by_tp.items():
-            d = deliveries[tp]
-            for x, n in enumerate(ns):
-                _, k, v = mops[n]
-                if d.outcome == "ok":
-                    acked += 1
-                    out[n] = codec.send_result(k, v, None if d.offset is None else d.offset + x)
-                else:
-                    out[n] = codec.send(k, v)
-                    errors.append(d.error)
-                    if d.outcome == "fail":
-                        failed += 1
-                    else:
-                        unknown += 1
-        return send_verdict(acked, failed, unknown), errors
+        return tally_deliveries(mops, out, by_tp, deliveries)
 
     async def _init_pid(self, deadline: float) -> bool:
         """An idempotent producer's id (InitProducerId to any broker); False at the deadline."""

@@ -91,10 +91,11 @@ from isrlab.harness.sim.client import (
     ClientError,
     _Delivery,
     _error_name,
+    tally_deliveries,
 )
 from isrlab.harness.sim.cluster import EPOCH
 from isrlab.harness.workloads.queue.client import _decode as _decode_value
-from isrlab.harness.workloads.queue.client import _worse, parse_key, send_verdict
+from isrlab.harness.workloads.queue.client import _worse, parse_key
 
 if TYPE_CHECKING:
     from isrlab.harness.sim.client import SimQueueClient
@@ -503,31 +504,18 @@ class SimTxnProducer:
         await asyncio.wait(list(tasks.values()), timeout=c._left(deadline) + 0.001)
         if not adding.done():
             adding.cancel()
-        acked = failed = unknown = 0
-        errors: list[Any] = []
-        for tp, ns in by_tp.items():
+        deliveries: dict[TP, _Delivery] = {}
+        for tp in by_tp:
             task = tasks[tp]
             if task.done():
-                d = task.result()
+                deliveries[tp] = task.result()
             else:
                 # the records time out (message.timeout.ms): librdkafka's epoch bump, as their
                 # sequence numbers may or may not be in the log
                 task.cancel()
                 self._set_abortable("msg-timed-out", bump=True)
-                d = _Delivery("info", error="timeout")
-            for x, n in enumerate(ns):
-                _, k, v = mops[n]
-                if d.outcome == "ok":
-                    acked += 1
-                    out[n] = codec.send_result(k, v, None if d.offset is None else d.offset + x)
-                else:
-                    out[n] = codec.send(k, v)
-                    errors.append(d.error)
-                    if d.outcome == "fail":
-                        failed += 1
-                    else:
-                        unknown += 1
-        return send_verdict(acked, failed, unknown), errors
+                deliveries[tp] = _Delivery("info", error="timeout")
+        return tally_deliveries(mops, out, by_tp, deliveries)
 
     async def _deliver(
         self, tp: TP, values: list[bytes], deadline: float, adding: asyncio.Task[None]

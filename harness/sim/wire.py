@@ -39,6 +39,9 @@ from typing import NamedTuple
 from kafka.record.default_records import DefaultRecordBatch
 from kafka.record.util import calc_crc32c
 
+from isrlab.broker.network import replica_fetch
+from isrlab.broker.network.replica_fetch import FetchedPart, MalformedResponse
+
 PRODUCE_KEY, PRODUCE_VERSION = 0, 8
 FETCH_KEY, FETCH_VERSION = 1, 11
 
@@ -50,8 +53,6 @@ _PRODUCE_PART = struct.Struct(">iii")  # 1 partition, index, records length
 _PRODUCED = struct.Struct(">ihqqq")  # index, error, base offset, log append time, log start
 _FETCH_BODY = struct.Struct(">iiiibiii")  # replica, wait, min, max, isolation, session, epoch, n
 _FETCH_PART = struct.Struct(">iiqqi")  # partition, leader epoch, offset, log start, max bytes
-_FETCH_TOP = struct.Struct(">ihi")  # throttle time, error code, session id
-_FETCHED = struct.Struct(">ihqqq")  # index, error, high watermark, last stable, log start
 _FETCH_TAIL = b"\x00\x00\x00\x00\x00\x00"  # no forgotten topics (int32 0), rack id "" (int16 0)
 _BATCH_HEAD = struct.Struct(">qiibIhiqqqhii")  # a v2 record batch's 61-byte header
 _CRC = struct.Struct(">I")
@@ -63,19 +64,6 @@ class ProducedPart(NamedTuple):
     error_code: int
     base_offset: int
     log_start_offset: int
-
-
-class FetchedPart(NamedTuple):
-    topic: str
-    partition: int
-    error_code: int
-    high_watermark: int
-    log_start_offset: int
-    records: bytes
-
-
-class MalformedResponse(ValueError):
-    pass
 
 
 def _put_varint(value: int, out: bytearray) -> None:
@@ -221,36 +209,11 @@ def encode_fetch_request(
 
 
 def decode_fetch_response(frame: bytes | memoryview) -> tuple[int, list[FetchedPart]]:
-    """A FetchResponse v11 frame -> (top-level error code, the partitions)."""
-    buf = memoryview(frame)
-    out: list[FetchedPart] = []
-    try:
-        _, error, _ = _FETCH_TOP.unpack_from(buf, 4)
-        pos = 4 + _FETCH_TOP.size
-        (n_topics,) = _I32.unpack_from(buf, pos)
-        pos += 4
-        for _ in range(n_topics):
-            topic, pos = _string(buf, pos)
-            (n_parts,) = _I32.unpack_from(buf, pos)
-            pos += 4
-            for _ in range(n_parts):
-                index, perr, hw, _lso, log_start = _FETCHED.unpack_from(buf, pos)
-                pos += _FETCHED.size
-                (n_aborted,) = _I32.unpack_from(buf, pos)
-                pos += 4 + max(n_aborted, 0) * 16
-                pos += 4  # preferred read replica
-                (n_records,) = _I32.unpack_from(buf, pos)
-                pos += 4
-                records = b""
-                if n_records > 0:
-                    if pos + n_records > len(buf):
-                        raise MalformedResponse("records run past the end of the frame")
-                    records = bytes(buf[pos : pos + n_records])
-                    pos += n_records
-                out.append(FetchedPart(topic or "", index, perr, hw, log_start, records))
-    except (struct.error, UnicodeDecodeError) as e:
-        raise MalformedResponse(f"fetch response cut short or garbled: {e}") from None
-    return error, out
+    """A FetchResponse v11 frame -> (top-level error code, the partitions): the follower's
+    decoder (`broker.network.replica_fetch`; the consumer's and the follower's requests get
+    the same response version) without the correlation id."""
+    _, error, parts = replica_fetch.decode_fetch_response(frame)
+    return error, parts
 
 
 def _varint(data: bytes, pos: int) -> tuple[int, int]:

@@ -50,7 +50,7 @@ typecheck: venv
 	$(VENV)/bin/mypy
 
 unit: setup
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q -n 2 --dist loadgroup
 
 test: setup lint typecheck unit
 

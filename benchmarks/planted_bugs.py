@@ -132,7 +132,16 @@ BUGS: list[Bug] = [
         "LogAdapter.append_as_follower",
         "self.owner.producer_state.apply(records, info.batches, self._index_aborted)",
         "pass",
-        {"nemesis": "partition+kill", "nemesis_interval": 2, "rate": 40, "time_limit": 20},
+        # a retry must reach the new leader: the send's timeout (librdkafka's
+        # message.timeout.ms) outlives the failover (the killed leader's ZooKeeper session
+        # expiring, the election); with the default 5 s the retries gave up first
+        {
+            "nemesis": "kill",
+            "nemesis_interval": 3,
+            "rate": 40,
+            "time_limit": 20,
+            "op_timeout_ms": 20000,
+        },
     ),
 ]
 

@@ -1,4 +1,4 @@
-"""Planted bugs (benchmarks/planted_bugs.py) are found by the simulator: two of the
+"""Planted bugs (benchmarks/planted_bugs.py) are found by the simulator: three of the
 catalogue's one-line broker bugs, applied only while the test runs, each make a seeded
 simulated queue test fail (the checker's INVALID or an invariant violation) where the same
 configuration and seed on the unpatched broker is valid."""
@@ -38,6 +38,9 @@ pb = _planted_bugs()
         ("hw-max", 1, "invariant:isr-member-below-hw"),
         # acks=all answered at once: acknowledged writes lost at a failover
         ("acks-all-as-1", 3, "lost-write"),
+        # a follower that keeps no producer state leads after a kill: the producer's retry of
+        # a batch the follower already had is appended again
+        ("follower-no-producer-state", 4, "idempotence-duplicate"),
     ],
 )
 def test_a_planted_bug_is_found_and_the_unpatched_broker_is_valid(

@@ -38,12 +38,25 @@ Kinds:
   imposed with the partition kinds' (their union); ``zk-cut`` cuts the leader's ZooKeeper
   client only (`SimCluster.cut_zookeeper`).
 
-Every other kind of `nemeses.compose.KINDS` (packet, corrupt, power-zookeeper,
-lagging-failover, late-produce) is refused when the nemesis is built (`NemesisError` naming
-it): the simulator has no faithful model of it yet (docs/simulation.md says why for packet).
+- ``late-produce`` (`nemeses.targeted.LateProduceFault`, in virtual time): the clients' TCP to
+  the key's leader's broker port dropped (`SimNetwork.cut_port`, the real ``-s CLIENT --dport
+  9092 -j DROP``; the clients are every host that is not a broker's, the control host of a
+  real run) for ``hold_s`` (default op_timeout_ms + 2.5 s), then only their SYNs for
+  ``release_s`` (default 3 s), then nothing. A request held on an open connection is
+  retransmitted on Linux's backoff and arrives once the first rule is gone
+  (`harness.sim.network`): after its transaction was aborted.
+- ``lagging-failover`` (`nemeses.process.LaggingFailoverFault`): the key's in-sync followers
+  (the state znode's ISR) held back, ``how`` ``pause`` (SIGSTOP) or ``cut`` (their
+  connections to the leader's broker port dropped both ways, on the leader's node), for
+  ``lag_ms``, then the leader killed and the followers let go; ``stop-lagging-failover``
+  starts the leader again.
+
+Every other kind of `nemeses.compose.KINDS` (packet, corrupt, power-zookeeper) is refused
+when the nemesis is built (`NemesisError` naming it): the simulator has no faithful model of
+it yet (docs/simulation.md says why for packet).
 
 `heal_all()` undoes every fault on the cluster whatever this nemesis did: the partition (and
-the targeted cuts), the ZooKeeper cuts, the clock offsets, the paused brokers, then the crashed ones restarted (a broker stopped cleanly
+the targeted cuts), the port rules, the ZooKeeper cuts, the clock offsets, the paused brokers, then the crashed ones restarted (a broker stopped cleanly
 is left alone), as `nemeses.compose.heal_all` does to real nodes.
 """
 
@@ -52,13 +65,15 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, cast
 
 from isrlab.broker.config import BrokerConfig
 from isrlab.broker.coordinator.ownership import partition_for
 from isrlab.harness.sim.cluster import CHROOT, SimCluster
+from isrlab.harness.sim.network import PortCut
 from isrlab.nemeses.base import (
+    BROKER_PORT,
     ClusterDB,
     NemesisError,
     coordinator_node,
@@ -70,6 +85,7 @@ from isrlab.nemeses.base import (
 from isrlab.nemeses.clock import DEFAULT_MAX_SKEW_MS
 from isrlab.nemeses.compose import KINDS, parse_kinds
 from isrlab.nemeses.partition import Grudge, grudge
+from isrlab.nemeses.process import LAG_HOWS
 
 #: the kinds a simulated cluster can be given
 SUPPORTED: tuple[str, ...] = (
@@ -82,9 +98,13 @@ SUPPORTED: tuple[str, ...] = (
     "isr-squeeze",
     "leader-flap",
     "zk-cut",
+    "late-produce",
+    "lagging-failover",
 )
 #: the targeted kinds (`nemeses.targeted`) among them: one sequence each, run in `start`
-TARGETED_SIM: tuple[str, ...] = ("isr-squeeze", "leader-flap", "zk-cut")
+TARGETED_SIM: tuple[str, ...] = ("isr-squeeze", "leader-flap", "zk-cut", "late-produce")
+#: the kinds that keep their own killed and paused brokers (the real faults' own `KillFault`)
+_OWN_PROCESSES: tuple[str, ...] = (*TARGETED_SIM, "lagging-failover")
 #: how often the targeted faults read the state znode (`nemeses.targeted.POLL_S`)
 POLL_S = 0.25
 
@@ -206,8 +226,9 @@ class SimNemesis:
         self._strobe: asyncio.Task[None] | None = None
         # the targeted kinds' own bookkeeping, per kind (as each real fault keeps its own)
         self.cuts: dict[str, Grudge] = {}  # a targeted kind's network cut
-        self.t_killed: dict[str, set[str]] = {k: set() for k in TARGETED_SIM}
-        self.t_paused: dict[str, set[str]] = {k: set() for k in TARGETED_SIM}
+        self.t_killed: dict[str, set[str]] = {k: set() for k in _OWN_PROCESSES}
+        self.t_paused: dict[str, set[str]] = {k: set() for k in _OWN_PROCESSES}
+        self.port_cuts: dict[str, list[PortCut]] = {}  # a kind's iptables-shaped port rules
         self.zk_cut: set[str] = set()
         self._starts: list[asyncio.Task[None]] = []
 
@@ -247,6 +268,10 @@ class SimNemesis:
             return await self._start_leader_flap(value)
         if kind == "zk-cut":
             return self._start_zk_cut(value)
+        if kind == "late-produce":
+            return await self._start_late_produce(value)
+        if kind == "lagging-failover":
+            return await self._start_lagging_failover(value)
         target = str(value.get("target", "one"))
         if kind == "clock":
             return self._start_clock(value, target)
@@ -274,6 +299,11 @@ class SimNemesis:
             return await self._stop_leader_flap()
         if kind == "zk-cut":
             return self._stop_zk_cut()
+        if kind == "late-produce":
+            return {"nodes": self._uncut_ports(kind)}
+        if kind == "lagging-failover":
+            self._uncut_ports(kind)  # a start that failed before removing its rules
+            return await self._t_stop_kills(kind)
         if kind == "clock":
             return self._stop_clock()
         if kind == "pause":
@@ -681,6 +711,128 @@ class SimNemesis:
         self._t_resume("zk-cut", paused)
         return {"nodes": nodes, "resumed": paused}
 
+    # ----- port rules: late-produce, lagging-failover's cut ---------------------------------
+
+    def _cut_port(
+        self,
+        kind: str,
+        host: str,
+        sources: Collection[str] | Callable[[str], bool],
+        label: str,
+        **how: bool,
+    ) -> PortCut:
+        cut = self.cluster.net.cut_port(host, BROKER_PORT, sources, label=label, **how)
+        self.port_cuts.setdefault(kind, []).append(cut)
+        return cut
+
+    def _uncut_port(self, kind: str, cut: PortCut) -> None:
+        self.cluster.net.uncut_port(cut)
+        cuts = self.port_cuts.get(kind, [])
+        if cut in cuts:
+            cuts.remove(cut)
+        if not cuts:
+            self.port_cuts.pop(kind, None)
+
+    def _uncut_ports(self, kind: str) -> list[str]:
+        """Remove every port rule `kind` left (a start that failed midway); their nodes."""
+        cuts = self.port_cuts.pop(kind, [])
+        for cut in cuts:
+            self.cluster.net.uncut_port(cut)
+        return sorted({c.host for c in cuts})
+
+    def _clients(
+        self, value: dict[str, Any]
+    ) -> tuple[Collection[str] | Callable[[str], bool], str]:
+        """The sources late-produce cuts and their name: ``client`` (a host or a list of
+        hosts) or, by default, every host that is not a broker's: the simulated clients
+        (``client<thread>``) and the admin connection, the control host of a real run."""
+        given = value.get("client")
+        if given:
+            hosts = [given] if isinstance(given, str) else [str(h) for h in given]
+            return frozenset(hosts), ",".join(sorted(hosts))
+        brokers = frozenset(self.targets.names)
+        return (lambda host: host not in brokers), "control"
+
+    async def _start_late_produce(self, value: dict[str, Any]) -> dict[str, Any]:
+        """`nemeses.targeted.LateProduceFault.start`: the clients' TCP to the key's leader's
+        broker port dropped for ``hold_s`` (default op_timeout_ms + 2.5 s), then only their
+        new connections (SYN) for ``release_s`` (default 3 s), then the rules removed. The
+        requests held on open connections arrive at their first retransmission after the
+        first rule goes (`harness.sim.network`), after their transactions were aborted."""
+        kind = "late-produce"
+        key = str(value.get("key") or default_key(self.targets.db))
+        op_timeout_s = int(self.test.get("op_timeout_ms") or 10000) / 1000
+        hold_s = float(value.get("hold_s", op_timeout_s + 2.5))
+        release_s = float(value.get("release_s", 3.0))
+        leader, isr, epoch = self._state(key) or (None, [], -1)
+        if leader is None:
+            return {"key": key, "error": "no leader in the state znode"}
+        out: dict[str, Any] = {"key": key, "leader": leader, "leader_epoch": epoch, "isr": isr}
+        sources, label = self._clients(value)
+        out.update(client=label, port=BROKER_PORT)
+        loop = asyncio.get_running_loop()
+        try:
+            # 1. hold: every segment of the clients to the leader's broker port is dropped
+            hold = self._cut_port(kind, leader, sources, label)
+            started = loop.time()
+            await asyncio.sleep(hold_s)
+            out["held_s"] = round(loop.time() - started, 3)
+            # 2. release: new connections (SYN) still dropped, the held requests go through
+            self._cut_port(kind, leader, sources, label, syn_only=True)
+            self._uncut_port(kind, hold)
+            released = loop.time()
+            await asyncio.sleep(release_s)
+            out["released_s"] = round(loop.time() - released, 3)
+        finally:
+            self._uncut_ports(kind)  # 3. heal
+        after = self._state(key)
+        out["leader_after"] = after[0] if after else None
+        return out
+
+    async def _start_lagging_failover(self, value: dict[str, Any]) -> dict[str, Any]:
+        """`nemeses.process.LaggingFailoverFault.start`: the key's in-sync followers held
+        back (``how`` ``pause``: SIGSTOP; ``cut``: on the leader's node, their connections to
+        its broker port dropped both ways), ``lag_ms``, the leader killed, the followers let
+        go. The followers are the state znode's ISR (the real fault asks a broker's
+        metadata, which the controller updates from that znode)."""
+        kind = "lagging-failover"
+        key = str(value.get("key") or default_key(self.targets.db))
+        lag_ms = int(value.get("lag_ms", 1000))
+        how = str(value.get("how", "pause"))
+        if how not in LAG_HOWS:
+            return {"key": key, "error": f"unknown how {how!r}; use {', '.join(LAG_HOWS)}"}
+        leader, isr, _ = self._state(key) or (None, [], -1)
+        followers = [n for n in isr if n != leader]
+        if leader is None or not followers:
+            return {"key": key, "leader": leader, "error": "no leader with in-sync followers"}
+        if how == "cut":
+            cut = self._cut_port(kind, leader, followers, ",".join(followers), both_ways=True)
+            try:
+                await asyncio.sleep(lag_ms / 1000)
+                killed = self._t_kill(kind, leader)
+            finally:
+                self._uncut_port(kind, cut)
+            return {
+                "key": key,
+                "lag_ms": lag_ms,
+                "how": "cut",
+                "leader": leader if killed else None,
+                "followers": list(followers),
+                "cut": list(followers),
+            }
+        paused = self._t_pause(kind, followers)
+        try:
+            await asyncio.sleep(lag_ms / 1000)
+            killed = self._t_kill(kind, leader)
+        finally:
+            self._t_resume(kind, paused)
+        return {
+            "key": key,
+            "lag_ms": lag_ms,
+            "leader": leader if killed else None,
+            "followers": paused,
+        }
+
     # ----- clocks --------------------------------------------------------------------------
 
     def _set_offset(self, node: str, seconds: float) -> None:
@@ -757,6 +909,9 @@ class SimNemesis:
         self.cuts.clear()
         if cut:
             out["partition"] = cut
+        for kind in sorted(self.port_cuts):
+            out[kind] = self._uncut_ports(kind)
+        self.cluster.net.uncut_port(None)  # rules of no kind's left (none should be)
         zk_cut = sorted(self.zk_cut)
         for n in zk_cut:
             self.cluster.heal_zookeeper(self.targets.broker_id(n))
@@ -776,7 +931,7 @@ class SimNemesis:
         await self._restart(dead)
         self.killed.clear()
         self.power_killed.clear()
-        for kind in TARGETED_SIM:
+        for kind in _OWN_PROCESSES:
             self.t_killed[kind].clear()
             self.t_paused[kind].clear()
         if dead:

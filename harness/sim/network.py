@@ -31,6 +31,20 @@ Faults, all in the nemeses' vocabulary:
   on it, and a side that sent into it gets ETIMEDOUT `retransmit_timeout` later (Linux's
   tcp_retries2=15: 924.6 s), the other side only hears from its own timeouts. A connection
   with nothing to send during a partition survives it, as a real one does. `heal()` ends it.
+- `cut_port(host, port, sources, both_ways=, syn_only=)`: an iptables rule's shape (the
+  ``late-produce`` and ``lagging-failover --lagging-how cut`` nemeses'): TCP from the hosts
+  `sources` names to `host`:`port` dropped at its arrival (with `both_ways` also the answers
+  on those connections; with `syn_only` only SYNs, so open connections carry on), until
+  `uncut_port`; `heal()` leaves it. Unlike a partition it does not black-hole a connection:
+  a dropped data segment (or FIN, or the handshake's ACK) is held as the sender's kernel
+  holds an unacknowledged one, and the sender retransmits on Linux's backoff (RTO 0.2 s
+  doubling to 120 s: 0.2, 0.6, 1.4, 3.0, 6.2, 12.6, 25.4 ... s after the first drop); the
+  first retransmission that finds no rule delivers every held segment, and whatever the
+  stream sent after it, in order, a latency later (a late request). A segment delivered while
+  the way back is cut gets no ACK, so its sender retransmits too. A connection still cut when
+  the retransmissions run out (`retransmit_timeout`, 924.6 s) is given up by its sender:
+  ETIMEDOUT, its held bytes lost, and what reaches that side later is answered with a reset.
+  A reset is never held (lost at the rule, or it ends the connection at once).
 - `delay(grudge, seconds)`: extra latency on those links (`clear_delays()`).
 - `reset(a, b)`: connections between hosts a and b (or all of a's, or all) are reset: both
   sides see ECONNRESET, bytes in flight are lost.
@@ -52,7 +66,7 @@ import random
 import socket
 import zlib
 from asyncio.constants import _SendfileMode
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from isrlab.broker.network.transport import LISTEN_BACKLOG, Address, Streams
@@ -63,14 +77,81 @@ from isrlab.nemeses.partition import Grudge, grudge
 SYN_RETRIES = (1.0, 3.0, 7.0, 15.0, 31.0, 63.0)
 SYN_TIMEOUT = 127.0
 RETRANSMIT_TIMEOUT = 924.6
+# Linux's retransmission backoff (the RTO of a LAN connection is its floor, TCP_RTO_MIN, and
+# doubles at each retransmission up to TCP_RTO_MAX): retransmissions 0.2, 0.6, 1.4, 3.0, 6.2,
+# 12.6, 25.4, 51.0, 102.2, 204.6, 324.6 ... 804.6 s after the first send, given up at 924.6 s
+RTO_MIN = 0.2
+RTO_MAX = 120.0
 EPHEMERAL_PORTS = (32768, 60999)
 
 # segment kinds
 _ACK, _DATA, _FIN, _RST = "ack", "data", "fin", "rst"
 
 
+def retransmissions(timeout: float = RETRANSMIT_TIMEOUT) -> tuple[float, ...]:
+    """When Linux retransmits an unacknowledged segment, in seconds after it was first sent,
+    until it gives the connection up at `timeout`."""
+    out, at, rto = [], 0.0, RTO_MIN
+    while round(at + rto, 6) < timeout:
+        at = round(at + rto, 6)
+        out.append(at)
+        rto = min(2 * rto, RTO_MAX)
+    return tuple(out)
+
+
 def _reset_error() -> ConnectionResetError:
     return ConnectionResetError(errno.ECONNRESET, "Connection reset by peer")
+
+
+class PortCut:
+    """An iptables rule on host `host` (`SimNetwork.cut_port`): TCP from the hosts `sources`
+    names (a set of host names, or a predicate on a host's name) to its port `port` dropped
+    (INPUT ``-s SRC --dport PORT -j DROP``); with `both_ways` also the answers on those
+    connections (OUTPUT ``-d SRC --sport PORT -j DROP``); with `syn_only` only the SYNs of new
+    connections (``--syn``). `label` names the sources in the trace."""
+
+    __slots__ = ("both_ways", "host", "label", "port", "sources", "syn_only")
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        sources: Collection[str] | Callable[[str], bool],
+        *,
+        both_ways: bool = False,
+        syn_only: bool = False,
+        label: str | None = None,
+    ) -> None:
+        self.host = host
+        self.port = port
+        if callable(sources):
+            self.sources: Callable[[str], bool] = sources
+            self.label = label or "<predicate>"
+        else:
+            names = frozenset(sources)
+            self.sources = names.__contains__
+            self.label = label or ",".join(sorted(names))
+        self.both_ways = both_ways
+        self.syn_only = syn_only
+
+    def drops(self, src: Address, dst: Address, syn: bool = False) -> bool:
+        """Whether this rule drops a segment from `src` to `dst` (`syn`: a SYN)."""
+        if self.syn_only and not syn:
+            return False
+        if dst[1] == self.port and dst[0] == self.host and self.sources(src[0]):
+            return True
+        return (
+            self.both_ways
+            and not syn
+            and src[1] == self.port
+            and src[0] == self.host
+            and self.sources(dst[0])
+        )
+
+    def __repr__(self) -> str:
+        way = " both ways" if self.both_ways else ""
+        syn = " syn" if self.syn_only else ""
+        return f"<PortCut {self.label} -> {self.host}:{self.port}{way}{syn}>"
 
 
 class _Connection:
@@ -125,6 +206,13 @@ class SimSocket(asyncio.transports._FlowControlMixin, asyncio.Transport):
         self._inbox: collections.deque[tuple[str, bytes]] = collections.deque()  # not taken
         self._inbox_bytes = 0
         self._rto: asyncio.TimerHandle | None = None
+        # segments a port cut held back (`SimNetwork.cut_port`), delivered in order when a
+        # retransmission gets through; the retransmission timer and its schedule's start
+        self._held: collections.deque[tuple[str, bytes]] = collections.deque()
+        self._held_bytes = 0
+        self._rexmit: asyncio.TimerHandle | None = None
+        self._rexmit_from = 0.0
+        self._rexmit_i = 0
         self.listener: SimListener | None = None  # server side, until accepted
 
     def __repr__(self) -> str:
@@ -153,7 +241,7 @@ class SimSocket(asyncio.transports._FlowControlMixin, asyncio.Transport):
             self._net.loop.call_soon(self._take_inbox, context=self._net.context)
 
     def get_write_buffer_size(self) -> int:
-        unread = self._out_bytes + self.peer._inbox_bytes + self._stuck_bytes
+        unread = self._out_bytes + self.peer._inbox_bytes + self._stuck_bytes + self._held_bytes
         return max(0, unread - self._net.socket_buffer)
 
     # asyncio's write flow control (_FlowControlMixin's, written out: its helpers are private)
@@ -464,6 +552,8 @@ class SimNetwork:
         self._connections: dict[int, _Connection] = {}
         self._next_id = 0
         self._cut: set[tuple[str, str]] = set()
+        self._port_cuts: list[PortCut] = []
+        self._rexmit_at = retransmissions(retransmit_timeout)
         self._delay: dict[tuple[str, str], float] = {}
         self.grudge: Grudge = {}
         self.stats: collections.Counter[str] = collections.Counter()
@@ -506,6 +596,53 @@ class SimNetwork:
         self.grudge = {}
         self._cut = set()
         self._note("heal")
+
+    def cut_port(
+        self,
+        host: str,
+        port: int,
+        sources: Collection[str] | Callable[[str], bool],
+        *,
+        both_ways: bool = False,
+        syn_only: bool = False,
+        label: str | None = None,
+    ) -> PortCut:
+        """Add an iptables-shaped rule (`PortCut`): TCP from `sources` to `host`:`port`
+        dropped (also its answers with `both_ways`; only new connections' SYNs with
+        `syn_only`). A data segment (or FIN) it drops is held as the sender's kernel holds an
+        unacknowledged one, and delivered, in order with what the stream sent after it, at
+        the first retransmission after the rule is gone (Linux's backoff,
+        `retransmissions`); a connection still cut when the retransmissions run out
+        (`retransmit_timeout`) is given up by its sender (ETIMEDOUT; what reaches that
+        side afterwards is answered with a reset). Resets are dropped, not held. `heal()`
+        does not remove it: `uncut_port` does. The rule added."""
+        cut = PortCut(host, port, sources, both_ways=both_ways, syn_only=syn_only, label=label)
+        self._port_cuts.append(cut)
+        self._note(
+            f"cut-port {cut.label} -> {host}:{port}{' both-ways' * both_ways}{' syn' * syn_only}"
+        )
+        return cut
+
+    def uncut_port(self, cut: PortCut | None = None) -> int:
+        """Remove the rule `cut` (None: every port rule); how many were removed. Held
+        segments go at their connection's next retransmission."""
+        before = len(self._port_cuts)
+        if cut is None:
+            self._port_cuts = []
+        else:
+            self._port_cuts = [c for c in self._port_cuts if c is not cut]
+        n = before - len(self._port_cuts)
+        if n:
+            what = "all" if cut is None else f"{cut.label} -> {cut.host}:{cut.port}"
+            self._note(f"uncut-port {what}")
+        return n
+
+    @property
+    def port_cuts(self) -> list[PortCut]:
+        return list(self._port_cuts)
+
+    def _port_dropped(self, src: Address, dst: Address, syn: bool = False) -> bool:
+        return any(cut.drops(src, dst, syn) for cut in self._port_cuts)
 
     def delay(self, g: Grudge, seconds: float) -> None:
         """Add `seconds` to the latency of every link in the grudge-shaped map."""
@@ -604,14 +741,131 @@ class SimNetwork:
                 src._stuck_bytes += len(data)
                 self._retransmitting(src)
             return
+        if (self._port_cuts or src._held) and self._held_back(src, dst, kind, data):
+            return
+        self._deliver(src, dst, kind, data)
+        src._wrote_less()
+        self._forget_if_done(conn)
+
+    def _deliver(self, src: SimSocket, dst: SimSocket, kind: str, data: bytes) -> None:
         self.stats["segments"] += 1
         self.stats["bytes"] += len(data)
         if self.on_event is not None:
             what = f"{kind} {len(data)} {zlib.crc32(data):08x}" if kind == _DATA else kind
             self._event(src, what)
         dst._receive(kind, data)
-        src._wrote_less()
+
+    # ----- port cuts: held segments, retransmission, giving up ------------------------------
+
+    def _held_back(self, src: SimSocket, dst: SimSocket, kind: str, data: bytes) -> bool:
+        """A segment from `src` reached `dst`'s host while port rules exist or `src` holds
+        segments back: True if it does not reach `dst` now (held, or a reset dropped)."""
+        cut = self._port_dropped(src.local, dst.local)
+        if kind == _RST:  # never retransmitted: lost at the rule, or it ends the connection
+            if cut:
+                self.stats["dropped"] += 1
+                self._event(src, "drop rst at a port cut")
+                return True
+            self._drop_held(src)
+            return False
+        if not cut and not src._held:
+            if kind != _ACK and self._port_dropped(dst.local, src.local):
+                self._awaiting_ack(src)  # it arrives, but the ACK is dropped on its way back
+            return False
+        if not src._held:
+            self._event(src, f"hold {kind} {len(data)}: port cut, retransmitted later")
+        src._held.append((kind, data))
+        src._held_bytes += len(data)
+        self.stats["held"] += 1
+        self._awaiting_ack(src)
+        return True
+
+    def _drop_held(self, sock: SimSocket) -> None:
+        sock._held.clear()
+        sock._held_bytes = 0
+        if sock._rexmit is not None:
+            sock._rexmit.cancel()
+            sock._rexmit = None
+
+    def _awaiting_ack(self, sock: SimSocket) -> None:
+        """`sock` sent what was held or whose ACK cannot come back: its kernel retransmits on
+        Linux's backoff from now (unless it already does)."""
+        if sock._rexmit is None:
+            sock._rexmit_from = self.loop.time()
+            sock._rexmit_i = 0
+            self._next_retransmission(sock)
+
+    def _next_retransmission(self, sock: SimSocket) -> None:
+        if sock._rexmit_i < len(self._rexmit_at):
+            at = sock._rexmit_from + self._rexmit_at[sock._rexmit_i]
+            sock._rexmit_i += 1
+            sock._rexmit = self.loop.call_at(at, self._retransmit, sock, context=self.context)
+        else:
+            sock._rexmit = self.loop.call_at(
+                sock._rexmit_from + self.retransmit_timeout,
+                self._give_up,
+                sock,
+                context=self.context,
+            )
+
+    def _retransmit(self, sock: SimSocket) -> None:
+        """One retransmission of `sock`'s oldest unacknowledged segment: when no rule drops
+        it any more its held segments arrive a latency later, and when the ACK can come back
+        the retransmissions end; otherwise the next one is due."""
+        sock._rexmit = None
+        conn, peer = sock._conn, sock.peer
+        if conn.reset:
+            self._drop_held(sock)
+            return
+        if sock._held and not self._port_dropped(sock.local, peer.local):
+            due = self.loop.time() + self._latency(sock.local[0], peer.local[0])
+            self.loop.call_at(due, self._deliver_held, sock, context=self.context)
+        if sock._held or self._port_dropped(peer.local, sock.local):
+            self._next_retransmission(sock)
+
+    def _deliver_held(self, sock: SimSocket) -> None:
+        """The retransmission arrived: the held segments, in order, unless a rule or a
+        partition stops it again (a partition makes it a black hole, as for any segment)."""
+        conn, dst = sock._conn, sock.peer
+        if conn.reset or not sock._held:
+            return
+        if conn.blackholed or not self.reachable(sock.local[0], dst.local[0]):
+            self.stats["dropped"] += len(sock._held)
+            if not conn.blackholed:
+                conn.blackholed = True
+                self._event(sock, "drop held segments: black hole from now on")
+            sock._stuck_bytes += sock._held_bytes
+            self._drop_held(sock)
+            self._retransmitting(sock)
+            return
+        if self._port_dropped(sock.local, dst.local):
+            return  # cut again: the next retransmission tries
+        self._event(sock, f"late {len(sock._held)} held segment(s), {sock._held_bytes} bytes")
+        held, sock._held = sock._held, collections.deque()
+        sock._held_bytes = 0
+        if not self._port_dropped(dst.local, sock.local) and sock._rexmit is not None:
+            sock._rexmit.cancel()  # acknowledged
+            sock._rexmit = None
+        for kind, data in held:
+            if conn.reset:
+                break
+            self._deliver(sock, dst, kind, data)
+        sock._wrote_less()
         self._forget_if_done(conn)
+
+    def _give_up(self, sock: SimSocket) -> None:
+        """The retransmissions ran out (tcp_retries2): the kernel drops the connection, the
+        application gets ETIMEDOUT, and what reaches this side later is answered with a reset."""
+        sock._rexmit = None
+        self._drop_held(sock)
+        if sock._conn.reset:
+            return
+        self._event(sock, "etimedout: retransmissions exhausted at a port cut")
+        sock._app_closed = True
+        if not sock._lost:
+            sock._lose(TimeoutError(errno.ETIMEDOUT, "Connection timed out"))
+        else:
+            self._forget_if_done(sock._conn)
 
     def _retransmitting(self, sock: SimSocket) -> None:
         """`sock` sent into a black hole: it gives up after the retransmission timeout."""
@@ -623,7 +877,14 @@ class SimNetwork:
     def _forget_if_done(self, conn: _Connection) -> None:
         """Forget a connection whose both sides are gone and that carries nothing more."""
         client, server = conn.client, conn.server
-        if client._lost and server._lost and not client._out and not server._out:
+        if (
+            client._lost
+            and server._lost
+            and not client._out
+            and not server._out
+            and not client._held
+            and not server._held
+        ):
             self._connections.pop(conn.id, None)
 
     # ----- connecting -----------------------------------------------------------------------
@@ -639,10 +900,14 @@ class SimNetwork:
         while True:
             self._note(f"{_fmt(local)}->{_fmt(target)} syn")
             await asyncio.sleep(self._latency(src.name, host))
-            if self.reachable(src.name, host):
+            if self.reachable(src.name, host) and not (
+                self._port_cuts and self._port_dropped(local, target, syn=True)
+            ):
                 listener = self._listeners.get(target)
                 if listener is None:
-                    if self.reachable(host, src.name):
+                    if self.reachable(host, src.name) and not (
+                        self._port_cuts and self._port_dropped(target, local)
+                    ):
                         await asyncio.sleep(self._latency(host, src.name))
                         self._note(f"{_fmt(local)}->{_fmt(target)} refused")
                         raise ConnectionRefusedError(errno.ECONNREFUSED, "Connection refused")
@@ -654,7 +919,11 @@ class SimNetwork:
                     established = False
                     try:
                         await asyncio.sleep(self._latency(host, src.name))  # SYN-ACK
-                        if self.reachable(host, src.name) and server.listener is listener:
+                        if (
+                            self.reachable(host, src.name)
+                            and server.listener is listener
+                            and not (self._port_cuts and self._port_dropped(target, local))
+                        ):
                             established = True
                     finally:
                         if not established:  # lost, or the connect was given up
@@ -703,4 +972,12 @@ def _fmt(address: Address) -> str:
     return f"{address[0]}:{address[1]}"
 
 
-__all__ = ["SimAccepted", "SimHost", "SimListener", "SimNetwork", "SimSocket"]
+__all__ = [
+    "PortCut",
+    "SimAccepted",
+    "SimHost",
+    "SimListener",
+    "SimNetwork",
+    "SimSocket",
+    "retransmissions",
+]

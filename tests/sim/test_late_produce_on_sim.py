@@ -13,9 +13,17 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import hashlib
+from pathlib import Path
 from typing import Any
 
+from isrlab.harness.sim import clock
+from isrlab.harness.sim.client import SimQueueClient
+from isrlab.harness.sim.cluster import SimCluster
+from isrlab.harness.sim.nemesis import SimNemesis, _split
 from isrlab.harness.sim.network import RETRANSMIT_TIMEOUT, SimNetwork, retransmissions
+from isrlab.harness.sim.run import broker_overrides, create_topics, sim_test, simulate_queue
+from isrlab.nemeses import compose
 from tests.sim.test_network import now, pair, run
 
 
@@ -141,3 +149,149 @@ def test_no_port_rule_no_change_a_partition_still_black_holes() -> None:
 
     got, done = run(body)
     assert got == b"x" and not done
+
+
+# ----- the nemesis kinds ---------------------------------------------------------------------
+
+KEYS = ["t0/0", "t1/0", "t2/0"]
+
+
+def _late_produce(tmp: Path, verification: bool) -> dict[str, Any]:
+    """A committed transaction, then late-produce on a key whose leader is not the producer's
+    transaction coordinator while the producer's next transaction sends to it (op_timeout 3 s:
+    it times out and aborts; the hold is 5.5 s, the retransmission of the held Produce 6.2 s
+    after it was sent, inside the 3-s SYN-only release), then a third transaction on the key
+    once the strike is over, then everything read_committed."""
+    rc = sim_test(
+        {
+            "seed": 1,
+            "txn": True,
+            "isolation_level": "read_committed",
+            "keys": KEYS,
+            "op_timeout_ms": 3000,
+            "txn_verification": verification,
+        }
+    )
+
+    async def main() -> dict[str, Any]:
+        loop: Any = asyncio.get_running_loop()
+        cluster = SimCluster(loop, tmp, 3, seed=1, overrides=broker_overrides(rc))
+        async with cluster:
+            await create_topics(cluster, KEYS, 3, 2)
+            hosts = [b.host for b in cluster.brokers.values()]
+            producer = await SimQueueClient.factory(rc, cluster.net, hosts)(0, 0).open()
+            nem = SimNemesis(cluster, "late-produce", rc)
+            coordinator = nem.targets.txn_coordinator(rc["transactional_ids"][0])
+            key = next(k for k in KEYS if nem.targets.leader_of(*_split(k)) != coordinator)
+            done = [await producer.invoke({"f": "txn", "value": [["send", key, 1]]})]
+            strike = loop.create_task(nem.invoke(compose._op("start-late-produce", {"key": key})))
+            await asyncio.sleep(0)
+            done.append(await producer.invoke({"f": "txn", "value": [["send", key, 2]]}))
+            start = await strike
+            done.append(await producer.invoke({"f": "txn", "value": [["send", key, 3]]}))
+            reader = await SimQueueClient(rc, cluster.net.host("r1"), hosts, 1).open()
+            await reader.invoke({"f": "assign", "value": [key]})
+            read: list[int] = []
+            for _ in range(20):
+                got = await reader.invoke({"f": "poll", "value": [["poll"]], "_poll_ms": 200})
+                read += [v for _, v in got["value"][0][1].get(key, [])]
+            nem.close()
+            return {"done": done, "start": start, "read": read, "trace": cluster.trace}
+
+    return clock.run(main())
+
+
+def test_late_produce_finds_no_verification_g1a_and_verification_refuses_the_late_batch(
+    tmp_path: Path,
+) -> None:
+    """Without KIP-890 verification the held Produce of the aborted transaction is appended
+    after its abort marker and committed by the producer's next transaction: a read_committed
+    reader reads the aborted record (G1a). With verification (the default) it is refused."""
+    off = _late_produce(tmp_path / "off", verification=False)
+    on = _late_produce(tmp_path / "on", verification=True)
+    for out in (off, on):
+        assert [d["type"] for d in out["done"]] == ["ok", "fail", "ok"], out["done"]
+        v = out["start"]["value"]
+        assert "error" not in v and v["held_s"] == 5.5 and v["released_s"] == 3.0, v
+        late = [ln for ln in out["trace"] if " late " in ln and f"->{v['leader']}:9092" in ln]
+        assert late, "no held segment was delivered late"
+    assert off["read"] == [1, 2, 3], off["read"]  # 2 was aborted: G1a
+    assert on["read"] == [1, 3], on["read"]
+
+
+def test_lagging_failover_cut_holds_the_followers_fetches_then_kills_the_leader(
+    tmp_path: Path,
+) -> None:
+    """``how: cut``: the in-sync followers' connections to the leader's broker port dropped
+    both ways (their fetches held, the followers running), ``lag_ms``, the leader killed,
+    the rule removed; a follower leads next; ``stop`` starts the leader again."""
+    test = sim_test({"seed": 2, "keys": ["t0/0"]})
+
+    async def main() -> dict[str, Any]:
+        loop: Any = asyncio.get_running_loop()
+        cluster = SimCluster(loop, tmp_path, 3, seed=2, overrides=broker_overrides(test))
+        async with cluster:
+            await create_topics(cluster, ["t0/0"], 3, 2)
+            nem = SimNemesis(cluster, "lagging-failover", test)
+            value = {"key": "t0/0", "lag_ms": 1000, "how": "cut"}
+            start = await nem.invoke(compose._op("start-lagging-failover", value))
+            rules_after = cluster.net.port_cuts
+            paused = [b.host for b in cluster.brokers.values() if b.paused]
+            leader = start["value"]["leader"]
+            await cluster.wait_for(
+                lambda: nem.targets.leader_of("t0", 0) not in (None, leader), 60, "a new leader"
+            )
+            new_leader = nem.targets.leader_of("t0", 0)
+            stop = await nem.invoke(compose._op("stop-lagging-failover", None))
+            alive = sorted(b.host for b in cluster.live())
+            nem.close()
+            return {
+                "start": start,
+                "rules": rules_after,
+                "paused": paused,
+                "new": new_leader,
+                "stop": stop,
+                "alive": alive,
+                "trace": cluster.trace,
+            }
+
+    out = clock.run(main())
+    v = out["start"]["value"]
+    assert v["how"] == "cut" and v["lag_ms"] == 1000 and v["leader"], v
+    assert sorted(v["followers"]) == sorted(v["cut"]) and len(v["followers"]) == 2
+    assert out["rules"] == [] and out["paused"] == []
+    assert out["new"] in v["followers"]
+    assert out["stop"]["value"] == {"nodes": [v["leader"]]}
+    assert out["alive"] == ["n1", "n2", "n3"]
+    # the held segments: on the followers' connections to the leader's port, either way
+    held = [ln.split()[2] for ln in out["trace"] if " hold " in ln]
+    ends = {tuple(sorted(h.split(":")[0] for h in c.split("->"))) for c in held}
+    assert held and all(f"{v['leader']}:9092" in c for c in held), held
+    assert ends == {tuple(sorted([v["leader"], f])) for f in v["followers"]}, held
+
+
+def test_one_late_produce_seed_one_history(tmp_path: Path) -> None:
+    """A short late-produce run with transactions, twice: the same history, byte for byte,
+    with a strike that held segments and delivered them late."""
+    over = {
+        "seed": 2,
+        "txn": True,
+        "isolation_level": "read_committed",
+        "nemesis": "late-produce",
+        "nemesis_interval": 2,
+        "op_timeout_ms": 3000,
+        "concurrency": 2,
+        "rate": 10,
+        "key_count": 3,
+        "time_limit": 8,
+        "recovery_time": 1,
+        "final_time_limit": 4,
+    }
+    shas = []
+    for i in range(2):
+        run_dir, _ = simulate_queue(over, tmp_path / str(i), check_invariants=False, report=False)
+        history = (run_dir / "history.jsonl").read_bytes()
+        assert b'"f":"start-late-produce"' in history and b'"held_s":5.5' in history
+        assert " late " in (run_dir / "trace.txt").read_text()
+        shas.append(hashlib.sha256(history).hexdigest())
+    assert shas[0] == shas[1]

@@ -60,9 +60,13 @@ class KafkaConnection:
                 self._correlation += 1
                 writer.write(encode(self._correlation))
                 await writer.drain()
-                head = await asyncio.wait_for(reader.readexactly(4), timeout)
+                # each read within `timeout`, in this task (asyncio.wait_for would run each
+                # read as a task of its own: three more loop callbacks per read)
+                async with asyncio.timeout(timeout):
+                    head = await reader.readexactly(4)
                 (size,) = _I32.unpack(head)
-                frame = await asyncio.wait_for(reader.readexactly(size), timeout)
+                async with asyncio.timeout(timeout):
+                    frame = await reader.readexactly(size)
             except (OSError, TimeoutError, asyncio.IncompleteReadError, ConnectionFailed) as e:
                 self.close()
                 raise ConnectionFailed(f"{self.host}:{self.port}: {e!r}") from None

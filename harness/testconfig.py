@@ -253,6 +253,14 @@ class TestConfig:
         column="string",
         switch=True,
     )
+    offsets_commit_required_acks: str = _opt(
+        "-1",
+        "acks of a group's offset commits (1 is HISTORIC: acknowledged before replicated)",
+        choices=("-1", "1"),
+        broker_key="offsets.commit.required.acks",
+        always_in_json=False,
+        switch=True,
+    )
     replica_lag_time_max_ms: int = _opt(
         10000,
         "broker replica.lag.time.max.ms",
@@ -706,6 +714,8 @@ def config_name(test: Mapping[str, Any]) -> str:
         parts.append("no-txn-epoch-fencing")
     if str(test.get("txn_marker_acks") or "all") != "all":
         parts.append(f"marker-acks{test['txn_marker_acks']}")
+    if str(test.get("offsets_commit_required_acks") or "-1") != "-1":
+        parts.append(f"commit-acks{test['offsets_commit_required_acks']}")
     for name, short in zip(TIMINGS, ("lag", "zk"), strict=True):
         if test.get(name) is not None and int(test[name]) != _BY_NAME[name].absent:
             parts.append(f"{short}{int(test[name])}")

@@ -35,9 +35,10 @@ Exit code: 0 every seed valid; 1 some seed invalid; 2 bad options, or (none inva
 unknown, crashed or not deterministic.
 
 Options the simulator cannot honour are refused before anything runs (`refusals`): real hosts
-and the embedded cluster's options, the eos workload, consumer groups, and the nemesis kinds
-`harness.sim.nemesis.SimNemesis` does not model (transactions and read_committed are simulated:
-harness/sim/txn.py).
+and the embedded cluster's options, the eos workload, the cooperative-sticky assignor, and the
+nemesis kinds `harness.sim.nemesis.SimNemesis` does not model (transactions and read_committed
+are simulated: harness/sim/txn.py; consumer groups too, with the roundrobin and range
+assignors: harness/sim/group.py).
 """
 
 from __future__ import annotations
@@ -158,11 +159,14 @@ def refusals(values: Mapping[str, Any], config: TestConfig) -> list[str]:
         )
     if config.workload != "queue":
         out.append(_workload_refusal(config.workload))
-    if consumer_mode(config.to_test()) != "assign" or config.commit_p:
+    if (
+        consumer_mode(config.to_test()) != "assign"
+        and config.knobs.get("assignment_strategy") == "cooperative-sticky"
+    ):
         out.append(
-            "consumer groups (--subscribe, --sub-p, --commit-p, the sub_via knob) are not "
-            "simulated yet (the simulated consumer assigns keys); leave them out, or run "
-            "`isrlab test`"
+            "--set assignment_strategy=cooperative-sticky: the simulated group consumer "
+            "(harness/sim/group.py) implements the roundrobin and range assignors only; use "
+            "one of them, or run `isrlab test`"
         )
     unsupported = [k for k in config.nemesis if k not in SUPPORTED]
     if unsupported:

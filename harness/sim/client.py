@@ -62,8 +62,10 @@ in-flight batch per partition per op (librdkafka pipelines up to 5); retry backo
 100 ms (librdkafka backs off exponentially up to 1 s); no periodic metadata refresh, no
 fetch-position validation with leader epochs (KIP-320: librdkafka ≥ 1.9 detects a truncated
 log and resets), though metadata naming an older leader epoch than one already seen is
-ignored as librdkafka ≥ 2.1 ignores it; no compression. Consumer groups (`subscribe`, `commit`) are not simulated
-yet: those ops complete as `fail` with error "unsupported-in-sim". Transactions: no
+ignored as librdkafka ≥ 2.1 ignores it; no compression. Consumer groups (`subscribe`, `commit`,
+when test["group"] is set): harness/sim/group.py (`attach`, called here), librdkafka's group
+consumer; its rebalances are taken during polls and the next completion carries them
+(`rebalance`); without a group those ops complete as `fail` ("unsupported-in-sim"). Transactions: no
 send_offsets_to_transaction (the queue workload sends none), no coordinator monitor, flat
 back-offs (harness/sim/txn.py's module doc).
 """
@@ -389,6 +391,12 @@ class SimQueueClient:
             from isrlab.harness.sim import txn
 
             txn.attach(self, test, thread)
+        # consumer groups (harness/sim/group.py): when a process may subscribe
+        self.group: Any = None
+        if test.get("group"):
+            from isrlab.harness.sim import group
+
+            group.attach(self)
 
     @classmethod
     def factory(
@@ -430,6 +438,8 @@ class SimQueueClient:
 
     async def close(self) -> None:
         self._open = False
+        if self.group is not None:
+            self.group.drop()  # no LeaveGroup: the member times out, as QueueClient's
         conns, self._conns = self._conns, {}
         for c in conns.values():
             c.close()
@@ -527,6 +537,12 @@ class SimQueueClient:
         f = op["f"]
         base: Op = {k: v for k, v in op.items() if not k.startswith("_")}
         base["node"] = self.node
+        done = await self._invoke(f, op, base)
+        if self.group is not None:
+            done = self.group.with_rebalance(done)
+        return done
+
+    async def _invoke(self, f: str, op: Mapping[str, Any], base: Op) -> Op:
         if f == "crash":
             await self.close()
             return {**base, "type": "info", "value": None}
@@ -535,7 +551,11 @@ class SimQueueClient:
         if f == "assign":
             return await self._assign(base, op.get("_seek") == "beginning")
         if f in ("subscribe", "commit"):
-            return {**base, "type": "fail", "error": UNSUPPORTED}
+            if self.group is None:
+                return {**base, "type": "fail", "error": UNSUPPORTED}
+            if f == "subscribe":
+                return await self.group.subscribe(base)  # type: ignore[no-any-return]
+            return await self.group.commit(base)  # type: ignore[no-any-return]
         if f in codec.DATA_FS:
             poll_s = float(op.get("_poll_ms", self.knobs.poll_ms)) / 1000
             if self.txn is not None:
@@ -551,6 +571,13 @@ class SimQueueClient:
         except (TypeError, ValueError) as e:
             return {**op, "type": "fail", "error": ["bad-keys", str(e)]}
         keep = set() if from_beginning else self.assigned & wanted
+        if self.group is not None and self.group.subscribed:
+            # QueueClient drops the member (its keys revoked) and assigns on a new consumer:
+            # kept keys resume where this process's reads reached, else at the group's
+            # committed offset (looked up before they are fetched if still unknown)
+            stored = keep & self.group.stored
+            self.group.drop()
+            self.group.stored = stored
         for k in sorted(self.assigned - keep):
             self.positions.pop(k, None)
         for k in sorted(wanted - keep):
@@ -810,11 +837,24 @@ class SimQueueClient:
         virtual instant."""
         read: dict[str, list[list[Any]]] = {}
         deadline = self._loop_time() + timeout
+        stored: set[str] = set()  # keys waiting for their group's committed offset
+        if self.group is not None:
+            # a member's rebalances are taken during polls, as librdkafka's callbacks
+            await self.group.serve(deadline)
+            while not self.assigned and self.group.subscribed and self._left(deadline) > 0:
+                await self.group.wait(self._left(deadline))
+                await self.group.serve(deadline)
+            stored = self.group.stored
         if not self.assigned:
             await asyncio.sleep(self._left(deadline))
             return read
         while True:
-            unset = sorted(k for k in self.assigned if self.positions.get(k) is None)
+            if self.group is not None:
+                await self.group.serve(deadline)
+                stored = self.group.stored
+            unset = sorted(
+                k for k in self.assigned if self.positions.get(k) is None and k not in stored
+            )
             if unset:
                 for k, off in (await self._list_offsets(unset, -2, deadline)).items():
                     self.positions[k] = off
@@ -849,6 +889,8 @@ class SimQueueClient:
                             if pairs and k not in first_read:
                                 first_read[k] = pairs[0][0]
             if read or self._left(deadline) <= 0:
+                if self.group is not None:
+                    self.group.note_read(read)
                 return read
             if not by_leader:
                 await self._backoff(deadline)

@@ -104,7 +104,10 @@ def test_check_determinism_runs_each_seed_twice(tmp_path: Path) -> None:
         (["--nemesis", "packet"], "packet not simulated"),
         (["--nemesis", "kill+corrupt"], "corrupt not simulated"),
         (["--txn", "--acks", "1"], "txn (--txn) needs acks=all"),
-        (["--subscribe"], "consumer groups"),
+        (
+            ["--subscribe", "--set", "assignment_strategy=cooperative-sticky"],
+            "roundrobin and range",
+        ),
         (["--workload", "eos"], "queue workload only"),
         (["--nodes", "n1,n2,n3"], "--nodes: the simulator runs its brokers in this process"),
         (["--seeds", "5-2"], "A <= B"),

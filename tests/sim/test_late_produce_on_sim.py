@@ -18,11 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from isrlab.harness.sim import clock
+from isrlab.harness.sim.cli import refusals, replay_command
 from isrlab.harness.sim.client import SimQueueClient
 from isrlab.harness.sim.cluster import SimCluster
 from isrlab.harness.sim.nemesis import SimNemesis, _split
 from isrlab.harness.sim.network import RETRANSMIT_TIMEOUT, SimNetwork, retransmissions
 from isrlab.harness.sim.run import broker_overrides, create_topics, sim_test, simulate_queue
+from isrlab.harness.testconfig import TestConfig
 from isrlab.nemeses import compose
 from tests.sim.test_network import now, pair, run
 
@@ -295,3 +297,18 @@ def test_one_late_produce_seed_one_history(tmp_path: Path) -> None:
         assert " late " in (run_dir / "trace.txt").read_text()
         shas.append(hashlib.sha256(history).hexdigest())
     assert shas[0] == shas[1]
+
+
+def test_isrlab_sim_takes_the_two_kinds_and_lagging_how() -> None:
+    """`isrlab sim --nemesis late-produce+lagging-failover --lagging-how cut` is not refused
+    (it was: their cuts had no model), and a failing seed's replay keeps ``--lagging-how``."""
+    values: dict[str, Any] = {
+        "nemesis": ["late-produce", "lagging-failover"],
+        "lagging_how": ["cut"],
+        "txn": True,
+        "isolation_level": "read_committed",
+    }
+    assert refusals(values, TestConfig.from_mapping(values)) == []
+    assert "--lagging-how cut" in replay_command(3, values, {})
+    packet = {"nemesis": ["packet"]}
+    assert refusals(packet, TestConfig.from_mapping(packet))  # still refused: no model

@@ -53,6 +53,8 @@ log = logging.getLogger(__name__)
 TopicPartition = tuple[str, int]
 EPOCH_VERSION = 3
 LIST_OFFSETS_VERSION = 4
+#: how often every partition ticks (seconds)
+TICK_S = 0.05
 
 
 class FetchInterest(NamedTuple):
@@ -201,6 +203,7 @@ class ReplicaManager:
         self._fetching: set[int] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loops: list[asyncio.Task[None]] = []
+        self._tick_timer: asyncio.TimerHandle | None = None
         self.stopping = False
         self.stop_failures = 0  # what `stop` could not write (logged)
         #: told when a hosted replica becomes leader or stops leading (the group coordinator
@@ -461,7 +464,7 @@ class ReplicaManager:
     # ----- timers ---------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._loops.append(asyncio.create_task(self._tick_loop()))
+        self._tick_timer = asyncio.get_running_loop().call_later(TICK_S, self._tick)
         self._loops.append(
             asyncio.create_task(
                 self._hw_cp.write_every(
@@ -470,14 +473,16 @@ class ReplicaManager:
             )
         )
 
-    async def _tick_loop(self) -> None:
-        while True:
-            await asyncio.sleep(0.05)
-            for hp in list(self.partitions.values()):
-                try:
-                    hp.tick()
-                except Exception:
-                    log.exception("%s: tick failed", hp.name)
+    def _tick(self) -> None:
+        """Every TICK_S: each partition's tick (a timer's callback, set again after the ticks
+        as a sleeping task's next sleep would be: one loop callback per tick, not a timer's and
+        a task's)."""
+        for hp in list(self.partitions.values()):
+            try:
+                hp.tick()
+            except Exception:
+                log.exception("%s: tick failed", hp.name)
+        self._tick_timer = asyncio.get_running_loop().call_later(TICK_S, self._tick)
 
     def _high_watermarks(self) -> dict[TopicPartition, int]:
         return {tp: hp.high_watermark for tp, hp in self.partitions.items()}
@@ -492,6 +497,8 @@ class ReplicaManager:
 
     async def stop(self) -> None:
         self.stopping = True
+        if self._tick_timer is not None:
+            self._tick_timer.cancel()
         for t in self._loops + list(self._tasks):
             t.cancel()
         for t in self._loops + list(self._tasks):

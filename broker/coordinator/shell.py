@@ -65,18 +65,19 @@ class CoordinatorShell:
         self.name = name
         self._refs = itertools.count(1)
         self._waiting: dict[int, asyncio.Future[Any]] = {}
-        self._task: asyncio.Task[None] | None = None
+        self._timer: asyncio.Handle | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._create_lock = asyncio.Lock()
 
     # ----- lifecycle -------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._timer_loop())
+        # the first deadline is read in the next turn of the loop (as a task's first step)
+        self._timer = asyncio.get_running_loop().call_soon(self._set_timer)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        if self._timer is not None:
+            self._timer.cancel()
         for t in list(self._tasks):
             t.cancel()
         for fut in self._waiting.values():
@@ -84,17 +85,23 @@ class CoordinatorShell:
                 fut.set_exception(KafkaError(ErrorCode.COORDINATOR_NOT_AVAILABLE, "stopping"))
         self._waiting.clear()
 
-    async def _timer_loop(self) -> None:
-        """Requests do not wake this loop (a scan of the core's state per request would cost
-        the event loop dearly); it sleeps until the core's next deadline, at most TICK_MS."""
-        while True:
-            deadline = self._core.next_deadline()
-            wait = TICK_MS / 1000 if deadline is None else (deadline - now_ms()) / 1000
-            await asyncio.sleep(min(max(wait, 0.0), TICK_MS / 1000))
-            try:
-                self._run(self._core.tick(now_ms()))
-            except Exception:  # pragma: no cover - a bug; the coordinator keeps serving
-                log.exception("%s tick failed", self.name)
+    def _set_timer(self) -> None:
+        """Requests do not wake the timer (a scan of the core's state per request would cost
+        the event loop dearly): it is set for the core's next deadline, at most TICK_MS away
+        (a timer's callback, not a sleeping task: one loop callback per tick, not two)."""
+        deadline = self._core.next_deadline()
+        wait = TICK_MS / 1000 if deadline is None else (deadline - now_ms()) / 1000
+        wait = min(max(wait, 0.0), TICK_MS / 1000)
+        loop = asyncio.get_running_loop()
+        # (a deadline already due: the next turn of the loop, as asyncio.sleep(0) would)
+        self._timer = loop.call_later(wait, self._tick) if wait > 0 else loop.call_soon(self._tick)
+
+    def _tick(self) -> None:
+        try:
+            self._run(self._core.tick(now_ms()))
+        except Exception:  # pragma: no cover - a bug; the coordinator keeps serving
+            log.exception("%s tick failed", self.name)
+        self._set_timer()
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)

@@ -51,7 +51,9 @@ protocol's subscription and assignment (the broker's `decode_consumer_assignment
 
 Not reproduced: the cooperative-sticky assignor (refused by `isrlab sim`), static membership,
 librdkafka waiting for the application to handle a revocation before it rejoins (the
-background task rejoins at once; the client stops fetching the revoked keys at its next poll),
+background task rejoins at once; the client stops fetching the revoked keys at its next poll,
+and a commit takes the pending rebalances first, so it never commits a revoked key under a newer
+generation, which librdkafka's wait also rules out),
 max.poll.interval.ms on the client side (a member that does not poll is not made to leave),
 librdkafka's exponential back-offs (flat retry.backoff.ms and 500 ms for the coordinator),
 auto-commit (the queue workload commits explicitly, enable.auto.commit=false).

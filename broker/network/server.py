@@ -3,7 +3,10 @@
 One task per connection reads size-prefixed frames and starts their handlers in arrival order;
 responses go out strictly in request order, which clients rely on: a responder task sends them
 from a queue, except that a request answered at once while nothing else of its connection is in
-flight is answered by the reading task itself. Unlike Kafka, which mutes a
+flight is answered by the reading task itself, and a handler that waits (a long poll, an
+acks=all produce) with nothing ahead of it sends its own answer when done (a request read
+meanwhile first hands it to the responder, which waits for it before sending the next answer).
+Unlike Kafka, which mutes a
 channel while one of its requests is in flight, up to MAX_INFLIGHT_PER_CONNECTION requests are
 handled concurrently, so acks=all produces waiting for the same replication round complete together. Anything wrong with a frame (too large, truncated, undecodable, an unknown API) is
 logged and the connection is closed; other connections are unaffected and nothing reaches the log.
@@ -114,6 +117,11 @@ class Connection:
         self.frame_started: float | None = None  # first byte of a frame not complete yet
         self.frame_paused = False  # that frame waits for request memory (not the client)
         self.inflight = 0  # requests read whose response is not sent yet
+        #: the task of a waiting handler that answers itself (`_alone`): it had nothing ahead
+        #: of it; handed to the responder, ahead of the next answer queued, if one comes
+        self.alone: asyncio.Future[Any] | None = None
+        #: `alone` once handed to the responder: it sends nothing more for it
+        self.handed: asyncio.Future[Any] | None = None
         self._loop = asyncio.get_running_loop()
         self.last_activity = self._loop.time()  # last frame read or response sent
 
@@ -439,6 +447,7 @@ class SocketServer:
         try:
             await self._read_requests(conn, pending)
         finally:
+            await _hand_over(conn, pending)  # a handler answering itself goes first
             await pending.put(None)  # close after the responses already due have been sent
             try:
                 await responder
@@ -460,7 +469,12 @@ class SocketServer:
             if task is None:
                 return
             try:
-                await _answer(conn, task)
+                answers_itself = task is conn.handed
+                if answers_itself:  # (`_alone`): wait until it did
+                    conn.handed = None
+                    await task
+                else:
+                    await _answer(conn, task)
             except (ConnectionError, asyncio.CancelledError):
                 raise
             except Exception:
@@ -560,6 +574,7 @@ class SocketServer:
         except UnsupportedVersion as e:
             if e.api_key == 18:
                 conn.inflight += 1
+                await _hand_over(conn, pending)
                 await pending.put(_done(conn, _api_versions_unsupported(e.correlation_id)))
                 return True
             log.warning("connection %s: %s; closing", conn.peer, e)
@@ -584,13 +599,25 @@ class SocketServer:
                     conn.inflight -= 1
                     conn.last_activity = conn._loop.time()
                 return True
+            await _hand_over(conn, pending)
             await pending.put(_done(conn, parts))
             return True
         except Exception as e:  # the handler failed in its first step: the responder raises it
             fut: asyncio.Future[list[bytes | FileRegion] | None] = conn._loop.create_future()
             fut.set_exception(e)
+            await _hand_over(conn, pending)
             await pending.put(fut)
             return True
+        if conn.inflight == 1:
+            # It waits with nothing ahead of it on this connection: it sends its own answer
+            # when done, without the responder's two hand-offs (unless a request comes meanwhile:
+            # `_hand_over`, then the responder waits for it before the next answer).
+            # (`_alone` is stepped here to its wait, the handler's, so that a cancellation
+            # before the task's first step reaches the handler, as with `_Resumed`)
+            alone = _alone(conn, _Resumed(coro, yielded))
+            conn.alone = asyncio.ensure_future(_Resumed(alone, alone.send(None)))
+            return True
+        await _hand_over(conn, pending)
         await pending.put(asyncio.ensure_future(_Resumed(coro, yielded)))
         return True
 
@@ -604,6 +631,40 @@ async def _answer(conn: Connection, task: asyncio.Future[list[bytes | FileRegion
     finally:
         conn.inflight -= 1
         conn.last_activity = conn._loop.time()
+
+
+async def _alone(conn: Connection, rest: _Resumed) -> None:
+    """A waiting handler's rest (its task's first step yields what it waits on), then its
+    answer sent, as the responder would: a handler's failure closes the connection; the
+    exception is the responder's to raise once `_hand_over` gave it this task."""
+    try:
+        parts = await rest
+        if parts is not None:
+            await conn.send(parts)
+    except (ConnectionError, asyncio.CancelledError):
+        raise
+    except Exception:
+        conn.closed = True
+        conn.writer.close()
+        raise
+    finally:
+        conn.inflight -= 1
+        conn.last_activity = conn._loop.time()
+    if conn.alone is asyncio.current_task():
+        conn.alone = None  # answered, and nothing came meanwhile: nothing for the responder
+
+
+async def _hand_over(
+    conn: Connection,
+    pending: asyncio.Queue[asyncio.Future[list[bytes | FileRegion] | None] | None],
+) -> None:
+    """Before anything else goes to the responder: a handler answering itself (`_alone`)
+    goes first, so the answers keep the request order (and its failure is raised there)."""
+    alone = conn.alone
+    if alone is not None:
+        conn.alone = None
+        conn.handed = alone
+        await pending.put(alone)
 
 
 def _done(
@@ -646,8 +707,12 @@ class _Resumed(collections.abc.Coroutine[Any, Any, Any]):
         self._first = _STARTED
         self._coro.close()
 
+    def __next__(self) -> Any:
+        return self.send(None)
+
     def __await__(self) -> Generator[Any, Any, Any]:
-        raise TypeError("a _Resumed is run by a task, not awaited")
+        """Awaited by `_alone`, which hands the values and exceptions on to it."""
+        return self  # type: ignore[return-value]
 
 
 def _api_versions_unsupported(correlation_id: int) -> list[bytes | FileRegion]:

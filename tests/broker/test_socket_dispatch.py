@@ -206,3 +206,50 @@ def test_a_connection_with_many_buffered_requests_lets_another_in() -> None:
     assert sorted(order) == [*range(200), 1000]
     assert MAX_REQUESTS_WITHOUT_YIELD <= 32  # the bound below leaves room for a few turns
     assert order.index(1000) < 100  # not behind all of the other connection's 200
+
+
+def test_a_waiting_handler_alone_answers_itself_and_keeps_the_order() -> None:
+    """A handler that waits with nothing ahead of it on its connection sends its own answer
+    (no responder involved); a request read while it waits goes to the responder after it, so
+    its answer, ready at once, still comes second; an alone handler that fails closes its
+    connection without an answer."""
+    loop_futures: dict[int, asyncio.Future[bytes]] = {}
+    responders: list[bool] = []
+
+    async def handler(request: Request, conn: Connection) -> list[Any] | None:
+        cid = request.correlation_id
+        if cid in (1, 10):
+            fut = loop_futures[cid] = asyncio.get_running_loop().create_future()
+            text = await fut
+            responders.append(conn.handed is not None)
+            return _answer(cid, text)
+        if cid == 3:
+            await asyncio.sleep(0)
+            raise RuntimeError("handler bug")
+        if cid == 2:
+            loop_futures[1].set_result(b"first")  # answered at once, after 1 is woken
+        return _answer(cid, b"now")
+
+    async def go(port: int) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(_frame(10))
+        await writer.drain()
+        for _ in range(50):  # 10 waits alone
+            await asyncio.sleep(0)
+        loop_futures[10].set_result(b"alone")
+        assert await _read_answer(reader) == (10, b"alone")
+        writer.write(_frame(1))
+        await writer.drain()
+        for _ in range(50):
+            await asyncio.sleep(0)
+        writer.write(_frame(2))
+        await writer.drain()
+        assert await _read_answer(reader) == (1, b"first")
+        assert await _read_answer(reader) == (2, b"now")
+        writer.write(_frame(3))
+        await writer.drain()
+        assert await reader.read() == b""  # closed, nothing sent
+        writer.close()
+
+    _serve(handler, go)
+    assert responders == [False, True]  # 10 answered alone; 1 handed to the responder by 2

@@ -49,8 +49,18 @@ typecheck: venv
 	  ln -sfn ../../../$$f build/typecheck/isrlab/$$f; done
 	$(VENV)/bin/mypy
 
+# Two pytest processes side by side (tests/conftest.py): the tests that start processes (they
+# mostly wait on cluster timers), shown as they run, and the in-process ones, whose log is
+# printed when both are done (all of it if a test failed).
 unit: setup
-	$(VENV)/bin/pytest -q -n 2 --dist loadgroup
+	@mkdir -p build; log=build/unit-in-process.log; \
+	$(VENV)/bin/pytest -q -m 'not slow and not processes' > $$log 2>&1 & inproc=$$!; \
+	echo "== tests that start processes (the in-process tests run beside them, log: $$log)"; \
+	$(VENV)/bin/pytest -q -m 'not slow and processes'; procs=$$?; \
+	wait $$inproc; inrc=$$?; \
+	echo "== in-process tests ($$log)"; \
+	if [ $$inrc -eq 0 ]; then tail -n 45 $$log; else cat $$log; fi; \
+	[ $$procs -eq 0 ] && [ $$inrc -eq 0 ]
 
 test: setup lint typecheck unit
 

@@ -35,10 +35,11 @@ Exit code: 0 every seed valid; 1 some seed invalid; 2 bad options, or (none inva
 unknown, crashed or not deterministic.
 
 Options the simulator cannot honour are refused before anything runs (`refusals`): real hosts
-and the embedded cluster's options, the eos workload, the cooperative-sticky assignor, and the
-nemesis kinds `harness.sim.nemesis.SimNemesis` does not model (transactions and read_committed
-are simulated: harness/sim/txn.py; consumer groups too, with the roundrobin and range
-assignors: harness/sim/group.py).
+and the embedded cluster's options, the eos workload without --txn, the cooperative-sticky
+assignor, and the nemesis kinds `harness.sim.nemesis.SimNemesis` does not model (transactions
+and read_committed are simulated: harness/sim/txn.py; consumer groups too, with the roundrobin
+and range assignors: harness/sim/group.py; the eos workload's copiers with --txn:
+harness/sim/eos.py).
 """
 
 from __future__ import annotations
@@ -157,8 +158,13 @@ def refusals(values: Mapping[str, Any], config: TestConfig) -> list[str]:
             "--clock-mode date sets the clock of real hosts; the simulator moves each broker's "
             "own clock (process): leave it out"
         )
-    if config.workload != "queue":
+    if config.workload not in ("queue", "eos"):
         out.append(_workload_refusal(config.workload))
+    if config.workload == "eos" and not config.txn:
+        out.append(
+            "--workload eos without --txn: the simulated copier (harness/sim/eos.py) copies in "
+            "transactions only (no at-least-once copier yet); add --txn, or run `isrlab test`"
+        )
     if (
         consumer_mode(config.to_test()) != "assign"
         and config.knobs.get("assignment_strategy") == "cooperative-sticky"
@@ -180,8 +186,8 @@ def refusals(values: Mapping[str, Any], config: TestConfig) -> list[str]:
 
 def _workload_refusal(workload: str) -> str:
     return (
-        f"--workload {workload}: the simulator runs the queue workload only (its clients have "
-        "no consume-transform-produce yet); run `isrlab test` for it"
+        f"--workload {workload}: the simulator runs the queue and eos workloads only; run "
+        "`isrlab test` for it"
     )
 
 
@@ -613,7 +619,7 @@ def _sim_command(
         else:
             seed_list = [TestConfig.from_mapping({}).seed or 0]  # a random one, as isrlab test
         values["seed"] = seed_list[0]
-        if values.get("workload") not in (None, "queue"):  # (said before its own checks)
+        if values.get("workload") not in (None, "queue", "eos"):  # (before its own checks)
             raise BadInput(
                 "the simulator cannot run this:\n  - " + _workload_refusal(values["workload"])
             )

@@ -180,7 +180,22 @@ async def run_queue(
         int(test.get("replication_factor") or 3),
         test.get("min_insync_replicas"),
     )
-    workload = QueueWorkload(test)
+    zombies: Any = None
+    workload: Any
+    if test.get("workload") == "eos":
+        # the eos workload (harness/sim/eos.py): its generator, each thread its client by role
+        from isrlab.harness.sim import eos
+        from isrlab.harness.workloads.eos.generator import EosWorkload
+
+        workload = EosWorkload(test)
+        zombies = eos.Zombies()
+        nodes = [b.host for b in cluster.brokers.values()]
+        factory = eos.client_factory(test, cluster.net, nodes, workload, zombies)
+    else:
+        workload = QueueWorkload(test)
+        factory = SimQueueClient.factory(
+            test, cluster.net, [b.host for b in cluster.brokers.values()]
+        )
     gen = queue_test(workload, test, nemesis_gen=nemesis_gen if nemesis is not None else None)
     hang_timeout, run_timeout = bounds(
         QueueOptions.from_test(test).op_timeout_ms / 1000,
@@ -193,7 +208,7 @@ async def run_queue(
         interp = SimInterpreter(
             gen,
             history,
-            SimQueueClient.factory(test, cluster.net, [b.host for b in cluster.brokers.values()]),
+            factory,
             int(test.get("concurrency", 20)),
             nemesis=nemesis,
             seed=int(test.get("seed") or 0),
@@ -203,7 +218,13 @@ async def run_queue(
         stats = await interp.run()
     finally:
         history.close(fsync=False)
-        workload.close()
+        if zombies is not None:
+            # the zombie copiers still held are dropped (the real `EosWorkload.close`)
+            workload.zombie_fates = zombies.drop_all()
+        else:
+            workload.close()
+    if zombies is not None:
+        stats["zombie_fates"] = workload.zombie_fates
     return stats
 
 

@@ -55,7 +55,18 @@ producer whose aborted transaction the fetched range holds are dropped until tha
 abort marker, control batches are skipped (librdkafka's and the Java consumer's filter), and the
 position moves past every whole batch returned, control and aborted ones included.
 
-Not modelled: send_offsets_to_transaction (the queue workload does not send offsets), a
+send_offsets_to_transaction (the eos copier's, harness/sim/eos.py): AddOffsetsToTxn v3 to the
+transaction coordinator (the group's __consumer_offsets partition joins the transaction; sent
+again after NOT_COORDINATOR / COORDINATOR_NOT_AVAILABLE / a failed connection, the coordinator
+looked up again, COORDINATOR_LOAD_IN_PROGRESS and CONCURRENT_TRANSACTIONS (20 ms); fatal and
+abortable errors as AddPartitionsToTxn's), then TxnOffsetCommit v3 with the consumer's group
+metadata (generation, member id) to the group coordinator, the failed partitions sent again
+after retry.backoff.ms on coordinator errors, REQUEST_TIMED_OUT, COORDINATOR_LOAD_IN_PROGRESS,
+UNKNOWN_TOPIC_OR_PARTITION and UNSTABLE_OFFSET_COMMIT; fencing and INVALID_TXN_STATE fatal,
+UNKNOWN_PRODUCER_ID abortable with a bump, anything else (a stale generation or member id)
+abortable. Bounded by the op's deadline ("timed-out").
+
+Not modelled: a
 transaction's producer id changing because its epoch is exhausted (the broker rotates it; the
 client takes what InitProducerId answers), librdkafka's transaction coordinator monitor and
 its exponential back-offs.
@@ -72,9 +83,11 @@ from typing import TYPE_CHECKING, Any
 from kafka.protocol.metadata import FindCoordinatorRequest
 from kafka.protocol.producer import ProduceRequest
 from kafka.protocol.producer.transaction import (
+    AddOffsetsToTxnRequest,
     AddPartitionsToTxnRequest,
     EndTxnRequest,
     InitProducerIdRequest,
+    TxnOffsetCommitRequest,
 )
 from kafka.record.memory_records import MemoryRecordsBuilder
 
@@ -481,6 +494,130 @@ class SimTxnProducer:
 
     def _sent(self) -> None:
         self.req_cnt += 1
+
+    # ----- send_offsets_to_transaction -----------------------------------------------------
+
+    async def send_offsets_to_transaction(
+        self, offsets: Mapping[str, int], member: Any, deadline: float
+    ) -> str | None:
+        """send_offsets_to_transaction(offsets, the consumer's group metadata): None when the
+        offsets are in the transaction, else the error's name ("timed-out", or a fatal or
+        abortable error, which is then set). `member` is the consumer's `SimGroupMember`
+        (group id, generation, member id, its coordinator). See the module doc."""
+        if self.fatal is not None:
+            return self.fatal
+        if self.abortable is not None:
+            return self.abortable
+        if not offsets:
+            return None  # librdkafka returns at once for an empty list
+        err = await self._add_offsets(member.group, deadline)
+        if err is not None:
+            return err
+        return await self._txn_offset_commit(offsets, member, deadline)
+
+    async def _add_offsets(self, group: str, deadline: float) -> str | None:
+        """AddOffsetsToTxn v3 to the transaction coordinator until it answers without a
+        retriable error (rd_kafka_txn_handle_AddOffsetsToTxn's classes)."""
+        c = self.c
+        while True:
+            if c._left(deadline) <= 0:
+                return "timed-out"
+            req = AddOffsetsToTxnRequest[3](
+                transactional_id=self.transactional_id,
+                producer_id=c._pid,
+                producer_epoch=c._epoch,
+                group_id=group,
+            )
+            resp = await self._request(req, deadline, self._sent)
+            backoff = ADD_RETRY_S
+            if resp is not None:
+                code = resp.error_code
+                if code == 0:
+                    return None
+                self.req_cnt -= 1  # an answer: the group's partition was not added
+                if code in _COORD:
+                    self.coordinator = None
+                elif code == E.CONCURRENT_TRANSACTIONS:
+                    backoff = CONCURRENT_RETRY_S
+                elif code == E.COORDINATOR_LOAD_IN_PROGRESS:
+                    pass
+                elif code in _TXN_FATAL:
+                    return self._set_fatal(code)
+                elif code in _BUMP:
+                    self._set_abortable(_error_name(code), bump=True)
+                    return _error_name(code)
+                else:
+                    self._set_abortable(_error_name(code))
+                    return _error_name(code)
+            await asyncio.sleep(min(backoff, c._left(deadline)))
+
+    async def _txn_offset_commit(
+        self, offsets: Mapping[str, int], member: Any, deadline: float
+    ) -> str | None:
+        """TxnOffsetCommit v3 (with the member's generation and id: KIP-447) to the group
+        coordinator, the partitions still failing sent again (rd_kafka_txn_handle_
+        TxnOffsetCommit's classes: coordinator errors and REQUEST_TIMED_OUT look the
+        coordinator up again, COORDINATOR_LOAD_IN_PROGRESS, UNKNOWN_TOPIC_OR_PARTITION and
+        UNSTABLE_OFFSET_COMMIT are retried, fencing and INVALID_TXN_STATE are fatal,
+        UNKNOWN_PRODUCER_ID asks for an epoch bump, the rest, the group's
+        ILLEGAL_GENERATION / UNKNOWN_MEMBER_ID / FENCED_INSTANCE_ID included, is abortable)."""
+        c = self.c
+        todo = dict(offsets)
+        R = TxnOffsetCommitRequest[3]
+        T = R.TxnOffsetCommitRequestTopic
+        P = T.TxnOffsetCommitRequestPartition
+        retry = {
+            E.COORDINATOR_LOAD_IN_PROGRESS,
+            E.UNKNOWN_TOPIC_OR_PARTITION,
+            E.UNSTABLE_OFFSET_COMMIT,
+        }
+        while todo:
+            if c._left(deadline) <= 0:
+                return "timed-out"
+            by_topic: dict[str, list[Any]] = {}
+            for k, off in sorted(todo.items()):
+                t, p = parse_key(k)
+                by_topic.setdefault(t, []).append(
+                    P(
+                        partition_index=p,
+                        committed_offset=off,
+                        committed_leader_epoch=-1,
+                        committed_metadata="",
+                    )
+                )
+            req = R(
+                transactional_id=self.transactional_id,
+                group_id=member.group,
+                producer_id=c._pid,
+                producer_epoch=c._epoch,
+                generation_id=member.generation,
+                member_id=member.member_id,
+                group_instance_id=None,
+                topics=[T(name=t, partitions=ps) for t, ps in sorted(by_topic.items())],
+            )
+            resp = await member._request(req, deadline)
+            if resp is not None:
+                for t in resp.topics:
+                    for p in t.partitions:
+                        k = f"{t.name}/{p.partition_index}"
+                        code = p.error_code
+                        if code == 0:
+                            todo.pop(k, None)
+                        elif code in _COORD or code == E.REQUEST_TIMED_OUT:
+                            member.coordinator = None
+                        elif code in retry:
+                            pass
+                        elif code in _TXN_FATAL:
+                            return self._set_fatal(code)
+                        elif code in _BUMP:
+                            self._set_abortable(_error_name(code), bump=True)
+                            return _error_name(code)
+                        else:
+                            self._set_abortable(_error_name(code))
+                            return _error_name(code)
+            if todo:
+                await asyncio.sleep(min(RETRY_BACKOFF_S, c._left(deadline)))
+        return None
 
     # ----- produce --------------------------------------------------------------------------
 

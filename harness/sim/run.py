@@ -14,7 +14,10 @@ phases, the history, the checker) around a `SimCluster` and simulated clients.
   `SimInterpreter` (harness/sim/interpreter.py) on the cluster's loop; writes test.json and
   history.jsonl (times in virtual nanoseconds since the run started) into `run_dir` and
   returns the interpreter's stats. `nemesis` is an object with `async invoke(op)` (and
-  optionally `async heal_all()`), `nemesis_gen` the generator of its ops;
+  optionally `async heal_all()`), `nemesis_gen` the generator of its ops. A test of the eos
+  workload runs `EosWorkload`'s generator instead, each thread its client by role
+  (harness/sim/eos.py's `client_factory`), and drops the zombie copiers left at the end
+  (stats ``zombie_fates``);
 - `simulate_queue(overrides, base_dir, nemesis_factory=None, nemesis_gen=None)`: all of it
   from one call, synchronous: a `VirtualTimeLoop`, a cluster of `node_count` brokers from the
   test's seed, the run (with the test's own `nemesis` kinds when no nemesis is given: the

@@ -114,6 +114,9 @@ UNSUPPORTED = "unsupported-in-sim"
 
 #: librdkafka's retry.backoff.ms
 RETRY_BACKOFF_S = 0.1
+#: how long to wait before asking for a coordinator again (librdkafka's coordinator query
+#: after a failure: 500 ms at first)
+COORD_RETRY_S = 0.5
 
 #: what is left of a deadline below this is nothing: the loop runs a timer that is due within
 #: its clock resolution (1 ns) without moving its clock, so a wait for a few ulps of virtual
@@ -479,14 +482,43 @@ class SimQueueClient:
             self._refreshing = None
             fut.set_result(None)
 
-    async def _refresh_once(self, deadline: float) -> None:
-        topics = sorted({parse_key(k)[0] for k in self.test.get("keys") or ()})
-        M = MetadataRequest[8]
+    def _hosts(self) -> list[tuple[str, int]]:
+        """Whom to ask, in order: the bootstrap servers, then each broker the metadata named."""
         hosts = [(h, self.port) for h in self.bootstrap]
         for b in sorted(self._brokers):
             if self._brokers[b] not in hosts:
                 hosts.append(self._brokers[b])
-        for host, port in hosts:
+        return hosts
+
+    async def find_coordinator(
+        self, req: Any, deadline: float, known: Callable[[], bool]
+    ) -> Any | None:
+        """Ask the brokers (`_hosts`) one after another with `req`, a FindCoordinator request,
+        until one answers; an error answer (no coordinator yet) is waited out for
+        `COORD_RETRY_S` and asked again. The answer without error; None when `known()` became
+        true meanwhile (another task found the coordinator) or nobody answered before
+        `deadline`."""
+        while not known():
+            if self._left(deadline) <= 0:
+                return None
+            for host, port in self._hosts():
+                left = min(self.request_timeout, self._left(deadline))
+                if left <= 0:
+                    return None
+                try:
+                    resp = await self._conn(host, port).request(req, left)
+                except ConnectionFailed:
+                    continue
+                if resp.error_code == 0:
+                    return resp
+                break  # an answer: an error to wait out
+            await asyncio.sleep(min(COORD_RETRY_S, self._left(deadline)))
+        return None
+
+    async def _refresh_once(self, deadline: float) -> None:
+        topics = sorted({parse_key(k)[0] for k in self.test.get("keys") or ()})
+        M = MetadataRequest[8]
+        for host, port in self._hosts():
             left = min(self.request_timeout, self._left(deadline))
             if left <= 0:
                 return

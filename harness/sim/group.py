@@ -82,6 +82,7 @@ from isrlab.broker.coordinator.group.records import decode_consumer_assignment
 from isrlab.broker.errors import ErrorCode
 from isrlab.broker.network.client import ConnectionFailed
 from isrlab.checkers.queue import codec
+from isrlab.harness.sim.client import RETRY_BACKOFF_S
 from isrlab.harness.workloads.queue.client import parse_key
 
 if TYPE_CHECKING:
@@ -106,11 +107,6 @@ E = ErrorCode
 
 #: FindCoordinator's key type of a group
 KEY_TYPE_GROUP = 0
-#: how long to wait before asking for the coordinator again (librdkafka's coord query interval
-#: after a failure is 500 ms at first)
-COORD_RETRY_S = 0.5
-#: librdkafka's retry.backoff.ms
-RETRY_BACKOFF_S = 0.1
 #: librdkafka gives a JoinGroup max.poll.interval.ms plus this to answer (the coordinator holds
 #: it for the whole rebalance)
 JOIN_GRACE_S = 3.0
@@ -471,28 +467,13 @@ class SimGroupMember:
     # ----- the coordinator ----------------------------------------------------------------
 
     async def _find_coordinator(self, deadline: float) -> tuple[int, str, int] | None:
-        c = self.c
-        while self.coordinator is None:
-            if c._left(deadline) <= 0:
-                return None
-            hosts = [(h, c.port) for h in c.bootstrap]
-            for b in sorted(c._brokers):
-                if c._brokers[b] not in hosts:
-                    hosts.append(c._brokers[b])
-            for host, port in hosts:
-                left = min(c.request_timeout, c._left(deadline))
-                if left <= 0:
-                    return None
-                req = FindCoordinatorRequest[3](key=self.group, key_type=KEY_TYPE_GROUP)
-                try:
-                    resp = await c._conn(host, port).request(req, left)
-                except ConnectionFailed:
-                    continue
-                if resp.error_code == 0:
-                    self.coordinator = (resp.node_id, resp.host, resp.port)
-                break  # an answer: the coordinator, or an error to wait out
-            if self.coordinator is None:
-                await asyncio.sleep(min(COORD_RETRY_S, c._left(deadline)))
+        if self.coordinator is None:
+            req = FindCoordinatorRequest[3](key=self.group, key_type=KEY_TYPE_GROUP)
+            resp = await self.c.find_coordinator(
+                req, deadline, lambda: self.coordinator is not None
+            )
+            if resp is not None:
+                self.coordinator = (resp.node_id, resp.host, resp.port)
         return self.coordinator
 
     async def _request(self, req: Any, deadline: float, timeout: float | None = None) -> Any:

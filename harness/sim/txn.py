@@ -130,8 +130,7 @@ TP = tuple[str, int]
 KEY_TYPE_TRANSACTION = 1
 #: librdkafka's PID state machine timer (InitProducerId retried after it)
 PID_RETRY_S = 0.5
-#: librdkafka's coordinator query retry and AddPartitionsToTxn's retry back-off
-COORD_RETRY_S = 0.5
+#: AddPartitionsToTxn's retry back-off (librdkafka: 500 ms, as its coordinator query retry)
 ADD_RETRY_S = 0.5
 #: AddPartitionsToTxn's back-off after CONCURRENT_TRANSACTIONS (librdkafka: 20 ms)
 CONCURRENT_RETRY_S = 0.02
@@ -207,30 +206,15 @@ class SimTxnProducer:
     async def _coordinator(self, deadline: float) -> tuple[str, int] | None:
         """The transaction coordinator's address (FindCoordinator when unknown); None when
         none answered before `deadline`."""
-        c = self.c
-        while self.coordinator is None:
-            if c._left(deadline) <= 0:
-                return None
-            hosts = [(h, c.port) for h in c.bootstrap]
-            for b in sorted(c._brokers):
-                if c._brokers[b] not in hosts:
-                    hosts.append(c._brokers[b])
-            for host, port in hosts:
-                left = min(c.request_timeout, c._left(deadline))
-                if left <= 0:
-                    return None
-                req = FindCoordinatorRequest[2](
-                    key=self.transactional_id, key_type=KEY_TYPE_TRANSACTION
-                )
-                try:
-                    resp = await c._conn(host, port).request(req, left)
-                except ConnectionFailed:
-                    continue
-                if resp.error_code == 0:
-                    self.coordinator = (resp.host, resp.port)
-                break  # an answer: the coordinator, or an error to wait out
-            if self.coordinator is None:
-                await asyncio.sleep(min(COORD_RETRY_S, c._left(deadline)))
+        if self.coordinator is None:
+            req = FindCoordinatorRequest[2](
+                key=self.transactional_id, key_type=KEY_TYPE_TRANSACTION
+            )
+            resp = await self.c.find_coordinator(
+                req, deadline, lambda: self.coordinator is not None
+            )
+            if resp is not None:
+                self.coordinator = (resp.host, resp.port)
         return self.coordinator
 
     async def _request(

@@ -83,7 +83,7 @@ from isrlab.broker.errors import ErrorCode
 from isrlab.broker.network.client import ConnectionFailed
 from isrlab.checkers.queue import codec
 from isrlab.harness.sim.client import RETRY_BACKOFF_S
-from isrlab.harness.workloads.queue.client import parse_key
+from isrlab.harness.workloads.queue.client import parse_key, with_rebalance
 
 if TYPE_CHECKING:
     from isrlab.harness.sim.client import SimQueueClient
@@ -264,14 +264,7 @@ class SimGroupMember:
     def with_rebalance(self, done: Op) -> Op:
         """`done` with the rebalances taken since the previous completion, if any."""
         reb, self.pending = self.pending, None
-        if reb is not None:
-            done["rebalance"] = {
-                "generation": reb["generation"],
-                "assigned": sorted(reb["assigned"]),
-                "revoked": sorted(reb["revoked"]),
-                "committed": dict(sorted(reb["committed"].items())),
-            }
-        return done
+        return with_rebalance(done, reb)
 
     def _enqueue(self, kind: str, keys: set[str]) -> None:
         self.events.append((kind, set(keys), self.generation))

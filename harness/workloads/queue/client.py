@@ -238,6 +238,21 @@ class _Pending:
         self.done = True
 
 
+def with_rebalance(done: Op, reb: Mapping[str, Any] | None) -> Op:
+    """`done` with the history's `rebalance` field (the spec's subscribe mode) made from the
+    rebalances a consumer saw since its previous completion (`reb`: the generation, the
+    assigned, revoked and committed keys), if it saw any; shared with the simulated group
+    consumer (harness/sim/group.py)."""
+    if reb is not None:
+        done["rebalance"] = {
+            "generation": reb["generation"],
+            "assigned": sorted(reb["assigned"]),
+            "revoked": sorted(reb["revoked"]),
+            "committed": dict(sorted(reb["committed"].items())),
+        }
+    return done
+
+
 class QueueClient:
     """One process's producer + consumer. Not thread-safe: one worker thread owns it."""
 
@@ -483,14 +498,7 @@ class QueueClient:
     def _with_rebalance(self, done: Op) -> Op:
         """``done`` with the rebalances seen since the previous completion, if any."""
         reb, self._rebalance = self._rebalance, None
-        if reb is not None:
-            done["rebalance"] = {
-                "generation": reb["generation"],
-                "assigned": sorted(reb["assigned"]),
-                "revoked": sorted(reb["revoked"]),
-                "committed": dict(sorted(reb["committed"].items())),
-            }
-        return done
+        return with_rebalance(done, reb)
 
     def _pending_rebalance(self, consumer: Consumer) -> dict[str, Any]:
         if self._rebalance is None:

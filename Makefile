@@ -51,10 +51,11 @@ typecheck: venv
 
 # Two pytest processes side by side (tests/conftest.py): the tests that start processes (they
 # mostly wait on cluster timers), shown as they run, and the in-process ones, whose log is
-# printed when both are done (all of it if a test failed).
+# printed when both are done (all of it if a test failed). The in-process tests run at a lower
+# priority: they take the CPU the cluster tests leave, and never slow a cluster's timers down.
 unit: setup
 	@mkdir -p build; log=build/unit-in-process.log; \
-	$(VENV)/bin/pytest -q -m 'not slow and not processes' > $$log 2>&1 & inproc=$$!; \
+	nice -n 15 $(VENV)/bin/pytest -q -m 'not slow and not processes' > $$log 2>&1 & inproc=$$!; \
 	echo "== tests that start processes (the in-process tests run beside them, log: $$log)"; \
 	$(VENV)/bin/pytest -q -m 'not slow and processes'; procs=$$?; \
 	wait $$inproc; inrc=$$?; \

@@ -254,3 +254,50 @@ def test_isrlab_sim_seed_5_finds_leader_epoch_v0_with_the_default_keys(tmp_path:
     --flap-follower diverge` (the first invalid seed of docs/simulation.md's measurement)."""
     out = run_once(_overrides(5, "leader-epoch-v0"), tmp_path / "v0")
     assert out.failed and "committed batch" in str(out.violation), out
+
+
+# ----- the other broker switches, each on the targeted schedule that finds it ---------------
+
+SWITCHES = [
+    # (switch on, switch off, schedule): docs/simulation.md's first table
+    (
+        {"truncation_mode": "high-watermark"},
+        {"truncation_mode": "leader-epoch"},
+        {"nemesis": "leader-flap", "flap_follower": "cut"},
+    ),
+    (
+        {"min_insync_replicas": 1},
+        {"min_insync_replicas": 2},
+        {"nemesis": "isr-squeeze", "squeeze_then": "power"},
+    ),
+    (
+        {"eligible_leader_replicas": False},
+        {"eligible_leader_replicas": True},
+        {"nemesis": "isr-squeeze", "squeeze_then": "power"},
+    ),
+    (
+        {"unclean_leader_election": True, "min_insync_replicas": 1},
+        {"unclean_leader_election": False, "min_insync_replicas": 1},
+        {"nemesis": "isr-squeeze", "squeeze_then": "kill,isolate"},
+    ),
+]
+
+
+@pytest.mark.parametrize(("on", "off", "schedule"), SWITCHES, ids=lambda v: str(v))
+def test_a_historic_switch_is_found_on_its_schedule_and_not_without_it(
+    tmp_path: Path, on: dict[str, Any], off: dict[str, Any], schedule: dict[str, Any]
+) -> None:
+    """The first of seeds 1..3 that is invalid with the switch is valid with it off (the
+    safe setting's rule, e.g. leader-epoch truncation or the ISR's minimum, is what tells
+    them apart)."""
+    base = {**SIM_DEFAULTS, "name": "sim_switch", **schedule}
+    found = None
+    for seed in range(1, 4):
+        out = run_once({**base, **on, "seed": seed}, tmp_path / f"on-{seed}")
+        if out.failed:
+            found = (seed, out)
+            break
+    assert found is not None, f"{on} not found in seeds 1..3 of {schedule}"
+    seed, out = found
+    clean = run_once({**base, **off, "seed": seed}, tmp_path / "off")
+    assert clean.valid is True and clean.violation is None, clean

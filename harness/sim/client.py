@@ -340,6 +340,17 @@ def tally_deliveries(
     return send_verdict(acked, failed, unknown), errors
 
 
+def metadata_request(topics: Sequence[str]) -> Any:
+    """Metadata v8 for `topics`, as librdkafka asks it (no auto-creation, no ACL operations)."""
+    M = MetadataRequest[8]
+    return M(
+        topics=[M.MetadataRequestTopic(name=t) for t in topics],
+        allow_auto_topic_creation=False,
+        include_cluster_authorized_operations=False,
+        include_topic_authorized_operations=False,
+    )
+
+
 class SimQueueClient:
     """One process's producer + consumer on the simulated network (see the module doc)."""
 
@@ -517,17 +528,11 @@ class SimQueueClient:
 
     async def _refresh_once(self, deadline: float) -> None:
         topics = sorted({parse_key(k)[0] for k in self.test.get("keys") or ()})
-        M = MetadataRequest[8]
         for host, port in self._hosts():
             left = min(self.request_timeout, self._left(deadline))
             if left <= 0:
                 return
-            req = M(
-                topics=[M.MetadataRequestTopic(name=t) for t in topics],
-                allow_auto_topic_creation=False,
-                include_cluster_authorized_operations=False,
-                include_topic_authorized_operations=False,
-            )
+            req = metadata_request(topics)
             try:
                 resp = await self._conn(host, port).request(req, left)
             except ConnectionFailed as e:

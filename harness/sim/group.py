@@ -75,14 +75,14 @@ from kafka.protocol.consumer import (
     OffsetFetchRequest,
     SyncGroupRequest,
 )
-from kafka.protocol.metadata import FindCoordinatorRequest, MetadataRequest
+from kafka.protocol.metadata import FindCoordinatorRequest
 
 from isrlab.broker.coordinator.group.group import consumer_subscription_topics
 from isrlab.broker.coordinator.group.records import decode_consumer_assignment
 from isrlab.broker.errors import ErrorCode
 from isrlab.broker.network.client import ConnectionFailed
 from isrlab.checkers.queue import codec
-from isrlab.harness.sim.client import RETRY_BACKOFF_S
+from isrlab.harness.sim.client import RETRY_BACKOFF_S, metadata_request
 from isrlab.harness.workloads.queue.client import parse_key, with_rebalance
 
 if TYPE_CHECKING:
@@ -595,17 +595,10 @@ class SimGroupMember:
     async def _partitions(self, topics: list[str]) -> dict[str, int]:
         """Partition counts of `topics` from a Metadata request (any broker that answers)."""
         c = self.c
-        M = MetadataRequest[8]
-        hosts = [(h, c.port) for h in c.bootstrap]
-        for host, port in hosts:
-            req = M(
-                topics=[M.MetadataRequestTopic(name=t) for t in topics],
-                allow_auto_topic_creation=False,
-                include_cluster_authorized_operations=False,
-                include_topic_authorized_operations=False,
-            )
+        for host in c.bootstrap:
+            req = metadata_request(topics)
             try:
-                resp = await c._conn(host, port).request(req, c.request_timeout)
+                resp = await c._conn(host, c.port).request(req, c.request_timeout)
             except ConnectionFailed:
                 continue
             return {t.name: len(t.partitions) for t in resp.topics if t.error_code == 0}

@@ -478,10 +478,7 @@ class SocketServer:
             except (ConnectionError, asyncio.CancelledError):
                 raise
             except Exception:
-                # a handler failed: its answer and those after it are never sent, and the
-                # connection closes now (its reading task then ends and logs the error)
-                conn.closed = True
-                conn.writer.close()
+                _handler_failed(conn)
                 raise
 
     async def _read_requests(
@@ -644,14 +641,20 @@ async def _alone(conn: Connection, rest: _Resumed) -> None:
     except (ConnectionError, asyncio.CancelledError):
         raise
     except Exception:
-        conn.closed = True
-        conn.writer.close()
+        _handler_failed(conn)
         raise
     finally:
         conn.inflight -= 1
         conn.last_activity = conn._loop.time()
     if conn.alone is asyncio.current_task():
         conn.alone = None  # answered, and nothing came meanwhile: nothing for the responder
+
+
+def _handler_failed(conn: Connection) -> None:
+    """A handler failed: its answer and those after it are never sent, and the connection
+    closes now (its reading task then ends and logs the error)."""
+    conn.closed = True
+    conn.writer.close()
 
 
 async def _hand_over(

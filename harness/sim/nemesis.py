@@ -51,9 +51,17 @@ Kinds:
   ``lag_ms``, then the leader killed and the followers let go; ``stop-lagging-failover``
   starts the leader again.
 
-Every other kind of `nemeses.compose.KINDS` (packet, corrupt, power-zookeeper) is refused
+- ``packet`` (`nemeses.packet.PacketFault`): a netem qdisc on each target node's egress
+  (`SimNetwork.netem`; the per-packet model is `harness.sim.netem`'s and
+  `harness.sim.network`'s), the behaviour (default `DEFAULT_BEHAVIOUR`, 50 ms +- 10 ms)
+  checked by the real `netem_args`, the targets resolved as the real fault resolves them
+  (default ``all``); ``stop-packet`` clears every node's qdisc. ``rate`` is refused (the
+  model has no bandwidth). The simulated ZooKeeper sessions do not go through `SimNetwork`,
+  so netem does not delay a node's ZooKeeper traffic as it does on a real node.
+
+Every other kind of `nemeses.compose.KINDS` (corrupt, power-zookeeper) is refused
 when the nemesis is built (`NemesisError` naming it): the simulator has no faithful model of
-it yet (docs/simulation.md says why for packet).
+it yet.
 
 `heal_all()` undoes every fault on the cluster whatever this nemesis did: the partition (and
 the targeted cuts), the port rules, the ZooKeeper cuts, the clock offsets, the paused brokers, then the crashed ones restarted (a broker stopped cleanly
@@ -71,6 +79,7 @@ from typing import Any, cast
 from isrlab.broker.config import BrokerConfig
 from isrlab.broker.coordinator.ownership import partition_for
 from isrlab.harness.sim.cluster import CHROOT, SimCluster
+from isrlab.harness.sim.netem import Netem
 from isrlab.harness.sim.network import PortCut
 from isrlab.nemeses.base import (
     BROKER_PORT,
@@ -84,6 +93,7 @@ from isrlab.nemeses.base import (
 )
 from isrlab.nemeses.clock import DEFAULT_MAX_SKEW_MS
 from isrlab.nemeses.compose import KINDS, parse_kinds
+from isrlab.nemeses.packet import DEFAULT_BEHAVIOUR
 from isrlab.nemeses.partition import Grudge, grudge
 from isrlab.nemeses.process import LAG_HOWS
 
@@ -100,6 +110,7 @@ SUPPORTED: tuple[str, ...] = (
     "zk-cut",
     "late-produce",
     "lagging-failover",
+    "packet",
 )
 #: the targeted kinds (`nemeses.targeted`) among them: one sequence each, run in `start`
 TARGETED_SIM: tuple[str, ...] = ("isr-squeeze", "leader-flap", "zk-cut", "late-produce")
@@ -272,6 +283,8 @@ class SimNemesis:
             return await self._start_late_produce(value)
         if kind == "lagging-failover":
             return await self._start_lagging_failover(value)
+        if kind == "packet":
+            return self._start_packet(value)
         target = str(value.get("target", "one"))
         if kind == "clock":
             return self._start_clock(value, target)
@@ -306,6 +319,8 @@ class SimNemesis:
             return await self._t_stop_kills(kind)
         if kind == "clock":
             return self._stop_clock()
+        if kind == "packet":
+            return {"nodes": self._clear_packet()}
         if kind == "pause":
             nodes = sorted(self.paused)
             for n in nodes:
@@ -833,6 +848,25 @@ class SimNemesis:
             "followers": paused,
         }
 
+    # ----- packet: netem on the nodes' egress ------------------------------------------------
+
+    def _start_packet(self, value: dict[str, Any]) -> dict[str, Any]:
+        """`nemeses.packet.PacketFault.start`: the behaviour (default `DEFAULT_BEHAVIOUR`)
+        checked as the real one checks it, then a netem qdisc on every target node's egress
+        (`SimNetwork.netem`; default target ``all``), replacing one there before."""
+        behaviour = dict(value.get("behaviour") or DEFAULT_BEHAVIOUR)
+        qdisc = Netem.parse(behaviour)
+        target = str(value.get("target", "all"))
+        nodes = resolve_targets(target, self.targets.db, self.rng, value.get("key"))
+        for n in nodes:
+            self.cluster.net.netem(n, qdisc)
+        return {"target": target, "nodes": nodes, "behaviour": behaviour}
+
+    def _clear_packet(self) -> list[str]:
+        """`PacketFault.heal`: the qdisc removed from every node; the nodes that had one."""
+        cleared = set(self.cluster.net.clear_netem())
+        return [n for n in self.targets.names if n in cleared]
+
     # ----- clocks --------------------------------------------------------------------------
 
     def _set_offset(self, node: str, seconds: float) -> None:
@@ -918,6 +952,9 @@ class SimNemesis:
         self.zk_cut.clear()
         if zk_cut:
             out["zk-cut"] = zk_cut
+        packet = self._clear_packet()
+        if packet:
+            out["packet"] = packet
         skewed = self._stop_clock()["nodes"]
         if skewed:
             out["clock"] = skewed

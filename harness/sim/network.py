@@ -48,6 +48,28 @@ Faults, all in the nemeses' vocabulary:
 - `delay(grudge, seconds)`: extra latency on those links (`clear_delays()`).
 - `reset(a, b)`: connections between hosts a and b (or all of a's, or all) are reset: both
   sides see ECONNRESET, bytes in flight are lost.
+- `netem(host, behaviour)`: a netem qdisc on `host`'s egress (the ``packet`` nemesis's
+  ``tc qdisc replace dev <if> root netem ...``; `clear_netem(host=None)` deletes it), the
+  behaviour parsed by the real nemesis's `netem_args` (`harness.sim.netem`). Every segment,
+  FIN, reset, handshake ACK, SYN and SYN-ACK leaving `host` goes through it as
+  ceil(n / 1448) packets (at least one), each drawn from the seed: delayed by delay +- jitter
+  (normal, clipped at 0), or sent at once if reordered, or lost (corrupted counts as lost: the
+  checksum fails at the receiver); a duplicate changes nothing (TCP discards it). TCP hides
+  the rest: a lost packet is retransmitted one round trip later when three later packets of
+  its segment got through (fast retransmit), otherwise when its RTO runs out (RTO_MIN + the
+  round trip, doubling at each further loss of that packet up to RTO_MAX), each
+  retransmission going through the qdisc in force then (lost again, or through, or, the
+  qdisc cleared, through at the base latency). The round trip is the segment's base latency
+  twice plus the qdisc's delay plus the peer host's qdisc delay (the ACK's way; ACKs are not
+  themselves lost). The segment arrives when its last packet has, never before the one
+  before it on its stream: the program sees latency and head-of-line blocking, never a gap.
+  A packet still lost when its next retransmission would come `retransmit_timeout` (924.6
+  s, tcp_retries2) after its segment's first send ends the connection as at a port cut:
+  ETIMEDOUT on that side, what it had not got through lost; so 100% loss is a black hole.
+  A lost SYN, SYN-ACK or refusing reset is retried on the SYN schedule; a lost reset is
+  not retransmitted. No congestion window, no bandwidth, no queue at the interface. With no
+  qdisc on the sending host (and none of its stream's segments still waiting for a
+  retransmission) a segment costs what it did without netem: no draw from the seed.
 
 The rest of TCP's ends that the broker can meet: a side that closes with bytes it has not
 read sends a reset instead of a FIN (Linux), bytes arriving at a closed side are answered
@@ -70,6 +92,7 @@ from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from isrlab.broker.network.transport import LISTEN_BACKLOG, Address, Streams
+from isrlab.harness.sim.netem import PACKET, Netem
 from isrlab.nemeses.partition import Grudge, grudge
 
 # Linux's defaults: SYN retransmissions (tcp_syn_retries=6) and the time a connection keeps
@@ -154,6 +177,24 @@ class PortCut:
         return f"<PortCut {self.label} -> {self.host}:{self.port}{way}{syn}>"
 
 
+class _Segment:
+    """A segment sent through a netem qdisc: when it was sent, its base latency, the round
+    trip its retransmissions are timed by, its packets still to get through (`lost`), the
+    arrival of the last one through (`ready`); `drop`: a reset lost (never retransmitted);
+    `dead`: given up with its connection."""
+
+    __slots__ = ("dead", "drop", "latency", "lost", "ready", "rtt", "sent")
+
+    def __init__(self, sent: float, latency: float, rtt: float) -> None:
+        self.sent = sent
+        self.latency = latency
+        self.rtt = rtt
+        self.ready = sent + latency
+        self.lost = 0
+        self.drop = False
+        self.dead = False
+
+
 class _Connection:
     __slots__ = ("blackholed", "client", "id", "reset", "server")
 
@@ -213,6 +254,9 @@ class SimSocket(asyncio.transports._FlowControlMixin, asyncio.Transport):
         self._rexmit: asyncio.TimerHandle | None = None
         self._rexmit_from = 0.0
         self._rexmit_i = 0
+        # segments under a netem qdisc (`SimNetwork.netem`) whose packets are not all through
+        # yet, in the order sent; what this socket sends after them waits behind them
+        self._nq: collections.deque[_Segment] | None = None
         self.listener: SimListener | None = None  # server side, until accepted
 
     def __repr__(self) -> str:
@@ -555,6 +599,7 @@ class SimNetwork:
         self._port_cuts: list[PortCut] = []
         self._rexmit_at = retransmissions(retransmit_timeout)
         self._delay: dict[tuple[str, str], float] = {}
+        self._netem: dict[str, Netem] = {}
         self.grudge: Grudge = {}
         self.stats: collections.Counter[str] = collections.Counter()
         # The network's own deliveries and timers belong to no host's process: a segment in
@@ -655,6 +700,32 @@ class SimNetwork:
         self._delay = {}
         self._note("clear-delays")
 
+    def netem(self, host: str, behaviour: dict[str, Any] | Netem) -> Netem:
+        """A netem qdisc on `host`'s egress (``tc qdisc replace dev <if> root netem ...``),
+        instead of any before: the behaviour of `nemeses.packet` (``{"delay": "50ms",
+        "loss": "20%", ...}``, parsed and checked by `harness.sim.netem.Netem.parse`:
+        NemesisError for what the real nemesis refuses and for ``rate``). Every segment,
+        SYN, SYN-ACK, FIN, reset and handshake ACK leaving `host` goes through it, one packet
+        of `harness.sim.netem.PACKET` bytes at a time (see the module docstring). The qdisc."""
+        qdisc = behaviour if isinstance(behaviour, Netem) else Netem.parse(behaviour)
+        self._netem[host] = qdisc
+        self._note(f"netem {host} {qdisc.behaviour}")
+        return qdisc
+
+    def clear_netem(self, host: str | None = None) -> list[str]:
+        """Remove the qdisc of `host` (None: of every host); the hosts that had one. Packets
+        waiting for a retransmission go through at it, now without the qdisc."""
+        hosts = sorted(self._netem) if host is None else [h for h in [host] if h in self._netem]
+        for h in hosts:
+            del self._netem[h]
+        if hosts:
+            self._note(f"clear-netem {','.join(hosts)}")
+        return hosts
+
+    @property
+    def qdiscs(self) -> dict[str, Netem]:
+        return dict(self._netem)
+
     def reset(self, a: str | None = None, b: str | None = None) -> int:
         """Reset the connections between hosts `a` and `b` (every connection of `a` if `b`
         is None, every connection if both are): both sides see ECONNRESET. How many."""
@@ -717,6 +788,11 @@ class SimNetwork:
                 sock._stuck_bytes += len(data)
                 self._retransmitting(sock)
             return
+        if self._netem or sock._nq:
+            qdisc = self._netem.get(sock.local[0])
+            if qdisc is not None or sock._nq:
+                self._send_netem(sock, kind, data, qdisc)
+                return
         now = self.loop.time()
         due = max(now + self._latency(sock.local[0], sock.remote[0]), sock._last_due)
         sock._last_due = due
@@ -754,6 +830,139 @@ class SimNetwork:
             what = f"{kind} {len(data)} {zlib.crc32(data):08x}" if kind == _DATA else kind
             self._event(src, what)
         dst._receive(kind, data)
+
+    # ----- netem: packets lost, retransmitted, delayed ---------------------------------------
+
+    def _send_netem(self, sock: SimSocket, kind: str, data: bytes, qdisc: Netem | None) -> None:
+        """Send a segment through `sock`'s host's qdisc (or, with none, behind the segments
+        that wait for their retransmissions): each of its packets delayed, lost and
+        retransmitted (`_netem_lost`); it arrives when its last packet has, not before the
+        segment before it."""
+        now = self.loop.time()
+        src, dst = sock.local[0], sock.remote[0]
+        latency = self._latency(src, dst)
+        if qdisc is None:
+            seg = _Segment(now, latency, 0.0)
+        else:
+            # the round trip that times retransmissions: this way's base latency and qdisc
+            # delay, and the same back (the ACK's way, delayed by the peer's own qdisc)
+            back = self._netem.get(dst)
+            rtt = 2 * latency + qdisc.delay + (back.delay if back is not None else 0.0)
+            seg = _Segment(now, latency, rtt)
+            n = max(1, -(-len(data) // PACKET))
+            fates = [qdisc.packet(self.rng, self.stats) for _ in range(n)]
+            later = 0  # packets after this one that got through: the receiver's dup ACKs
+            for fate in reversed(fates):
+                if fate is None:
+                    self.stats["netem_lost_packets"] += 1
+                    if kind == _RST:  # a reset is never retransmitted
+                        seg.drop = True
+                    else:
+                        seg.lost += 1
+                        self._netem_lost(sock, seg, now, rtt + RTO_MIN, later >= 3)
+                else:
+                    later += 1
+                    seg.ready = max(seg.ready, now + fate + latency)
+        sock._out.append((kind, data))
+        sock._out_bytes += len(data)
+        if sock._nq is None:
+            sock._nq = collections.deque()
+        sock._nq.append(seg)
+        if seg.lost == 0:
+            self._netem_release(sock)
+
+    def _netem_lost(
+        self, sock: SimSocket, seg: _Segment, sent: float, rto: float, fast: bool
+    ) -> None:
+        """A packet of `seg` sent at `sent` got nowhere: the sender retransmits it one round
+        trip later if three later packets of its segment got through (fast retransmit: their
+        duplicate ACKs), otherwise when its RTO (`rto`) runs out; when that would fall after
+        `retransmit_timeout` from the segment's first send, the connection is given up."""
+        at = sent + (seg.rtt if fast else rto)
+        if at - seg.sent >= self.retransmit_timeout - 1e-9:
+            self.loop.call_at(
+                seg.sent + self.retransmit_timeout,
+                self._netem_give_up,
+                sock,
+                seg,
+                context=self.context,
+            )
+            return
+        next_rto = rto if fast else min(2 * rto, RTO_MAX)
+        self.loop.call_at(
+            at, self._netem_retransmit, sock, seg, next_rto, fast, context=self.context
+        )
+
+    def _netem_retransmit(self, sock: SimSocket, seg: _Segment, rto: float, fast: bool) -> None:
+        """The retransmission of one lost packet of `seg`, through the qdisc in force now."""
+        if seg.dead:
+            return
+        now = self.loop.time()
+        self.stats["netem_fast_retransmit" if fast else "netem_retransmit"] += 1
+        qdisc = self._netem.get(sock.local[0])
+        fate = 0.0 if qdisc is None or sock._conn.reset else qdisc.packet(self.rng, self.stats)
+        if fate is None:
+            self.stats["netem_lost_packets"] += 1
+            self._netem_lost(sock, seg, now, rto, False)
+            return
+        seg.ready = max(seg.ready, now + fate + seg.latency)
+        seg.lost -= 1
+        if seg.lost == 0:
+            self._netem_release(sock)
+
+    def _netem_release(self, sock: SimSocket) -> None:
+        """Schedule the arrival of the segments at the head of `sock`'s netem queue whose
+        packets are all through, in order, none before the one before it."""
+        q = sock._nq
+        while q and q[0].lost == 0:
+            seg = q.popleft()
+            due = max(seg.ready, sock._last_due)
+            sock._last_due = due
+            self.loop.call_at(due, self._arrive_netem, sock, seg, context=self.context)
+
+    def _arrive_netem(self, sock: SimSocket, seg: _Segment) -> None:
+        if not seg.drop:
+            self._arrive(sock)
+            return
+        kind, data = sock._out.popleft()  # a reset the qdisc lost
+        sock._out_bytes -= len(data)
+        self.stats["dropped"] += 1
+        self._event(sock, f"drop {kind} at netem")
+        self._forget_if_done(sock._conn)
+
+    def _netem_give_up(self, sock: SimSocket, seg: _Segment) -> None:
+        """A packet of `seg` was lost at every retransmission until `retransmit_timeout`:
+        the kernel drops the connection (ETIMEDOUT), the segments not through are lost, and
+        what reaches this side later is answered with a reset (as `_give_up`)."""
+        if seg.dead:
+            return
+        q = sock._nq or collections.deque()
+        for s in q:
+            s.dead = True
+            _, data = sock._out.pop()
+            sock._out_bytes -= len(data)
+        q.clear()
+        self._drop_held(sock)
+        if sock._conn.reset:
+            self._forget_if_done(sock._conn)
+            return
+        self._event(sock, "etimedout: retransmissions exhausted at netem")
+        sock._app_closed = True
+        if not sock._lost:
+            sock._lose(TimeoutError(errno.ETIMEDOUT, "Connection timed out"))
+        else:
+            self._forget_if_done(sock._conn)
+
+    def _netem_syn(self, host: str) -> float | None:
+        """A SYN, SYN-ACK or connect's reset leaving `host`: the delay its qdisc adds, or
+        None if lost (the connect's SYN retries cover it)."""
+        qdisc = self._netem.get(host)
+        if qdisc is None:
+            return 0.0
+        fate = qdisc.packet(self.rng, self.stats)
+        if fate is None:
+            self.stats["netem_lost_packets"] += 1
+        return fate
 
     # ----- port cuts: held segments, retransmission, giving up ------------------------------
 
@@ -899,18 +1108,25 @@ class SimNetwork:
         target = (host, port)
         while True:
             self._note(f"{_fmt(local)}->{_fmt(target)} syn")
-            await asyncio.sleep(self._latency(src.name, host))
-            if self.reachable(src.name, host) and not (
-                self._port_cuts and self._port_dropped(local, target, syn=True)
+            latency = self._latency(src.name, host)
+            through = self._netem_syn(src.name) if self._netem else 0.0
+            await asyncio.sleep(latency + (through or 0.0))
+            if (
+                through is not None
+                and self.reachable(src.name, host)
+                and not (self._port_cuts and self._port_dropped(local, target, syn=True))
             ):
                 listener = self._listeners.get(target)
                 if listener is None:
                     if self.reachable(host, src.name) and not (
                         self._port_cuts and self._port_dropped(target, local)
                     ):
-                        await asyncio.sleep(self._latency(host, src.name))
-                        self._note(f"{_fmt(local)}->{_fmt(target)} refused")
-                        raise ConnectionRefusedError(errno.ECONNREFUSED, "Connection refused")
+                        latency = self._latency(host, src.name)
+                        back = self._netem_syn(host) if self._netem else 0.0
+                        await asyncio.sleep(latency + (back or 0.0))
+                        if back is not None:
+                            self._note(f"{_fmt(local)}->{_fmt(target)} refused")
+                            raise ConnectionRefusedError(errno.ECONNREFUSED, "Connection refused")
                 elif listener._has_room():
                     client = self._new_connection(local, target)
                     server = client.peer
@@ -918,9 +1134,12 @@ class SimNetwork:
                     listener._handshaking[server] = None
                     established = False
                     try:
-                        await asyncio.sleep(self._latency(host, src.name))  # SYN-ACK
+                        latency = self._latency(host, src.name)  # SYN-ACK
+                        back = self._netem_syn(host) if self._netem else 0.0
+                        await asyncio.sleep(latency + (back or 0.0))
                         if (
-                            self.reachable(host, src.name)
+                            back is not None
+                            and self.reachable(host, src.name)
                             and server.listener is listener
                             and not (self._port_cuts and self._port_dropped(target, local))
                         ):

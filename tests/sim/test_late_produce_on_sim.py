@@ -310,5 +310,5 @@ def test_isrlab_sim_takes_the_two_kinds_and_lagging_how() -> None:
     }
     assert refusals(values, TestConfig.from_mapping(values)) == []
     assert "--lagging-how cut" in replay_command(3, values, {})
-    packet = {"nemesis": ["packet"]}
-    assert refusals(packet, TestConfig.from_mapping(packet))  # still refused: no model
+    zk_power = {"nemesis": ["power-zookeeper"]}
+    assert refusals(zk_power, TestConfig.from_mapping(zk_power))  # still refused: no model

@@ -101,7 +101,6 @@ def test_check_determinism_runs_each_seed_twice(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--nemesis", "packet"], "packet not simulated"),
         (["--nemesis", "kill+corrupt"], "corrupt not simulated"),
         (["--txn", "--acks", "1"], "txn (--txn) needs acks=all"),
         (

@@ -313,7 +313,7 @@ class ClusterKafkaServer(KafkaServer):
     def _topics_changed(self, names: set[str]) -> None:
         for gone in [n for n in self._topics if n not in names]:
             self._remove_topic_locally(gone)
-        for name in names - set(self._topics):
+        for name in sorted(names - set(self._topics)):  # (a set: its order is the hash seed's)
             self._spawn(self._add_topic_locally(name))
 
     async def _add_topic_locally(self, name: str) -> None:

@@ -43,6 +43,7 @@ from __future__ import annotations
 import posixpath
 import random
 import shlex
+from collections.abc import Callable
 from typing import Any, Protocol, cast
 
 from isrlab.nemeses.base import ClusterDB, NemesisError, default_key, resolve_targets
@@ -124,9 +125,17 @@ def _fraction(value: Any, name: str) -> float:
 class CorruptFault:
     kind = "corrupt"
 
-    def __init__(self, db: CorruptDB, rng: random.Random) -> None:
+    def __init__(
+        self,
+        db: CorruptDB,
+        rng: random.Random,
+        each: Callable[[list[str], Callable[[str], Any]], list[Any]] = _each,
+    ) -> None:
+        """`each(nodes, fn)`: how the nodes are acted on (default: in parallel threads, one
+        per node; the simulator passes a loop in node order, on its one thread)."""
         self.db = db
         self.rng = rng
+        self._each = each
         self._kills = KillFault(db, rng)  # brokers that did not come back, started by heal
         self.copies: dict[str, str] = {}  # node -> its data dir's copy (snapshot mode)
 
@@ -166,7 +175,7 @@ class CorruptFault:
         nodes = resolve_targets(target, among, self.rng, key)
         # the random draws happen here, in node order, so they do not depend on thread timing
         plans = [(n, random.Random(self.rng.random())) for n in nodes]
-        done = _each(
+        done = self._each(
             [n for n, _ in plans],
             lambda n: self._one(n, dict(plans)[n], mode, file, which, key, value),
         )
@@ -272,7 +281,7 @@ class CorruptFault:
     def stop(self, value: Any = None) -> dict[str, Any]:
         """Put every snapshot copy back (an old disk coming back)."""
         nodes = sorted(self.copies)
-        restored = _each(nodes, self._restore)
+        restored = self._each(nodes, self._restore)
         self.copies.clear()
         return {
             "nodes": nodes,
@@ -295,9 +304,12 @@ class CorruptFault:
             self.db.start(node)
 
     def heal(self) -> list[str]:
-        names = self.db.names
-        for node in names:
+        self.drop_copies()
+        return self._kills.heal()
+
+    def drop_copies(self) -> None:
+        """Delete every node's snapshot copy, without putting it back (`heal`'s first half)."""
+        for node in self.db.names:
             copy = self._data(node).rstrip("/") + SNAPSHOT_SUFFIX
             self.db.remote(node).exec(f"rm -rf {shlex.quote(copy)}", check=False)
         self.copies.clear()
-        return self._kills.heal()

@@ -142,6 +142,8 @@ class SimBroker:
     paused: bool = False
     #: its wall clock's offset in seconds (kept across restarts, as the offset file is)
     clock_offset: float = 0.0
+    #: while a start is under way: resolved by `SimCluster.crash` if it is killed meanwhile
+    killed_while_starting: asyncio.Future[None] | None = None
 
     @property
     def alive(self) -> bool:
@@ -247,14 +249,30 @@ class SimCluster:
         b.crashed = b.paused = False
         self.note(f"start broker {b.id} (incarnation {b.incarnation})")
         self._apply_zk_reachability()
+        starting = process.run(self.loop.create_task, server.start())
+        killed = b.killed_while_starting = self.loop.create_future()
         try:
-            await process.run(self.loop.create_task, server.start())
-        except BaseException:
-            # down, as a real broker that exits at start-up (ZooKeeper unreachable, say):
-            # what heals the cluster starts it again
+            # a kill during the start freezes the start's task for good: the harness's
+            # future wakes this waiter instead
+            await asyncio.wait((starting, killed), return_when=asyncio.FIRST_COMPLETED)
+            if not starting.done():
+                raise RuntimeError(f"broker {broker_id} was killed while starting")
+            starting.result()
+        except asyncio.CancelledError:
+            starting.cancel()  # (what awaiting it would have done)
             b.server = None
             b.crashed = True
             raise
+        except BaseException as e:
+            # down, as a real broker that exits at start-up (ZooKeeper unreachable, a log
+            # dir refused, say): its process ends, and the kernel closes what it held (its
+            # listener among them); what heals the cluster starts it again
+            if b.process is process:
+                self._end(b, f"broker {b.id} exited at start-up: {self.scrub(repr(e))}")
+            b.crashed = True
+            raise
+        finally:
+            b.killed_while_starting = None
         self.note(f"broker {b.id} registered")
 
     async def restart(self, broker_id: int) -> None:
@@ -265,7 +283,16 @@ class SimCluster:
         b = self.brokers[broker_id]
         if b.server is None or b.process is None:
             raise RuntimeError(f"broker {broker_id} is not running")
+        if b.killed_while_starting is not None and not b.killed_while_starting.done():
+            b.killed_while_starting.set_result(None)
+        self._end(b, f"crash broker {b.id} (incarnation {b.incarnation}, {{n}} connections)")
+
+    def _end(self, b: SimBroker, note: str) -> None:
+        """Broker `b`'s process ends at once (killed, or exited): its callbacks and timers
+        dropped, its ZooKeeper session's connection gone, its sockets closed by the kernel;
+        `note` (with ``{n}``, the connections closed) goes into the trace."""
         server, process = b.server, b.process
+        assert server is not None and process is not None
         b.server, b.process, b.clock = None, None, None
         b.crashed, b.paused = True, False
         self.loop.kill(process)
@@ -274,7 +301,7 @@ class SimCluster:
             zk_client.crash()
         n = self.net.crash_host(b.host)
         b.dead.append(process)
-        self.note(f"crash broker {b.id} (incarnation {b.incarnation}, {n} connections)")
+        self.note(note.replace("{n}", str(n)))
 
     async def stop_broker(self, broker_id: int) -> None:
         """A clean stop (SIGTERM): logs closed, session closed."""
@@ -321,6 +348,17 @@ class SimCluster:
             self.note(f"power loss broker {b.id}: {report.summary()}")
         b.crashed = True
         return reports
+
+    def damaged(self, broker_id: int, tp: tuple[str, int]) -> None:
+        """A nemesis damaged broker `broker_id`'s segment files of `tp`: the invariants stop
+        comparing its bytes (`Invariants.damage`)."""
+        self.invariants.damage(broker_id, tp)
+        self.note(f"damaged broker {broker_id} {tp[0]}-{tp[1]}")
+
+    def scrub(self, text: str) -> str:
+        """`text` with the cluster's base directory taken out of the paths it names (an
+        error message that goes into a history names no temporary directory)."""
+        return text.replace(f"{self.base_dir.resolve()}/", "").replace(f"{self.base_dir}/", "")
 
     def relative(self, path: str | Path) -> str:
         """`path` relative to the cluster's base directory (traces name no temporary dir)."""

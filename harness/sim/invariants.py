@@ -129,7 +129,19 @@ class Invariants:
         self.behind: set[tuple[int, int, tuple[str, int]]] = set()
         #: (broker, incarnation, partition) whose log end has reached its leader's HW
         self.caught_up: set[tuple[int, int, tuple[str, int]]] = set()
+        #: (broker, partition) whose segment files a nemesis damaged: their bytes are not
+        #: compared any more (`damage`)
+        self.damaged: set[tuple[int, tuple[str, int]]] = set()
         self.checks = 0
+
+    def damage(self, broker_id: int, tp: tuple[str, int]) -> None:
+        """A nemesis damaged broker `broker_id`'s segment files of `tp` (bit flips, a cut), as
+        a disk can: its copy holds other bytes from now on, which is the disk's doing, not the
+        protocol's, so the committed-data check no longer reads it (reading a damaged batch
+        would also be a read the broker did not make). Its log end is still held to the HW,
+        and it is still held to every other invariant; the clients' checker judges what it
+        serves."""
+        self.damaged.add((broker_id, tp))
 
     # ----- the check -----------------------------------------------------------------------
 
@@ -336,7 +348,7 @@ class Invariants:
                     f"{tp[0]}-{tp[1]}: broker {m}, in the ISR {isr} of leader {leader.id}, "
                     f"has its log end at {lg.log_end_offset}, below the high watermark {hw}"
                 )
-            while start < upto:
+            while start < upto and (m, tp) not in self.damaged:
                 data = lg.read(start, READ_CHUNK, max_offset=upto).read_bytes()
                 batches = parse_batches(data)
                 if not batches:

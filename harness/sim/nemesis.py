@@ -59,9 +59,14 @@ Kinds:
   model has no bandwidth). The simulated ZooKeeper sessions do not go through `SimNetwork`,
   so netem does not delay a node's ZooKeeper traffic as it does on a real node.
 
-Every other kind of `nemeses.compose.KINDS` (corrupt, power-zookeeper) is refused
-when the nemesis is built (`NemesisError` naming it): the simulator has no faithful model of
-it yet.
+- ``corrupt`` (`nemeses.corrupt.CorruptFault` itself, `harness.sim.corrupt`): the simulated
+  brokers' log dirs are real directories of the run, so the real fault damages them (bit
+  flips, cuts, an old disk copied aside and put back) through a local shell, one node after
+  another; its kill is the simulated kill -9 and its start does not wait for the
+  registration. A damaged segment is left out of the invariants' data comparison.
+
+Every other kind of `nemeses.compose.KINDS` (power-zookeeper: the simulated ensemble is one
+server) is refused when the nemesis is built (`NemesisError` naming it).
 
 `heal_all()` undoes every fault on the cluster whatever this nemesis did: the partition (and
 the targeted cuts), the port rules, the ZooKeeper cuts, the clock offsets, the paused brokers, then the crashed ones restarted (a broker stopped cleanly
@@ -79,6 +84,7 @@ from typing import Any, cast
 from isrlab.broker.config import BrokerConfig
 from isrlab.broker.coordinator.ownership import partition_for
 from isrlab.harness.sim.cluster import CHROOT, SimCluster
+from isrlab.harness.sim.corrupt import SimCorrupt
 from isrlab.harness.sim.netem import Netem
 from isrlab.harness.sim.network import PortCut
 from isrlab.nemeses.base import (
@@ -111,6 +117,7 @@ SUPPORTED: tuple[str, ...] = (
     "late-produce",
     "lagging-failover",
     "packet",
+    "corrupt",
 )
 #: the targeted kinds (`nemeses.targeted`) among them: one sequence each, run in `start`
 TARGETED_SIM: tuple[str, ...] = ("isr-squeeze", "leader-flap", "zk-cut", "late-produce")
@@ -242,6 +249,7 @@ class SimNemesis:
         self.port_cuts: dict[str, list[PortCut]] = {}  # a kind's iptables-shaped port rules
         self.zk_cut: set[str] = set()
         self._starts: list[asyncio.Task[None]] = []
+        self.corrupt = SimCorrupt(self) if "corrupt" in wanted else None
 
     # ----- the ops -------------------------------------------------------------------------
 
@@ -285,6 +293,9 @@ class SimNemesis:
             return await self._start_lagging_failover(value)
         if kind == "packet":
             return self._start_packet(value)
+        if kind == "corrupt":
+            assert self.corrupt is not None
+            return self.corrupt.start(value)
         target = str(value.get("target", "one"))
         if kind == "clock":
             return self._start_clock(value, target)
@@ -321,6 +332,9 @@ class SimNemesis:
             return self._stop_clock()
         if kind == "packet":
             return {"nodes": self._clear_packet()}
+        if kind == "corrupt":
+            assert self.corrupt is not None
+            return self.corrupt.stop()
         if kind == "pause":
             nodes = sorted(self.paused)
             for n in nodes:
@@ -399,7 +413,7 @@ class SimNemesis:
             *(self.cluster.restart(i) for i in down), return_exceptions=True
         )
         errors = [
-            f"{self.cluster.brokers[i].host}: {r!r}"
+            f"{self.cluster.brokers[i].host}: {self.cluster.scrub(repr(r))}"
             for i, r in zip(down, results, strict=True)
             if r is not None
         ]
@@ -477,7 +491,7 @@ class SimNemesis:
             try:
                 await self.cluster.restart(broker_id)
             except Exception as e:
-                self.cluster.note(f"nemesis start of {node} failed: {e!r}")
+                self.cluster.note(f"nemesis start of {node} failed: {self.cluster.scrub(repr(e))}")
 
         self._starts.append(asyncio.get_running_loop().create_task(start()))
 
@@ -964,6 +978,8 @@ class SimNemesis:
         self.paused.clear()
         if paused:
             out["pause"] = paused
+        if self.corrupt is not None:
+            self.corrupt.heal()  # old disks copied aside and not put back: deleted
         dead = [b.host for b in self.cluster.brokers.values() if b.crashed and not b.alive]
         await self._restart(dead)
         self.killed.clear()

@@ -101,7 +101,7 @@ def test_check_determinism_runs_each_seed_twice(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--nemesis", "kill+corrupt"], "corrupt not simulated"),
+        (["--nemesis", "kill+power-zookeeper"], "power-zookeeper not simulated"),
         (["--txn", "--acks", "1"], "txn (--txn) needs acks=all"),
         (
             ["--subscribe", "--set", "assignment_strategy=cooperative-sticky"],

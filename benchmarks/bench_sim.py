@@ -18,12 +18,21 @@ the embedded cluster in the same benchmark."
    network namespaces; when it cannot run, the table says why and the simulated figures
    stand alone (`--no-real` skips it).
 
+`--attribute` (needs py-spy: `pip install py-spy`, and ptrace rights) samples one more
+simulated run (invariants on) and splits its CPU by whose code it is in: the innermost frame
+of the project's packages on each sampled stack (`broker/`, the simulator `harness/sim/`,
+the rest of `harness/`, `checkers/`, ...; stdlib and library frames count for the project
+code that called them). The broker's share bounds what any work on the simulator can give:
+if the simulator, the clients, the invariants and the checker cost nothing, a run still costs
+the broker's share of its CPU, so the ratio can grow at most by 1 / (broker share).
+
 `--tree DIR` runs the simulated part against another checkout (e.g. `git worktree add
 /tmp/before <commit>`: its `broker`, `harness`, ... imported as `isrlab.*`), for a before/after
 in one session: the counts there come from wrapping its loop's `_run_once` and its
 interpreter's generator.
 
     python benchmarks/bench_sim.py [--seconds 10] [--repeat 2] [--tree /tmp/before] [--no-real]
+        [--attribute]
 """
 
 from __future__ import annotations
@@ -174,6 +183,77 @@ def simulated(tree: Path | None, seconds: float, repeat: int) -> dict[str, Any]:
     return best
 
 
+# ----- whose code the CPU is in ------------------------------------------------------------------
+
+#: the project's packages, as the shares are reported (the simulator apart from the harness)
+OWNERS = ("harness/sim", "broker", "harness", "checkers", "nemeses", "pipeline")
+
+
+def _owner(frame_file: str) -> str | None:
+    path = Path(frame_file)
+    try:
+        rel = path.resolve().relative_to(ROOT)
+    except (ValueError, OSError):
+        return None
+    text = rel.as_posix()
+    return next((o for o in OWNERS if text.startswith(o + "/")), None)
+
+
+def attribute(seconds: float) -> dict[str, Any]:
+    """One simulated run (invariants on) under py-spy: CPU shares by package, or why not."""
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not Path(spy).exists():
+        return {"skipped": "py-spy is not installed (pip install py-spy)"}
+    spec = {"test": workload(seconds), "invariants": True, "count": False}
+    with tempfile.TemporaryDirectory() as d:
+        raw = Path(d) / "stacks.txt"
+        out = subprocess.run(
+            [spy, "record", "--rate", "500", "--format", "raw", "--full-filenames", "-o", str(raw),
+             "--", sys.executable, __file__, "--child", json.dumps(spec)],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        if out.returncode != 0 or not raw.exists():
+            return {"skipped": f"py-spy failed: {(out.stderr or out.stdout).strip()[-300:]}"}
+        lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+        run = json.loads(lines[-1]) if lines else {}
+        shares: dict[str, int] = {}
+        total = 0
+        for line in raw.read_text().splitlines():
+            stack, _, n = line.rpartition(" ")
+            total += int(n)
+            owner = "other (interpreter start, imports)"
+            for frame in reversed(stack.split(";")):
+                inner = frame.rpartition(" (")[2].rstrip(")")
+                found = _owner(inner.rpartition(":")[0])
+                if found is not None:
+                    owner = found
+                    break
+            shares[owner] = shares.get(owner, 0) + int(n)
+    return {"samples": total, "shares": shares, "run": run}
+
+
+def print_attribution(a: dict[str, Any]) -> None:
+    if "skipped" in a:
+        print(f"\nattribution: not measured: {a['skipped']}")
+        return
+    total = a["samples"]
+    print(f"\nwhose code the CPU is in (py-spy, {total:,} samples of one run, invariants on):\n")
+    print("| code | share of the samples |")
+    print("|---|---:|")
+    for owner, n in sorted(a["shares"].items(), key=lambda kv: -kv[1]):
+        print(f"| {owner} | {100 * n / total:.1f} % |")
+    broker = a["shares"].get("broker", 0) / max(1, total)
+    run = a["run"]
+    if broker and run:
+        whole = run["virtual_s"] / run["cpu_s"]
+        print(
+            f"\nthe broker's own code is {100 * broker:.1f} % of the samples: with everything "
+            f"else free this run ({whole:.2f}x under the sampler) could reach at most "
+            f"{whole / broker:.1f}x; the ceiling for any simulator-side work is "
+            f"1 / {broker:.2f} = {1 / broker:.2f} times today's ratio"
+        )
+
+
 # ----- the real run ----------------------------------------------------------------------------
 
 
@@ -217,6 +297,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1, help="simulated runs each; the best")
     ap.add_argument("--tree", type=Path, action="append", default=[], help="another checkout")
     ap.add_argument("--no-real", action="store_true", help="skip the embedded cluster's run")
+    ap.add_argument("--attribute", action="store_true", help="CPU shares by package (py-spy)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -266,6 +347,8 @@ def main() -> None:
             f"{live['wall_s']:.1f} wall (cluster up, run, teardown, checker) | - | 1x | 1x | "
             f"{live['ops']:,} | {live['ops'] / live['span_s']:,.0f} | | | {live['valid']} |"
         )
+    if args.attribute:
+        print_attribution(attribute(args.seconds))
     here = sims["this tree"]["on"]
     ratio = here["virtual_s"] / here["cpu_s"]
     main_ratio = here["main_virtual_s"] / here["main_cpu_s"]

@@ -220,8 +220,10 @@ def attribute(seconds: float) -> dict[str, Any]:
         total = 0
         for line in raw.read_text().splitlines():
             stack, _, n = line.rpartition(" ")
+            if "simulate_queue (" not in stack:
+                continue  # the interpreter's start and the imports: not the run's CPU time
             total += int(n)
-            owner = "other (interpreter start, imports)"
+            owner = "other"
             for frame in reversed(stack.split(";")):
                 inner = frame.rpartition(" (")[2].rstrip(")")
                 found = _owner(inner.rpartition(":")[0])

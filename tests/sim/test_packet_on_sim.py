@@ -179,6 +179,33 @@ def test_total_loss_ends_the_connection_with_etimedout_as_a_black_hole() -> None
     assert syn_err == errno.ETIMEDOUT and syn_took == pytest.approx(SYN_TIMEOUT, abs=0.01)
 
 
+def test_a_give_up_loses_what_waited_behind_and_the_peer_is_reset_when_it_sends() -> None:
+    """The sender gives up with segments queued behind the lost one: none of them arrives
+    (no gap is ever delivered), and the peer, which heard nothing, gets a reset when it
+    sends to the forgotten socket (as after a port cut's give-up)."""
+
+    async def body(net: SimNetwork) -> tuple[bytes, str, int]:
+        (cr, cw), (sr, sw) = await pair(net)
+        cw.write(b"first ")
+        got = await sr.readexactly(6)
+        net.netem("a", {"loss": "100%"})
+        for k in range(5):
+            cw.write(b"queued %d " % k)
+        await asyncio.sleep(60)
+        net.clear_netem()  # the qdisc gone: the next retransmission would get through ...
+        net.netem("a", {"loss": "100%"})  # ... but it is back before it
+        with pytest.raises(TimeoutError):
+            await cr.read(1)
+        net.clear_netem()
+        sw.write(b"answer")
+        with pytest.raises(ConnectionResetError):
+            await asyncio.wait_for(sr.read(100), 5)
+        return got, "closed" if cw.is_closing() else "open", len(net._connections)
+
+    got, state, left = run(body)
+    assert got == b"first " and state == "closed" and left == 0
+
+
 def test_total_loss_for_a_while_delays_the_bytes_to_the_next_retransmission() -> None:
     """A qdisc cleared while a packet waits for its retransmission: the retransmission after
     the clear gets through (Linux's backoff from the first send: 0.2, 0.6, 1.4, 3.0, 6.2,
@@ -334,6 +361,26 @@ def test_packet_nemesis_start_and_stop_have_the_real_faults_shape(tmp_path: Path
     assert by_f[4][0] == "start-packet" and "rate is not modelled" in by_f[4][2], by_f
     trace = (run_dir / "trace.txt").read_text()
     assert "net netem n1 {'delay': '50ms', 'jitter': '10ms'}" in trace
+
+
+def test_heal_all_clears_every_qdisc_and_names_the_nodes(tmp_path: Path) -> None:
+    from isrlab.harness.sim.nemesis import SimNemesis
+    from isrlab.nemeses import compose
+    from tests.sim.test_nemesis_on_sim import run_sim
+
+    async def body(c: Any) -> list[Any]:
+        nem = SimNemesis(c, "packet", {"seed": 3})
+        one = await nem.invoke(compose._op("start-packet", {"target": "minority"}))
+        qdiscs = sorted(c.net.qdiscs)
+        healed = await nem.heal_all()
+        again = await nem.heal_all()
+        nem.close()
+        return [one["value"], qdiscs, healed, again, c.net.qdiscs]
+
+    (one, qdiscs, healed, again, left), _ = run_sim(tmp_path, body)
+    assert one["target"] == "minority" and len(one["nodes"]) == 1 and qdiscs == one["nodes"]
+    assert one["behaviour"] == DEFAULT_BEHAVIOUR
+    assert healed == {"packet": one["nodes"]} and again == {} and left == {}
 
 
 def test_isrlab_sim_packet_is_valid_and_deterministic_on_its_own_schedule(

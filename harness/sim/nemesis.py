@@ -69,7 +69,7 @@ Every other kind of `nemeses.compose.KINDS` (power-zookeeper: the simulated ense
 server) is refused when the nemesis is built (`NemesisError` naming it).
 
 `heal_all()` undoes every fault on the cluster whatever this nemesis did: the partition (and
-the targeted cuts), the port rules, the ZooKeeper cuts, the clock offsets, the paused brokers, then the crashed ones restarted (a broker stopped cleanly
+the targeted cuts), the port rules, the ZooKeeper cuts, the netem qdiscs, the clock offsets, the paused brokers, then the crashed ones restarted (a broker stopped cleanly
 is left alone), as `nemeses.compose.heal_all` does to real nodes.
 """
 

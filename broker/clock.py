@@ -14,7 +14,10 @@ its own. So each simulated broker can have its own clock (skewed, later), and no
 restoring when a simulation ends.
 
 The event loop's own clock (`loop.time()`, asyncio's timeouts and sleeps) needs no seam: a
-simulation runs the broker on a loop whose clock is virtual.
+simulation runs the broker on a loop whose clock is virtual. Work the broker would hand to a
+thread of its own that waits in real time (the log cleaner's threads) asks `worker_threads()`
+first: a clock whose time moves only when its event loop waits (a simulation's) says no, and
+that work runs as a task on the loop instead.
 """
 
 from __future__ import annotations
@@ -27,6 +30,10 @@ from typing import Protocol
 
 class Clock(Protocol):
     """What the broker asks of a clock."""
+
+    #: whether the broker may run work on threads of its own that wait in real time (False:
+    #: time moves only when the event loop waits; such work runs as tasks on the loop)
+    worker_threads: bool
 
     def time(self) -> float:
         """Seconds since the epoch (the wall clock)."""
@@ -47,6 +54,8 @@ class Clock(Protocol):
 
 class SystemClock:
     """The operating system's clocks and randomness (the default)."""
+
+    worker_threads = True
 
     def time(self) -> float:
         return _time.time()
@@ -105,6 +114,12 @@ def uuid4() -> _uuid.UUID:
     return _current.get().uuid4()
 
 
+def worker_threads() -> bool:
+    """Whether the broker may run work on threads of its own that wait in real time (see the
+    module docstring)."""
+    return _current.get().worker_threads
+
+
 __all__ = [
     "SYSTEM",
     "Clock",
@@ -118,4 +133,5 @@ __all__ = [
     "time",
     "use",
     "uuid4",
+    "worker_threads",
 ]

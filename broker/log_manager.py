@@ -116,8 +116,9 @@ class LogManager:
         #: how the broker ends when its log dir goes offline (tests replace it)
         self.halt: Callable[[int], None] = halt
         self.offline_reason: str | None = None
-        # Log compaction (cleanup.policy=compact): threads started with the schedulers; they
-        # plan and swap on the event loop (_run_on_loop), the logs' only thread.
+        # Log compaction (cleanup.policy=compact): threads started with the schedulers (a task
+        # on the loop when the clock allows no worker threads); they plan and swap on the
+        # event loop (_run_on_loop), the logs' only thread.
         self.cleaner = LogCleaner(
             self.dir,
             CleanerConfig.from_broker(config),
@@ -247,7 +248,8 @@ class LogManager:
 
     def _run_on_loop(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` on the event loop that owns the logs and wait for its result (called from
-        the cleaner threads; runs ``fn`` directly without a loop or on the loop itself)."""
+        the cleaner threads; runs ``fn`` directly without a loop or on the loop itself: the
+        cleaner's task when the clock allows no worker threads)."""
         loop = self._loop
         if loop is None:
             return fn()

@@ -35,11 +35,17 @@ plan, and writes the ``.cleaned`` files itself; choosing a log, planning and eve
 the owner thread (``run_on_owner``), where a swap first checks the segments it replaces are
 still the log's (retention or a truncation may have got there first; the cleaning is then
 dropped). Without an event loop (tests, benchmarks) ``clean_once`` runs everything in the
-calling thread.
+calling thread. When the broker's clock allows no worker threads (``broker.clock.worker_threads``
+false: a simulation's virtual clock, which a thread waiting in real time would not see move)
+``LogCleaner.start`` runs one task on the event loop instead: ``clean_once`` (the owner-thread
+work called directly, as it runs there already), then ``asyncio.sleep`` for the backoff when
+nothing was cleaned. A cleaning is then one step of the loop: nothing else of the broker runs
+between its plan and its swaps.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import logging
@@ -861,6 +867,7 @@ class LogCleaner:
         self._uncleanable: set[TopicPartition] = set()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._task: asyncio.Task[None] | None = None
         self.cleaner = Cleaner(
             map_entries=config.map_entries_per_thread,
             io_buffer_size=config.io_buffer_size,
@@ -976,43 +983,74 @@ class LogCleaner:
             self._checkpoints.pop(tp, None)
             self._uncleanable.discard(tp)
 
-    # -- threads ------------------------------------------------------------------------------
+    # -- threads (or one task) ----------------------------------------------------------------
 
     def start(self) -> None:
-        if not self.config.enable:
+        """Clean in the background: ``log.cleaner.threads`` threads, each looping ``clean_once``
+        and waiting ``log.cleaner.backoff.ms`` when nothing was cleaned; or, when the broker's
+        clock allows no worker threads, one task on the running event loop doing the same
+        (see the module docstring)."""
+        if not self.config.enable or self.config.threads <= 0:
             return
         self._stop.clear()
-        for i in range(max(self.config.threads, 0)):
+        if not broker_clock.worker_threads():
+            loop = asyncio.get_running_loop()
+            self._task = loop.create_task(self._run_on_loop(), name="kafka-log-cleaner")
+            return
+        for i in range(self.config.threads):
             thread = threading.Thread(
                 target=self._run, name=f"kafka-log-cleaner-thread-{i}", daemon=True
             )
             thread.start()
             self._threads.append(thread)
 
+    def _pass(self) -> bool:
+        """One pass of a cleaner thread or task: whether a log was cleaned."""
+        try:
+            return self.clean_once() is not None
+        except Exception:
+            if not self._stop.is_set():
+                logger.exception("log cleaner pass failed")
+            return False
+
     def _run(self) -> None:
         backoff = self.config.backoff_ms / 1000
         while not self._stop.is_set():
-            try:
-                cleaned = self.clean_once()
-            except Exception:
-                if self._stop.is_set():
-                    return
-                logger.exception("log cleaner pass failed")
-                cleaned = None
-            if cleaned is None:
+            if not self._pass():
                 self._stop.wait(backoff)
+
+    async def _run_on_loop(self) -> None:
+        backoff = self.config.backoff_ms / 1000
+        while not self._stop.is_set():
+            # after a cleaning, the loop runs what is ready before the next one
+            await asyncio.sleep(0 if self._pass() else backoff)
 
     def stop(self, timeout_s: float | None = None) -> None:
         """Ask the threads to stop (a running cleaning is abandoned at its next batch of
-        work, its ``.cleaned`` files removed) and wait for them."""
+        work, its ``.cleaned`` files removed) and wait for them; the task is cancelled (it
+        waits between cleanings, never in one)."""
         self._stop.set()
+        task, self._task = self._task, None
+        if task is not None and not task.done():
+            loop = task.get_loop()
+            try:
+                on_loop = asyncio.get_running_loop() is loop
+            except RuntimeError:
+                on_loop = False
+            if on_loop:
+                task.cancel()
+            else:
+                loop.call_soon_threadsafe(task.cancel)
         for thread in self._threads:
             thread.join(timeout_s)
         self._threads = [thread for thread in self._threads if thread.is_alive()]
 
     @property
     def alive(self) -> bool:
-        return any(thread.is_alive() for thread in self._threads)
+        task = self._task
+        return (task is not None and not task.done()) or any(
+            thread.is_alive() for thread in self._threads
+        )
 
 
 __all__ = [

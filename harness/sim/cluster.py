@@ -82,16 +82,21 @@ EPOCH = 1_704_067_200.0
 PORT = 9092
 CHROOT = "/isrlab"
 
-#: what the simulation sets on every broker (overridable): the log cleaner runs on threads of
-#: its own (`broker.log.cleaner`), whose timing no seed decides; it is off until it can run on
-#: the loop
-SIM_DEFAULTS = {"log.cleaner.enable": "false"}
+#: what the simulation sets on every broker (overridable): nothing now (the log cleaner, on
+#: by default as in Kafka, runs as a task on the loop: `SimClock.worker_threads`)
+SIM_DEFAULTS: dict[str, str] = {}
 
 
 class SimClock:
     """`broker.clock.Clock` on a virtual-time loop: wall time is `EPOCH` + the loop's time,
     monotonic time the loop's, UUIDs from a seeded generator. A blocking sleep cannot pass
-    virtual time (the loop's thread would stop with it) and is refused."""
+    virtual time (the loop's thread would stop with it) and is refused; so are the broker's
+    worker threads (`worker_threads`): what it would run on them (the log cleaner) runs as a
+    task on the loop, in the broker's process."""
+
+    #: a thread waiting in real time would not see virtual time move, and its timing would
+    #: decide the order of events
+    worker_threads = False
 
     def __init__(
         self,

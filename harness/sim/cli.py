@@ -35,11 +35,11 @@ Exit code: 0 every seed valid; 1 some seed invalid; 2 bad options, or (none inva
 unknown, crashed or not deterministic.
 
 Options the simulator cannot honour are refused before anything runs (`refusals`): real hosts
-and the embedded cluster's options, the eos workload without --txn, the cooperative-sticky
+and the embedded cluster's options, the cooperative-sticky
 assignor, and the nemesis kinds `harness.sim.nemesis.SimNemesis` does not model (transactions
 and read_committed are simulated: harness/sim/txn.py; consumer groups too, with the roundrobin
-and range assignors: harness/sim/group.py; the eos workload's copiers with --txn:
-harness/sim/eos.py).
+and range assignors: harness/sim/group.py; the eos workload's copiers, transactional or
+at-least-once: harness/sim/eos.py).
 """
 
 from __future__ import annotations
@@ -160,11 +160,6 @@ def refusals(values: Mapping[str, Any], config: TestConfig) -> list[str]:
         )
     if config.workload not in ("queue", "eos"):
         out.append(_workload_refusal(config.workload))
-    if config.workload == "eos" and not config.txn:
-        out.append(
-            "--workload eos without --txn: the simulated copier (harness/sim/eos.py) copies in "
-            "transactions only (no at-least-once copier yet); add --txn, or run `isrlab test`"
-        )
     if (
         consumer_mode(config.to_test()) != "assign"
         and config.knobs.get("assignment_strategy") == "cooperative-sticky"

@@ -39,8 +39,14 @@ id, dropped when a copier of its id closes (its process ends), and at the end of
 (`Zombies.drop_all`, whose fates the run reports as the real `drop_zombies`'). The zombie's
 calls run in the waking copier's task, as the real ones run in its thread.
 
-Without transactions (``--no-txn``: at-least-once copies committed by the consumer) the
-simulator refuses the eos workload (harness/sim/cli.py): not built.
+Without transactions (``--no-txn``: at-least-once, the workload's control) a copy sends the
+values with the copier's plain (idempotent by default) producer, awaits the acks, then commits
+the offsets to the group (`SimGroupMember.commit_offsets`: a synchronous consumer commit with
+the member's generation), as the real copier's `_commit_offsets`: ``ok`` committed, ``info``
+when the commit failed or timed out (the sends happened), a failed send ``fail``/``info`` and
+the consumer rewound. A copier killed between the sends and the commit leaves its copies in
+the output, and the next copier copies them again from the committed offsets:
+``eos-duplicate``, what the control is there to show.
 """
 
 from __future__ import annotations
@@ -146,7 +152,7 @@ class SimEosCopier(SimQueueClient):
         return None if self.txn is None else str(self.txn.transactional_id)
 
     async def invoke(self, op: Mapping[str, Any]) -> Op:
-        if op["f"] != "txn" or not self._open or self.txn is None or self.group is None:
+        if op["f"] != "txn" or not self._open or self.group is None:
             return await super().invoke(op)
         base: Op = {k: v for k, v in op.items() if not k.startswith("_")}
         base["node"] = self.node
@@ -186,9 +192,12 @@ class SimEosCopier(SimQueueClient):
         deadline = self._loop_time() + self.op_timeout
         errors: list[Any] = []
         zombie: Op = {}
-        verdict = await self._txn_copy(mops, out, offsets, deadline, kill, errors, zombie)
+        if self.txn is not None:
+            verdict = await self._txn_copy(mops, out, offsets, deadline, kill, errors, zombie)
+        else:
+            verdict = await self._plain_copy(mops, out, offsets, deadline, kill, errors)
         if verdict == "killed":
-            if self.eos_knobs.copier_zombies:
+            if self.eos_knobs.copier_zombies and self.txn is not None:
                 self._become_zombie(mops)
             else:
                 await self.close()
@@ -202,7 +211,7 @@ class SimEosCopier(SimQueueClient):
         result["producer"] = {
             "id": self._pid,
             "epoch": self._epoch,
-            "idempotent": True,
+            "idempotent": self.idempotent or self.txn is not None,
             "transactional_id": self.transactional_id or "",
         }
         if zombie:
@@ -248,6 +257,34 @@ class SimEosCopier(SimQueueClient):
             return await txn._abort(errors)  # type: ignore[no-any-return]
         left = max(0.1, self._left(deadline))
         return await txn._commit(self._loop_time() + left, errors)  # type: ignore[no-any-return]
+
+    async def _plain_copy(
+        self,
+        mops: list[Any],
+        out: list[Any],
+        offsets: dict[str, int],
+        deadline: float,
+        kill: bool,
+        errors: list[Any],
+    ) -> str:
+        """At-least-once (no transactions): send the copies, await the acks, then commit the
+        offsets to the group (a synchronous consumer commit): "ok", "fail" or "info" (a send
+        that may have happened is not undone; the sends happened whatever becomes of the
+        commit), or "killed" between the sends and the commit."""
+        verdict, errs = await self._send_run(mops, out, 0, len(mops), deadline)
+        errors += errs
+        if verdict != "ok":
+            return verdict
+        if kill:
+            return "killed"
+        left = max(0.1, self._left(deadline))
+        kind, error = await self.group.commit_offsets(offsets, self._loop_time() + left)
+        if kind == "ok":
+            return "ok"
+        errors.append(error)
+        if kind == "info" and error != ["commit", "timeout"]:
+            self.broken = True  # (as the real copier: a commit refused for an unknown reason)
+        return "info"
 
     async def _rewind(self) -> None:
         """Every assigned input key back to the group's committed offset (the log start where

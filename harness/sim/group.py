@@ -375,6 +375,20 @@ class SimGroupMember:
             return {**op, "type": "fail", "value": value, "error": "not-subscribed"}
         if not offsets:
             return {**op, "type": "fail", "value": value, "error": "nothing-to-commit"}
+        kind, error = await self.commit_offsets(offsets, deadline)
+        done: Op = {**op, "type": kind, "value": value}
+        if error is not None:
+            done["error"] = error
+        return done
+
+    async def commit_offsets(
+        self, offsets: Mapping[str, int], deadline: float
+    ) -> tuple[str, list[str] | None]:
+        """A synchronous OffsetCommit of `offsets` (key -> next offset to read) with this
+        member's generation, retried as librdkafka retries it until `deadline`: ("ok", None),
+        or ("fail" when every partition was refused for certain, else "info", ["commit",
+        error names...] or ["commit", "timeout"])."""
+        c = self.c
         C = OffsetCommitRequest[8]
         T = C.OffsetCommitRequestTopic
         P = T.OffsetCommitRequestPartition
@@ -400,7 +414,7 @@ class SimGroupMember:
             resp = await self._request(req, deadline)
             if resp is None:
                 if c._left(deadline) <= 0:
-                    return {**op, "type": "info", "value": value, "error": ["commit", "timeout"]}
+                    return "info", ["commit", "timeout"]
                 await asyncio.sleep(min(RETRY_BACKOFF_S, c._left(deadline)))
                 continue
             codes = [p.error_code for t in resp.topics for p in t.partitions]
@@ -411,15 +425,14 @@ class SimGroupMember:
                 continue
             errors = [code for code in codes if code != 0]
             if not errors:
-                return {**op, "type": "ok", "value": value}
+                return "ok", None
             if any(code in (E.ILLEGAL_GENERATION, E.UNKNOWN_MEMBER_ID) for code in errors):
                 self._request_rejoin()
             definite = len(errors) == len(offsets) and all(
                 code in DEFINITE_COMMIT_ERRORS for code in errors
             )
             names = sorted({_error_name(code) for code in errors})
-            kind = "fail" if definite else "info"
-            return {**op, "type": kind, "value": value, "error": ["commit", *names]}
+            return ("fail" if definite else "info"), ["commit", *names]
 
     async def committed(self, keys: list[str], deadline: float) -> dict[str, int | None]:
         """The group's committed offsets of `keys` (None: none), OffsetFetch v7 to the

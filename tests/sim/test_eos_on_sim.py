@@ -10,7 +10,9 @@ against three real brokers on the virtual-time loop.
   transaction and its commit makes a value visible twice (staged, not a seed);
 - `isrlab sim --workload eos --txn` runs (each thread its client by role) and goes through the
   eos checker: a short seed valid with fencing; the switch found as eos-duplicate on a seed
-  (slow: the measured seed of docs/simulation.md), one seed one history.
+  (slow: the measured seed of docs/simulation.md), one seed one history;
+- without --txn, the at-least-once control: a copier killed between its sends and its offset
+  commit has its copies copied again (`eos-duplicate`).
 """
 
 from __future__ import annotations
@@ -238,3 +240,28 @@ def test_the_epoch_fencing_switch_is_found_on_a_seed_and_not_with_fencing(tmp_pa
     assert r["valid"] is True, r["anomaly_types"]
     woken = [o["zombie"] for o in _history(run_dir) if "sends" in o.get("zombie", {})]
     assert woken and all(z["acked"] == 0 and z["commit"] != "ok" for z in woken), woken
+
+
+#: the control: no transactions, copiers killed between their sends and their offset commit
+AT_LEAST_ONCE = {**SHORT, "txn": False, "copier_zombies": False, "time_limit": 12}
+
+
+def test_the_at_least_once_control_copies_a_killed_copiers_values_again(tmp_path: Path) -> None:
+    """Without --txn a copy is sent, acknowledged, then its offsets committed to the group
+    (a synchronous consumer commit): a copier killed in between leaves its copies in the
+    output and its successor copies them again from the committed offsets, `eos-duplicate`
+    (nothing goes missing); one history per seed."""
+    runs = [
+        simulate_queue({**AT_LEAST_ONCE, "seed": 1}, tmp_path / f"r{i}", report=False)
+        for i in range(2)
+    ]
+    (run_dir, results), (_, again) = runs
+    assert "eos-duplicate" in results["anomaly_types"], results["anomaly_types"]
+    assert "eos-missing" not in results["anomaly_types"]
+    ops = _history(run_dir)
+    copies = [o for o in ops if o["f"] == "txn" and len(o["value"]) > 1]
+    assert any(o["type"] == "ok" for o in copies), copies
+    killed = [o for o in copies if o.get("error") == "killed"]
+    assert killed and all(o["type"] == "info" for o in killed)
+    assert not any(o["producer"]["transactional_id"] for o in copies)
+    assert results["sim"]["history_sha256"] == again["sim"]["history_sha256"]

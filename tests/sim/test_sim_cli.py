@@ -107,7 +107,6 @@ def test_check_determinism_runs_each_seed_twice(tmp_path: Path) -> None:
             ["--subscribe", "--set", "assignment_strategy=cooperative-sticky"],
             "roundrobin and range",
         ),
-        (["--workload", "eos", "--concurrency", "6"], "eos without --txn"),
         (["--nodes", "n1,n2,n3"], "--nodes: the simulator runs its brokers in this process"),
         (["--seeds", "5-2"], "A <= B"),
         (["--seeds", "many"], "--seeds takes a count N"),

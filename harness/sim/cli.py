@@ -35,11 +35,10 @@ Exit code: 0 every seed valid; 1 some seed invalid; 2 bad options, or (none inva
 unknown, crashed or not deterministic.
 
 Options the simulator cannot honour are refused before anything runs (`refusals`): real hosts
-and the embedded cluster's options, the cooperative-sticky
-assignor, and the nemesis kinds `harness.sim.nemesis.SimNemesis` does not model (transactions
-and read_committed are simulated: harness/sim/txn.py; consumer groups too, with the roundrobin
-and range assignors: harness/sim/group.py; the eos workload's copiers, transactional or
-at-least-once: harness/sim/eos.py).
+and the embedded cluster's options, and the nemesis kinds `harness.sim.nemesis.SimNemesis`
+does not model (transactions and read_committed are simulated: harness/sim/txn.py; consumer
+groups too, with the roundrobin, range and cooperative-sticky assignors: harness/sim/group.py;
+the eos workload's copiers, transactional or at-least-once: harness/sim/eos.py).
 """
 
 from __future__ import annotations
@@ -80,7 +79,6 @@ from isrlab.harness.testconfig import (
     TestConfig,
     cli_parameters,
     config_name,
-    consumer_mode,
     option,
 )
 
@@ -160,15 +158,6 @@ def refusals(values: Mapping[str, Any], config: TestConfig) -> list[str]:
         )
     if config.workload not in ("queue", "eos"):
         out.append(_workload_refusal(config.workload))
-    if (
-        consumer_mode(config.to_test()) != "assign"
-        and config.knobs.get("assignment_strategy") == "cooperative-sticky"
-    ):
-        out.append(
-            "--set assignment_strategy=cooperative-sticky: the simulated group consumer "
-            "(harness/sim/group.py) implements the roundrobin and range assignors only; use "
-            "one of them, or run `isrlab test`"
-        )
     unsupported = [k for k in config.nemesis if k not in SUPPORTED]
     if unsupported:
         out.append(

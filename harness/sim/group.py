@@ -15,8 +15,8 @@ protocol's subscription and assignment (the broker's `decode_consumer_assignment
 - a background task per member (librdkafka's main thread), started by the first `subscribe`:
   JoinGroup v5 (KIP-394: MEMBER_ID_REQUIRED hands out the member id, the join is sent again
   with it; session.timeout.ms and max.poll.interval.ms as QueueClient configures them; the
-  protocol is the test's assignment_strategy, roundrobin or range), then SyncGroup v3: the
-  leader computes the assignment from the members' subscriptions and the partitions metadata
+  protocol is the test's assignment_strategy, roundrobin, range or cooperative-sticky: see
+  below), then SyncGroup v3: the leader computes the assignment from the members' subscriptions and the partitions metadata
   gives (librdkafka's roundrobin: members by member id, partitions by topic then number, each
   to the next member subscribed to its topic; range: per topic, contiguous ranges, the first
   P mod M members one more); then Heartbeat v3 every heartbeat.interval.ms (min(knob,
@@ -49,9 +49,24 @@ protocol's subscription and assignment (the broker's `decode_consumer_assignment
   without LeaveGroup (QueueClient never closes a member, it times out of the group) and its
   keys recorded as revoked.
 
-Not reproduced: the cooperative-sticky assignor (refused by `isrlab sim`), static membership,
-librdkafka waiting for the application to handle a revocation before it rejoins (the
-background task rejoins at once; the client stops fetching the revoked keys at its next poll,
+cooperative-sticky (KIP-429's incremental protocol, librdkafka's rdkafka_cgrp.c cooperative
+paths): the subscription is v1, with the partitions the member owns; the leader runs a sticky
+assignor (`assign_sticky`: balanced, owned partitions kept where balance allows,
+deterministic) and then KIP-429's adjustment (`cooperative_adjust`: a partition another member
+still owns is left out of its new owner's assignment). The member keeps its partitions while it
+rejoins (REBALANCE_IN_PROGRESS, a changed coordinator...), and after a SyncGroup queues only
+what changed: the partitions it lost as a revocation, then the ones it gained as an assignment
+(an assignment, empty or not, when nothing was revoked; never an empty revocation, as
+librdkafka). Once the application has taken a revocation (`serve`), the member rejoins, and the
+next rebalance hands the partitions over; before any join it waits until the application has
+taken every revocation queued (librdkafka rejoins after the incremental unassign). A changed
+subscription revokes only the partitions of the topics left. Lost (UNKNOWN_MEMBER_ID from
+JoinGroup, UNKNOWN_MEMBER_ID or ILLEGAL_GENERATION from SyncGroup or Heartbeat, or no
+successful heartbeat or SyncGroup for session.timeout.ms, also while it fails to rejoin):
+everything is revoked, as QueueClient's on_lost. QueueClient commits nothing in its revoke callback, nor does this member.
+
+Not reproduced: static membership, librdkafka waiting for the application to handle a
+revocation before it rejoins, with the eager assignors (the background task rejoins at once; the client stops fetching the revoked keys at its next poll,
 and a commit takes the pending rebalances first, so it never commits a revoked key under a newer
 generation, which librdkafka's wait also rules out),
 max.poll.interval.ms on the client side (a member that does not poll is not made to leave),
@@ -90,11 +105,16 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ASSIGNORS",
+    "COOPERATIVE",
     "DEFINITE_COMMIT_ERRORS",
     "SimGroupMember",
+    "assign_cooperative_sticky",
     "assign_range",
     "assign_roundrobin",
+    "assign_sticky",
     "attach",
+    "cooperative_adjust",
+    "decode_owned_partitions",
     "decode_subscription",
     "encode_assignment",
     "encode_subscription",
@@ -147,10 +167,60 @@ def _string(s: str) -> bytes:
     return struct.pack(">h", len(b)) + b
 
 
-def encode_subscription(topics: Iterable[str]) -> bytes:
-    """ConsumerProtocolSubscription v0: version, the topics, no user data."""
+def encode_subscription(
+    topics: Iterable[str], owned: Iterable[tuple[str, int]] | None = None
+) -> bytes:
+    """ConsumerProtocolSubscription v0 (`owned` None: the eager assignors'): version, the
+    topics, no user data; v1 with `owned` (the cooperative assignor's, KIP-429): then the
+    partitions the member owns, [topic, [partition]] by topic and partition."""
     ts = sorted(topics)
-    return struct.pack(">hi", 0, len(ts)) + b"".join(_string(t) for t in ts) + struct.pack(">i", -1)
+    head = b"".join(_string(t) for t in ts) + struct.pack(">i", -1)
+    if owned is None:
+        return struct.pack(">hi", 0, len(ts)) + head
+    return struct.pack(">hi", 1, len(ts)) + head + _topic_partitions(owned)
+
+
+def _topic_partitions(tps: Iterable[tuple[str, int]]) -> bytes:
+    """[topic string, [partition int32]], topics by name, partitions in order."""
+    by_topic: dict[str, list[int]] = {}
+    for t, p in tps:
+        by_topic.setdefault(t, []).append(p)
+    out = [struct.pack(">i", len(by_topic))]
+    for t in sorted(by_topic):
+        ps = sorted(by_topic[t])
+        out.append(_string(t) + struct.pack(f">i{len(ps)}i", len(ps), *ps))
+    return b"".join(out)
+
+
+def decode_owned_partitions(metadata: bytes) -> list[tuple[str, int]]:
+    """The owned partitions of a ConsumerProtocolSubscription (v1+; none before v1), in the
+    order written; ValueError when the bytes are cut short."""
+    try:
+        (version, n) = struct.unpack_from(">hi", metadata, 0)
+        pos = 6
+        for _ in range(n):
+            (ln,) = struct.unpack_from(">h", metadata, pos)
+            pos += 2 + max(ln, 0)
+        (ud,) = struct.unpack_from(">i", metadata, pos)
+        pos += 4 + max(ud, 0)
+        if version < 1:
+            return []
+        out: list[tuple[str, int]] = []
+        (nt,) = struct.unpack_from(">i", metadata, pos)
+        pos += 4
+        for _ in range(nt):
+            (ln,) = struct.unpack_from(">h", metadata, pos)
+            pos += 2
+            topic = metadata[pos : pos + ln].decode("utf-8")
+            pos += ln
+            (np_,) = struct.unpack_from(">i", metadata, pos)
+            pos += 4
+            for p in struct.unpack_from(f">{np_}i", metadata, pos):
+                out.append((topic, p))
+            pos += 4 * np_
+        return out
+    except (struct.error, UnicodeDecodeError) as e:
+        raise ValueError(f"consumer protocol subscription: {e}") from e
 
 
 def decode_subscription(metadata: bytes) -> list[str]:
@@ -160,15 +230,7 @@ def decode_subscription(metadata: bytes) -> list[str]:
 
 def encode_assignment(tps: Iterable[tuple[str, int]]) -> bytes:
     """ConsumerProtocolAssignment v0: version, [topic, [partition]], no user data."""
-    by_topic: dict[str, list[int]] = {}
-    for t, p in tps:
-        by_topic.setdefault(t, []).append(p)
-    out = [struct.pack(">hi", 0, len(by_topic))]
-    for t in sorted(by_topic):
-        ps = sorted(by_topic[t])
-        out.append(_string(t) + struct.pack(f">i{len(ps)}i", len(ps), *ps))
-    out.append(struct.pack(">i", -1))
-    return b"".join(out)
+    return struct.pack(">h", 0) + _topic_partitions(tps) + struct.pack(">i", -1)
 
 
 def assign_roundrobin(
@@ -210,8 +272,116 @@ def assign_range(
     return out
 
 
-#: assignment strategies the simulated member implements (QueueOptions.assignment_strategy)
-ASSIGNORS = {"roundrobin": assign_roundrobin, "range": assign_range}
+TP = tuple[str, int]
+
+
+def assign_sticky(
+    members: Mapping[str, list[str]],
+    partitions: Mapping[str, int],
+    owned: Mapping[str, Iterable[TP]] | None = None,
+) -> dict[str, list[TP]]:
+    """A sticky assignment (after KIP-54's goals, as librdkafka's sticky assignor has them:
+    balanced first, then as few moves as possible), deterministic: the same inputs give the
+    same output, whatever their order.
+
+    1. every member keeps the partitions it owns (`owned`, from its subscription) that exist
+       and whose topic it subscribes to; a partition two members claim is kept by neither;
+    2. the partitions left, by topic then number, go one by one to the member subscribed to
+       the topic with the fewest partitions (ties: the smallest member id);
+    3. then, while some member has at least two more partitions than another member subscribed
+       to one of them, the most loaded member (ties: smallest id) gives the least loaded such
+       member (ties: smallest id) its last such partition (by topic, number). Each move lowers
+       the sum of the squared counts, so this ends; at the end no single move balances better
+       (with equal subscriptions: counts differ by at most one).
+
+    Not librdkafka's algorithm move for move (its port of Kafka's AbstractStickyAssignor
+    reassigns through a sorted set of candidates and keeps no tie order this one could follow)."""
+    ids = sorted(members)
+    subs = {m: {t for t in members[m] if t in partitions} for m in ids}
+    out: dict[str, list[TP]] = {m: [] for m in ids}
+    claims: dict[TP, list[str]] = {}
+    for m in ids:
+        for t, p in sorted(set((owned or {}).get(m, ()))):
+            if t in subs[m] and 0 <= p < partitions[t]:
+                claims.setdefault((t, p), []).append(m)
+    held: set[TP] = set()
+    for tp, ms in sorted(claims.items()):
+        if len(ms) == 1:
+            out[ms[0]].append(tp)
+            held.add(tp)
+    for t in sorted({t for ts in subs.values() for t in ts}):
+        for p in range(partitions[t]):
+            if (t, p) in held:
+                continue
+            m = min((m for m in ids if t in subs[m]), key=lambda m: (len(out[m]), m))
+            out[m].append((t, p))
+    while True:
+        move = None
+        for a in sorted(ids, key=lambda m: (-len(out[m]), m)):
+            for b in sorted(ids, key=lambda m: (len(out[m]), m)):
+                if len(out[a]) - len(out[b]) < 2:
+                    break
+                movable = [tp for tp in out[a] if tp[0] in subs[b]]
+                if movable:
+                    move = (a, b, max(movable))
+                    break
+            if move is not None:
+                break
+        if move is None:
+            break
+        a, b, tp = move
+        out[a].remove(tp)
+        out[b].append(tp)
+    return {m: sorted(tps) for m, tps in out.items()}
+
+
+def cooperative_adjust(
+    plan: Mapping[str, list[TP]], owned: Mapping[str, Iterable[TP]]
+) -> dict[str, list[TP]]:
+    """KIP-429's adjustment of an assignment, as librdkafka's leader makes it
+    (rd_kafka_cooperative_protocol_adjust_assignment): a partition the plan gives a member
+    that another member owns (and this one does not) is left out of this generation's
+    assignment: its owner, which no longer has it in its assignment, revokes it and rejoins,
+    and the next rebalance hands it over. Partitions nobody owns, or that the member owns
+    itself, are given at once. A partition a member owns that the plan gives nobody (its
+    topic missing from the leader's metadata) is given back to its owner (the smallest id
+    when several claim it), as librdkafka's "unknown but owned" partitions."""
+    owners: dict[TP, set[str]] = {}
+    for m, tps in owned.items():
+        for tp in tps:
+            owners.setdefault(tp, set()).add(m)
+    out = {
+        m: [tp for tp in tps if not owners.get(tp) or m in owners[tp]] for m, tps in plan.items()
+    }
+    planned = {tp for tps in plan.values() for tp in tps}
+    for tp, ms in sorted(owners.items()):
+        m = min(ms)
+        if tp not in planned and m in out:
+            out[m] = sorted([*out[m], tp])
+    return out
+
+
+def assign_cooperative_sticky(
+    members: Mapping[str, list[str]],
+    partitions: Mapping[str, int],
+    owned: Mapping[str, Iterable[TP]] | None = None,
+) -> dict[str, list[TP]]:
+    """librdkafka's cooperative-sticky: the sticky assignment (`assign_sticky`), then the
+    cooperative adjustment (`cooperative_adjust`)."""
+    owned = {m: list(tps) for m, tps in (owned or {}).items()}
+    return cooperative_adjust(assign_sticky(members, partitions, owned), owned)
+
+
+#: the cooperative assignor's name (QueueOptions.assignment_strategy)
+COOPERATIVE = "cooperative-sticky"
+
+#: assignment strategies the simulated member implements (QueueOptions.assignment_strategy):
+#: the eager ones take (members, partitions); COOPERATIVE's also takes the owned partitions
+ASSIGNORS: dict[str, Any] = {
+    "roundrobin": assign_roundrobin,
+    "range": assign_range,
+    COOPERATIVE: assign_cooperative_sticky,
+}
 
 
 # ----- the member ------------------------------------------------------------------------
@@ -228,6 +398,10 @@ class SimGroupMember:
         self.heartbeat_s = min(k.heartbeat_interval_ms, max(1, k.session_timeout_ms // 3)) / 1000
         self.rebalance_ms = max(k.max_poll_interval_ms, k.session_timeout_ms)
         self.strategy = k.assignment_strategy
+        #: KIP-429's incremental protocol (the cooperative-sticky assignor)
+        self.cooperative = self.strategy == COOPERATIVE
+        #: the last successful SyncGroup or Heartbeat (the session timeout counts from it)
+        self.last_ok = 0.0
         self.require_stable = client.test.get("isolation_level") == "read_committed"
         #: the coordinator: (node id, host, port)
         self.coordinator: tuple[int, str, int] | None = None
@@ -236,9 +410,10 @@ class SimGroupMember:
         self.topics: list[str] = []  # the subscription (empty: not subscribed)
         self.owned: set[str] = set()  # what the last SyncGroup gave (the background's view)
         #: decisions of the background task the client has not taken yet: ("assign" |
-        #: "revoke", keys, generation)
-        self.events: list[tuple[str, set[str], int]] = []
+        #: "revoke", keys, generation, rejoin once taken: a cooperative revocation)
+        self.events: list[tuple[str, set[str], int, bool]] = []
         self._event = asyncio.Event()
+        self._taken = asyncio.Event()  # the application took what was queued (serve)
         self._wake = asyncio.Event()  # the background task: rejoin or stop now
         self._rejoin = False
         self._task: asyncio.Task[None] | None = None
@@ -266,8 +441,8 @@ class SimGroupMember:
         reb, self.pending = self.pending, None
         return with_rebalance(done, reb)
 
-    def _enqueue(self, kind: str, keys: set[str]) -> None:
-        self.events.append((kind, set(keys), self.generation))
+    def _enqueue(self, kind: str, keys: set[str], rejoin: bool = False) -> None:
+        self.events.append((kind, set(keys), self.generation, rejoin))
         self._event.set()
 
     async def wait(self, timeout: float) -> None:
@@ -284,7 +459,7 @@ class SimGroupMember:
         doc); then look up committed offsets still unknown."""
         c = self.c
         while self.events:
-            kind, keys, generation = self.events.pop(0)
+            kind, keys, generation, rejoin = self.events.pop(0)
             reb = self._pending()
             reb["generation"] = generation
             if kind == "revoke":
@@ -294,6 +469,10 @@ class SimGroupMember:
                     c.positions.pop(k, None)
                     self.read.discard(k)
                     self.stored.discard(k)
+                if rejoin and generation == self.generation:
+                    # cooperative: what was lost is handed over in the next rebalance,
+                    # which this member starts once it has let the partitions go
+                    self._request_rejoin()
                 continue
             reb["assigned"].update(keys)
             c.assigned.update(keys)
@@ -305,6 +484,7 @@ class SimGroupMember:
             got = await self.committed(sorted(keys), limit)
             reb["committed"].update(got)
             self._resume(got)
+        self._taken.set()
         if self.stored:
             self._resume(await self.committed(sorted(self.stored), deadline))
 
@@ -332,6 +512,12 @@ class SimGroupMember:
             c.assigned = set()
             c.positions = {}
             self.read = set()
+        if self.cooperative and self.subscribed:
+            # only the partitions of topics no longer subscribed are revoked
+            gone = {k for k in self.owned if parse_key(k)[0] not in topics}
+            if gone:
+                self.owned -= gone
+                self._enqueue("revoke", gone)
         self.topics = topics
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run())
@@ -509,14 +695,33 @@ class SimGroupMember:
     async def _run(self) -> None:
         while self.subscribed:
             self._rejoin = False
-            if self.owned:  # eager: everything is revoked before a join
+            if self.owned and not self.cooperative:  # eager: everything revoked before a join
                 self._enqueue("revoke", self.owned)
                 self.owned = set()
+            if self.cooperative:
+                await self._revocations_taken()
             joined = await self._join_and_sync()
             if not joined:
+                if (
+                    self.cooperative
+                    and self.owned
+                    and self.c._loop_time() - self.last_ok >= self.session_ms / 1000
+                ):
+                    # cooperative members keep their partitions while they rejoin, until
+                    # the session times out (librdkafka's session timeout check)
+                    self._lose()
+                    self.member_id = ""
                 await asyncio.sleep(RETRY_BACKOFF_S)
                 continue
             await self._heartbeats()
+
+    async def _revocations_taken(self) -> None:
+        """Until the application has taken every revocation queued (librdkafka rejoins only
+        after the rebalance callback's incremental unassign, or a lost assignment's unassign,
+        is done)."""
+        while any(kind == "revoke" for kind, *_ in self.events):
+            self._taken.clear()
+            await self._taken.wait()
 
     async def _join_and_sync(self) -> bool:
         c = self.c
@@ -534,9 +739,7 @@ class SimGroupMember:
                 group_instance_id=None,
                 protocol_type="consumer",
                 protocols=[
-                    J.JoinGroupRequestProtocol(
-                        name=self.strategy, metadata=encode_subscription(self.topics)
-                    )
+                    J.JoinGroupRequestProtocol(name=self.strategy, metadata=self._metadata())
                 ],
             )
             resp = await self._request(req, far, join_timeout)
@@ -547,6 +750,8 @@ class SimGroupMember:
                 self.member_id = resp.member_id
                 continue
             if code == E.UNKNOWN_MEMBER_ID:
+                if self.cooperative:
+                    self._lose()  # (librdkafka: revoke all, lost)
                 self.member_id = ""
                 self.generation = -1
                 return False
@@ -579,6 +784,8 @@ class SimGroupMember:
             return False
         code = sresp.error_code
         if code != 0:
+            if self.cooperative and code in (E.ILLEGAL_GENERATION, E.UNKNOWN_MEMBER_ID):
+                self._lose()  # (librdkafka: revoke all, lost)
             if code == E.UNKNOWN_MEMBER_ID:
                 self.member_id = ""
             if code in _COORD:
@@ -586,24 +793,47 @@ class SimGroupMember:
             log.debug("process %s: SyncGroup: %s", c.process, _error_name(code))
             return False
         self.generation = generation
+        self.last_ok = c._loop_time()
         tps, _ = (
             decode_consumer_assignment(bytes(sresp.assignment)) if sresp.assignment else ([], None)
         )
-        self.owned = {f"{t}/{p}" for t, p in tps}
-        self._enqueue("assign", self.owned)
+        new = {f"{t}/{p}" for t, p in tps}
+        if not self.cooperative:
+            self.owned = new
+            self._enqueue("assign", self.owned)
+            return True
+        # KIP-429: only what changed; a revocation first, then a rejoin once it is taken
+        # (serve); no revocation: the assign callback, even when nothing was added
+        revoked, added = self.owned - new, new - self.owned
+        self.owned = new
+        if revoked:
+            self._enqueue("revoke", revoked, rejoin=True)
+        if added or not revoked:
+            self._enqueue("assign", added)
         return True
+
+    def _metadata(self) -> bytes:
+        """This member's subscription: v1 with the partitions it owns (cooperative), else v0."""
+        if not self.cooperative:
+            return encode_subscription(self.topics)
+        return encode_subscription(self.topics, [parse_key(k) for k in self.owned])
 
     async def _assign(self, members: list[Any]) -> dict[str, list[tuple[str, int]]]:
         """The leader's assignment of the group's members (their subscriptions)."""
         subs: dict[str, list[str]] = {}
+        owned: dict[str, list[TP]] = {}
         for m in members:
             try:
                 subs[m.member_id] = decode_subscription(bytes(m.metadata))
+                if self.cooperative:
+                    owned[m.member_id] = decode_owned_partitions(bytes(m.metadata))
             except ValueError:
                 subs[m.member_id] = []
         topics = sorted({t for ts in subs.values() for t in ts})
         partitions = await self._partitions(topics)
-        return ASSIGNORS.get(self.strategy, assign_roundrobin)(subs, partitions)
+        if self.cooperative:
+            return assign_cooperative_sticky(subs, partitions, owned)
+        return ASSIGNORS.get(self.strategy, assign_roundrobin)(subs, partitions)  # type: ignore[no-any-return]
 
     async def _partitions(self, topics: list[str]) -> dict[str, int]:
         """Partition counts of `topics` from a Metadata request (any broker that answers)."""
@@ -653,7 +883,7 @@ class SimGroupMember:
                 continue
             code = resp.error_code
             if code == 0:
-                last_ok = c._loop_time()
+                last_ok = self.last_ok = c._loop_time()
             elif code == E.REBALANCE_IN_PROGRESS:
                 return
             elif code == E.UNKNOWN_MEMBER_ID:

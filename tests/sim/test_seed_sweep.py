@@ -1,4 +1,4 @@
-"""CI's seed sweep: `isrlab sim` over 100 seeds of the safe configuration (acks=all,
+"""CI's seed sweep: `isrlab sim` over 300 seeds of the safe configuration (acks=all,
 idempotent producers, min.insync.replicas=2, clean elections, leader-epoch truncation) under
 the default partition and kill schedule, short runs with a fault every 1.5 virtual seconds.
 Every seed must be valid: an invalid one prints the command that replays it. This is the
@@ -11,10 +11,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-SEEDS = 100
+SEEDS = 300
 
 
-def test_the_safe_configuration_is_valid_over_100_short_seeds(tmp_path: Path) -> None:
+def test_the_safe_configuration_is_valid_over_300_short_seeds(tmp_path: Path) -> None:
     isrlab = Path(sys.executable).parent / "isrlab"
     args = [str(isrlab), "sim", "--seeds", f"1-{SEEDS}", "--workers", "2"]
     args += ["--time-limit", "6", "--nemesis-interval", "1.5", "--store", str(tmp_path)]

@@ -946,12 +946,7 @@ class SimNetwork:
         if sock._conn.reset:
             self._forget_if_done(sock._conn)
             return
-        self._event(sock, "etimedout: retransmissions exhausted at netem")
-        sock._app_closed = True
-        if not sock._lost:
-            sock._lose(TimeoutError(errno.ETIMEDOUT, "Connection timed out"))
-        else:
-            self._forget_if_done(sock._conn)
+        self._etimedout(sock, "netem")
 
     def _netem_syn(self, host: str) -> float | None:
         """A SYN, SYN-ACK or connect's reset leaving `host`: the delay its qdisc adds, or
@@ -1069,7 +1064,13 @@ class SimNetwork:
         self._drop_held(sock)
         if sock._conn.reset:
             return
-        self._event(sock, "etimedout: retransmissions exhausted at a port cut")
+        self._etimedout(sock, "a port cut")
+
+    def _etimedout(self, sock: SimSocket, where: str) -> None:
+        """The kernel gives the connection up (tcp_retries2 ran out at `where`): the
+        application gets ETIMEDOUT, and what reaches this side later is answered with a
+        reset."""
+        self._event(sock, f"etimedout: retransmissions exhausted at {where}")
         sock._app_closed = True
         if not sock._lost:
             sock._lose(TimeoutError(errno.ETIMEDOUT, "Connection timed out"))

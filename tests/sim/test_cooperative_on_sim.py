@@ -34,7 +34,7 @@ import orjson
 import pytest
 
 from isrlab.broker.coordinator.group.group import consumer_subscription_topics
-from isrlab.harness.sim import clock, group
+from isrlab.harness.sim import group
 from isrlab.harness.sim.cli import SIM_DEFAULTS
 from isrlab.harness.sim.client import SimQueueClient
 from isrlab.harness.sim.cluster import SimCluster
@@ -45,8 +45,8 @@ from isrlab.harness.sim.group import (
     decode_owned_partitions,
     encode_subscription,
 )
-from isrlab.harness.sim.run import broker_overrides, create_topics, sim_test, simulate_queue
-from tests.sim.test_groups_on_sim import _poll
+from isrlab.harness.sim.run import sim_test, simulate_queue
+from tests.sim.test_groups_on_sim import _poll, on_cluster
 
 TP = tuple[str, int]
 
@@ -211,14 +211,7 @@ def test_a_joining_member_takes_partitions_in_two_generations(tmp_path: Path) ->
                 break
         return reads, rebs, set(a.assigned), set(b.assigned)
 
-    async def main() -> Any:
-        loop: Any = asyncio.get_running_loop()
-        cluster = SimCluster(loop, tmp_path, 3, seed=1, overrides=broker_overrides(test))
-        async with cluster:
-            await create_topics(cluster, keys, 3, 2)
-            return await body(cluster)
-
-    reads, rebs, a_keys, b_keys = clock.run(main())
+    reads, rebs, a_keys, b_keys = on_cluster(tmp_path, test, keys, body)
     # the first two keys move, as librdkafka 2.x moved them in a real run of the same steps
     assert sorted(b_keys) == keys[:2] and sorted(a_keys) == keys[2:]
     first, *later = rebs[0]
@@ -290,14 +283,7 @@ def test_a_subscription_change_and_a_lost_member_revoke_only_what_they_must(
         await poll_until(lambda: a.assigned == {keep} and keep not in b.assigned)
         return split, drop, keep, rebs, marks
 
-    async def main() -> Any:
-        loop: Any = asyncio.get_running_loop()
-        cluster = SimCluster(loop, tmp_path, 3, seed=1, overrides=broker_overrides(test))
-        async with cluster:
-            await create_topics(cluster, keys, 3, 2)
-            return await body(cluster)
-
-    split, drop, keep, rebs, marks = clock.run(main())
+    split, drop, keep, rebs, marks = on_cluster(tmp_path, test, keys, body)
     assert len(split[0]) == len(split[1]) == 2 and split[0] | split[1] == set(keys)
     a0, b0 = marks["resubscribed"]
     a1, b1 = marks["cut"]

@@ -42,6 +42,20 @@ SWITCH_RUN: dict[str, Any] = {
 }
 
 
+def on_cluster(tmp_path: Path, test: dict[str, Any], keys: list[str], body: Any) -> Any:
+    """`body(cluster)` on three simulated brokers (seed 1, the test's broker settings) with
+    `keys` created, replication factor 3, min ISR 2."""
+
+    async def main() -> Any:
+        loop: Any = asyncio.get_running_loop()
+        cluster = SimCluster(loop, tmp_path, 3, seed=1, overrides=broker_overrides(test))
+        async with cluster:
+            await create_topics(cluster, keys, 3, 2)
+            return await body(cluster)
+
+    return clock.run(main())
+
+
 async def _poll(client: SimQueueClient, reads: dict[str, list[Any]], rebs: list[Any]) -> None:
     done = await client.invoke({"f": "poll", "value": [["poll"]], "_poll_ms": 200})
     assert done["type"] == "ok", done
@@ -96,14 +110,9 @@ def test_members_split_the_keys_commit_and_resume_after_a_coordinator_failover(
         new_coordinator = members[0].group.coordinator[0]
         return owned, reads, commits, coordinator, new_coordinator, rebs, before, after_reads, sent
 
-    async def main() -> Any:
-        loop: Any = asyncio.get_running_loop()
-        cluster = SimCluster(loop, tmp_path, 3, seed=1, overrides=broker_overrides(test))
-        async with cluster:
-            await create_topics(cluster, keys, 3, 2)
-            return await body(cluster)
-
-    owned, reads, commits, old, new, rebs, before, after_reads, sent = clock.run(main())
+    owned, reads, commits, old, new, rebs, before, after_reads, sent = on_cluster(
+        tmp_path, test, keys, body
+    )
     # the group split the keys: one each (roundrobin), each read its key from the start
     assert sorted(len(o) for o in owned) == [1, 1] and owned[0] | owned[1] == set(keys)
     for i in range(2):

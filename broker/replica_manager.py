@@ -458,6 +458,16 @@ class ReplicaManager:
             ok, version = False, -1
         if ok:
             log.info("%s: ISR is now %s", hp.name, list(action.state.isr))
+        elif version >= 0:
+            # Kafka: "Cached zkVersion not equal to that in zookeeper, skip updating ISR".
+            log.info(
+                "%s: ISR update to %s refused: the state znode is at version %d, not %s; "
+                "waiting for the controller's state",
+                hp.name,
+                list(action.state.isr),
+                version,
+                action.expected_version,
+            )
         if self.partitions.get(hp.tp) is hp:
             hp.on_state_write_result(ok, version)
 

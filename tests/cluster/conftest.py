@@ -208,9 +208,30 @@ class Cluster:
         return cut.base_offset
 
 
+#: the clusters a test made, for the report of a failure
+CLUSTERS = pytest.StashKey[list["Cluster"]]()
+#: how much of each broker's log a failure report shows
+LOG_TAIL_LINES = 120
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):  # type: ignore[no-untyped-def]
+    """A cluster test that fails reports the end of each broker's log: a failure seen once
+    in CI is then explained by the CI's log rather than by a local rerun that may pass."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.when != "call" or not report.failed:
+        return
+    for i, c in enumerate(item.stash.get(CLUSTERS, [])):
+        for broker_id, b in c.brokers.items():
+            lines = b.log_text().splitlines()[-LOG_TAIL_LINES:]
+            report.sections.append((f"cluster {i} broker {broker_id} log (end)", "\n".join(lines)))
+
+
 @pytest.fixture
-def cluster_factory(zookeeper, tmp_path) -> Iterator:  # type: ignore[no-untyped-def]
+def cluster_factory(zookeeper, tmp_path, request) -> Iterator:  # type: ignore[no-untyped-def]
     made: list[Cluster] = []
+    request.node.stash[CLUSTERS] = made
 
     def make(
         n: int = 3,

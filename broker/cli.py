@@ -3,7 +3,7 @@
 isrlab-broker start --config server.properties [--override key=value ...]
 isrlab-broker dump-log --files 00000000000000000000.log [--print-data-log] [--offsets-decoder]
     [--transaction-log-decoder]
-isrlab-broker power-loss --log-dirs DIR[,DIR...]
+isrlab-broker power-loss --log-dirs DIR[,DIR...] [--torn-seed N]
 isrlab-broker config-doc
 """
 
@@ -135,11 +135,20 @@ def power_loss(
     log_dirs: Annotated[
         str, typer.Option("--log-dirs", help="comma-separated log directories (log.dirs)")
     ],
+    torn_seed: Annotated[
+        int | None,
+        typer.Option(
+            "--torn-seed",
+            help="torn tails: each file may keep part of what it never synced, the last page "
+            "of it possibly zeros, drawn from this seed (LazyFS's torn writes)",
+        ),
+    ] = None,
 ) -> None:
     """Leave log directories as a power loss would: run after kill -9 of their broker. Every
     file is cut back to what its last successful fsync put on disk, and files whose directory
     entry never reached disk are deleted (from the broker's journal, .isrlab-synced; see
-    docs/durability.md, "Power loss")."""
+    docs/durability.md, "Power loss"). With --torn-seed, a file may keep part of its unsynced
+    tail."""
     from isrlab.broker.log.durable import JournalError, apply_power_loss
 
     dirs = [d for d in log_dirs.split(",") if d]
@@ -147,7 +156,7 @@ def power_loss(
         _fail("--log-dirs names no directory")
     for d in dirs:
         try:
-            typer.echo(apply_power_loss(d).summary())
+            typer.echo(apply_power_loss(d, torn_seed=torn_seed).summary())
         except (JournalError, OSError) as e:
             _fail(f"power-loss: {e}")
 

@@ -27,6 +27,17 @@ entry never reached disk is deleted (an entry is durable once its directory was 
 or once the file itself, or a file below it, was fsynced under that name, as ext4 and XFS commit
 a new file's entry with its first fsync); a file with a durable entry but no synced byte is left
 empty.
+
+``apply_power_loss(log_dir, torn_seed=S)`` (``isrlab-broker power-loss --torn-seed S``, the
+``power-torn`` nemesis) is the same loss on a disk that wrote back part of the page cache before
+the power went: LazyFS's torn writes. Each file keeps its synced bytes and, drawn from the seed
+and its path, none, all or a prefix of its unsynced tail; when it keeps some, the last page of
+what it keeps may read as zeros (the file's size reached disk, that page's data did not). The
+segments of one partition keep a prefix in time: once one is cut short, the later ones keep only
+their synced bytes (a file system writes back a log's pages in order; Kafka flushes segments in
+order). An entry that never reached disk survives one time in two (the file system committed
+it on its own), its data torn as any unsynced tail; a segment after one cut short or deleted
+does not.
 """
 
 from __future__ import annotations
@@ -36,6 +47,7 @@ import contextvars
 import json
 import logging
 import os
+import random
 import shutil
 import threading
 from collections.abc import Iterator
@@ -469,31 +481,82 @@ def write_atomically(path: PathLike, data: bytes) -> None:
 # -- power loss ------------------------------------------------------------------------------
 
 
+#: the page size of the torn-tail model: zeros end on a page boundary
+PAGE_BYTES = 4096
+
+
 @dataclass
 class PowerLossReport:
     log_dir: str
     truncated: list[tuple[str, int, int]] = field(default_factory=list)  # path, from, to
     emptied: list[str] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
+    #: with a torn seed: path, unsynced bytes kept, zeroed bytes among them
+    torn: list[tuple[str, int, int]] = field(default_factory=list)
+    torn_seed: int | None = None
 
     def summary(self) -> str:
         lost = sum(old - new for _, old, new in self.truncated)
-        return (
+        text = (
             f"{self.log_dir}: {len(self.truncated)} file(s) cut back ({lost} bytes), "
             f"{len(self.emptied)} emptied, {len(self.deleted)} deleted"
         )
+        if self.torn_seed is not None:
+            kept = sum(k for _, k, _ in self.torn)
+            zeroed = sum(z for _, _, z in self.torn)
+            text += (
+                f"; torn (seed {self.torn_seed}): {len(self.torn)} file(s) kept part of their "
+                f"unsynced bytes ({kept} bytes, {zeroed} of them zeros)"
+            )
+        return text
 
 
-def apply_power_loss(log_dir: PathLike) -> PowerLossReport:
+@dataclass(frozen=True)
+class _Tear:
+    """What a torn power loss leaves of one file: its first ``cut`` bytes, the bytes from
+    ``zeros_from`` to ``cut`` reading as zeros (``zeros_from == cut``: none)."""
+
+    cut: int
+    zeros_from: int
+
+
+def _entry_survives(seed: int, rel: str) -> bool:
+    """Whether the seed's torn power loss keeps an entry that was never made durable (the file
+    system committed it on its own, as ext4's journal does every few seconds): one in two."""
+    return random.Random(f"{seed}:entry:{rel}").random() < 0.5
+
+
+def _draw_tear(seed: int, rel: str, synced: int, size: int) -> _Tear:
+    """The seed's tear of file ``rel``: its synced bytes and none, all or a prefix of the rest;
+    a third of the tears that keep something end with a page of zeros. Drawn from the seed and
+    the path alone, so one seed tears the same files the same way whatever the walk order."""
+    rng = random.Random(f"{seed}:{rel}")
+    unsynced = size - synced
+    shape = rng.random()
+    if shape < 0.25:
+        cut = synced
+    elif shape < 0.5 or unsynced < 2:
+        cut = size
+    else:
+        cut = synced + rng.randint(1, unsynced - 1)
+    zeros_from = cut
+    if cut > synced and rng.random() < 1 / 3:
+        zeros_from = max(synced, (cut - 1) // PAGE_BYTES * PAGE_BYTES)
+    return _Tear(cut, zeros_from)
+
+
+def apply_power_loss(log_dir: PathLike, torn_seed: int | None = None) -> PowerLossReport:
     """Leave ``log_dir`` as a power loss would (run it while the broker is dead, after kill -9).
 
     Every file whose directory entry never reached disk is deleted (a directory with everything
     under it); every other file is cut back to its synced length (to 0 if no byte of it was
-    synced). Before a partition's segment is cut or deleted, the records it loses are appended
-    to the log dir's truncation journal (``inventory.record_power_loss``, kind ``power-loss``):
-    the reconciliation of unseen writes names them. isrlab's own files (this journal, the
-    truncation journal) are left alone. Afterwards what is left is on disk: the journal is
-    rewritten as its baseline.
+    synced). With ``torn_seed``, a file may keep part of its unsynced tail instead, the last
+    page of it possibly zeros (the module's docstring; ``_draw_tear``). Before a partition's
+    segment is cut, zeroed or deleted, the records it loses (every batch not whole and intact
+    before the first byte lost) are appended to the log dir's truncation journal
+    (``inventory.record_power_loss``, kind ``power-loss``): the reconciliation of unseen
+    writes names them. isrlab's own files (this journal, the truncation journal) are left
+    alone. Afterwards what is left is on disk: the journal is rewritten as its baseline.
     """
     root = os.path.abspath(log_dir)
     if not os.path.isdir(root):
@@ -501,13 +564,24 @@ def apply_power_loss(log_dir: PathLike) -> PowerLossReport:
     from isrlab.broker.log.inventory import is_segment, record_power_loss
 
     state = read_journal(root)
-    report = PowerLossReport(root)
+    report = PowerLossReport(root, torn_seed=torn_seed)
+    # per partition directory: a segment was cut short, so the later ones keep no more than
+    # their synced bytes (segments are walked in base-offset order: their names sort so)
+    cut_short: set[str] = set()
     gone: list[str] = []
     for rel, is_dir in list(_walk(root)):
         if any(_under(rel, g) for g in gone):
             continue
         full = os.path.join(root, rel)
-        if rel not in state.durable:
+        segment = not is_dir and is_segment(Path(full))
+        parent = os.path.dirname(rel)
+        if rel not in state.durable and not (
+            torn_seed is not None
+            and not (segment and parent in cut_short)
+            and _entry_survives(torn_seed, rel)
+        ):
+            if segment:
+                cut_short.add(parent)
             # the records of every segment about to vanish, in the truncation journal first
             doomed = [Path(full)]
             if is_dir:
@@ -526,15 +600,27 @@ def apply_power_loss(log_dir: PathLike) -> PowerLossReport:
             continue
         size = os.stat(full).st_size
         keep = state.synced.get(rel)
-        if size > (keep or 0) and is_segment(Path(full)):
-            record_power_loss(Path(full), keep or 0)
-        if keep is None:
-            if size:
-                os.truncate(full, 0)
+        synced = min(keep or 0, size)
+        tear = _Tear(synced, synced)
+        if torn_seed is not None and size > synced:
+            if not (segment and parent in cut_short):
+                tear = _draw_tear(torn_seed, rel, synced, size)
+            if segment and (tear.cut < size or tear.zeros_from < tear.cut):
+                cut_short.add(parent)
+        if size > tear.zeros_from and segment:
+            record_power_loss(Path(full), tear.zeros_from)
+        if tear.cut < size:
+            os.truncate(full, tear.cut)
+        if tear.zeros_from < tear.cut:
+            with open(full, "r+b") as f:
+                f.seek(tear.zeros_from)
+                f.write(bytes(tear.cut - tear.zeros_from))
+        if tear.cut > synced:
+            report.torn.append((rel, tear.cut - synced, tear.cut - tear.zeros_from))
+        if keep is None and tear.cut == 0:
             report.emptied.append(rel)
-        elif size > keep:
-            os.truncate(full, keep)
-            report.truncated.append((rel, size, keep))
+        elif size > tear.cut:
+            report.truncated.append((rel, size, tear.cut))
     # what is left is the disk now
     for rel, is_dir in _walk(root):
         full = os.path.join(root, rel)

@@ -634,12 +634,14 @@ echo {wh.deps_key} > {deps_marker}
             self.remote(node).exec(f"rm -f {self.broker_pidfile(node)}")
         return self._start_broker(self.remote(node))
 
-    def power_loss(self, node: str) -> str:
+    def power_loss(self, node: str, torn_seed: int | None = None) -> str:
         """Cut the (dead) broker's log dir back to what reached disk (``isrlab-broker
-        power-loss``, from the broker's fsync journal); returns its one-line summary."""
+        power-loss``, from the broker's fsync journal; with ``torn_seed``, torn tails:
+        ``--torn-seed``); returns its one-line summary."""
+        torn = "" if torn_seed is None else f" --torn-seed {int(torn_seed)}"
         res = self.remote(node).exec(
             f"{self.path(node, 'venv', 'bin', 'python')} -m isrlab.broker power-loss "
-            f"--log-dirs {self.path(node, 'broker', 'data')}",
+            f"--log-dirs {self.path(node, 'broker', 'data')}{torn}",
             check=False,
         )
         if not res.ok:

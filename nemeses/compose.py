@@ -56,6 +56,7 @@ KINDS: tuple[str, ...] = (
     "pause",
     "kill",
     "power",
+    "power-torn",
     "power-zookeeper",
     "clock",
     "corrupt",
@@ -161,8 +162,13 @@ def build(kinds: str | Sequence[str], db: ClusterDB, test: dict[str, Any]) -> Ne
             faults[kind] = PauseFault(db, rng)
         elif kind == "kill":
             faults[kind] = KillFault(db, rng)
-        elif kind in ("power", "power-zookeeper"):
-            faults[kind] = PowerFault(db, rng, zookeeper=kind == "power-zookeeper")  # type: ignore[arg-type]
+        elif kind in ("power", "power-torn", "power-zookeeper"):
+            faults[kind] = PowerFault(
+                db,  # type: ignore[arg-type]
+                rng,
+                zookeeper=kind == "power-zookeeper",
+                torn=kind == "power-torn",
+            )
         elif kind == "clock":
             faults[kind] = ClockFault(db, rng)
         elif kind == "corrupt":
@@ -208,7 +214,16 @@ def heal_all(db: ClusterDB, faults: dict[str, Fault] | None = None) -> dict[str,
         "isr-squeeze",
         "packet",
     )
-    for kind in (*network, "leader-flap", "clock", "pause", "power-zookeeper", "power", "kill"):
+    for kind in (
+        *network,
+        "leader-flap",
+        "clock",
+        "pause",
+        "power-zookeeper",
+        "power",
+        "power-torn",
+        "kill",
+    ):
         fault = faults.get(kind)
         if fault is None:
             continue
@@ -293,6 +308,8 @@ def start_value(
             value["period_ms"] = rng.choice([100, 500, 1000])
     elif kind == "packet":
         value["behaviour"] = dict(rng.choice(PACKET_BEHAVIOURS))
+    elif kind == "power-torn":
+        value["torn_seed"] = rng.randrange(2**31)
     return value
 
 

@@ -8,6 +8,12 @@ never reached disk are deleted (the broker's journal of synced lengths, ``broker
 the model and how it compares with lazyfs: docs/durability.md, "Power loss"). The broker stays
 down until ``stop-power``, which starts it again (it recovers as after any unclean shutdown).
 
+``power-torn`` (``start-power-torn`` / ``stop-power-torn``, value ``{"target": T, "torn_seed":
+S}``) is the same loss on a disk that wrote back part of the page cache first (LazyFS's torn
+writes): ``isrlab-broker power-loss --torn-seed`` keeps, drawn from the seed, none, all or a
+prefix of each file's unsynced tail, its last page possibly zeros (docs/durability.md, "Torn
+power loss"). Each node tears with its own seed, derived from S and its name.
+
 ``power-zookeeper`` (the same ops with ``f`` ``start-power-zookeeper`` / ``stop-power-zookeeper``)
 is the power loss of the ZooKeeper servers among the target nodes instead: ZooKeeper fsyncs its transaction log before it acknowledges (``forceSync=yes``,
 its default), so such a loss is modelled as kill -9 of the server with nothing it acknowledged
@@ -23,6 +29,7 @@ every ZooKeeper server this fault killed.
 from __future__ import annotations
 
 import random
+import zlib
 from typing import Any, Protocol
 
 from isrlab.nemeses.base import ClusterDB, resolve_targets
@@ -32,7 +39,7 @@ from isrlab.nemeses.process import KillFault, _each
 class PowerDB(ClusterDB, Protocol):
     """What the power fault needs beyond ``ClusterDB`` (``harness.db.KafkaDB`` has it)."""
 
-    def power_loss(self, node: str) -> str: ...
+    def power_loss(self, node: str, torn_seed: int | None = None) -> str: ...
 
     def zookeeper_nodes(self) -> list[str]: ...
 
@@ -41,12 +48,22 @@ class PowerDB(ClusterDB, Protocol):
     def start_zookeeper_on(self, node: str) -> int: ...
 
 
+def node_torn_seed(torn_seed: int, node: str) -> int:
+    """The tear seed of `node` in a ``power-torn`` start whose value has ``torn_seed``."""
+    return zlib.crc32(f"{torn_seed}:{node}".encode())
+
+
 class PowerFault:
-    def __init__(self, db: PowerDB, rng: random.Random, *, zookeeper: bool = False) -> None:
+    def __init__(
+        self, db: PowerDB, rng: random.Random, *, zookeeper: bool = False, torn: bool = False
+    ) -> None:
+        if zookeeper and torn:
+            raise ValueError("a ZooKeeper power loss loses nothing ZooKeeper acknowledged: no tear")
         self.db = db
         self.rng = rng
         self.zookeeper = zookeeper
-        self.kind = "power-zookeeper" if zookeeper else "power"
+        self.torn = torn
+        self.kind = "power-zookeeper" if zookeeper else "power-torn" if torn else "power"
         self._kills = KillFault(db, rng)  # the brokers down, started again by stop/heal
         self.zk_down: set[str] = set()
 
@@ -66,16 +83,24 @@ class PowerFault:
         # A broker not running (killed earlier) lost its power too: cut its log dir as well.
         summaries: dict[str, str] = {}
         errors: dict[str, str] = {}
+        torn_seed: int | None = None
+        if self.torn:
+            torn_seed = int(value.get("torn_seed", self.rng.randrange(2**31)))
 
         def cut(node: str) -> None:
             try:
-                summaries[node] = self.db.power_loss(node)
+                if torn_seed is None:
+                    summaries[node] = self.db.power_loss(node)
+                else:
+                    summaries[node] = self.db.power_loss(node, node_torn_seed(torn_seed, node))
             except Exception as e:
                 errors[node] = f"{type(e).__name__}: {e}"
 
         down = [n for n in nodes if n in killed or self._kills._dead(n)]
         _each(down, cut)
         out: dict[str, Any] = {"target": target, "nodes": killed, "power_loss": summaries}
+        if torn_seed is not None:
+            out["torn_seed"] = torn_seed
         if errors:
             out["error"] = "; ".join(f"{n}: {e}" for n, e in sorted(errors.items()))
         return out
@@ -96,4 +121,4 @@ class PowerFault:
         return [*(f"zookeeper:{n}" for n in zk), *self._kills.heal()]
 
 
-__all__ = ["PowerFault"]
+__all__ = ["PowerFault", "node_torn_seed"]

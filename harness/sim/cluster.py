@@ -333,11 +333,14 @@ class SimCluster:
                     process.bury()
                 b.dead.clear()
 
-    def power_loss(self, broker_id: int) -> list[durable.PowerLossReport]:
+    def power_loss(
+        self, broker_id: int, torn_seed: int | None = None
+    ) -> list[durable.PowerLossReport]:
         """Power loss of broker `broker_id`'s machine: crashed if it runs, then each of its log
         dirs left as a power loss leaves it (`durable.apply_power_loss`: files cut back to their
-        synced length, entries never synced deleted). It stays down until `restart`. Raises
-        `durable.JournalError` if the broker kept no fsync journal."""
+        synced length, entries never synced deleted; with `torn_seed`, torn tails). It stays
+        down until `restart`. Raises `durable.JournalError` if the broker kept no fsync
+        journal."""
         b = self.brokers[broker_id]
         if b.server is not None:
             self.crash(broker_id)
@@ -345,7 +348,7 @@ class SimCluster:
             durable.detach(d)  # the dead process's journal file, closed as the kernel would
         token = durable.skip_fsync.set(True)
         try:
-            reports = [durable.apply_power_loss(d) for d in b.log_dirs]
+            reports = [durable.apply_power_loss(d, torn_seed=torn_seed) for d in b.log_dirs]
         finally:
             durable.skip_fsync.reset(token)
         for report in reports:

@@ -22,6 +22,8 @@ Kinds:
 - ``power``: the power loss of the targets' machines (`SimCluster.power_loss`: a crash, then
   each log dir cut back to what its fsync journal says reached disk; a target already down
   loses its page cache too); ``stop-power`` restarts the brokers it killed.
+- ``power-torn``: the same with torn tails (`nemeses.power`: each node's files keep part of
+  what they never synced, drawn from the start value's ``torn_seed`` and the node's name).
 - ``clock``: the targets' wall clocks moved (`SimCluster.set_clock_offset`), ``bump`` once or
   ``strobe`` between the offset and 0 every ``period_ms`` (a task on the loop, in virtual
   time, where the real fault runs a thread); ``stop-clock`` puts every clock back.
@@ -101,6 +103,7 @@ from isrlab.nemeses.clock import DEFAULT_MAX_SKEW_MS
 from isrlab.nemeses.compose import KINDS, parse_kinds
 from isrlab.nemeses.packet import DEFAULT_BEHAVIOUR
 from isrlab.nemeses.partition import Grudge, grudge
+from isrlab.nemeses.power import node_torn_seed
 from isrlab.nemeses.process import LAG_HOWS
 
 #: the kinds a simulated cluster can be given
@@ -110,6 +113,7 @@ SUPPORTED: tuple[str, ...] = (
     "kill",
     "pause",
     "power",
+    "power-torn",
     "clock",
     "isr-squeeze",
     "leader-flap",
@@ -217,7 +221,7 @@ class SimNemesis:
                 f"nemesis kind(s) {', '.join(unsupported)} not supported in the simulator "
                 f"(it models {', '.join(SUPPORTED)} of {', '.join(KINDS)})"
             )
-        if "power" in wanted:
+        if "power" in wanted or "power-torn" in wanted:
             off = [
                 b.id
                 for b in cluster.brokers.values()
@@ -237,7 +241,8 @@ class SimNemesis:
         self.active: set[str] = set()
         self.grudges: dict[str, Grudge] = {}  # partition kind -> its grudge
         self.killed: set[str] = set()
-        self.power_killed: set[str] = set()
+        #: the brokers each power kind (power, power-torn) took down, started by its stop
+        self.power_killed: dict[str, set[str]] = {"power": set(), "power-torn": set()}
         self.paused: set[str] = set()
         self.offsets: dict[str, float] = {}
         self.max_skew_ms = int(self.test.get("clock_max_skew_ms") or DEFAULT_MAX_SKEW_MS)
@@ -308,8 +313,8 @@ class SimNemesis:
             hit = [n for n in nodes if self._pause(n)]
             self.paused.update(hit)
             return {"target": target, "nodes": hit}
-        if kind == "power":
-            return self._start_power(nodes, target)
+        if kind in ("power", "power-torn"):
+            return self._start_power(kind, nodes, target, value)
         raise NemesisError(f"no simulated fault for {kind!r}")
 
     async def _stop(self, kind: str) -> Any:
@@ -341,8 +346,8 @@ class SimNemesis:
                 self.cluster.resume(self.targets.broker_id(n))
             self.paused.clear()
             return {"nodes": nodes}
-        if kind in ("kill", "power"):
-            killed = self.killed if kind == "kill" else self.power_killed
+        if kind in ("kill", "power", "power-torn"):
+            killed = self.killed if kind == "kill" else self.power_killed[kind]
             nodes = sorted(killed)
             await self._restart(nodes)
             killed.clear()
@@ -420,9 +425,16 @@ class SimNemesis:
         if errors:
             raise NemesisError("restart failed: " + "; ".join(errors))
 
-    def _start_power(self, nodes: list[str], target: str) -> dict[str, Any]:
+    def _start_power(
+        self, kind: str, nodes: list[str], target: str, value: dict[str, Any]
+    ) -> dict[str, Any]:
+        """`nemeses.power.PowerFault.start` on simulated brokers (``power-torn``: each node's
+        files torn with its own seed, `nemeses.power.node_torn_seed`)."""
+        torn_seed: int | None = None
+        if kind == "power-torn":
+            torn_seed = int(value.get("torn_seed", self.rng.randrange(2**31)))
         killed = [n for n in nodes if self._crash(n)]
-        self.power_killed.update(killed)
+        self.power_killed[kind].update(killed)
         # a broker already down (killed earlier) lost its power too: its log dir is cut as well
         down = [
             n
@@ -433,11 +445,14 @@ class SimNemesis:
         errors: dict[str, str] = {}
         for n in down:
             try:
-                reports = self.cluster.power_loss(self.targets.broker_id(n))
+                seed = None if torn_seed is None else node_torn_seed(torn_seed, n)
+                reports = self.cluster.power_loss(self.targets.broker_id(n), torn_seed=seed)
                 summaries[n] = "\n".join(r.summary() for r in reports)
             except Exception as e:
                 errors[n] = f"{type(e).__name__}: {e}"
         out: dict[str, Any] = {"target": target, "nodes": killed, "power_loss": summaries}
+        if torn_seed is not None:
+            out["torn_seed"] = torn_seed
         if errors:
             out["error"] = "; ".join(f"{n}: {e}" for n, e in sorted(errors.items()))
         return out
@@ -983,12 +998,14 @@ class SimNemesis:
         dead = [b.host for b in self.cluster.brokers.values() if b.crashed and not b.alive]
         await self._restart(dead)
         self.killed.clear()
-        self.power_killed.clear()
+        for down in self.power_killed.values():
+            down.clear()
         for kind in _OWN_PROCESSES:
             self.t_killed[kind].clear()
             self.t_paused[kind].clear()
         if dead:
-            out["power" if "power" in self.kinds else "kill"] = dead
+            power = [k for k in ("power", "power-torn") if k in self.kinds]
+            out[power[0] if power else "kill"] = dead
         self.active.clear()
         return out
 

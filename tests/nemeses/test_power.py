@@ -6,8 +6,9 @@ import itertools
 import random
 from typing import Any
 
+from isrlab.harness.db import KafkaDB
 from isrlab.nemeses.compose import KINDS, build, schedule
-from isrlab.nemeses.power import PowerFault
+from isrlab.nemeses.power import PowerFault, node_torn_seed
 
 
 class FakeDB:
@@ -16,6 +17,7 @@ class FakeDB:
         self.events: list[tuple[str, str]] = []
         self.down: set[str] = set()
         self.zk_down: set[str] = set()
+        self.torn_seeds: dict[str, int | None] = {}
 
     @property
     def names(self) -> list[str]:
@@ -35,9 +37,10 @@ class FakeDB:
     def broker_state(self, node: str) -> str:
         return "down" if node in self.down else "running"
 
-    def power_loss(self, node: str) -> str:
+    def power_loss(self, node: str, torn_seed: int | None = None) -> str:
         assert node in self.down, "a power loss is applied to a dead broker only"
         self.events.append(("power_loss", node))
+        self.torn_seeds[node] = torn_seed
         return f"{node}: 1 file(s) cut back (10 bytes), 0 emptied, 0 deleted"
 
     def zookeeper_nodes(self) -> list[str]:
@@ -110,3 +113,55 @@ def test_power_is_a_nemesis_kind_with_targets() -> None:
     assert ops[0]["value"] == {"target": "all"}
     done = nemesis.invoke(ops[0])
     assert done["value"]["nodes"] == ["n1", "n2", "n3"]
+
+
+def test_power_torn_tears_each_node_with_its_own_seed_from_the_start_value() -> None:
+    db = FakeDB()
+    fault = PowerFault(db, random.Random(1), torn=True)  # type: ignore[arg-type]
+    assert fault.kind == "power-torn"
+    done = fault.start({"target": "all", "torn_seed": 42})
+    assert done["torn_seed"] == 42
+    assert db.torn_seeds == {n: node_torn_seed(42, n) for n in db.names}
+    assert len(set(db.torn_seeds.values())) == 3, "nodes tear differently"
+    assert fault.stop() == {"nodes": ["n1", "n2", "n3"]}
+    plain = FakeDB()
+    PowerFault(plain, random.Random(1)).start({"target": "all", "torn_seed": 42})  # type: ignore[arg-type]
+    assert plain.torn_seeds == {"n1": None, "n2": None, "n3": None}, "power does not tear"
+
+
+def test_power_torn_is_a_kind_whose_schedule_draws_a_seed() -> None:
+    assert "power-torn" in KINDS
+
+    def first_ops(n: int) -> list[dict[str, Any]]:
+        ops = (op for op in schedule("power-torn", 1.0, 3, targets=["all"]) if op.get("f"))
+        return list(itertools.islice(ops, n))
+
+    ops = first_ops(6)
+    starts = [op for op in ops if op["f"] == "start-power-torn"]
+    assert len(starts) == 3 and all(isinstance(op["value"]["torn_seed"], int) for op in starts)
+    assert len({op["value"]["torn_seed"] for op in starts}) == 3
+    assert first_ops(6) == ops, "the run's seed decides the tears"
+    db = FakeDB()
+    done = build("power-torn", db, {"seed": 3}).invoke(starts[0])  # type: ignore[arg-type]
+    assert done["value"]["torn_seed"] == starts[0]["value"]["torn_seed"]
+    assert all(seed is not None for seed in db.torn_seeds.values())
+
+
+def test_a_node_is_told_its_tear_seed_on_the_command_line() -> None:
+    commands: list[str] = []
+
+    class Result:
+        ok, stdout, stderr = True, "n1: torn", ""
+
+    class Remote:
+        def exec(self, command: str, check: bool = True) -> Result:
+            commands.append(command)
+            return Result()
+
+    db = KafkaDB.__new__(KafkaDB)
+    db.remote = lambda node: Remote()  # type: ignore[method-assign,assignment,return-value]
+    db.path = lambda node, *parts: "/".join(("/opt", *parts))  # type: ignore[method-assign]
+    assert db.power_loss("n1", 7) == "n1: torn"
+    assert db.power_loss("n1") == "n1: torn"
+    assert commands[0].endswith("power-loss --log-dirs /opt/broker/data --torn-seed 7")
+    assert commands[1].endswith("power-loss --log-dirs /opt/broker/data")

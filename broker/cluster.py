@@ -128,8 +128,9 @@ class ClusterKafkaServer(KafkaServer):
         # This incarnation's broker epoch: the czxid of its current registration (None until
         # registered). A state znode last written before it cannot make this broker leader.
         self._broker_epoch: int | None = None
-        # partitions whose state names us leader but predates our registration (logged once)
-        self._held_leadership: dict[tuple[str, int], int] = {}
+        # partitions whose newest state names us leader but may not make us lead (yet): that
+        # state and the zxid of its write (logged once per leader epoch; see `_may_lead`)
+        self._held_leadership: dict[tuple[str, int], tuple[LeaderAndIsr, int]] = {}
         # Set once this incarnation is registered and has loaded the membership view: client
         # and replica requests wait for it (see `handle`).
         self._serving = asyncio.Event()
@@ -279,6 +280,19 @@ class ClusterKafkaServer(KafkaServer):
             return
         if reg is not None:
             self._broker_epoch = reg[0]
+            self._decide_held_leadership()
+
+    def _decide_held_leadership(self) -> None:
+        """Decide again, with the broker epoch now known, the states that named this broker
+        leader while it was not: the controller may elect a broker as soon as it registers,
+        and the state's watch event can arrive before the read of the registration returns.
+        Such a state was held back (`_may_lead`), and the controller writes nothing more: it
+        must be taken now, or the broker never leads (its followers never rejoin the ISR).
+        A state written before the registration stays held, as it would have been."""
+        for tp, (state, written_at) in list(self._held_leadership.items()):
+            del self._held_leadership[tp]
+            if self._states.get(tp) == state:  # still the newest state seen for tp
+                self._state_changed(tp, state, written_at)
 
     def _lookup_brokers(self, ids: list[int]) -> dict[int, dict[str, tuple[str, int]]]:
         out = {}
@@ -392,15 +406,28 @@ class ClusterKafkaServer(KafkaServer):
         broker epoch (KIP-380) and handled the bounce as a failure and a start; the
         controller here does the same (`ControllerService`) and writes a new state, which
         this broker then follows. A leader already leading this epoch keeps doing so (a
-        session renewal changes the epoch but not what the replica holds)."""
+        session renewal changes the epoch but not what the replica holds). While the broker
+        epoch is not known yet (from the registration until its read returns), a state naming
+        this broker is held and decided again once it is (`_decide_held_leadership`)."""
         hp = self.replica_manager.partitions.get(tp)  # type: ignore[arg-type]
         if hp is not None and hp.is_leader and hp.leader_epoch == state.leader_epoch:
             return True
         if self._broker_epoch is not None and written_at > self._broker_epoch:
             self._held_leadership.pop(tp, None)
             return True
-        if self._held_leadership.get(tp) != state.leader_epoch:
-            self._held_leadership[tp] = state.leader_epoch
+        held = self._held_leadership.get(tp)
+        self._held_leadership[tp] = (state, written_at)
+        if self._broker_epoch is None:
+            # Not registered yet, or the read of the registration has not returned: decided
+            # again once it has (`_decide_held_leadership`).
+            log.info(
+                "%s-%d: the state znode names this broker leader at epoch %d; deciding once "
+                "this broker knows its broker epoch",
+                tp[0],
+                tp[1],
+                state.leader_epoch,
+            )
+        elif held is None or held[0].leader_epoch != state.leader_epoch:
             log.warning(
                 "%s-%d: the state znode names this broker leader at epoch %d, but was written "
                 "before this broker registered; waiting for the controller's decision",

@@ -42,12 +42,17 @@ def test_a_renewed_session_registers_again_even_if_a_stale_read_shows_the_old_zn
         real_exists = zk.zk.exists
         zk.zk.exists = lambda path, *a, **kw: stale  # type: ignore[method-assign]
         broker = SimpleNamespace(
-            stopping=False, zk=zk, broker_id=3, _advertised=("h", 9092), _broker_epoch=None
+            stopping=False,
+            zk=zk,
+            broker_id=3,
+            _advertised=("h", 9092),
+            _broker_epoch=None,
+            _held_leadership={},
+            _states={},
         )
-        broker._learn_broker_epoch = functools.partial(
-            ClusterKafkaServer._learn_broker_epoch,
-            broker,  # type: ignore[arg-type]
-        )
+        for name in ("_learn_broker_epoch", "_decide_held_leadership"):
+            method = getattr(ClusterKafkaServer, name)
+            setattr(broker, name, functools.partial(method, broker))
         asyncio.run(ClusterKafkaServer._reregister(broker))  # type: ignore[arg-type]
         stat = real_exists("/brokers/ids/3")
         assert stat is not None, "the broker did not register again"

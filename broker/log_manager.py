@@ -13,8 +13,10 @@ and an older checkpoint only means a longer recovery. `close` closes every log i
 reports what it could not, so a shutdown never stops half-way.
 
 Log directory failure: a read that meets a corrupt batch no recovery checked
-(``recovery.CorruptLogData``) takes the log directory offline, as Kafka's LogDirFailureChannel
-does with a KafkaStorageException. The broker has one log dir, so, like Kafka when its last log
+(``recovery.CorruptLogData``), or a failed fsync of a segment (after which the page cache cannot
+be trusted: the append already in the log stays unacknowledged, and no retry of the fsync may
+declare it durable), takes the log directory offline, as Kafka's LogDirFailureChannel does with
+a KafkaStorageException. The broker has one log dir, so, like Kafka when its last log
 dir fails, it halts (exit status 1) after one ERROR line naming the file, the byte offset and
 what to do; it leaves every ISR when its ZooKeeper session ends and the controller elects other
 leaders. Before halting it writes the partition's recovery point back to the damaged segment's
@@ -205,14 +207,24 @@ class LogManager:
                 self._recovery_cp.write(offsets)
             except (KafkaStorageError, OSError) as e:
                 log.error("could not write %s: %s", self._recovery_cp.path, e)
-        log.error(
-            "Shutdown broker because all log dirs in %s have failed: %s. The next start "
-            "rescans the segment and refuses %s until it is restored from a replica (move the "
-            "directory away and restart; it re-replicates)",
-            self.dir,
-            exc,
-            part_dir,
-        )
+        if isinstance(exc, CorruptLogData):
+            log.error(
+                "Shutdown broker because all log dirs in %s have failed: %s. The next start "
+                "rescans the segment and refuses %s until it is restored from a replica (move "
+                "the directory away and restart; it re-replicates)",
+                self.dir,
+                exc,
+                part_dir,
+            )
+        else:
+            log.error(
+                "Shutdown broker because all log dirs in %s have failed: %s. Nothing written "
+                "to %s since its last good fsync can be trusted to be on disk; check the "
+                "device (dmesg), then restart: the next start recovers the unflushed tail",
+                self.dir,
+                exc,
+                part_dir,
+            )
         self.halt(1)
 
     def delete(self, tp: TopicPartition) -> None:
@@ -341,6 +353,8 @@ class LogManager:
         from its recovery point. Returns how many could not be written."""
         failures = 0
         for tp, lg in self.logs.items():
+            # a stop ends whatever fails: a failed fsync here is reported, not a halt
+            lg.on_storage_failure = None
             try:
                 lg.close()
             except (KafkaStorageError, OSError) as e:

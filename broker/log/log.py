@@ -207,8 +207,8 @@ class Log:
         #: called with the new segment's base offset when the log rolls (before anything is
         #: appended to it): the partition snapshots its producer state there, as Kafka does
         self.on_roll: Callable[[int], None] | None = None
-        #: told when a read meets damage no recovery checked (``recovery.CorruptLogData``):
-        #: the log manager takes the log directory offline
+        #: told when a read meets damage no recovery checked (``recovery.CorruptLogData``) or
+        #: an fsync of a segment fails: the log manager takes the log directory offline
         self.on_storage_failure: Callable[[KafkaStorageError], None] | None = None
 
     # -- opening -----------------------------------------------------------------------------
@@ -510,15 +510,23 @@ class Log:
             if header.max_timestamp > max_timestamp:
                 max_timestamp, offset_of_max = header.max_timestamp, header.last_offset
         segment = self._maybe_roll(len(records), last_offset)
+        # A write that fails is undone by the segment (nothing appended, the produce refused
+        # with KAFKA_STORAGE_ERROR, the broker goes on: a full disk). What fails after it, the
+        # leader-epoch checkpoint or the flush policy's fsync, leaves the batch in the log
+        # unacknowledged: the log dir goes offline (`flush`).
         segment.append(
             last_offset, max_timestamp, offset_of_max, memoryview(records), batches=headers
         )
-        for header in headers:
-            if (
-                header.partition_leader_epoch >= 0
-                and header.partition_leader_epoch > self._epoch_cache.latest_epoch
-            ):
-                self._epoch_cache.assign(header.partition_leader_epoch, header.base_offset)
+        try:
+            for header in headers:
+                if (
+                    header.partition_leader_epoch >= 0
+                    and header.partition_leader_epoch > self._epoch_cache.latest_epoch
+                ):
+                    self._epoch_cache.assign(header.partition_leader_epoch, header.base_offset)
+        except KafkaStorageError as exc:
+            self._storage_failed(exc)
+            raise
         flush_messages = self.config.flush_interval_messages
         if (
             flush_messages is not None
@@ -744,9 +752,22 @@ class Log:
             if segment.base_offset < target and (
                 next_base is None or next_base > self._recovery_point
             ):
-                segment.flush()
+                try:
+                    segment.flush()
+                except KafkaStorageError as exc:
+                    self._storage_failed(exc)
+                    raise
         self._recovery_point = target
         self._last_flush_ms = self._now_ms()
+
+    def _storage_failed(self, exc: KafkaStorageError) -> None:
+        """A failed fsync (of a segment, or of the leader-epoch checkpoint an append wrote)
+        leaves the page cache untrustworthy: the kernel may have dropped the dirty pages or
+        marked them clean ("fsyncgate"), so a retry could call durable what is not on disk.
+        Kafka's LogDirFailureChannel takes the log dir offline; so does the log manager
+        (``on_storage_failure``)."""
+        if self.on_storage_failure is not None:
+            self.on_storage_failure(exc)
 
     def maybe_flush(self) -> bool:
         """Timer hook: flush if ``flush_interval_ms`` elapsed, and finish delayed file deletions."""

@@ -17,6 +17,9 @@ What a nemesis does to it:
   ZooKeeper session is no longer heard from and expires after its timeout, taking its
   ephemeral registration (and `/controller`, if it held it) with it. What its logs wrote is
   on disk (a process kill loses no page cache).
+- A broker whose log dir goes offline (a corrupt batch met by a read, a failed fsync) halts
+  as a real one does (`LogManager.halt`, Kafka's Exit.halt): here its process ends as after
+  `crash` and the simulation goes on (`_halt`, `BrokerHalted`).
 - `restart(id)`: a new incarnation from the same data directory (log recovery after the
   unclean shutdown, registration once the old session is gone, then the controller's
   decision), a new process, a new ZooKeeper session.
@@ -62,7 +65,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from isrlab.broker import clock as broker_clock
 from isrlab.broker.cluster import ClusterKafkaServer
@@ -125,6 +128,12 @@ class SimClock:
 
     def uuid4(self) -> uuid.UUID:
         return uuid.UUID(int=self.rng.getrandbits(128), version=4)
+
+
+class BrokerHalted(BaseException):
+    """Raised by a simulated broker's halt (`SimCluster._halt`): Kafka's Exit.halt never
+    returns, so the callback that called it must not go on. A BaseException, so the broker's
+    own ``except Exception`` handlers do not swallow it."""
 
 
 @dataclass
@@ -249,6 +258,8 @@ class SimCluster:
             self.net.host(b.host),
             kazoo,  # type: ignore[arg-type]
         )
+        # Kafka's Exit.halt (a log dir gone offline) ends this broker, not the simulator
+        server.log_manager.halt = functools.partial(self._halt, b, process)
         b.process, b.server, b.clock = process, server, sim_clock
         self._broker_of[process] = b.id
         b.crashed = b.paused = False
@@ -291,6 +302,14 @@ class SimCluster:
         if b.killed_while_starting is not None and not b.killed_while_starting.done():
             b.killed_while_starting.set_result(None)
         self._end(b, f"crash broker {b.id} (incarnation {b.incarnation}, {{n}} connections)")
+
+    def _halt(self, b: SimBroker, process: Process, status: int) -> NoReturn:
+        """A simulated broker's `LogManager.halt`: its process ends at once, as after kill -9
+        (Kafka's Exit.halt runs no shutdown hook), and the call never returns: `BrokerHalted`
+        unwinds the callback that halted."""
+        if b.process is process:
+            self._end(b, f"broker {b.id} halted (exit status {status})")
+        raise BrokerHalted(status)
 
     def _end(self, b: SimBroker, note: str) -> None:
         """Broker `b`'s process ends at once (killed, or exited): its callbacks and timers
@@ -561,4 +580,4 @@ def describe(handle: asyncio.Handle) -> str:
     return f"{name} ({process.name if process is not None else 'harness'})"
 
 
-__all__ = ["EPOCH", "SimBroker", "SimClock", "SimCluster", "describe"]
+__all__ = ["EPOCH", "BrokerHalted", "SimBroker", "SimClock", "SimCluster", "describe"]

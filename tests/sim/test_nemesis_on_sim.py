@@ -589,6 +589,48 @@ def test_a_torn_power_loss_keeps_what_was_synced_and_sometimes_more(tmp_path: Pa
     assert outcome({}, 0, "again-0")[0] == cached[0]
 
 
+def test_a_failed_fsync_halts_the_leader_and_the_simulation_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """flush.messages=1 and EIO from every fsync of the leader's segments: the next produce's
+    flush fails, the leader's log dir goes offline and it halts (`SimCluster._halt`: its
+    process ends, the simulator goes on), another replica leads with every acknowledged record,
+    and the halted broker, restarted with a working disk, catches up."""
+    import errno
+    import os
+
+    from isrlab.broker.log import durable
+
+    failing: dict[str, str | None] = {"dir": None}
+    real = durable._fsync
+
+    def eio(fd: int) -> None:
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        if failing["dir"] is not None and path.startswith(failing["dir"]):
+            raise OSError(errno.EIO, "Input/output error")
+        real(fd)
+
+    monkeypatch.setattr(durable, "_fsync", eio)
+
+    async def body(c: SimCluster) -> None:
+        leader = await create_topic(c, rf=3, configs={"flush.messages": "1"})
+        acked = await produce(c, leader, 5, "f")
+        failing["dir"] = os.path.realpath(c.brokers[leader].log_dirs[0])
+        conn = KafkaConnection(f"n{leader}", PORT, "producer", c.net.host("producer"))
+        with pytest.raises(Exception):  # noqa: B017 - the connection ends as the broker halts
+            await conn.request(produce_req(TP[0], build_batch([b"lost"]), acks=-1), 30)
+        assert c.brokers[leader].crashed and not c.brokers[leader].alive
+        assert any(f"broker {leader} halted (exit status 1)" in line for line in c.trace)
+        new = await new_leader(c, leader)
+        served = await read_all(c, new, max(acked))
+        assert {o: v for o, v in served.items() if o in acked} == acked
+        failing["dir"] = None
+        await c.restart(leader)
+        await c.wait_for(lambda: leader in isr(c, new), 60, "the halted broker back in the ISR")
+
+    run_sim(tmp_path, body)
+
+
 def test_unsupported_kinds_are_refused_by_name(tmp_path: Path) -> None:
     async def body(c: SimCluster) -> None:
         for kinds in ("partition,power-zookeeper",):

@@ -559,8 +559,10 @@ class HostedPartition:
             )
         )
 
-    def on_state_write_result(self, ok: bool, new_version: int) -> None:
-        self.dispatch(self.core.on_isr_update_result(ok, new_version, now_ms()))
+    def on_state_write_result(
+        self, ok: bool, new_version: int, proposal: LeaderAndIsr | None = None
+    ) -> None:
+        self.dispatch(self.core.on_isr_update_result(ok, new_version, now_ms(), proposal))
 
     def fail_pending(self, error: ErrorCode) -> None:
         for fut in self._produce_futures.values():

@@ -469,7 +469,7 @@ class ReplicaManager:
                 action.expected_version,
             )
         if self.partitions.get(hp.tp) is hp:
-            hp.on_state_write_result(ok, version)
+            hp.on_state_write_result(ok, version, action.state)
 
     # ----- timers ---------------------------------------------------------------------------
 

@@ -583,8 +583,16 @@ class Partition:
             return []
         return [self._propose_isr(tuple(r for r in self.isr if r not in out_of_sync))]
 
-    def on_isr_update_result(self, ok: bool, new_version: int, now: int) -> list[Action]:
-        """Outcome of the last WriteStateZnode this leader emitted."""
+    def on_isr_update_result(
+        self, ok: bool, new_version: int, now: int, proposal: LeaderAndIsr | None = None
+    ) -> list[Action]:
+        """Outcome of a WriteStateZnode this leader emitted: ``proposal`` is its state (None:
+        the last one emitted). The result of a proposal no longer pending is ignored: a newer
+        state was adopted since (the watch can deliver a write's own znode before its
+        result), and the next proposal may already be in flight; crediting it with this result
+        would make its ISR count before it is in ZooKeeper."""
+        if proposal is not None and proposal is not self._pending_isr:
+            return []
         pending, self._pending_isr = self._pending_isr, None
         if pending is None or self.role is not Role.LEADER:
             return []

@@ -119,7 +119,7 @@ class ShellFollowsCore(RuleBasedStateMachine):
                 self.twin_answers[a.request_id] = a
             elif isinstance(a, WriteStateZnode):
                 ok, version = self._run(self.twin_store.write_state(a))
-                queue += self.twin.on_isr_update_result(ok, version, self._tick())
+                queue += self.twin.on_isr_update_result(ok, version, self._tick(), a.state)
             else:
                 rest.append(a)  # fetch answers, follower requests (never delivered here)
         return rest

@@ -152,7 +152,9 @@ class SimCluster:
             elif isinstance(action, WriteStateZnode):
                 ok, version = self._cas(action)
                 self.trace.append(f"leader {b} isr write {action.state.isr} ok={ok}")
-                queue += self.partitions[b].on_isr_update_result(ok, version, self.now)
+                queue += self.partitions[b].on_isr_update_result(
+                    ok, version, self.now, action.state
+                )
                 if ok:
                     self._run_controller(self.controller.on_isr_change_notification([TP]))
 

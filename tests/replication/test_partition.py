@@ -190,6 +190,24 @@ def test_failed_isr_write_stops_proposals_until_new_state() -> None:
     assert of(p.tick(10_000), WriteStateZnode)  # proposing again
 
 
+def test_the_result_of_a_superseded_proposal_is_not_credited_to_the_next_one() -> None:
+    """The watch delivers a proposal's own znode (adopted: same epoch, newer version) before
+    the write's result; a second proposal goes out; then the first result arrives. Credited to
+    the pending proposal, it would make the second ISR count before ZooKeeper holds it."""
+    p = leader(lag_ms=100)
+    produce(p, 1)
+    (first,) = of(p.tick(1_000), WriteStateZnode)
+    assert first.state.isr == (0,)  # 1 and 2 never fetched
+    p.become_leader(LeaderAndIsr(0, 0, (0,), 1, zk_version=1), (0, 1, 2), now=1_001)
+    assert p.isr == (0,) and p.zk_version == 1
+    (second,) = of(p.on_follower_fetch(1, 1, 0, now=1_002), WriteStateZnode)
+    assert second.state.isr == (0, 1) and second.expected_version == 1
+    assert p.on_isr_update_result(True, 1, now=1_003, proposal=first.state) == []
+    assert p.isr == (0,) and p.zk_version == 1, "the first result says nothing of the second"
+    p.on_isr_update_result(True, 2, now=1_004, proposal=second.state)
+    assert p.isr == (0, 1) and p.zk_version == 2
+
+
 def test_same_epoch_state_with_newer_version_is_adopted() -> None:
     p = leader(lag_ms=100)
     p.on_isr_update_result(False, 3, now=0)

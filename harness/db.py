@@ -94,6 +94,7 @@ from isrlab.harness.wheelhouse import (
 log = logging.getLogger(__name__)
 
 CLOCK_SHIM = PROJECT_ROOT / "nemeses" / "clockshim.py"
+FSYNC_SHIM = PROJECT_ROOT / "nemeses" / "fsyncshim.py"
 
 CREATE_ATTEMPT_S = 10.0  # one CreateTopics attempt before asking again with a fresh client
 ZK_PORT = 2181
@@ -266,6 +267,18 @@ class KafkaDB:
         """The wall-clock offset file the node's broker follows (``+0`` when not skewed)."""
         return self.path(node, "run", "clock-offset")
 
+    def fsync_fail_file(self, node: str) -> str:
+        """While this file exists, every fsync of the node's broker fails with EIO
+        (``nemeses.fsyncshim``, the ``fsync-fail`` nemesis)."""
+        return self.path(node, "run", "fsync-fail")
+
+    def set_fsync_failing(self, node: str, failing: bool) -> bool:
+        """Make the node's broker's fsyncs fail (EIO) or work again: True if the flag was set,
+        or, when removing it, if there was one."""
+        path = shlex.quote(self.fsync_fail_file(node))
+        command = f"touch {path}" if failing else f"test -e {path} && rm -f {path}"
+        return self.remote(node).exec(command, check=False).ok
+
     def zk_connect(self) -> str:
         return ",".join(f"{n.host}:{ZK_PORT}" for n in self.zk_nodes) + ZK_CHROOT
 
@@ -385,9 +398,13 @@ echo {wh.deps_key} > {deps_marker}
         return self.clock_mode == "process"
 
     def _install_clock_shim(self, r: Remote, python_version: str) -> None:
+        """The process-level fault shims, loaded by .pth files at the broker's start: the
+        clock offset (``nemeses.clockshim``) and failing fsyncs (``nemeses.fsyncshim``)."""
         site = self.path(r.node.name, "venv", "lib", f"python{python_version}", "site-packages")
         r.write_file(f"{site}/isrlab_clockshim.py", CLOCK_SHIM.read_bytes())
         r.write_file(f"{site}/isrlab_clockshim.pth", "import isrlab_clockshim\n")
+        r.write_file(f"{site}/isrlab_fsyncshim.py", FSYNC_SHIM.read_bytes())
+        r.write_file(f"{site}/isrlab_fsyncshim.pth", "import isrlab_fsyncshim\n")
 
     # ---------------------------------------------------------------- configs
 
@@ -420,6 +437,7 @@ echo {wh.deps_key} > {deps_marker}
         r.exec(
             f"test -f {self.clock_offset_file(name)} || echo +0 > {self.clock_offset_file(name)}"
         )
+        r.exec(f"rm -f {self.fsync_fail_file(name)}")  # a run that ended mid-fault
         if r.node in self.zk_nodes:
             myid = self.zk_nodes.index(r.node) + 1
             servers = [n.host for n in self.zk_nodes] if len(self.zk_nodes) > 1 else []
@@ -499,7 +517,7 @@ echo {wh.deps_key} > {deps_marker}
         return "Mode:" in res.stdout
 
     def _broker_env(self, name: str) -> dict[str, str]:
-        env = {"PYTHONUNBUFFERED": "1"}
+        env = {"PYTHONUNBUFFERED": "1", "ISRLAB_FSYNC_FAIL_FILE": self.fsync_fail_file(name)}
         if self.clock_via_file(name):
             env["ISRLAB_CLOCK_OFFSET_FILE"] = self.clock_offset_file(name)
         return env

@@ -36,6 +36,7 @@ from isrlab.nemeses.base import TARGETS, ClusterDB, Fault, NemesisError, default
 from isrlab.nemeses.clock import ClockFault
 from isrlab.nemeses.corrupt import CorruptFault
 from isrlab.nemeses.corrupt import start_value as corrupt_value
+from isrlab.nemeses.fsync import FsyncFailFault
 from isrlab.nemeses.packet import PacketFault, check_available
 from isrlab.nemeses.partition import DEFAULT_SHAPES, SHAPES, PartitionFault
 from isrlab.nemeses.power import PowerFault
@@ -58,6 +59,7 @@ KINDS: tuple[str, ...] = (
     "power",
     "power-torn",
     "power-zookeeper",
+    "fsync-fail",
     "clock",
     "corrupt",
     "packet",
@@ -169,6 +171,8 @@ def build(kinds: str | Sequence[str], db: ClusterDB, test: dict[str, Any]) -> Ne
                 zookeeper=kind == "power-zookeeper",
                 torn=kind == "power-torn",
             )
+        elif kind == "fsync-fail":
+            faults[kind] = FsyncFailFault(db, rng)  # type: ignore[arg-type]
         elif kind == "clock":
             faults[kind] = ClockFault(db, rng)
         elif kind == "corrupt":
@@ -202,6 +206,8 @@ def heal_all(db: ClusterDB, faults: dict[str, Fault] | None = None) -> dict[str,
     faults.setdefault("zk-cut", ZkCutFault(db, rng))
     faults.setdefault("late-produce", LateProduceFault(db, rng))
     faults.setdefault("lagging-failover", LaggingFailoverFault(db, rng))
+    if hasattr(db, "set_fsync_failing"):  # a flag file left by a run that ended mid-fault
+        faults.setdefault("fsync-fail", FsyncFailFault(db, rng))  # type: ignore[arg-type]
     out: dict[str, Any] = {}
     errors: list[str] = []
     # network first (so restarted brokers find their peers), then clocks, then processes
@@ -222,6 +228,7 @@ def heal_all(db: ClusterDB, faults: dict[str, Fault] | None = None) -> dict[str,
         "power-zookeeper",
         "power",
         "power-torn",
+        "fsync-fail",
         "kill",
     ):
         fault = faults.get(kind)

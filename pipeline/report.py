@@ -136,7 +136,7 @@ def _classes_by_acks(configs: Sequence[Mapping[str, Any]], field: str) -> dict[s
 
 
 #: nemesis kinds that damage storage (nemeses.power, nemeses.corrupt)
-STORAGE_FAULTS = ("power", "power-torn", "power-zookeeper", "corrupt")
+STORAGE_FAULTS = ("power", "power-torn", "power-zookeeper", "corrupt", "fsync-fail")
 
 
 def storage_rows(configs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

@@ -44,13 +44,14 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import errno
 import json
 import logging
 import os
 import random
 import shutil
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -76,8 +77,20 @@ skip_fsync: contextvars.ContextVar[bool] = contextvars.ContextVar(
 )
 
 
+#: the simulator's ``fsync-fail`` seam (harness/sim/cluster.py sets it in each simulated
+#: broker's context): while the callable returns True, every fsync of that broker fails with
+#: EIO, as ``nemeses.fsyncshim`` makes ``os.fsync`` fail in a real broker. None: never.
+fsync_fails: contextvars.ContextVar[Callable[[], bool] | None] = contextvars.ContextVar(
+    "isrlab_durable_fsync_fails", default=None
+)
+
+
 def _fsync(fd: int) -> None:
-    """``os.fsync(fd)``, unless a simulation skips the system call (``skip_fsync``)."""
+    """``os.fsync(fd)``, unless a simulation skips the system call (``skip_fsync``) or makes
+    it fail (``fsync_fails``)."""
+    fails = fsync_fails.get()
+    if fails is not None and fails():
+        raise OSError(errno.EIO, "Input/output error (isrlab fsync-fail nemesis)")
     if not skip_fsync.get():
         os.fsync(fd)
 

@@ -19,7 +19,7 @@ What a nemesis does to it:
   on disk (a process kill loses no page cache).
 - A broker whose log dir goes offline (a corrupt batch met by a read, a failed fsync) halts
   as a real one does (`LogManager.halt`, Kafka's Exit.halt): here its process ends as after
-  `crash` and the simulation goes on (`_halt`, `BrokerHalted`).
+  `crash` and the simulation goes on (`_halt`).
 - `restart(id)`: a new incarnation from the same data directory (log recovery after the
   unclean shutdown, registration once the old session is gone, then the controller's
   decision), a new process, a new ZooKeeper session.
@@ -65,7 +65,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from isrlab.broker import clock as broker_clock
 from isrlab.broker.cluster import ClusterKafkaServer
@@ -130,12 +130,6 @@ class SimClock:
         return uuid.UUID(int=self.rng.getrandbits(128), version=4)
 
 
-class BrokerHalted(BaseException):
-    """Raised by a simulated broker's halt (`SimCluster._halt`): Kafka's Exit.halt never
-    returns, so the callback that called it must not go on. A BaseException, so the broker's
-    own ``except Exception`` handlers do not swallow it."""
-
-
 @dataclass
 class SimBroker:
     """One broker of the cluster: its identity, and its current incarnation when it runs."""
@@ -156,6 +150,9 @@ class SimBroker:
     paused: bool = False
     #: its wall clock's offset in seconds (kept across restarts, as the offset file is)
     clock_offset: float = 0.0
+    #: every fsync fails with EIO (the ``fsync-fail`` nemesis; kept across restarts, as the
+    #: flag file is: `durable.fsync_fails`)
+    fsync_failing: bool = False
     #: while a start is under way: resolved by `SimCluster.crash` if it is killed meanwhile
     killed_while_starting: asyncio.Future[None] | None = None
 
@@ -250,6 +247,7 @@ class SimCluster:
         )
         process.run(broker_clock.use, sim_clock)
         process.run(durable.skip_fsync.set, True)
+        process.run(durable.fsync_fails.set, lambda: b.fsync_failing)
         config = BrokerConfig(b.config)
         kazoo = functools.partial(SimKazooClient, self.ensemble)
         server = process.run(
@@ -303,13 +301,14 @@ class SimCluster:
             b.killed_while_starting.set_result(None)
         self._end(b, f"crash broker {b.id} (incarnation {b.incarnation}, {{n}} connections)")
 
-    def _halt(self, b: SimBroker, process: Process, status: int) -> NoReturn:
+    def _halt(self, b: SimBroker, process: Process, status: int) -> None:
         """A simulated broker's `LogManager.halt`: its process ends at once, as after kill -9
-        (Kafka's Exit.halt runs no shutdown hook), and the call never returns: `BrokerHalted`
-        unwinds the callback that halted."""
+        (Kafka's Exit.halt runs no shutdown hook): its callbacks and timers are dropped and its
+        sockets closed. The call returns (a real halt does not): every caller raises the
+        storage error right after it, so the callback that halted ends there, its last words
+        written to closed sockets."""
         if b.process is process:
             self._end(b, f"broker {b.id} halted (exit status {status})")
-        raise BrokerHalted(status)
 
     def _end(self, b: SimBroker, note: str) -> None:
         """Broker `b`'s process ends at once (killed, or exited): its callbacks and timers
@@ -580,4 +579,4 @@ def describe(handle: asyncio.Handle) -> str:
     return f"{name} ({process.name if process is not None else 'harness'})"
 
 
-__all__ = ["EPOCH", "BrokerHalted", "SimBroker", "SimClock", "SimCluster", "describe"]
+__all__ = ["EPOCH", "SimBroker", "SimClock", "SimCluster", "describe"]

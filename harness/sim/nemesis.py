@@ -24,6 +24,9 @@ Kinds:
   loses its page cache too); ``stop-power`` restarts the brokers it killed.
 - ``power-torn``: the same with torn tails (`nemeses.power`: each node's files keep part of
   what they never synced, drawn from the start value's ``torn_seed`` and the node's name).
+- ``fsync-fail``: every fsync of the targets' brokers fails with EIO (`durable.fsync_fails`,
+  the flag `nemeses.fsyncshim` watches on real nodes); a broker halts at its first failed
+  segment fsync; ``stop-fsync-fail`` makes fsyncs work and starts the halted brokers.
 - ``clock``: the targets' wall clocks moved (`SimCluster.set_clock_offset`), ``bump`` once or
   ``strobe`` between the offset and 0 every ``period_ms`` (a task on the loop, in virtual
   time, where the real fault runs a thread); ``stop-clock`` puts every clock back.
@@ -114,6 +117,7 @@ SUPPORTED: tuple[str, ...] = (
     "pause",
     "power",
     "power-torn",
+    "fsync-fail",
     "clock",
     "isr-squeeze",
     "leader-flap",
@@ -241,6 +245,8 @@ class SimNemesis:
         self.active: set[str] = set()
         self.grudges: dict[str, Grudge] = {}  # partition kind -> its grudge
         self.killed: set[str] = set()
+        #: the nodes whose brokers' fsyncs fail (``fsync-fail``), repaired by its stop
+        self.fsync_failing: set[str] = set()
         #: the brokers each power kind (power, power-torn) took down, started by its stop
         self.power_killed: dict[str, set[str]] = {"power": set(), "power-torn": set()}
         self.paused: set[str] = set()
@@ -315,6 +321,12 @@ class SimNemesis:
             return {"target": target, "nodes": hit}
         if kind in ("power", "power-torn"):
             return self._start_power(kind, nodes, target, value)
+        if kind == "fsync-fail":
+            for n in nodes:
+                self.cluster.brokers[self.targets.broker_id(n)].fsync_failing = True
+            self.fsync_failing.update(nodes)
+            self.cluster.note(f"fsync-fail on {', '.join(sorted(nodes))}")
+            return {"target": target, "nodes": nodes}
         raise NemesisError(f"no simulated fault for {kind!r}")
 
     async def _stop(self, kind: str) -> Any:
@@ -346,6 +358,9 @@ class SimNemesis:
                 self.cluster.resume(self.targets.broker_id(n))
             self.paused.clear()
             return {"nodes": nodes}
+        if kind == "fsync-fail":
+            nodes = sorted(self.fsync_failing)
+            return {"nodes": nodes, "started": await self._repair_fsync(nodes)}
         if kind in ("kill", "power", "power-torn"):
             killed = self.killed if kind == "kill" else self.power_killed[kind]
             nodes = sorted(killed)
@@ -424,6 +439,16 @@ class SimNemesis:
         ]
         if errors:
             raise NemesisError("restart failed: " + "; ".join(errors))
+
+    async def _repair_fsync(self, nodes: list[str]) -> list[str]:
+        """`nemeses.fsync.FsyncFailFault._repair`: fsyncs work again on `nodes`, and their
+        brokers that are down (halted) are started."""
+        for n in nodes:
+            self.cluster.brokers[self.targets.broker_id(n)].fsync_failing = False
+        self.fsync_failing.difference_update(nodes)
+        down = [n for n in nodes if self.cluster.brokers[self.targets.broker_id(n)].crashed]
+        await self._restart(down)
+        return down
 
     def _start_power(
         self, kind: str, nodes: list[str], target: str, value: dict[str, Any]
@@ -987,6 +1012,12 @@ class SimNemesis:
         skewed = self._stop_clock()["nodes"]
         if skewed:
             out["clock"] = skewed
+        failing = sorted(b.host for b in self.cluster.brokers.values() if b.fsync_failing)
+        for b in self.cluster.brokers.values():
+            b.fsync_failing = False  # before the restarts below
+        self.fsync_failing.clear()
+        if failing:
+            out["fsync-fail"] = failing
         paused = [b.host for b in self.cluster.brokers.values() if b.paused]
         for n in paused:
             self.cluster.resume(self.targets.broker_id(n))

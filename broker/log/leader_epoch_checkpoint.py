@@ -17,9 +17,11 @@ uses to truncate to the point where its log and the leader's agree. The file is 
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 from pathlib import Path
 
 from isrlab.broker.log.checkpoint import CheckpointFile
+from isrlab.broker.log.errors import KafkaStorageError
 
 LEADER_EPOCH_CHECKPOINT = "leader-epoch-checkpoint"
 UNDEFINED_EPOCH = -1
@@ -44,6 +46,10 @@ class LeaderEpochFileCache:
     def __init__(self, path: Path) -> None:
         self._checkpoint: CheckpointFile[EpochEntry] = CheckpointFile(path, _format, _parse)
         self._entries: list[EpochEntry] = sorted(self._checkpoint.read())
+        #: told when a rewrite of the file fails (a failed fsync): the log takes its log dir
+        #: offline, as Kafka's checkpoint files with a LogDirFailureChannel do. The change is
+        #: already in memory, and the broker must not go on with a cache its disk lacks.
+        self.on_write_failure: Callable[[KafkaStorageError], None] | None = None
 
     @property
     def path(self) -> Path:
@@ -128,4 +134,9 @@ class LeaderEpochFileCache:
         self._flush()
 
     def _flush(self) -> None:
-        self._checkpoint.write(self._entries)
+        try:
+            self._checkpoint.write(self._entries)
+        except KafkaStorageError as exc:
+            if self.on_write_failure is not None:
+                self.on_write_failure(exc)
+            raise

@@ -197,6 +197,9 @@ class Log:
         self._log_start_offset = log_start_offset
         self._recovery_point = recovery_point
         self._epoch_cache = leader_epoch_cache
+        # a failed rewrite of the leader-epoch file, whoever asked for it (an append in a new
+        # epoch, a leader's new epoch, a truncation): the log dir goes offline
+        leader_epoch_cache.on_write_failure = self._storage_failed
         self._clock = clock
         self._last_flush_ms = self._now_ms()
         self._pending_deletes: list[tuple[int, LogSegment]] = []
@@ -513,20 +516,16 @@ class Log:
         # A write that fails is undone by the segment (nothing appended, the produce refused
         # with KAFKA_STORAGE_ERROR, the broker goes on: a full disk). What fails after it, the
         # leader-epoch checkpoint or the flush policy's fsync, leaves the batch in the log
-        # unacknowledged: the log dir goes offline (`flush`).
+        # unacknowledged: the log dir goes offline (`_storage_failed`).
         segment.append(
             last_offset, max_timestamp, offset_of_max, memoryview(records), batches=headers
         )
-        try:
-            for header in headers:
-                if (
-                    header.partition_leader_epoch >= 0
-                    and header.partition_leader_epoch > self._epoch_cache.latest_epoch
-                ):
-                    self._epoch_cache.assign(header.partition_leader_epoch, header.base_offset)
-        except KafkaStorageError as exc:
-            self._storage_failed(exc)
-            raise
+        for header in headers:
+            if (
+                header.partition_leader_epoch >= 0
+                and header.partition_leader_epoch > self._epoch_cache.latest_epoch
+            ):
+                self._epoch_cache.assign(header.partition_leader_epoch, header.base_offset)
         flush_messages = self.config.flush_interval_messages
         if (
             flush_messages is not None
@@ -761,8 +760,8 @@ class Log:
         self._last_flush_ms = self._now_ms()
 
     def _storage_failed(self, exc: KafkaStorageError) -> None:
-        """A failed fsync (of a segment, or of the leader-epoch checkpoint an append wrote)
-        leaves the page cache untrustworthy: the kernel may have dropped the dirty pages or
+        """A failed fsync (of a segment, or of the leader-epoch checkpoint, whoever changed
+        it) leaves the page cache untrustworthy: the kernel may have dropped the dirty pages or
         marked them clean ("fsyncgate"), so a retry could call durable what is not on disk.
         Kafka's LogDirFailureChannel takes the log dir offline; so does the log manager
         (``on_storage_failure``)."""

@@ -83,6 +83,22 @@ def test_a_failed_leader_epoch_checkpoint_on_append_takes_the_log_dir_offline(
     assert halts == [1]
 
 
+def test_a_failed_leader_epoch_checkpoint_for_a_new_leader_takes_the_log_dir_offline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Becoming leader writes the new epoch's start (`assign_epoch_start_offset`): its failed
+    fsync left a broker named leader with a partition half become leader, its followers never
+    back in the ISR (found by kill+partition+pause+fsync-fail, seed 11: the high watermark of
+    t6/0 frozen for 40 s). Now the broker halts and the controller elects elsewhere."""
+    m, halts = manager(tmp_path / "logs")
+    lg = m.get_or_create(TP, parse_topic_configs({}, m.config.topic_defaults()))
+    lg.append_as_leader(make_batch(2, tag=0), 0)
+    failing_fsync(monkeypatch)
+    with pytest.raises(KafkaStorageError, match="leader-epoch-checkpoint"):
+        lg.leader_epoch_cache.assign(3, lg.log_end_offset)
+    assert halts == [1]
+
+
 def test_a_failed_write_is_undone_and_does_not_halt(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

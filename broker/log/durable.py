@@ -588,11 +588,9 @@ def apply_power_loss(log_dir: PathLike, torn_seed: int | None = None) -> PowerLo
         full = os.path.join(root, rel)
         segment = not is_dir and is_segment(Path(full))
         parent = os.path.dirname(rel)
-        if rel not in state.durable and not (
-            torn_seed is not None
-            and not (segment and parent in cut_short)
-            and _entry_survives(torn_seed, rel)
-        ):
+        # this file's tear seed: None, the worst case (no seed, or a segment after a cut)
+        seed = None if segment and parent in cut_short else torn_seed
+        if rel not in state.durable and not (seed is not None and _entry_survives(seed, rel)):
             if segment:
                 cut_short.add(parent)
             # the records of every segment about to vanish, in the truncation journal first
@@ -615,11 +613,10 @@ def apply_power_loss(log_dir: PathLike, torn_seed: int | None = None) -> PowerLo
         keep = state.synced.get(rel)
         synced = min(keep or 0, size)
         tear = _Tear(synced, synced)
-        if torn_seed is not None and size > synced:
-            if not (segment and parent in cut_short):
-                tear = _draw_tear(torn_seed, rel, synced, size)
-            if segment and (tear.cut < size or tear.zeros_from < tear.cut):
-                cut_short.add(parent)
+        if seed is not None and size > synced:
+            tear = _draw_tear(seed, rel, synced, size)
+        if segment and (tear.cut < size or tear.zeros_from < tear.cut):
+            cut_short.add(parent)
         if size > tear.zeros_from and segment:
             record_power_loss(Path(full), tear.zeros_from)
         if tear.cut < size:

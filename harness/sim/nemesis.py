@@ -245,8 +245,6 @@ class SimNemesis:
         self.active: set[str] = set()
         self.grudges: dict[str, Grudge] = {}  # partition kind -> its grudge
         self.killed: set[str] = set()
-        #: the nodes whose brokers' fsyncs fail (``fsync-fail``), repaired by its stop
-        self.fsync_failing: set[str] = set()
         #: the brokers each power kind (power, power-torn) took down, started by its stop
         self.power_killed: dict[str, set[str]] = {"power": set(), "power-torn": set()}
         self.paused: set[str] = set()
@@ -324,7 +322,6 @@ class SimNemesis:
         if kind == "fsync-fail":
             for n in nodes:
                 self.cluster.brokers[self.targets.broker_id(n)].fsync_failing = True
-            self.fsync_failing.update(nodes)
             self.cluster.note(f"fsync-fail on {', '.join(sorted(nodes))}")
             return {"target": target, "nodes": nodes}
         raise NemesisError(f"no simulated fault for {kind!r}")
@@ -359,7 +356,7 @@ class SimNemesis:
             self.paused.clear()
             return {"nodes": nodes}
         if kind == "fsync-fail":
-            nodes = sorted(self.fsync_failing)
+            nodes = sorted(b.host for b in self.cluster.brokers.values() if b.fsync_failing)
             return {"nodes": nodes, "started": await self._repair_fsync(nodes)}
         if kind in ("kill", "power", "power-torn"):
             killed = self.killed if kind == "kill" else self.power_killed[kind]
@@ -445,7 +442,6 @@ class SimNemesis:
         brokers that are down (halted) are started."""
         for n in nodes:
             self.cluster.brokers[self.targets.broker_id(n)].fsync_failing = False
-        self.fsync_failing.difference_update(nodes)
         down = [n for n in nodes if self.cluster.brokers[self.targets.broker_id(n)].crashed]
         await self._restart(down)
         return down
@@ -1015,7 +1011,6 @@ class SimNemesis:
         failing = sorted(b.host for b in self.cluster.brokers.values() if b.fsync_failing)
         for b in self.cluster.brokers.values():
             b.fsync_failing = False  # before the restarts below
-        self.fsync_failing.clear()
         if failing:
             out["fsync-fail"] = failing
         paused = [b.host for b in self.cluster.brokers.values() if b.paused]

@@ -15,18 +15,20 @@ import pytest
 from isrlab.broker.config import BrokerConfig, parse_topic_configs
 from isrlab.broker.log import durable
 from isrlab.broker.log.errors import KafkaStorageError
+from isrlab.broker.log.log import Log
 from isrlab.broker.log_manager import LogManager
 from tests.log.batches import make_batch
 
 TP = ("t", 0)
 
 
-def manager(root: Path, *overrides: str) -> tuple[LogManager, list[int]]:
+def manager(root: Path, *overrides: str) -> tuple[LogManager, Log, list[int]]:
+    """A log manager whose halts are recorded, and its log of partition `TP`."""
     cfg = BrokerConfig.load(None, [f"log.dirs={root}", *overrides])
     m = LogManager(cfg)
     halts: list[int] = []
     m.halt = halts.append
-    return m, halts
+    return m, m.get_or_create(TP, parse_topic_configs({}, cfg.topic_defaults())), halts
 
 
 def failing_fsync(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -39,8 +41,7 @@ def failing_fsync(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_failed_fsync_on_append_takes_the_log_dir_offline(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    m, halts = manager(tmp_path / "logs", "log.flush.interval.messages=1")
-    lg = m.get_or_create(TP, parse_topic_configs({}, m.config.topic_defaults()))
+    m, lg, halts = manager(tmp_path / "logs", "log.flush.interval.messages=1")
     lg.append_as_leader(make_batch(2, tag=0), 0)
     assert lg.recovery_point == 2 and not halts
     failing_fsync(monkeypatch)
@@ -58,8 +59,7 @@ def test_a_failed_fsync_on_append_takes_the_log_dir_offline(
 def test_a_failed_scheduled_flush_takes_the_log_dir_offline_too(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    m, halts = manager(tmp_path / "logs", "log.flush.interval.ms=1")
-    lg = m.get_or_create(TP, parse_topic_configs({}, m.config.topic_defaults()))
+    _, lg, halts = manager(tmp_path / "logs", "log.flush.interval.ms=1")
     lg.append_as_leader(make_batch(3, tag=0), 0)
     failing_fsync(monkeypatch)
     lg._last_flush_ms -= 10  # the interval has passed
@@ -71,8 +71,7 @@ def test_a_failed_scheduled_flush_takes_the_log_dir_offline_too(
 def test_a_failed_leader_epoch_checkpoint_on_append_takes_the_log_dir_offline(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    m, halts = manager(tmp_path / "logs")  # no flush policy: only the epoch file is fsynced
-    lg = m.get_or_create(TP, parse_topic_configs({}, m.config.topic_defaults()))
+    _, lg, halts = manager(tmp_path / "logs")  # no flush policy: only the epoch file is fsynced
     lg.append_as_leader(make_batch(2, tag=0), 0)
     failing_fsync(monkeypatch)
     for i in range(3):  # the same epoch: nothing is fsynced, the broker goes on
@@ -90,8 +89,7 @@ def test_a_failed_leader_epoch_checkpoint_for_a_new_leader_takes_the_log_dir_off
     fsync left a broker named leader with a partition half become leader, its followers never
     back in the ISR (found by kill+partition+pause+fsync-fail, seed 11: the high watermark of
     t6/0 frozen for 40 s). Now the broker halts and the controller elects elsewhere."""
-    m, halts = manager(tmp_path / "logs")
-    lg = m.get_or_create(TP, parse_topic_configs({}, m.config.topic_defaults()))
+    _, lg, halts = manager(tmp_path / "logs")
     lg.append_as_leader(make_batch(2, tag=0), 0)
     failing_fsync(monkeypatch)
     with pytest.raises(KafkaStorageError, match="leader-epoch-checkpoint"):
@@ -104,8 +102,7 @@ def test_a_failed_write_is_undone_and_does_not_halt(
 ) -> None:
     import isrlab.broker.log.segment as segment
 
-    m, halts = manager(tmp_path / "logs", "log.flush.interval.messages=1")
-    lg = m.get_or_create(TP, parse_topic_configs({}, m.config.topic_defaults()))
+    _, lg, halts = manager(tmp_path / "logs", "log.flush.interval.messages=1")
     lg.append_as_leader(make_batch(2, tag=0), 0)
 
     def full(fd: int, data: memoryview, position: int) -> None:

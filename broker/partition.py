@@ -276,6 +276,10 @@ class HostedPartition:
         self.replicas: list[int] = [broker_id]
         self._ids = itertools.count(1)
         self._produce_futures: dict[int, asyncio.Future[AppendResult]] = {}
+        #: the request id of the append in progress (`append`) and its answer, if the core
+        #: gave it in that call's actions
+        self._appending: int | None = None
+        self._answered: AppendResult | None = None
         self._last_hw = -1
         #: when `tick` next runs the core's tick (0: at the next call)
         self._tick_at = 0
@@ -369,17 +373,12 @@ class HostedPartition:
         hw_before = self._last_hw
         for a in actions:
             if isinstance(a, ProduceResponse):
+                if a.request_id == self._appending:  # the append on the stack: `append`
+                    self._answered = self._append_result(a)
+                    continue
                 fut = self._produce_futures.pop(a.request_id, None)
                 if fut is not None and not fut.done():
-                    fut.set_result(
-                        AppendResult(
-                            _broker_error(a.error),
-                            a.base_offset,
-                            a.last_offset,
-                            self.log.log_start_offset,
-                            message=a.message,
-                        )
-                    )
+                    fut.set_result(self._append_result(a))
             elif isinstance(a, SendFetch):
                 self.io.send_fetch(self, a)
             elif isinstance(a, SendOffsetsForLeaderEpoch):
@@ -393,6 +392,15 @@ class HostedPartition:
             self._last_hw = hw
             self.adapter.hw_checkpoint = hw
             self.io.data_changed(self)
+
+    def _append_result(self, a: ProduceResponse) -> AppendResult:
+        return AppendResult(
+            _broker_error(a.error),
+            a.base_offset,
+            a.last_offset,
+            self.log.log_start_offset,
+            message=a.message,
+        )
 
     def tick(self) -> None:
         """Time passed: the core's tick, skipped before the earliest time it could act
@@ -420,27 +428,36 @@ class HostedPartition:
 
         ``origin``: "client" (a Produce request) or "coordinator" (the broker's transaction
         or group coordinator: transaction markers, transactional offset commits)."""
-        origin = AppendOrigin(origin)  # ValueError for anything else: a caller's bug
+        if origin is not AppendOrigin.CLIENT:
+            origin = AppendOrigin(origin)  # ValueError for anything else: a caller's bug
         request_id = next(self._ids)
-        fut: asyncio.Future[AppendResult] = asyncio.get_running_loop().create_future()
-        self._produce_futures[request_id] = fut
-        leo = self.log.log_end_offset
+        # An answer among the core's actions of this very call is taken by `dispatch` into
+        # `_answered`; a future is made only for one that comes later (acks=all).
+        self._appending, self._answered = request_id, None
+        log_ = self.log
+        leo = log_.log_end_offset
         self.adapter.origin = origin
         try:
             actions = self.core.on_produce(request_id, records, acks, timeout_ms, now_ms())
         except (ProducerStateError, LogError, OSError) as e:
-            del self._produce_futures[request_id]
+            self._appending = None
             return self._refused(e)
         finally:
             self.adapter.origin = AppendOrigin.CLIENT
-        if self.log.log_end_offset != leo:
+        if log_.log_end_offset != leo:
             self.io.data_changed(self)
-        self.dispatch(actions)
-        if fut.done():
-            return fut.result()
+        try:
+            self.dispatch(actions)
+        finally:
+            self._appending = None
+        answered = self._answered
+        if answered is not None:
+            self._answered = None
+            return answered
         if acks == 0:  # the core never answers a successful acks=0 produce
-            del self._produce_futures[request_id]
-            return AppendResult(log_start_offset=self.log.log_start_offset)
+            return AppendResult(log_start_offset=log_.log_start_offset)
+        fut: asyncio.Future[AppendResult] = asyncio.get_running_loop().create_future()
+        self._produce_futures[request_id] = fut
         return fut
 
     def _refused(self, e: ProducerStateError | LogError | OSError) -> AppendResult:
@@ -565,6 +582,8 @@ class HostedPartition:
         self.dispatch(self.core.on_isr_update_result(ok, new_version, now_ms(), proposal))
 
     def fail_pending(self, error: ErrorCode) -> None:
+        if self._appending is not None and self._answered is None:
+            self._answered = AppendResult(error)
         for fut in self._produce_futures.values():
             if not fut.done():
                 fut.set_result(AppendResult(error))

@@ -41,50 +41,63 @@ async def handle_produce(server: KafkaServer, request: Request) -> list[bytes | 
     req = request.body
     acks = req.acks
     results: list[tuple[str, list[tuple[int, AppendResult]]]] = []
-    pending: list[tuple[int, int, asyncio.Future[AppendResult] | AppendResult]] = []
+    pending: list[tuple[list[tuple[int, AppendResult]], int, asyncio.Future[AppendResult]]] = []
     if not valid_acks(acks):
         for t_i, topic in enumerate(req.topic_data):
             results.append((topic.name, []))
             for p in topic.partition_data:
                 results[t_i][1].append((p.index, AppendResult(ErrorCode.INVALID_REQUIRED_ACKS)))
         return _encode(request, results)
-    for t_i, topic in enumerate(req.topic_data):
-        results.append((topic.name, []))
-        for p_i, p in enumerate(topic.partition_data):
-            tp = (topic.name, p.index)
+    max_bytes = server.config["message.max.bytes"] + 61
+    for topic in req.topic_data:
+        name = topic.name
+        parts: list[tuple[int, AppendResult]] = []
+        results.append((name, parts))
+        for p in topic.partition_data:
             records = p.records
-            if topic.name in INTERNAL_TOPICS:
+            if name in INTERNAL_TOPICS:
                 # Kafka: only the coordinators write their internal topics
                 res: Any = AppendResult(
                     ErrorCode.INVALID_TOPIC_EXCEPTION,
-                    message=f"cannot append to internal topic {topic.name}",
+                    message=f"cannot append to internal topic {name}",
                 )
             elif records is None or len(records) == 0:
                 res = AppendResult(ErrorCode.INVALID_RECORD, message="no records")
-            elif len(records) > server.config["message.max.bytes"] + 61:
+            elif len(records) > max_bytes:
                 res = AppendResult(
                     ErrorCode.MESSAGE_TOO_LARGE, message="batch over message.max.bytes"
                 )
+            elif transactional_producer(records) is None:
+                # not a transactional data batch: nothing to verify with a coordinator
+                res = server.produce_to_partition(
+                    (name, p.index), memoryview(records), acks, req.timeout_ms
+                )
             else:
                 res = await _produce_one(
-                    server, tp, getattr(req, "transactional_id", None), records, acks, req
+                    server,
+                    (name, p.index),
+                    getattr(req, "transactional_id", None),
+                    records,
+                    acks,
+                    req,
                 )
-            results[t_i][1].append((p.index, AppendResult()))
-            pending.append((t_i, p_i, res))
-    for t_i, p_i, res in pending:
-        if isinstance(res, asyncio.Future):
-            res = await res
-        index = results[t_i][1][p_i][0]
-        results[t_i][1][p_i] = (index, res)
-        if res.error != ErrorCode.NONE:
-            _rejections.info(
-                (results[t_i][0], index, res.error),
-                "produce to %s-%d rejected: %s %s",
-                results[t_i][0],
-                index,
-                res.error.name,
-                res.message or "",
-            )
+            if isinstance(res, asyncio.Future):
+                pending.append((parts, len(parts), res))
+            parts.append((p.index, res))
+    # (each awaited in request order; the others were answered at once)
+    for parts, i, fut in pending:
+        parts[i] = (parts[i][0], await fut)
+    for name, parts in results:
+        for index, res in parts:
+            if res.error != ErrorCode.NONE:
+                _rejections.info(
+                    (name, index, res.error),
+                    "produce to %s-%d rejected: %s %s",
+                    name,
+                    index,
+                    res.error.name,
+                    res.message or "",
+                )
     if acks == 0:
         return None
     return _encode(request, results)

@@ -132,7 +132,7 @@ class AppendOrigin(enum.Enum):
     COORDINATOR = "coordinator"
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class LogAppendInfo:
     first_offset: int
     last_offset: int
@@ -509,9 +509,11 @@ class Log:
         first_offset = headers[0].base_offset
         last_offset = headers[-1].last_offset
         max_timestamp, offset_of_max = NO_TIMESTAMP, -1
+        num_records = 0
         for header in headers:
             if header.max_timestamp > max_timestamp:
                 max_timestamp, offset_of_max = header.max_timestamp, header.last_offset
+            num_records += header.records_count
         segment = self._maybe_roll(len(records), last_offset)
         # A write that fails is undone by the segment (nothing appended, the produce refused
         # with KAFKA_STORAGE_ERROR, the broker goes on: a full disk). What fails after it, the
@@ -520,36 +522,35 @@ class Log:
         segment.append(
             last_offset, max_timestamp, offset_of_max, memoryview(records), batches=headers
         )
+        latest_epoch = self._epoch_cache.latest_epoch
         for header in headers:
-            if (
-                header.partition_leader_epoch >= 0
-                and header.partition_leader_epoch > self._epoch_cache.latest_epoch
-            ):
-                self._epoch_cache.assign(header.partition_leader_epoch, header.base_offset)
+            epoch = header.partition_leader_epoch
+            if epoch >= 0 and epoch > latest_epoch:
+                self._epoch_cache.assign(epoch, header.base_offset)
+                latest_epoch = self._epoch_cache.latest_epoch
         flush_messages = self.config.flush_interval_messages
-        if (
-            flush_messages is not None
-            and self.log_end_offset - self._recovery_point >= flush_messages
-        ):
+        if flush_messages is not None and last_offset + 1 - self._recovery_point >= flush_messages:
             self.flush()
         return LogAppendInfo(
-            first_offset=first_offset,
-            last_offset=last_offset,
-            max_timestamp=max_timestamp,
-            offset_of_max_timestamp=offset_of_max,
-            num_records=sum(header.records_count for header in headers),
-            num_batches=len(headers),
-            valid_bytes=len(records),
+            first_offset,
+            last_offset,
+            max_timestamp,
+            offset_of_max,
+            num_records,
+            len(headers),
+            len(records),
             batches=headers,
         )
 
     def _maybe_roll(self, messages_size: int, max_offset: int) -> LogSegment:
-        segment = self.active_segment
-        if segment.size == 0:
+        segment = self._segments[-1]
+        size = segment.size
+        if size == 0:
             return segment
+        config = self.config
         reasons = (
-            segment.size > self.config.segment_bytes - messages_size
-            or segment.time_waited_for_roll_ms(self._now_ms()) > self.config.segment_ms
+            size > config.segment_bytes - messages_size
+            or self._now_ms() - segment.rolling_based_ms > config.segment_ms
             or segment.is_full
             or not segment.can_convert_to_relative_offset(max_offset)
         )

@@ -204,13 +204,13 @@ class ProducerStateManager:
         broker's coordinators (origin "coordinator") have their epoch checked but no sequence;
         a transaction marker (``marker``, a control batch) its producer and coordinator
         epochs."""
-        origin = getattr(origin, "value", origin)
         pid = batch.producer_id
         if pid < 0:
             return
         entry = self.producers.get(pid)
         if entry is None:
             return
+        origin = getattr(origin, "value", origin)
         if batch.producer_epoch < entry.epoch and self.epoch_fencing:
             what = "transaction marker" if batch.is_control else "batch"
             raise ProducerStateError(
@@ -366,6 +366,8 @@ class ProducerStateManager:
 
     def on_high_watermark_updated(self, high_watermark: int) -> None:
         """Forget completed transactions whose marker is below the HW (replicated)."""
+        if not self.unreplicated:
+            return
         for first, txn in list(self.unreplicated.items()):
             if txn.last_offset is not None and txn.last_offset < high_watermark:
                 del self.unreplicated[first]

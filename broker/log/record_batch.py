@@ -148,6 +148,27 @@ def check_header(buf: ByteBuffer, position: int, end: int) -> BatchHeader:
     malformed (batchLength too small, magic not 2, no records).
     """
     remaining = end - position
+    if remaining >= HEADER_SIZE:
+        # the whole header is there: one unpack, then the same checks in the same order
+        header = BatchHeader(position, *HEADER.unpack_from(buf, position))
+        batch_length = header.batch_length
+        if batch_length < MIN_BATCH_LENGTH or header.magic != MAGIC_V2:
+            _check_prefix(buf, position, remaining)  # raises, with its message
+        if batch_length + LOG_OVERHEAD > remaining:
+            raise CorruptRecordError(
+                f"torn batch at position {position}: batchLength {batch_length} needs "
+                f"{batch_length + LOG_OVERHEAD} bytes, only {remaining} present"
+            )
+        _check_counts(header, position)
+        return header
+    # Fewer bytes than a header: the prefix check raises (a legal batchLength needs more).
+    _check_prefix(buf, position, remaining)
+    raise AssertionError(f"a batch header cut to {remaining} bytes passed the prefix check")
+
+
+def _check_prefix(buf: ByteBuffer, position: int, remaining: int) -> None:
+    """`check_header`'s checks of the length prefix and magic of a batch with ``remaining``
+    bytes left: raises for a bad one (a header cut short always raises here)."""
     if remaining < LOG_OVERHEAD:
         raise CorruptRecordError(
             f"torn batch at position {position}: {remaining} bytes left, "
@@ -171,7 +192,9 @@ def check_header(buf: ByteBuffer, position: int, end: int) -> BatchHeader:
             f"torn batch at position {position}: batchLength {batch_length} needs "
             f"{batch_length + LOG_OVERHEAD} bytes, only {remaining} present"
         )
-    header = parse_header(buf, position)
+
+
+def _check_counts(header: BatchHeader, position: int) -> None:
     if header.records_count < 1:
         raise InvalidRecordError(
             f"batch at offset {header.base_offset} (position {position}) has recordsCount "
@@ -181,7 +204,6 @@ def check_header(buf: ByteBuffer, position: int, end: int) -> BatchHeader:
         raise InvalidRecordError(
             f"batch at position {position} has negative lastOffsetDelta {header.last_offset_delta}"
         )
-    return header
 
 
 def compute_crc(buf: ByteBuffer, header: BatchHeader) -> int:
@@ -225,17 +247,30 @@ def validate(buf: ByteBuffer, *, strict_offsets: bool = True) -> list[BatchHeade
     least one record. With ``strict_offsets`` (client produce, as Kafka's LogValidator does) the
     offset range must equal the record count, since only compaction leaves gaps.
     """
-    if len(buf) == 0:
+    end = len(buf)
+    if end == 0:
         raise InvalidRecordError("no record batches: the records field is empty")
     headers: list[BatchHeader] = []
-    for header in iter_batches(buf):
-        check_crc(buf, header)
-        if strict_offsets and header.last_offset_delta + 1 != header.records_count:
-            raise InvalidRecordError(
-                f"batch at position {header.position} is inconsistent: lastOffsetDelta "
-                f"{header.last_offset_delta} but recordsCount {header.records_count}"
-            )
-        headers.append(header)
+    position = 0
+    # (`iter_batches` and `check_crc` inlined: this is every produce's path)
+    with memoryview(buf) as whole:
+        while position < end:
+            header = check_header(buf, position, end)
+            batch_end = position + header.batch_length + LOG_OVERHEAD
+            with whole[position + ATTRIBUTES_OFFSET : batch_end] as view:
+                actual = crc32c(view)
+            if actual != header.crc:
+                raise CorruptRecordError(
+                    f"batch at offset {header.base_offset} (position {position}) is corrupt: "
+                    f"stored CRC {header.crc} != computed {actual}"
+                )
+            if strict_offsets and header.last_offset_delta + 1 != header.records_count:
+                raise InvalidRecordError(
+                    f"batch at position {position} is inconsistent: lastOffsetDelta "
+                    f"{header.last_offset_delta} but recordsCount {header.records_count}"
+                )
+            headers.append(header)
+            position = batch_end
     return headers
 
 

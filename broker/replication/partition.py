@@ -629,6 +629,8 @@ class Partition:
         self.log.hw_checkpoint = hw
 
     def _try_complete_delayed_produces(self) -> list[Action]:
+        if not self._delayed_produces:
+            return []
         done = [d for d in self._delayed_produces.values() if self._hw > d.last_offset]
         actions: list[Action] = []
         for d in done:
@@ -654,6 +656,8 @@ class Partition:
     def _answer_parked_fetches(
         self, error: ErrorCode, only_with_data: bool = False, now: int | None = None
     ) -> list[Action]:
+        if not self._parked_fetches:
+            return []
         leo = self.log.log_end_offset
         keep: list[_ParkedFetch] = []
         actions: list[Action] = []

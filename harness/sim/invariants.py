@@ -122,8 +122,8 @@ class Invariants:
         no change (see the module doc)."""
         self.state_znodes = state_znodes
         self.verify_tracking = VERIFY_TRACKING if verify_tracking is None else verify_tracking
-        #: broker id -> its partitions, their objects and their fingerprints as last looked at
-        self.seen: dict[int, tuple[list[Any], list[Any], list[tuple[Any, ...]]]] = {}
+        #: broker id -> its partitions' fingerprints as last looked at (`_fingerprints`)
+        self.seen: dict[int, list[tuple[Any, ...]]] = {}
         #: each broker's server at the last check (None when down; a new incarnation is a new
         #: server)
         self.live_servers: list[Any] | None = None
@@ -166,35 +166,39 @@ class Invariants:
         changes: list[str] = []
         if self.state_znodes is not None:
             self._check_znodes(changes)
-        brokers = list(brokers)
+        brokers = brokers if isinstance(brokers, list) else list(brokers)
         servers = [b.server for b in brokers]
-        full = ran is None or servers != self.live_servers
-        if not full and not ran:
-            if self.verify_tracking:
-                self._verify([b for b in brokers if b.server is not None], set())
-            return changes  # no broker's code ran: no broker state changed
-        live = [b for b in brokers if b.server is not None]
-        if full:
-            self.live_servers = servers
-            self.full_checks += 1
-            self.seen = {}
-            dirty: set[tuple[str, int]] | None = None
-            for b in live:
-                self._look(b, None)
-        else:
-            assert ran is not None
-            dirty = set()
-            for b in live:
-                if b.id in ran:
+        if ran is not None and servers == self.live_servers:
+            if not ran:
+                if self.verify_tracking:
+                    self._verify([b for b in brokers if b.server is not None], set())
+                return changes  # no broker's code ran: no broker state changed
+            dirty: set[tuple[str, int]] | None = set()
+            for b in brokers:
+                if b.server is not None and b.id in ran:
                     self._look(b, dirty)
             if not dirty:
                 if self.verify_tracking:
-                    self._verify(live, dirty)
+                    self._verify([b for b in brokers if b.server is not None], dirty)
                 return changes
+        else:  # a full check
+            self.live_servers = servers
+            self.full_checks += 1
+            self.seen = {}
+            dirty = None
+            for b in brokers:
+                if b.server is not None:
+                    self._look(b, None)
+        live = [b for b in brokers if b.server is not None]
         by_id = {b.id: b for b in live}
         for b in live:
             partitions = b.server.replica_manager.partitions
-            tps = sorted(partitions) if dirty is None else sorted(dirty & partitions.keys())
+            if dirty is None:
+                tps = sorted(partitions)
+            elif len(dirty) == 1:
+                tps = [tp for tp in dirty if tp in partitions]
+            else:
+                tps = sorted(dirty & partitions.keys())
             for tp in tps:
                 hp = partitions[tp]
                 if hp.is_leader:
@@ -205,23 +209,20 @@ class Invariants:
 
     def _look(self, b: LiveBroker, dirty: set[tuple[str, int]] | None) -> None:
         """Fingerprint broker `b`'s partitions; those that moved go into `dirty`."""
-        partitions = b.server.replica_manager.partitions
-        tps = list(partitions)
-        hps = list(partitions.values())
-        fps = _fingerprints(hps)
+        fps = _fingerprints(b.server.replica_manager.partitions)
         before = self.seen.get(b.id)
-        self.seen[b.id] = (tps, hps, fps)
+        self.seen[b.id] = fps
         if dirty is None or before is None:
             if dirty is not None:
-                dirty.update(tps)
+                dirty.update(fp[0] for fp in fps)
             return
-        if fps == before[2] and hps == before[1] and tps == before[0]:
-            return  # (objects compare by identity)
-        old = {tp: (hp, fp) for tp, hp, fp in zip(*before, strict=True)}
-        for tp, hp, fp in zip(tps, hps, fps, strict=True):
-            was = old.get(tp)
-            if was is None or was[0] is not hp or was[1] != fp:
-                dirty.add(tp)
+        if fps == before:
+            return  # (each fingerprint holds its partition and the hosted partition object,
+            # which compares by identity)
+        old = {fp[0]: fp for fp in before}
+        for fp in fps:
+            if old.get(fp[0]) != fp:
+                dirty.add(fp[0])
         # (a partition no longer hosted needs no check: the data check skips a member
         # without it, and it leads nothing)
 
@@ -321,9 +322,13 @@ class Invariants:
         by_id: dict[int, LiveBroker],
         changes: list[str],
     ) -> None:
-        canon = self.canon.setdefault(tp, _Canon())
+        canon = self.canon.get(tp)
+        if canon is None:
+            canon = self.canon[tp] = _Canon()
+        verified = self.verified
+        damaged = self.damaged
         # the leader first: what it holds below its HW and nobody committed yet is canon
-        for m in [leader.id] + [r for r in isr if r != leader.id]:
+        for m in [leader.id, *[r for r in isr if r != leader.id]]:
             member = by_id.get(m)
             if member is None:
                 continue  # down: checked again when it is back
@@ -332,45 +337,48 @@ class Invariants:
                 continue
             lg = hp.log
             key = (member.id, member.incarnation, tp)
-            start = self.verified.get(key, -1)
-            if start < 0:
-                start = lg.log_start_offset
-            start = max(start, lg.log_start_offset)
+            log_start = lg.log_start_offset
+            start = verified.get(key, -1)
+            if start < log_start:
+                start = log_start
             if canon.start < 0:
-                canon.start = canon.end = lg.log_start_offset
-            start = max(start, canon.start)
+                canon.start = canon.end = log_start
+            if start < canon.start:
+                start = canon.start
             upto = hw
-            if lg.log_end_offset >= hw:
+            log_end = lg.log_end_offset
+            if log_end >= hw:
                 self.caught_up.add(key)
             elif m == leader.id:
                 raise InvariantViolation(
                     f"{tp[0]}-{tp[1]}: the leader, broker {m}, has its log end at "
-                    f"{lg.log_end_offset}, below its high watermark {hw}"
+                    f"{log_end}, below its high watermark {hw}"
                 )
             elif member.incarnation > 1 and key not in self.caught_up:
                 # restarted (with what its disk kept) and not yet caught up: traced
-                upto = lg.log_end_offset
+                upto = log_end
                 if key not in self.behind:
                     self.behind.add(key)
                     changes.append(
                         f"isr-member-behind-hw {tp[0]}-{tp[1]} broker {m} log end "
-                        f"{lg.log_end_offset} hw {hw} (leader {leader.id})"
+                        f"{log_end} hw {hw} (leader {leader.id})"
                     )
             else:
                 raise InvariantViolation(
                     f"{tp[0]}-{tp[1]}: broker {m}, in the ISR {isr} of leader {leader.id}, "
-                    f"has its log end at {lg.log_end_offset}, below the high watermark {hw}"
+                    f"has its log end at {log_end}, below the high watermark {hw}"
                 )
-            compacted = bool(getattr(getattr(lg, "config", None), "compact", False))
-            while start < upto and (m, tp) not in self.damaged:
-                data = lg.read(start, READ_CHUNK, max_offset=upto).read_bytes()
-                batches = parse_batches(data)
-                if not batches:
-                    break
-                for batch in batches:
-                    self._agree(tp, canon, batch, m, leader.id, compacted)
-                start = batches[-1].last + 1
-            self.verified[key] = start
+            if start < upto and not (damaged and (m, tp) in damaged):
+                compacted = bool(getattr(getattr(lg, "config", None), "compact", False))
+                while start < upto:
+                    data = lg.read(start, READ_CHUNK, max_offset=upto).read_bytes()
+                    batches = parse_batches(data)
+                    if not batches:
+                        break
+                    for batch in batches:
+                        self._agree(tp, canon, batch, m, leader.id, compacted)
+                    start = batches[-1].last + 1
+            verified[key] = start
 
     def _agree(
         self,
@@ -408,32 +416,36 @@ class Invariants:
             )
 
 
-def _fingerprints(hps: list[Any]) -> list[tuple[Any, ...]]:
-    """What the invariants read of each hosted partition, as one comparable value: its
-    replication core's role, leader epoch, high watermark and ISR, its log's start and end
-    offsets. This runs after every event of a broker, for each of its partitions (8 per
-    broker in bench_sim: 340,000 times a run), so it reads the fields behind the properties
-    the check reads (the core's `_hw`, the log's `_log_start_offset`, its active segment's
-    `_next_offset`): 1.7 us for 8 partitions, against 5-7 us through the properties; a
+def _fingerprints(partitions: dict[Any, Any]) -> list[tuple[Any, ...]]:
+    """What the invariants read of each hosted partition of `partitions` (tp -> hosted
+    partition), as one comparable value: the partition, the hosted partition object
+    (compared by identity), its replication core's role, leader epoch, high watermark and
+    ISR, its log's start and end offsets. This runs after every event of a broker, for each
+    of its partitions (8 per broker in bench_sim: 170,000 times a run), so it reads the
+    fields behind the properties the check reads (the core's `_hw`, the log's
+    `_log_start_offset`, its active segment's `_next_offset`), in one list comprehension; a
     segment whose end is not cached yet is read through its property. A partition object
     without these fields (the checker's own tests' stand-ins, or a broker that renamed them)
-    is read through the public properties; `VERIFY_TRACKING` (tests/sim/test_cluster_on_sim.py)
-    holds this to them."""
-    out = []
+    is read through the public properties; `VERIFY_TRACKING`
+    (tests/sim/test_cluster_on_sim.py) holds this to them."""
     try:
-        for hp in hps:
-            core = hp.core
-            lg = hp.log
-            seg = lg._segments[-1]
-            end = seg._next_offset
-            if end is None:
-                end = seg.next_offset
-            out.append(
-                (core.role, core.leader_epoch, core._hw, core.isr, lg._log_start_offset, end)
+        return [
+            (
+                tp,
+                hp,
+                (core := hp.core).role,
+                core.leader_epoch,
+                core._hw,
+                core.isr,
+                (lg := hp.log)._log_start_offset,
+                end
+                if (end := (seg := lg._segments[-1])._next_offset) is not None
+                else seg.next_offset,
             )
+            for tp, hp in partitions.items()
+        ]
     except AttributeError:
-        return [_public_fingerprint(hp) for hp in hps]
-    return out
+        return [(tp, hp, *_public_fingerprint(hp)) for tp, hp in partitions.items()]
 
 
 def _public_fingerprint(hp: Any) -> tuple[Any, ...]:

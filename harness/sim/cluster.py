@@ -168,7 +168,7 @@ class SimBroker:
 class SimCluster:
     """`n` brokers (ids 1..n on hosts n1..nn) on `loop`, data under `base_dir`, from `seed`.
     `overrides` are broker settings for all. `check_invariants` runs the checker after every
-    event. Use as `async with SimCluster(...) as cluster:` (or `start()` / `close()`)."""
+    event. `trace_data` false leaves the network's data segment lines out of `trace`. Use as `async with SimCluster(...) as cluster:` (or `start()` / `close()`)."""
 
     def __init__(
         self,
@@ -181,6 +181,7 @@ class SimCluster:
         zk_tick_ms: int = 500,
         latency: tuple[float, float] = (0.0002, 0.002),
         check_invariants: bool = True,
+        trace_data: bool = True,
     ) -> None:
         self.loop = loop
         self.base_dir = Path(base_dir)
@@ -188,7 +189,11 @@ class SimCluster:
         self.rng = random.Random(seed)
         self.trace: list[str] = []
         self.net = SimNetwork(
-            loop, seed=self.rng.getrandbits(64), latency=latency, on_event=self.trace.append
+            loop,
+            seed=self.rng.getrandbits(64),
+            latency=latency,
+            on_event=self.trace.append,
+            trace_data=trace_data,
         )
         self.ensemble = SimEnsemble(loop, seed=self.rng.getrandbits(64), tick_ms=zk_tick_ms)
         self.zk_hosts = [f"n{i}" for i in range(1, n + 1)]

@@ -75,7 +75,9 @@ The rest of TCP's ends that the broker can meet: a side that closes with bytes i
 read sends a reset instead of a FIN (Linux), bytes arriving at a closed side are answered
 with a reset, closing a listener resets the connections waiting in its accept queue.
 `abort()` resets. `on_event` (a callable, optional) is told every connect, segment, drop and
-reset as one line of text with the virtual time: a trace to compare runs by.
+reset as one line of text with the virtual time: a trace to compare runs by (with
+`trace_data=False`, every one but the data segments delivered, each with its length and
+CRC32: the most frequent lines, which a run's trace.txt leaves out).
 """
 
 from __future__ import annotations
@@ -582,6 +584,7 @@ class SimNetwork:
         syn_timeout: float = SYN_TIMEOUT,
         retransmit_timeout: float = RETRANSMIT_TIMEOUT,
         on_event: Callable[[str], None] | None = None,
+        trace_data: bool = True,
     ) -> None:
         self.loop = loop
         self.rng = random.Random(seed)
@@ -591,6 +594,9 @@ class SimNetwork:
         self.syn_timeout = syn_timeout
         self.retransmit_timeout = retransmit_timeout
         self.on_event = on_event
+        #: whether `on_event` is told of each data segment delivered (the most frequent line;
+        #: a run that keeps no such line, `harness.sim.run`'s trace.txt, turns it off)
+        self.trace_data = trace_data
         self._hosts: dict[str, SimHost] = {}
         self._listeners: dict[Address, SimListener] = {}
         self._connections: dict[int, _Connection] = {}
@@ -827,8 +833,10 @@ class SimNetwork:
         self.stats["segments"] += 1
         self.stats["bytes"] += len(data)
         if self.on_event is not None:
-            what = f"{kind} {len(data)} {zlib.crc32(data):08x}" if kind == _DATA else kind
-            self._event(src, what)
+            if kind != _DATA:
+                self._event(src, kind)
+            elif self.trace_data:
+                self._event(src, f"{kind} {len(data)} {zlib.crc32(data):08x}")
         dst._receive(kind, data)
 
     # ----- netem: packets lost, retransmitted, delayed ---------------------------------------

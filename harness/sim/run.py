@@ -282,6 +282,7 @@ def simulate_queue(
             seed=int(test.get("seed") or 0),
             overrides=broker_overrides(test),
             check_invariants=check_invariants,
+            trace_data=False,  # (trace.txt leaves them out)
         )
         holder["cluster"] = cluster
         async with cluster:

@@ -55,8 +55,9 @@ def _read_all(server: KafkaServer, req: Any, replica_id: int) -> tuple[list[Any]
             )
             if res.error != ErrorCode.NONE:
                 errors = True
-            total += res.size
-            remaining -= res.size
+            size = res.size
+            total += size
+            remaining -= size
             parts.append((p.partition, res))
         out.append((topic.topic, parts))
     return out, total, errors
@@ -110,8 +111,9 @@ def _encode(
         for index, res in parts:
             records: bytes | list[FileRegion] = b""
             data = res.data
-            if data is not None and data.size > 0:
-                if data.size >= threshold > 0:
+            size = 0 if data is None else data.size
+            if size > 0:
+                if size >= threshold > 0:
                     records = [FileRegion(r.file, r.position, r.size) for r in data.regions]
                 else:
                     records = data.read_bytes()

@@ -49,7 +49,7 @@ import itertools
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from isrlab.broker.log import durable, recovery
@@ -159,10 +159,16 @@ class FetchDataInfo:
 
     @property
     def size(self) -> int:
-        return sum(region.size for region in self.regions)
+        regions = self.regions
+        if len(regions) == 1:  # (most reads: one segment)
+            return regions[0].size
+        return sum(region.size for region in regions)
 
     def read_bytes(self) -> bytes:
-        return b"".join(region.read_bytes() for region in self.regions)
+        regions = self.regions
+        if len(regions) == 1:
+            return regions[0].read_bytes()
+        return b"".join(region.read_bytes() for region in regions)
 
 
 def parse_topic_partition(directory: Path) -> tuple[str, int]:
@@ -601,9 +607,9 @@ class Log:
                 f"fetch offset {start_offset} of {self._dir.name} is outside "
                 f"[{self._log_start_offset}, {leo}]: reset to the log start or end offset"
             )
-        result = FetchDataInfo(fetch_offset=start_offset)
         if start_offset == leo or (max_offset is not None and start_offset >= max_offset):
-            return result
+            return FetchDataInfo(fetch_offset=start_offset)
+        regions: list[FileRegion] = []
         remaining = max_bytes
         first = max(bisect.bisect_right(self._bases, start_offset) - 1, 0)
         last: tuple[LogSegment, FileRegion] | None = None
@@ -613,7 +619,7 @@ class Log:
             region = segment.read(
                 max(start_offset, segment.base_offset),
                 max(remaining, 0),
-                min_one_message=min_one_message and not result.regions,
+                min_one_message=min_one_message and not regions,
                 max_offset=max_offset,
             )
             if region is None:
@@ -626,7 +632,7 @@ class Log:
                 if self.on_storage_failure is not None:
                     self.on_storage_failure(exc)
                 raise
-            result.regions.append(region)
+            regions.append(region)
             last = (segment, region)
             remaining -= region.size
             if remaining <= 0 or region.position + region.size < segment.size:
@@ -634,8 +640,8 @@ class Log:
         if last is not None:
             segment, region = last
             following = segment.offset_at_position(region.position + region.size)
-            return replace(result, upper_bound_offset=following)
-        return result
+            return FetchDataInfo(regions, start_offset, following)
+        return FetchDataInfo(regions, start_offset)
 
     # -- transactions ------------------------------------------------------------------------
 

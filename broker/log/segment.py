@@ -393,6 +393,8 @@ class LogSegment:
     def offset_at_position(self, position: int) -> int:
         """The base offset of the batch at ``position`` (a batch boundary), or the segment's
         next offset at its end."""
+        if position + HEADER_SIZE > self._size:  # (a read up to the end: no header to read)
+            return self.next_offset
         header = next(self._iter_headers(position), None)
         return header.base_offset if header is not None else self.next_offset
 

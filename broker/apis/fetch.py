@@ -111,8 +111,7 @@ def _encode(
         for index, res in parts:
             records: bytes | list[FileRegion] = b""
             data = res.data
-            size = 0 if data is None else data.size
-            if size > 0:
+            if data is not None and (size := data.size) > 0:
                 if size >= threshold > 0:
                     records = [FileRegion(r.file, r.position, r.size) for r in data.regions]
                 else:

@@ -172,49 +172,53 @@ def _error_name(code: int) -> str:
 
 
 class _Conn:
-    """One connection to a broker: requests pipelined, answers matched by correlation id."""
+    """One connection to a broker: requests pipelined, answers matched by correlation id.
 
-    def __init__(self, transport: Transport, host: str, port: int, client_id: str) -> None:
+    The connection's bytes go to a `_Frames` protocol (`SimHost.connect_protocol`), which
+    cuts the answers out of them and hands each to its caller's future as the segment holding
+    its end arrives: no reading task (and no wake-up of one per answer), no asyncio streams."""
+
+    def __init__(self, transport: Any, host: str, port: int, client_id: str) -> None:
         self.transport = transport
         self.host, self.port, self.client_id = host, port, client_id
-        self._writer: asyncio.StreamWriter | None = None
-        self._reader_task: asyncio.Task[None] | None = None
+        self._frames: _Frames | None = None
         self._connect_lock = asyncio.Lock()
         self._correlation = 0
         self._waiting: dict[int, tuple[asyncio.Future[Any], Callable[[bytes], Any]]] = {}
 
-    async def _connect(self, timeout: float) -> asyncio.StreamWriter:
+    async def _connect(self, timeout: float) -> _Frames:
         async with self._connect_lock:
-            if self._writer is not None:
-                return self._writer
+            if self._frames is not None:
+                return self._frames
+            frames = _Frames(self)
             try:
-                reader, writer = await asyncio.wait_for(
-                    self.transport.connect(self.host, self.port, limit=1 << 20), timeout
+                await asyncio.wait_for(
+                    self.transport.connect_protocol(self.host, self.port, frames), timeout
                 )
             except (OSError, TimeoutError) as e:
                 raise ConnectionFailed(
                     f"cannot connect to {self.host}:{self.port}: {e!r}"
                 ) from None
-            self._writer = writer
-            self._reader_task = asyncio.get_running_loop().create_task(self._read(reader))
-            return writer
+            self._frames = frames
+            return frames
 
-    async def _read(self, reader: asyncio.StreamReader) -> None:
+    def _answer(self, frame: bytes) -> None:
+        """An answer arrived (`frame`: from the correlation id on): its caller's future gets
+        it decoded (or the decoder's error); an answer nobody waits for any more (its caller
+        timed out or was cancelled) is dropped."""
+        (correlation,) = _CORRELATION.unpack_from(frame, 0)
+        entry = self._waiting.pop(correlation, None)
+        if entry is None:
+            return
+        fut, decode = entry
+        if fut.done():
+            return
         try:
-            while True:
-                head = await reader.readexactly(4)
-                (size,) = struct.unpack(">i", head)
-                frame = await reader.readexactly(size)
-                (correlation,) = struct.unpack_from(">i", frame, 0)
-                entry = self._waiting.pop(correlation, None)
-                if entry is None:
-                    continue  # its caller gave up (timed out or cancelled)
-                fut, decode = entry
-                response = decode(frame)
-                if not fut.done():
-                    fut.set_result(response)
-        except (OSError, asyncio.IncompleteReadError) as e:
-            self._fail(ConnectionFailed(f"{self.host}:{self.port}: {e!r}"))
+            response = decode(frame)
+        except Exception as e:  # a frame the decoder cannot read: the caller's error
+            fut.set_exception(e)
+        else:
+            fut.set_result(response)
 
     def _fail(self, exc: Exception) -> None:
         waiting, self._waiting = self._waiting, {}
@@ -247,7 +251,7 @@ class _Conn:
     ) -> Any:
         """`request` with the framed request from `encode(correlation id, client id)` and the
         response from `decode(frame)` (harness/sim/wire.py's hand-written codecs)."""
-        writer = await self._connect(timeout)
+        frames = await self._connect(timeout)
         self._correlation += 1
         correlation = self._correlation
         data = encode(correlation, self.client_id)
@@ -255,8 +259,9 @@ class _Conn:
         if answer:
             self._waiting[correlation] = (fut, decode)
         try:
-            writer.write(data)
-            await writer.drain()
+            frames.sock.write(data)
+            if frames.paused or frames.sock.is_closing():
+                await frames.drain()
             if not answer:
                 return None
             # the timeout as one timer on the answer's future: asyncio.wait_for would add a
@@ -276,13 +281,96 @@ class _Conn:
             self._waiting.pop(correlation, None)
 
     def close(self) -> None:
-        writer, self._writer = self._writer, None
-        task, self._reader_task = self._reader_task, None
-        if writer is not None:
+        frames, self._frames = self._frames, None
+        if frames is not None:
             with contextlib.suppress(Exception):
-                writer.close()
-        if task is not None and task is not asyncio.current_task():
-            task.cancel()
+                frames.sock.close()
+
+
+_SIZE = struct.Struct(">i")
+_CORRELATION = _SIZE
+
+
+class _Frames(asyncio.Protocol):
+    """The protocol of one `_Conn`'s connection: cuts size-prefixed frames out of the bytes
+    as they arrive and gives each to the connection (`_Conn._answer`); the connection's end
+    (EOF, a reset, a timeout) fails what waits on it. Write flow control as asyncio's
+    streams: `drain()` waits while the transport has paused writing, and raises once the
+    connection is lost."""
+
+    def __init__(self, conn: _Conn) -> None:
+        self.conn = conn
+        self.sock: Any = None
+        self._buf = bytearray()
+        self._need = 4  # bytes the buffer needs before the next frame can be cut
+        self.paused = False
+        self._lost = False
+        self._drain: asyncio.Future[None] | None = None
+
+    def connection_made(self, transport: Any) -> None:
+        self.sock = transport
+
+    def data_received(self, data: bytes) -> None:
+        buf = self._buf
+        if buf:
+            buf += data
+            if len(buf) < self._need:
+                return
+            data = bytes(buf)
+            buf.clear()
+        n = len(data)
+        pos = 0
+        conn = self.conn
+        while n - pos >= 4:
+            (size,) = _SIZE.unpack_from(data, pos)
+            end = pos + 4 + size
+            if end > n:
+                self._need = end - pos
+                break
+            frame = data[pos + 4 : end]
+            pos = end
+            if conn._frames is self:
+                conn._answer(frame)
+        else:
+            self._need = 4
+        if pos < n:
+            buf += data[pos:]
+
+    def eof_received(self) -> bool:
+        self._end(asyncio.IncompleteReadError(bytes(self._buf), self._need))
+        return True  # (closed by the connection's failure)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._end(exc or asyncio.IncompleteReadError(bytes(self._buf), self._need))
+
+    def _end(self, exc: BaseException) -> None:
+        self._lost = True
+        self._buf.clear()
+        drain, self._drain = self._drain, None
+        if drain is not None and not drain.done():
+            drain.set_exception(ConnectionResetError("Connection lost"))
+        if self.conn._frames is self:
+            self.conn._fail(ConnectionFailed(f"{self.conn.host}:{self.conn.port}: {exc!r}"))
+
+    def pause_writing(self) -> None:
+        self.paused = True
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        drain, self._drain = self._drain, None
+        if drain is not None and not drain.done():
+            drain.set_result(None)
+
+    async def drain(self) -> None:
+        """asyncio's `StreamWriter.drain`: a closing transport lets the loop run once, a lost
+        connection raises ConnectionResetError, a paused one waits for `resume_writing`."""
+        if self.sock.is_closing():
+            await asyncio.sleep(0)
+        if self._lost:
+            raise ConnectionResetError("Connection lost")
+        if self.paused:
+            self._drain = asyncio.get_running_loop().create_future()
+            await self._drain
 
 
 async def _within(coro: Any, timeout: float) -> tuple[bool, Any]:

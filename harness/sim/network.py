@@ -91,7 +91,7 @@ import socket
 import zlib
 from asyncio.constants import _SendfileMode
 from collections.abc import Callable, Collection, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from isrlab.broker.network.transport import LISTEN_BACKLOG, Address, Streams
 from isrlab.harness.sim.netem import PACKET, Netem
@@ -108,6 +108,8 @@ RETRANSMIT_TIMEOUT = 924.6
 RTO_MIN = 0.2
 RTO_MAX = 120.0
 EPHEMERAL_PORTS = (32768, 60999)
+
+_T = TypeVar("_T")
 
 # segment kinds
 _ACK, _DATA, _FIN, _RST = "ack", "data", "fin", "rst"
@@ -461,6 +463,11 @@ def _streams(sock: SimSocket, limit: int) -> Streams:
     return reader, asyncio.StreamWriter(sock, protocol, reader, loop)
 
 
+def _attached(sock: SimSocket, protocol: Any) -> SimSocket:
+    sock._attach(protocol)
+    return sock
+
+
 class SimListener:
     """A listening port (`transport.Listening`): an accept queue of at most `backlog`
     connections, those still in their handshake counted."""
@@ -564,7 +571,14 @@ class SimHost:
         return listener
 
     async def connect(self, host: str, port: int, limit: int = 1 << 16) -> Streams:
-        return await self.net._connect(self, host, port, limit)
+        return await self.net._connect(self, host, port, lambda sock: _streams(sock, limit))
+
+    async def connect_protocol(self, host: str, port: int, protocol: Any) -> SimSocket:
+        """`connect`, with `protocol` (an `asyncio.Protocol`) attached to the connection
+        instead of asyncio's streams (`connection_made` with the transport, `data_received`
+        as the bytes arrive, ...): the transport. For a client that cuts frames itself (the
+        simulated Kafka client, harness/sim/client.py): no reading task to wake per answer."""
+        return await self.net._connect(self, host, port, lambda sock: _attached(sock, protocol))
 
 
 class SimNetwork:
@@ -1107,7 +1121,11 @@ class SimNetwork:
 
     # ----- connecting -----------------------------------------------------------------------
 
-    async def _connect(self, src: SimHost, host: str, port: int, limit: int) -> Streams:
+    async def _connect(
+        self, src: SimHost, host: str, port: int, attach: Callable[[SimSocket], _T]
+    ) -> _T:
+        """Connect from `src` to `host`:`port`; `attach(client socket)` gives the caller's end
+        (streams, or a protocol's transport) once the connection is established."""
         if host not in self._hosts:
             raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
         loop = self.loop
@@ -1161,9 +1179,9 @@ class SimNetwork:
                             self._connections.pop(client._conn.id, None)
                     if established:
                         self._note(f"{_fmt(local)}->{_fmt(target)} c{client._conn.id} established")
-                        reader, writer = _streams(client, limit)
+                        end = attach(client)
                         self._send(client, _ACK, b"")
-                        return reader, writer
+                        return end
             # the SYN or its answer was lost (or the backlog was full): Linux sends it again
             wait = next(retries, None)
             at = start + (wait if wait is not None else self.syn_timeout)

@@ -507,8 +507,14 @@ class HostedPartition:
                 now_ms(),
                 read_committed=read_committed,
             )
-            resp = next((a for a in actions if isinstance(a, FetchResponse)), None)
-            self.dispatch([a for a in actions if not isinstance(a, FetchResponse)])
+            resp = None
+            others: list[Action] = []
+            for a in actions:
+                if resp is None and isinstance(a, FetchResponse):
+                    resp = a
+                elif not isinstance(a, FetchResponse):
+                    others.append(a)
+            self.dispatch(others)
             if resp is None:  # pragma: no cover - the core always answers a non-parked fetch
                 return ReadResult(error=ErrorCode.UNKNOWN_SERVER_ERROR)
             records_end = resp.records_end

@@ -37,6 +37,7 @@ snapshots past a truncation point are deleted.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 from collections import deque
@@ -374,8 +375,9 @@ class ProducerStateManager:
 
     def first_unstable_offset(self) -> int | None:
         """The first offset of the oldest ongoing or not yet replicated transaction."""
-        firsts = list(self.ongoing) + list(self.unreplicated)
-        return min(firsts) if firsts else None
+        if not self.ongoing and not self.unreplicated:  # (no transaction: every fetch asks)
+            return None
+        return min(itertools.chain(self.ongoing, self.unreplicated))
 
     # ----- queries ---------------------------------------------------------------------------
 

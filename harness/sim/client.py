@@ -2,10 +2,10 @@
 (harness/workloads/queue/client.py), performed as asyncio code on the simulated network.
 
 `SimQueueClient(test, transport, bootstrap, process, node)` talks the Kafka protocol to the
-brokers of a `SimCluster` over `transport` (`cluster.net.host(...)`): Produce and Fetch
-requests, their responses and the fetched records through the hand-written codecs of
-`harness/sim/wire.py` (held to kafka-python's by tests/sim/test_client_wire.py), the rarer
-requests through kafka-python's classes (as `broker/network/client.py`); batches are built
+brokers of a `SimCluster` over `transport` (`cluster.net.host(...)`): Produce, Fetch and
+ListOffsets requests, their responses and the fetched records through the hand-written
+codecs of `harness/sim/wire.py` (held to kafka-python's by tests/sim/test_client_wire.py),
+the rarer requests through kafka-python's classes (as `broker/network/client.py`); batches are built
 as kafka-python's record-batch builder builds them (`wire.encode_batch`).
 `SimQueueClient.factory(test, net, nodes)` is the interpreter's client_factory(process,
 thread): thread t is bound to node t mod n (its `node`, first in its bootstrap order, as
@@ -82,7 +82,6 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from kafka.protocol.api_header import ResponseClassRegistry
-from kafka.protocol.consumer import ListOffsetsRequest
 from kafka.protocol.metadata import MetadataRequest
 from kafka.protocol.producer.transaction import InitProducerIdRequest
 
@@ -907,7 +906,6 @@ class SimQueueClient:
             if leader is not None:
                 by_leader.setdefault(leader, []).append(tp)
         out: dict[str, int] = {}
-        L = ListOffsetsRequest[4]
         for leader, tps in sorted(by_leader.items()):
             conn = self._broker_conn(leader)
             left = min(self.request_timeout, self._left(deadline))
@@ -916,34 +914,21 @@ class SimQueueClient:
             topics: dict[str, list[int]] = {}
             for t, p in tps:
                 topics.setdefault(t, []).append(p)
-            req = L(
-                replica_id=-1,
-                isolation_level=0,
-                topics=[
-                    L.ListOffsetsTopic(
-                        name=t,
-                        partitions=[
-                            L.ListOffsetsTopic.ListOffsetsPartition(
-                                partition_index=p, current_leader_epoch=-1, timestamp=timestamp
-                            )
-                            for p in ps
-                        ],
-                    )
-                    for t, ps in sorted(topics.items())
-                ],
-            )
             try:
-                resp = await conn.request(req, left)
+                parts = await conn.call(
+                    functools.partial(_list_offsets, timestamp, sorted(topics.items())),
+                    wire.decode_list_offsets_response,
+                    left,
+                )
             except ConnectionFailed:
                 for tp in tps:
                     self._forget(tp)
                 continue
-            for t in resp.topics:
-                for p in t.partitions:
-                    if p.error_code == 0 and p.offset >= 0:
-                        out[f"{t.name}/{p.partition_index}"] = p.offset
-                    elif p.error_code in _REFRESH:
-                        self._forget((t.name, p.partition_index))
+            for part in parts:
+                if part.error_code == 0 and part.offset >= 0:
+                    out[f"{part.topic}/{part.partition}"] = part.offset
+                elif part.error_code in _REFRESH:
+                    self._forget((part.topic, part.partition))
         return out
 
     async def _watermarks(self, keys: list[str], deadline: float) -> Op:
@@ -1070,6 +1055,12 @@ def _produce(
     return wire.encode_produce_request(
         correlation, client_id, acks, timeout_ms, tp[0], tp[1], records
     )
+
+
+def _list_offsets(
+    timestamp: int, topics: list[tuple[str, list[int]]], correlation: int, client_id: str
+) -> bytes:
+    return wire.encode_list_offsets_request(correlation, client_id, timestamp, topics)
 
 
 def _fetch_request(

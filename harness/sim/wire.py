@@ -5,7 +5,9 @@ reads the records of every fetched batch. Built and read through kafka-python's 
 schemas (an object per topic and partition, a generated decoder per version, a record object
 per record) they cost the simulator about a tenth of its CPU; these do the same from tuples,
 as the broker's own `broker/network/hot_responses.py` and `replica_fetch.py` do on its side.
-The rarer requests (Metadata, ListOffsets, InitProducerId) stay on kafka-python's classes.
+ListOffsets (a consumer's log start lookups and the sampled watermarks: after Produce and
+Fetch the most frequent) is done here too; the rarer requests (Metadata, InitProducerId, the
+groups' and transactions') stay on kafka-python's classes.
 
 tests/sim/test_client_wire.py holds every function here to kafka-python: the requests byte for
 byte (`ProduceRequest[8]`, `FetchRequest[11]` with their v1 headers, framed), the responses
@@ -23,6 +25,10 @@ records as kafka-python's `DefaultRecordBatch` iterates them, on hypothesis-gene
   start -1, no forgotten topics, rack ""); `topics` is [(topic, [(partition, fetch offset,
   partition max bytes)])] in the order given;
 - `decode_fetch_response(frame)` -> (top-level error code, [`FetchedPart`]);
+- `encode_list_offsets_request(correlation, client_id, timestamp, topics)`: a consumer's
+  ListOffsets v4 (replica -1, read uncommitted, current leader epoch -1); `topics` is
+  [(topic, [partition])] in the order given; `decode_list_offsets_response(frame)` ->
+  [`ListedPart`] (topic, partition, error code, offset);
 - `decode_records(data)` -> [(offset, value bytes or None)] of the data records of the whole
   v2 batches in `data` (a batch cut short at the end is left out, control batches skipped); a
   batch that is compressed or not of magic 2 is read by kafka-python's `DefaultRecordBatch`.
@@ -44,6 +50,7 @@ from isrlab.broker.network.replica_fetch import FetchedPart, MalformedResponse
 
 PRODUCE_KEY, PRODUCE_VERSION = 0, 8
 FETCH_KEY, FETCH_VERSION = 1, 11
+LIST_OFFSETS_KEY, LIST_OFFSETS_VERSION = 2, 4
 
 _HEADER = struct.Struct(">ihhih")  # size placeholder, api key, version, correlation, id length
 _I16 = struct.Struct(">h")
@@ -56,6 +63,16 @@ _FETCH_PART = struct.Struct(">iiqqi")  # partition, leader epoch, offset, log st
 _FETCH_TAIL = b"\x00\x00\x00\x00\x00\x00"  # no forgotten topics (int32 0), rack id "" (int16 0)
 _BATCH_HEAD = struct.Struct(">qiibIhiqqqhii")  # a v2 record batch's 61-byte header
 _CRC = struct.Struct(">I")
+_LIST_BODY = struct.Struct(">ibi")  # replica id, isolation level, topics count
+_LIST_PART = struct.Struct(">iiq")  # partition, current leader epoch, timestamp
+_LISTED = struct.Struct(">ihqqi")  # partition, error, timestamp, offset, leader epoch
+
+
+class ListedPart(NamedTuple):
+    topic: str
+    partition: int
+    error_code: int
+    offset: int
 
 
 class ProducedPart(NamedTuple):
@@ -216,6 +233,50 @@ def decode_fetch_response(frame: bytes | memoryview) -> tuple[int, list[FetchedP
     return error, parts
 
 
+def encode_list_offsets_request(
+    correlation_id: int,
+    client_id: str,
+    timestamp: int,
+    topics: Sequence[tuple[str, Sequence[int]]],
+) -> bytes:
+    """A consumer's ListOffsetsRequest v4 of `timestamp` (-2 earliest, -1 latest) for every
+    partition of `topics` ([(topic, [partition])], in the order given), framed: replica -1,
+    read uncommitted, current leader epoch -1."""
+    out = _head(LIST_OFFSETS_KEY, LIST_OFFSETS_VERSION, correlation_id, client_id)
+    out += _LIST_BODY.pack(-1, 0, len(topics))
+    pack = _LIST_PART.pack
+    for topic, parts in topics:
+        name = topic.encode()
+        out += _I16.pack(len(name))
+        out += name
+        out += _I32.pack(len(parts))
+        for partition in parts:
+            out += pack(partition, -1, timestamp)
+    _I32.pack_into(out, 0, len(out) - 4)
+    return bytes(out)
+
+
+def decode_list_offsets_response(frame: bytes | memoryview) -> list[ListedPart]:
+    """A ListOffsetsResponse v4 frame -> its partitions, topic by topic."""
+    buf = memoryview(frame)
+    out: list[ListedPart] = []
+    try:
+        pos = 8  # correlation id, throttle time
+        (n_topics,) = _I32.unpack_from(buf, pos)
+        pos += 4
+        for _ in range(n_topics):
+            topic, pos = _string(buf, pos)
+            (n_parts,) = _I32.unpack_from(buf, pos)
+            pos += 4
+            for _ in range(n_parts):
+                index, error, _timestamp, offset, _epoch = _LISTED.unpack_from(buf, pos)
+                pos += _LISTED.size
+                out.append(ListedPart(topic or "", index, error, offset))
+    except (struct.error, UnicodeDecodeError) as e:
+        raise MalformedResponse(f"list offsets response cut short or garbled: {e}") from None
+    return out
+
+
 def _varint(data: bytes, pos: int) -> tuple[int, int]:
     """A zigzag varint at `pos` -> (value, position after it)."""
     b = data[pos]
@@ -301,12 +362,15 @@ def decode_records(data: bytes) -> list[tuple[int, bytes | None]]:
 
 __all__ = [
     "FetchedPart",
+    "ListedPart",
     "MalformedResponse",
     "ProducedPart",
     "decode_fetch_response",
+    "decode_list_offsets_response",
     "decode_produce_response",
     "decode_records",
     "encode_batch",
     "encode_fetch_request",
+    "encode_list_offsets_request",
     "encode_produce_request",
 ]

@@ -1,5 +1,5 @@
 """The simulated client's hand-written codecs (harness/sim/wire.py) against kafka-python: the
-requests byte for byte, the responses field for field, the records as `DefaultRecordBatch`
+requests (Produce, Fetch, ListOffsets) byte for byte, the responses field for field, the records as `DefaultRecordBatch`
 iterates them."""
 
 from __future__ import annotations
@@ -9,7 +9,12 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kafka.protocol.consumer import FetchRequest, FetchResponse
+from kafka.protocol.consumer import (
+    FetchRequest,
+    FetchResponse,
+    ListOffsetsRequest,
+    ListOffsetsResponse,
+)
 from kafka.protocol.producer import ProduceRequest, ProduceResponse
 from kafka.record.default_records import DefaultRecordBatch
 from kafka.record.memory_records import MemoryRecordsBuilder
@@ -173,6 +178,81 @@ def test_fetch_requests_encode_as_kafka_python(
     expected = ref.encode(header=True, framed=True)
     ours = wire.encode_fetch_request(correlation, client, wait, min_bytes, max_bytes, topics)
     assert ours == expected
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    correlation=i32,
+    client=names,
+    timestamp=st.one_of(st.sampled_from([-2, -1]), i64),
+    topics=st.lists(st.tuples(topic_names, st.lists(i32, min_size=1, max_size=4)), max_size=4),
+)
+def test_list_offsets_requests_encode_as_kafka_python(
+    correlation: int, client: str, timestamp: int, topics: list[tuple[str, list[int]]]
+) -> None:
+    L = ListOffsetsRequest[wire.LIST_OFFSETS_VERSION]
+    ref = L(
+        replica_id=-1,
+        isolation_level=0,
+        topics=[
+            L.ListOffsetsTopic(
+                name=t,
+                partitions=[
+                    L.ListOffsetsTopic.ListOffsetsPartition(
+                        partition_index=p, current_leader_epoch=-1, timestamp=timestamp
+                    )
+                    for p in ps
+                ],
+            )
+            for t, ps in topics
+        ],
+    )
+    ref.with_header(correlation_id=correlation, client_id=client)
+    expected = ref.encode(header=True, framed=True)
+    assert wire.encode_list_offsets_request(correlation, client, timestamp, topics) == expected
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    correlation=i32,
+    throttle=i32,
+    topics=st.lists(
+        st.tuples(names, st.lists(st.tuples(i32, i16, i64, i64, i32), max_size=3)), max_size=3
+    ),
+)
+def test_list_offsets_responses_decode_as_kafka_python_encodes_them(
+    correlation: int, throttle: int, topics: list[tuple[str, list[Any]]]
+) -> None:
+    R = ListOffsetsResponse[wire.LIST_OFFSETS_VERSION]
+    T = R.ListOffsetsTopicResponse
+    resp = R(
+        throttle_time_ms=throttle,
+        topics=[
+            T(
+                name=name,
+                partitions=[
+                    T.ListOffsetsPartitionResponse(
+                        partition_index=index,
+                        error_code=err,
+                        timestamp=ts,
+                        offset=off,
+                        leader_epoch=epoch,
+                    )
+                    for index, err, ts, off, epoch in parts
+                ],
+            )
+            for name, parts in topics
+        ],
+    )
+    resp.with_header(correlation_id=correlation)
+    frame = resp.encode(header=True, framed=True)[4:]
+    assert wire.decode_list_offsets_response(frame) == [
+        wire.ListedPart(name, index, err, off)
+        for name, parts in topics
+        for index, err, _, off, _ in parts
+    ]
+    with pytest.raises(wire.MalformedResponse):
+        wire.decode_list_offsets_response(frame[:-1])
 
 
 aborted = st.one_of(st.none(), st.lists(st.tuples(i64, i64), max_size=3))

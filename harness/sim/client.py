@@ -5,8 +5,8 @@
 brokers of a `SimCluster` over `transport` (`cluster.net.host(...)`): Produce, Fetch and
 ListOffsets requests, their responses and the fetched records through the hand-written
 codecs of `harness/sim/wire.py` (held to kafka-python's by tests/sim/test_client_wire.py),
-the rarer requests through kafka-python's classes (as `broker/network/client.py`); batches are built
-as kafka-python's record-batch builder builds them (`wire.encode_batch`).
+the rarer requests through kafka-python's classes (as `broker/network/client.py`); batches
+are built as kafka-python's record-batch builder builds them (`wire.encode_batch`).
 `SimQueueClient.factory(test, net, nodes)` is the interpreter's client_factory(process,
 thread): thread t is bound to node t mod n (its `node`, first in its bootstrap order, as
 `QueueClient.factory`) and connects from host "client<t>".
@@ -383,6 +383,37 @@ async def _within(coro: Any, timeout: float) -> tuple[bool, Any]:
         if not cm.expired():
             raise
         return False, None
+
+
+async def _all_within(coros: list[Any], timeout: float) -> list[asyncio.Task[Any]]:
+    """Each of `coros` in a task of its own, until all are done or `timeout` passed: the
+    tasks, in order (those not done still running: the caller cancels them). As
+    `asyncio.wait(tasks, timeout=timeout)`, but each task, as it ends, counts itself done
+    in its own last step: no done callback (a loop event each) per task."""
+    loop = asyncio.get_running_loop()
+    waiter: asyncio.Future[None] = loop.create_future()
+    left = [len(coros)]
+
+    async def run(coro: Any) -> Any:
+        try:
+            return await coro
+        finally:
+            left[0] -= 1
+            if left[0] == 0 and not waiter.done():
+                waiter.set_result(None)
+
+    tasks = [loop.create_task(run(c)) for c in coros]
+    timer = loop.call_later(timeout, _release, waiter)
+    try:
+        await waiter
+    finally:
+        timer.cancel()
+    return tasks
+
+
+def _release(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 def _time_out(fut: asyncio.Future[Any]) -> None:
@@ -785,13 +816,11 @@ class SimQueueClient:
             delivered, got = await _within(self._deliver(tp, values, deadline), timeout)
             deliveries[tp] = got if delivered else _Delivery("info", error="timeout")
         else:
-            tasks = {
-                tp: asyncio.get_running_loop().create_task(
-                    self._deliver(tp, [str(mops[n][2]).encode() for n in ns], deadline)
-                )
+            coros = [
+                self._deliver(tp, [str(mops[n][2]).encode() for n in ns], deadline)
                 for tp, ns in by_tp.items()
-            }
-            await asyncio.wait(list(tasks.values()), timeout=timeout)
+            ]
+            tasks = dict(zip(by_tp, await _all_within(coros, timeout), strict=True))
             for tp, task in tasks.items():
                 if task.done():
                     deliveries[tp] = task.result()
@@ -984,13 +1013,14 @@ class SimQueueClient:
                     if pairs and k not in first_read:
                         first_read[k] = pairs[0][0]
             elif by_leader and left > 0:
-                tasks = [
-                    asyncio.get_running_loop().create_task(self._fetch(leader, ks, left))
-                    for leader, ks in sorted(by_leader.items())
-                ]
-                done, pending = await asyncio.wait(tasks, timeout=left)
-                for task in pending:
-                    task.cancel()
+                tasks = await _all_within(
+                    [self._fetch(leader, ks, left) for leader, ks in sorted(by_leader.items())],
+                    left,
+                )
+                done = [task for task in tasks if task.done()]
+                for task in tasks:
+                    if not task.done():
+                        task.cancel()
                 # (in leader order: the completion lists keys as the fetches were made)
                 for task in tasks:
                     if task in done:

@@ -126,3 +126,16 @@ def broker_factory(tmp_path: Path) -> Iterator[type]:
 @pytest.fixture
 def broker(broker_factory) -> BrokerProcess:  # type: ignore[no-untyped-def]
     return broker_factory()
+
+
+@pytest.fixture
+def journaled_dir(tmp_path: Path) -> Iterator[Path]:
+    """A log directory with the fsync journal attached (`durable.attach`, as the broker does
+    at start-up), detached afterwards: what the power-loss tests cut back."""
+    from isrlab.broker.log import durable
+
+    d = tmp_path / "data"
+    d.mkdir()
+    durable.attach(d)
+    yield d
+    durable.detach(d)

@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,12 +17,8 @@ from tests.log.batches import make_batch
 
 
 @pytest.fixture
-def root(tmp_path: Path) -> Iterator[Path]:
-    d = tmp_path / "logs"
-    d.mkdir()
-    durable.attach(d)
-    yield d
-    durable.detach(d)
+def root(journaled_dir: Path) -> Path:
+    return journaled_dir  # (tests/broker/conftest.py)
 
 
 def records(root: Path) -> list[list[object]]:

@@ -10,7 +10,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,12 +24,8 @@ from isrlab.broker.log.log import Log, LogConfig
 
 
 @pytest.fixture
-def root(tmp_path: Path) -> Iterator[Path]:
-    d = tmp_path / "data"
-    d.mkdir()
-    durable.attach(d)
-    yield d
-    durable.detach(d)
+def root(journaled_dir: Path) -> Path:
+    return journaled_dir  # (tests/broker/conftest.py)
 
 
 def batch(values: list[int]) -> bytes:

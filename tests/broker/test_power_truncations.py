@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +20,8 @@ from isrlab.checkers.unseen import classify, load_replicas
 
 
 @pytest.fixture
-def root(tmp_path: Path) -> Iterator[Path]:
-    d = tmp_path / "data"
-    d.mkdir()
-    durable.attach(d)
-    yield d
-    durable.detach(d)
+def root(journaled_dir: Path) -> Path:
+    return journaled_dir  # (tests/broker/conftest.py)
 
 
 def batch(values: list[int], epoch_tag: int = 0) -> bytes:

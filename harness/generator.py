@@ -7,8 +7,11 @@ invoke and completion. The protocol (`Generator`):
   logical process is `ctx.process`). A dict is an invocation to perform now: `f` and
   `value` (the interpreter adds `process`, `type` and `time`; keys starting with `_` are
   hints for the client and are never written to the history). `Pending(at)` means
-  "nothing for you yet, ask again at `at` ns (or soon, when `at` is None)". `None` means
-  this generator has nothing more for that thread, ever.
+  "nothing for you yet, ask again at `at` ns (or soon, when `at` is None)", and by default
+  promises nothing: any invoke or completion meanwhile may change the answer, so the
+  interpreter asks again after each. `Pending(at, firm=True)` promises the same answer
+  until `at` whatever happens, and that asking meanwhile changes nothing (see `Pending`).
+  `None` means this generator has nothing more for that thread, ever.
 - `update(ctx, event)`: every invoke and completion the interpreter records, with
   `ctx.thread` the thread that performed it.
 
@@ -70,9 +73,19 @@ NS = 1_000_000_000
 
 @dataclass(frozen=True)
 class Pending:
-    """Nothing to do yet; ask again at `at` (ns since test start) or soon when None."""
+    """Nothing to do yet; ask again at `at` (ns since test start) or soon when None.
+
+    `firm` (with `at` only): a promise that until `at` this thread's answer stays this
+    Pending (no op and no None), whatever happens meanwhile (other threads' ops, any
+    completion), and that asking it again before `at` changes nothing (no state, no draw
+    from `ctx.rng`); an interpreter need not ask the thread again before `at`
+    (harness/sim/interpreter.py does not). Without it, any event may change the answer.
+    `stagger`/`delay`/`rate` and `sleep` give firm Pendings; combinators pass the promise
+    on only where it still holds (`limit`, `mix`, `until_ok` drop it: another thread's op
+    or a completion can change their answer)."""
 
     at: int | None = None
+    firm: bool = False
 
 
 PENDING = Pending()
@@ -126,7 +139,14 @@ def _earliest(a: Pending | None, b: Pending) -> Pending:
         return b
     if a.at is None or b.at is None:
         return PENDING
-    return a if a.at <= b.at else b
+    p = a if a.at <= b.at else b
+    firm = a.firm and b.firm  # (firm only while both are)
+    return p if p.firm == firm else Pending(p.at, firm)
+
+
+def _loose(r: Result) -> Result:
+    """`r` without a firm promise (see `Pending`)."""
+    return Pending(r.at) if isinstance(r, Pending) and r.firm else r
 
 
 # ----- leaves ----------------------------------------------------------------------------
@@ -183,7 +203,7 @@ class _Sleep(Base):
     def op(self, ctx: Context) -> Result:
         if self._until is None:
             self._until = ctx.time + self._ns
-        return Pending(self._until) if ctx.time < self._until else None
+        return Pending(self._until, firm=True) if ctx.time < self._until else None
 
 
 def sleep(seconds: float) -> Generator:
@@ -227,7 +247,7 @@ class _Mix:
             i = ctx.rng.choices(range(len(self._gens)), self._weights)[0]
             r = self._gens[i].op(ctx)
             if r is not None:
-                return r
+                return _loose(r)  # (asked again, another generator may be chosen)
             del self._gens[i]
             del self._weights[i]
         return None
@@ -283,7 +303,7 @@ class _Limit:
         r = self._gen.op(ctx)
         if isinstance(r, dict):
             self._left -= 1
-        return r
+        return _loose(r)  # (other threads' ops can use the limit up: None before `at`)
 
     def update(self, ctx: Context, event: Op) -> None:
         self._gen.update(ctx, event)
@@ -308,7 +328,9 @@ class _TimeLimit:
         r = self._gen.op(ctx)
         if isinstance(r, Pending) and (r.at is None or r.at > self.deadline):
             # Wake up at the deadline at the latest, to report the end.
-            return Pending(self.deadline if r.at is not None else None)
+            if r.at is None:
+                return PENDING
+            return Pending(self.deadline, r.firm)
         return r
 
     def update(self, ctx: Context, event: Op) -> None:
@@ -326,12 +348,16 @@ class _Stagger:
         self._gen = gen
         self._jitter = jitter
         self._next: int | None = None
+        self._pending = PENDING  # (the Pending of `_next`, made once per `_next`)
 
     def op(self, ctx: Context) -> Result:
         if self._next is None:
             self._next = ctx.time
         if ctx.time < self._next:
-            return Pending(self._next)
+            # firm: `_next` only moves when an op is given, which is not before `_next`
+            if self._pending.at != self._next:
+                self._pending = Pending(self._next, firm=True)
+            return self._pending
         r = self._gen.op(ctx)
         if isinstance(r, dict):
             step = int(ctx.rng.random() * 2 * self._dt) if self._jitter else self._dt
@@ -480,7 +506,7 @@ class _UntilOk:
         r = self._gen.op(ctx)
         if isinstance(r, dict):
             self._mine.add(ctx.process)
-        return r
+        return _loose(r)  # (a completion ok can end it before `at`)
 
     def update(self, ctx: Context, event: Op) -> None:
         if event.get("type") == "ok" and event.get("process") in self._mine:

@@ -168,7 +168,8 @@ class SimBroker:
 class SimCluster:
     """`n` brokers (ids 1..n on hosts n1..nn) on `loop`, data under `base_dir`, from `seed`.
     `overrides` are broker settings for all. `check_invariants` runs the checker after every
-    event. `trace_data` false leaves the network's data segment lines out of `trace`. Use as `async with SimCluster(...) as cluster:` (or `start()` / `close()`)."""
+    event; `trace_data` false leaves the network's data segment lines out of `trace`. Use
+    as `async with SimCluster(...) as cluster:` (or `start()` / `close()`)."""
 
     def __init__(
         self,

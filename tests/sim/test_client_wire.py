@@ -1,6 +1,6 @@
 """The simulated client's hand-written codecs (harness/sim/wire.py) against kafka-python: the
-requests (Produce, Fetch, ListOffsets) byte for byte, the responses field for field, the records as `DefaultRecordBatch`
-iterates them."""
+requests (Produce, Fetch, ListOffsets) byte for byte, the responses field for field, the
+records as `DefaultRecordBatch` iterates them."""
 
 from __future__ import annotations
 

@@ -20,6 +20,7 @@ from isrlab.harness.generator import (
     delay,
     limit,
     repeat,
+    time_limit,
 )
 from isrlab.harness.history import HistoryWriter
 from isrlab.harness.sim import clock
@@ -137,4 +138,25 @@ def test_pending_threads_sleep_until_their_time_and_take_ops_in_the_order_they_a
     # all are asked again after a completion); after the last one, only the completing thread
     assert sum(1 for _, t in gen.asks if t in completions) == 4 * 8 + 1
     assert gen.asks[:7] == [(0, 0), (1, 0), (2, 0), (0, MS), (1, MS), (2, MS), (0, MS)]
+    assert stats["generator_queries"] == len(gen.asks) and stats["invoked"] == 9
+
+
+def test_threads_told_a_firm_pending_are_not_asked_again_after_a_completion(
+    tmp_path: Path,
+) -> None:
+    """The same ops as above without `limit` (which drops the firm promise): `delay`'s
+    Pending is firm (the same answer until its time, whatever happens), so after a
+    completion only the completing thread asks; the asleep ones are asked at their time only,
+    and the ops still go round robin at their times."""
+    gen = _Asks(clients(time_limit(0.045, delay(0.005, repeat({"f": "w", "value": None})))))
+    ops, stats = _run(tmp_path, gen, 3, 0.001)
+    invokes = [(o["process"], o["time"]) for o in ops if o["type"] == "invoke"]
+    assert invokes == [(i % 3, i * 5 * MS) for i in range(9)]
+    completions = [(o["process"], o["time"]) for o in ops if o["type"] != "invoke"]
+    due = {i * 5 * MS for i in range(10)}
+    assert {t for _, t in gen.asks} <= due | {t for _, t in completions}
+    # at each due time the three threads (at 45 ms the time limit ends them)
+    assert sum(1 for _, t in gen.asks if t in due) == 3 * 10
+    # after each completion the completing thread only (it asks for its next op)
+    assert [a for a in gen.asks if a[1] not in due] == completions
     assert stats["generator_queries"] == len(gen.asks) and stats["invoked"] == 9

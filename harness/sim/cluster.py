@@ -216,6 +216,8 @@ class SimCluster:
             )
             self.net.host(host)
         self.invariants = Invariants(state_znodes(self.ensemble.core, CHROOT))
+        #: the brokers, as the invariants are given them after each event
+        self._broker_list = list(self.brokers.values())
         #: each broker incarnation's process -> the broker's id (whose state its events change)
         self._broker_of: dict[Process, int] = {}
         self._check = check_invariants
@@ -558,7 +560,7 @@ class SimCluster:
             broker = self._broker_of.get(process)
             ran = None if broker is None else (broker,)
         try:
-            changes = self.invariants.check(self.brokers.values(), ran)
+            changes = self.invariants.check(self._broker_list, ran)
         except InvariantViolation as e:
             self._violation = InvariantViolation(
                 f"at virtual time {self.loop.time():.6f}, after {describe(handle)}: {e}"

@@ -432,27 +432,27 @@ class HostedPartition:
             origin = AppendOrigin(origin)  # ValueError for anything else: a caller's bug
         request_id = next(self._ids)
         # An answer among the core's actions of this very call is taken by `dispatch` into
-        # `_answered`; a future is made only for one that comes later (acks=all).
+        # `_answered`; a future is made only for one that comes later (acks=all). (The
+        # previous pair is put back afterwards, should an append ever run inside another.)
+        outer = self._appending, self._answered
         self._appending, self._answered = request_id, None
         log_ = self.log
-        leo = log_.log_end_offset
-        self.adapter.origin = origin
         try:
-            actions = self.core.on_produce(request_id, records, acks, timeout_ms, now_ms())
-        except (ProducerStateError, LogError, OSError) as e:
-            self._appending = None
-            return self._refused(e)
-        finally:
-            self.adapter.origin = AppendOrigin.CLIENT
-        if log_.log_end_offset != leo:
-            self.io.data_changed(self)
-        try:
+            leo = log_.log_end_offset
+            self.adapter.origin = origin
+            try:
+                actions = self.core.on_produce(request_id, records, acks, timeout_ms, now_ms())
+            except (ProducerStateError, LogError, OSError) as e:
+                return self._refused(e)
+            finally:
+                self.adapter.origin = AppendOrigin.CLIENT
+            if log_.log_end_offset != leo:
+                self.io.data_changed(self)
             self.dispatch(actions)
+            answered = self._answered
         finally:
-            self._appending = None
-        answered = self._answered
+            self._appending, self._answered = outer
         if answered is not None:
-            self._answered = None
             return answered
         if acks == 0:  # the core never answers a successful acks=0 produce
             return AppendResult(log_start_offset=log_.log_start_offset)

@@ -67,16 +67,17 @@ async def handle_produce(server: KafkaServer, request: Request) -> list[bytes | 
                 res = AppendResult(
                     ErrorCode.MESSAGE_TOO_LARGE, message="batch over message.max.bytes"
                 )
-            elif transactional_producer(records) is None:
+            elif (producer := transactional_producer(records)) is None:
                 # not a transactional data batch: nothing to verify with a coordinator
                 res = server.produce_to_partition(
                     (name, p.index), memoryview(records), acks, req.timeout_ms
                 )
             else:
-                res = await _produce_one(
+                res = await _produce_transactional(
                     server,
                     (name, p.index),
                     getattr(req, "transactional_id", None),
+                    producer,
                     records,
                     acks,
                     req,
@@ -103,30 +104,29 @@ async def handle_produce(server: KafkaServer, request: Request) -> list[bytes | 
     return _encode(request, results)
 
 
-async def _produce_one(
+async def _produce_transactional(
     server: KafkaServer,
     tp: tuple[str, int],
     transactional_id: str | None,
+    producer: tuple[int, int],
     records: Any,
     acks: int,
     req: Any,
 ) -> AppendResult | asyncio.Future[AppendResult]:
-    """Append one partition's batch; a transactional batch is verified with its coordinator
-    first (KIP-890, see broker/apis/txn.py) and appended only if no marker for its producer
-    landed in the partition meanwhile."""
-    data = memoryview(records)
-    error, guard = await verify_transactional_produce(server, tp, transactional_id, data)
+    """Append a transactional batch of ``producer`` (id, epoch): verified with its
+    coordinator first (KIP-890, see broker/apis/txn.py) and appended only if no marker for
+    its producer landed in the partition meanwhile."""
+    error, guard = await verify_transactional_produce(server, tp, transactional_id, producer)
     if error != ErrorCode.NONE:
         return AppendResult(error, message=f"transaction verification: {error.name}")
-    producer = transactional_producer(data) if guard is not None else None
-    if producer is not None and not guard_holds(server, tp, producer[0], guard):
+    if guard is not None and not guard_holds(server, tp, producer[0], guard):
         return AppendResult(
             ErrorCode.INVALID_TXN_STATE,
             message="the transaction ended while this produce was being verified",
         )
     # The guard stays until the producer's marker removes it: other produces of the same
     # transaction verified concurrently share it.
-    return server.produce_to_partition(tp, data, acks, req.timeout_ms)
+    return server.produce_to_partition(tp, memoryview(records), acks, req.timeout_ms)
 
 
 def _encode(

@@ -344,14 +344,17 @@ def transactional_producer(records: memoryview) -> tuple[int, int] | None:
 
 
 async def verify_transactional_produce(
-    server: KafkaServer, tp: TopicPartition, transactional_id: str | None, records: memoryview
+    server: KafkaServer,
+    tp: TopicPartition,
+    transactional_id: str | None,
+    producer: tuple[int, int],
 ) -> tuple[ErrorCode, object | None]:
-    """Before appending a transactional batch: NONE with a verification guard to check right
-    before the append, or the produce's error. Non-transactional batches, verification off, a
+    """Before appending a transactional batch of ``producer`` (id, epoch, from
+    `transactional_producer`; other batches need no verification): NONE with a verification
+    guard to check right before the append, or the produce's error. Verification off, a
     partition not led here, and a producer whose transaction is already open in this partition
     pass without asking the coordinator."""
-    producer = transactional_producer(records)
-    if producer is None or not server.config["transaction.partition.verification.enable"]:
+    if not server.config["transaction.partition.verification.enable"]:
         return ErrorCode.NONE, None
     hp = server.replica_manager.partitions.get(tp)
     if hp is None or not hp.is_leader:

@@ -220,10 +220,14 @@ def check_crc(buf: ByteBuffer, header: BatchHeader) -> None:
     """Raise CorruptRecordError if the batch's stored CRC does not match its bytes."""
     actual = compute_crc(buf, header)
     if actual != header.crc:
-        raise CorruptRecordError(
-            f"batch at offset {header.base_offset} (position {header.position}) is corrupt: "
-            f"stored CRC {header.crc} != computed {actual}"
-        )
+        raise _crc_mismatch(header, actual)
+
+
+def _crc_mismatch(header: BatchHeader, actual: int) -> CorruptRecordError:
+    return CorruptRecordError(
+        f"batch at offset {header.base_offset} (position {header.position}) is corrupt: "
+        f"stored CRC {header.crc} != computed {actual}"
+    )
 
 
 def iter_batches(buf: ByteBuffer, start: int = 0) -> Iterator[BatchHeader]:
@@ -260,10 +264,7 @@ def validate(buf: ByteBuffer, *, strict_offsets: bool = True) -> list[BatchHeade
             with whole[position + ATTRIBUTES_OFFSET : batch_end] as view:
                 actual = crc32c(view)
             if actual != header.crc:
-                raise CorruptRecordError(
-                    f"batch at offset {header.base_offset} (position {position}) is corrupt: "
-                    f"stored CRC {header.crc} != computed {actual}"
-                )
+                raise _crc_mismatch(header, actual)
             if strict_offsets and header.last_offset_delta + 1 != header.records_count:
                 raise InvalidRecordError(
                     f"batch at position {position} is inconsistent: lastOffsetDelta "

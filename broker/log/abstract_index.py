@@ -14,13 +14,17 @@ index holds just the descriptor Python's ``mmap`` keeps (one per index, none for
 Full disks: the preallocated file is sparse, and the first store into a page that has no disk
 block yet is a SIGBUS when the disk is full, which kills the process (on a stop, or while
 recovery rebuilds an index at start-up). So before an entry goes into a page not yet written
-through this mapping, the page gets its blocks with ``posix_fallocate``; a full disk is then a
-KafkaStorageError naming the file, raised before anything changed.
+through this mapping, the rest of that page (from the entry on: the bytes before it may be
+valid entries) is written with zeros by ``os.pwrite``, which takes the page's blocks or fails
+with ENOSPC; a full disk is then a KafkaStorageError naming the file, raised before anything
+changed. (``posix_fallocate`` reserved the blocks too, but as an unwritten extent that the
+first store through the mapping then converts inside the page fault: 2-20 ms a page on ext4,
+against about 0.02 ms for the write; the simulator, whose brokers roll many small segments,
+spent 3 % of its CPU there.)
 """
 
 from __future__ import annotations
 
-import errno
 import mmap
 import os
 from pathlib import Path
@@ -134,16 +138,19 @@ class AbstractIndex:
         self._mmap[position : position + self.ENTRY_SIZE] = entry
 
     def _reserve(self, start: int, end: int) -> None:
-        """Disk blocks for the pages holding bytes [start, end) (see the module docstring)."""
+        """Disk blocks for bytes [start, end) and the rest of their last page, by writing zeros.
+
+        ``start`` is where the next entry goes: nothing from there on is a valid entry, and the
+        bytes before it are never written (see the module docstring).
+        """
         page = mmap.PAGESIZE
-        start = start // page * page
         end = min(-(-end // page) * page, self._length)
         fd = os.open(self.path, os.O_RDWR)
         try:
-            os.posix_fallocate(fd, start, end - start)
+            while start < end:  # a nearly full disk may take part of the write
+                start += os.pwrite(fd, bytes(end - start), start)
         except OSError as exc:
-            if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # no fallocate: as before
-                raise KafkaStorageError(f"cannot write index {self.path}: {exc}") from exc
+            raise KafkaStorageError(f"cannot write index {self.path}: {exc}") from exc
         finally:
             os.close(fd)
         self._reserved = end

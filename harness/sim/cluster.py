@@ -553,7 +553,10 @@ class SimCluster:
         # whose code the event ran: a broker's process (its state may have changed), no
         # process (the harness, the network, the ensemble: no broker state), or unknown (a
         # handle of asyncio's own, another program's process): a full check
-        process: Any = getattr(handle, "_process", _UNKNOWN)
+        try:
+            process: Any = handle._process  # type: ignore[attr-defined]
+        except AttributeError:
+            process = _UNKNOWN
         if process is None:
             ran: tuple[int, ...] | None = ()
         else:

@@ -121,6 +121,10 @@ class Invariants:
         (default `VERIFY_TRACKING`): after every check, make sure the dirty tracking missed
         no change (see the module doc)."""
         self.state_znodes = state_znodes
+        #: `state_znodes.unchanged` (None: no state znodes; one without it: always changed)
+        self._znodes_unchanged: Any = (
+            None if state_znodes is None else getattr(state_znodes, "unchanged", bool)
+        )
         self.verify_tracking = VERIFY_TRACKING if verify_tracking is None else verify_tracking
         #: broker id -> its partitions' fingerprints as last looked at (`_fingerprints`)
         self.seen: dict[int, list[tuple[Any, ...]]] = {}
@@ -162,18 +166,39 @@ class Invariants:
         """Check every invariant now; what changed (new leaders, HWs, ZooKeeper epochs) as
         lines for a trace. Raises InvariantViolation. `ran`: the ids of the brokers whose
         code ran since the last check (None: any, a full check; see the module doc)."""
-        brokers = brokers if isinstance(brokers, list) else list(brokers)
-        if ran is not None and not ran and not self.verify_tracking:
-            # an event of no broker: nothing to read when no state znode was written since
-            # the last check (as far as `state_znodes` can tell without reading them) and
-            # the live servers are the same (the most frequent case, made cheap)
-            sz = self.state_znodes
-            if (sz is None or getattr(sz, "unchanged", bool)()) and [
-                b.server for b in brokers
-            ] == self.live_servers:
-                self.checks += 1
-                return []
+        if type(brokers) is not list:
+            brokers = list(brokers)
         self.checks += 1
+        fps = None  # the one broker's fingerprints, when the fast path below read them
+        if ran is not None and not self.verify_tracking:
+            # the most frequent cases, made cheap: the live servers are the same and
+            if not ran:
+                # an event of no broker: nothing to read when no state znode was written
+                # since the last check (as far as `state_znodes` can tell without reading
+                # them)
+                unchanged = self._znodes_unchanged
+                if (unchanged is None or unchanged()) and [
+                    b.server for b in brokers
+                ] == self.live_servers:
+                    return []
+            elif self._znodes_unchanged is not None and len(ran) == 1:
+                # one broker's event that changed none of its partitions' fingerprints and
+                # no state znode: nothing to check
+                (bid,) = ran
+                seen = self.seen
+                for b in brokers:
+                    if b.id == bid:
+                        server = b.server
+                        if (
+                            server is not None
+                            and bid in seen
+                            and self._znodes_unchanged()
+                            and [c.server for c in brokers] == self.live_servers
+                        ):
+                            fps = _fingerprints(server.replica_manager.partitions)
+                            if fps == seen[bid]:
+                                return []
+                        break
         changes: list[str] = []
         if self.state_znodes is not None:
             self._check_znodes(changes)
@@ -186,7 +211,7 @@ class Invariants:
             dirty: set[tuple[str, int]] | None = set()
             for b in brokers:
                 if b.server is not None and b.id in ran:
-                    self._look(b, dirty)
+                    self._look(b, dirty, fps)
             if not dirty:
                 if self.verify_tracking:
                     self._verify([b for b in brokers if b.server is not None], dirty)
@@ -217,9 +242,16 @@ class Invariants:
             self._verify(live, dirty)
         return changes
 
-    def _look(self, b: LiveBroker, dirty: set[tuple[str, int]] | None) -> None:
-        """Fingerprint broker `b`'s partitions; those that moved go into `dirty`."""
-        fps = _fingerprints(b.server.replica_manager.partitions)
+    def _look(
+        self,
+        b: LiveBroker,
+        dirty: set[tuple[str, int]] | None,
+        fps: list[tuple[Any, ...]] | None = None,
+    ) -> None:
+        """Fingerprint broker `b`'s partitions (`fps`: read already in this check); those
+        that moved go into `dirty`."""
+        if fps is None:
+            fps = _fingerprints(b.server.replica_manager.partitions)
         before = self.seen.get(b.id)
         self.seen[b.id] = fps
         if dirty is None or before is None:
@@ -229,6 +261,16 @@ class Invariants:
         if fps == before:
             return  # (each fingerprint holds its partition and the hosted partition object,
             # which compares by identity)
+        # the same partitions in the same order (the usual case): compared in place
+        for was, now in zip(before, fps, strict=False):
+            if was[0] != now[0]:
+                break  # (partitions added or removed before the end: by partition below)
+            if was != now:
+                dirty.add(now[0])
+        else:
+            for fp in fps[len(before) :]:
+                dirty.add(fp[0])  # hosted since the last look
+            return
         old = {fp[0]: fp for fp in before}
         for fp in fps:
             if old.get(fp[0]) != fp:

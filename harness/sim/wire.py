@@ -335,10 +335,20 @@ def decode_records(data: bytes) -> list[tuple[int, bytes | None]]:
                 p += 1
             else:
                 delta, p = _varint(data, p)
-            n, p = _varint(data, p)  # key
+            b = data[p]  # the key's length (-1: a null key, one byte)
+            if b < 0x80:
+                n = (b >> 1) ^ -(b & 1)
+                p += 1
+            else:
+                n, p = _varint(data, p)
             if n > 0:
                 p += n
-            n, p = _varint(data, p)
+            b = data[p]  # the value's length
+            if b < 0x80:
+                n = (b >> 1) ^ -(b & 1)
+                p += 1
+            else:
+                n, p = _varint(data, p)
             if n < 0:
                 value = None
             else:

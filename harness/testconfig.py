@@ -378,6 +378,7 @@ class TestConfig:
         if kwargs.get("nodes") and kwargs.get("nodes_file"):
             raise ConfigError("give --nodes or --nodes-file, not both")
         _check_idempotence(kwargs)
+        _check_cluster_size(kwargs)
         if kwargs.get("seed") is None:
             kwargs["seed"] = random.SystemRandom().randrange(1 << 31)
         _check_eos(kwargs, knobs)
@@ -468,6 +469,34 @@ def _check_idempotence(kwargs: dict[str, Any]) -> None:
         raise ConfigError(
             f"{what} needs acks=all (an idempotent producer with acks={acks} is refused by "
             "Kafka's producer): give --acks all, or --no-idempotence"
+        )
+
+
+def _check_cluster_size(kwargs: dict[str, Any]) -> None:
+    """A cluster with fewer brokers than the topics' replication factor creates no topic (the
+    run would wait for them and fail late), and a min.insync.replicas above the replication
+    factor acknowledges no acks=all write: both are refused before anything starts. A nodes
+    file is read later; its size is checked then, by the topics' creation."""
+    rf = kwargs.get("replication_factor", _BY_NAME["replication_factor"].default)
+    if kwargs.get("nodes_file"):
+        brokers, how = None, ""
+    elif kwargs.get("nodes"):
+        brokers, how = len(kwargs["nodes"]), "--nodes"
+    else:
+        brokers, how = kwargs.get("node_count", _BY_NAME["node_count"].default), "--node-count"
+    if brokers is not None and rf > brokers:
+        more = f"--node-count {rf} or more" if how == "--node-count" else f"{rf} or more --nodes"
+        raise ConfigError(
+            f"the replication factor {rf} (--replication-factor) needs at least {rf} brokers, "
+            f"and the cluster has {brokers} ({how}): give {more}, or --replication-factor "
+            f"{brokers}"
+        )
+    isr = kwargs.get("min_insync_replicas", _BY_NAME["min_insync_replicas"].default)
+    if kwargs.get("acks", _BY_NAME["acks"].default) == "all" and isr > rf:
+        raise ConfigError(
+            f"min.insync.replicas {isr} (--min-insync-replicas) is above the replication factor "
+            f"{rf}: no acks=all write could be acknowledged (NOT_ENOUGH_REPLICAS); give "
+            f"--min-insync-replicas {rf} or less, or --replication-factor {isr}"
         )
 
 

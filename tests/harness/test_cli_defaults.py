@@ -67,7 +67,9 @@ def test_no_idempotence_reaches_the_run(monkeypatch: pytest.MonkeyPatch, tmp_pat
 
     monkeypatch.setattr(runner, "run_test", fake_run)
     for args, want in (([], True), (["--no-idempotence"], False)):
-        res = CliRunner().invoke(_app(), ["test", "--store", str(tmp_path), "--nodes", "n1", *args])
+        res = CliRunner().invoke(
+            _app(), ["test", "--store", str(tmp_path), "--nodes", "n1,n2,n3", *args]
+        )
         assert res.exit_code == 2 and seen[-1].idempotence is want
 
 

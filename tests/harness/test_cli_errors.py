@@ -58,7 +58,7 @@ def test_serve_refuses_a_port_out_of_range(tmp_path: Path, port: str) -> None:
 @pytest.mark.parametrize(
     "args",
     [
-        ["test", "--nodes", "n1"],
+        ["test", "--nodes", "n1,n2,n3"],
         ["matrix", "--acks", "all", "--nemesis", "kill"],
         ["seeds"],
     ],
@@ -128,6 +128,6 @@ def test_cluster_up_refuses_bad_values_with_exit_2(
 def test_test_refuses_numbers_that_are_not_finite(
     no_nodes: list[str], tmp_path: Path, flag: str, value: str
 ) -> None:
-    code, out = invoke(["test", "--store", str(tmp_path), "--nodes", "n1", flag, value])
+    code, out = invoke(["test", "--store", str(tmp_path), "--nodes", "n1,n2,n3", flag, value])
     assert code == 2 and flag in out and "finite" in out, out
     assert no_nodes == []

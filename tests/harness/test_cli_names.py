@@ -32,7 +32,7 @@ def seen(monkeypatch: pytest.MonkeyPatch) -> list[TestConfig]:
 
 def isrlab_test(args: list[str], tmp_path: Path) -> tuple[int, str]:
     app = subcommand_app("test", runner.test_command)
-    res = CliRunner().invoke(app, ["test", "--store", str(tmp_path), "--nodes", "n1", *args])
+    res = CliRunner().invoke(app, ["test", "--store", str(tmp_path), "--nodes", "n1,n2,n3", *args])
     assert res.exception is None or isinstance(res.exception, SystemExit), repr(res.exception)
     return res.exit_code, " ".join(res.output.split())
 

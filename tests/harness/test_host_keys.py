@@ -84,7 +84,7 @@ def test_real_hosts_keep_their_keys_in_a_known_hosts_file(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv("HOME", str(tmp_path))
-    config = TestConfig.from_mapping({"nodes": "n1,n2"})
+    config = TestConfig.from_mapping({"nodes": "n1,n2,n3"})
     with runner.node_inventory(config) as (inv, _):
         assert inv.ssh.host_key_policy == "accept-new"
         assert inv.ssh.known_hosts == str(tmp_path / ".isrlab" / "known_hosts")

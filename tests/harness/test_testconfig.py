@@ -40,6 +40,10 @@ _COMPANIONS: dict[str, dict[str, Any]] = {
     "commit_p": {"subscribe": True},
     # the coordinator target needs a group, the txn-coordinator target transactions
     "nemesis_targets": {"subscribe": True, "txn": True},
+    # a cluster of one or two brokers, or one replica, needs topics and an ISR to match
+    "node_count": {"replication_factor": 1, "min_insync_replicas": 1},
+    "nodes": {"replication_factor": 1, "min_insync_replicas": 1},
+    "replication_factor": {"min_insync_replicas": 1},
 }
 
 
@@ -201,11 +205,14 @@ def no_cluster(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         (["--truncation-mode", "none"], "truncation_mode"),
         (["--replica-lag-time-max-ms", "0"], "at least 100"),
         (["--time-limit", "0"], "above 0"),
-        (["--nodes", "n1", "--nodes-file", "nodes.yaml"], "not both"),
+        (["--nodes", "n1,n2,n3", "--nodes-file", "nodes.yaml"], "not both"),
         (["--set", "copier_zombie=true", "--workload", "eos"], "did you mean 'copier_zombies'"),
         (["--set", "time_limit=5"], "give it as --time-limit"),
         (["--set", "poll_ms"], "NAME=VALUE"),
         (["--workload", "eos", "--set", "copier_zombies=maybe"], "copier_zombies"),
+        (["--node-count", "2"], "needs at least 3 brokers, and the cluster has 2 (--node-count)"),
+        (["--nodes", "n1"], "needs at least 3 brokers, and the cluster has 1 (--nodes)"),
+        (["--min-insync-replicas", "4"], "min.insync.replicas 4 (--min-insync-replicas) is above"),
     ],
 )
 def test_bad_options_exit_2_before_any_node_is_touched(
@@ -222,9 +229,23 @@ def test_bad_options_exit_2_before_any_node_is_touched(
 def test_good_options_do_reach_the_run(no_cluster: list[str], tmp_path: Path) -> None:
     # the guard above is not vacuous: valid options get as far as running
     res = CliRunner().invoke(
-        _app(), ["test", "--store", str(tmp_path), "--nodes", "n1", "--nemesis", "kill"]
+        _app(), ["test", "--store", str(tmp_path), "--nodes", "n1,n2,n3", "--nemesis", "kill"]
     )
     assert no_cluster == ["run_test"] and res.exit_code != 0
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"node_count": 1, "replication_factor": 1, "min_insync_replicas": 1},
+        {"node_count": 3},  # the default replication factor, 3
+        {"nodes": ("n1", "n2"), "replication_factor": 2},
+        {"nodes_file": "nodes.yaml"},  # its size is known once it is read
+        {"acks": "1", "min_insync_replicas": 4},  # acks=1 does not wait for the ISR
+    ],
+)
+def test_clusters_large_enough_for_the_replication_factor_pass(values: dict[str, Any]) -> None:
+    TestConfig.from_mapping(values)
 
 
 def test_the_options_reference_is_the_table() -> None:
@@ -268,14 +289,14 @@ def test_a_misspelled_knob_exits_2_before_any_node_is_touched(
 ) -> None:
     # the CLI's path (`isrlab test` builds its configurations with make_test before any run)
     with pytest.raises(typer.Exit) as exit_:
-        runner._test_command(store=str(tmp_path), nodes="n1", send_pp=0.9)
+        runner._test_command(store=str(tmp_path), nodes="n1,n2,n3", send_pp=0.9)
     assert exit_.value.exit_code == 2
     err = " ".join(capsys.readouterr().err.split())
     assert "unknown test option 'send_pp'" in err and "Traceback" not in err
     assert no_cluster == [] and not any(tmp_path.iterdir())
     # the guard is not vacuous: the right spelling gets as far as running
     with pytest.raises(AssertionError, match="run_test called"):
-        runner._test_command(store=str(tmp_path), nodes="n1", send_p=0.9)
+        runner._test_command(store=str(tmp_path), nodes="n1,n2,n3", send_p=0.9)
     assert no_cluster == ["run_test"]
 
 
@@ -358,13 +379,13 @@ def test_inconsistent_consumer_options_are_refused(values: dict[str, Any], messa
 def test_consumer_flags_reach_the_run(no_cluster: list[str], tmp_path: Path) -> None:
     res = CliRunner().invoke(
         _app(),
-        ["test", "--store", str(tmp_path), "--nodes", "n1", "--commit-p", "0.1"],
+        ["test", "--store", str(tmp_path), "--nodes", "n1,n2,n3", "--commit-p", "0.1"],
     )
     assert res.exit_code == 2 and "--commit-p" in res.output and no_cluster == []
     with pytest.raises(AssertionError, match="run_test called"):
         runner._test_command(
             store=str(tmp_path),
-            nodes="n1",
+            nodes="n1,n2,n3",
             subscribe=True,
             commit_p=0.2,
             nemesis_targets="coordinator",
@@ -389,7 +410,7 @@ def test_set_gives_the_workload_knobs_to_the_run(
             "--store",
             str(tmp_path),
             "--nodes",
-            "n1",
+            "n1,n2,n3",
             "--workload",
             "eos",
             "--txn",

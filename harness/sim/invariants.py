@@ -39,6 +39,9 @@ a dirty partition is checked as a full check would (an ISR member's log moving i
 its leader). An event of no broker (the network, the ensemble, the clients) checks only the
 state znodes (by zxid: nothing when nothing was written). A change in the live set, or `ran`
 None, is a full check. The trace lines come out in the same order as a full check's.
+`SimCluster` calls the two most frequent cases directly: `quiet` (an event of no broker that
+wrote no state znode, the live servers the same: nothing to read) and `check_broker` (a
+broker's event: nothing more to do when its fingerprints did not move).
 `verify_tracking=True` (or `VERIFY_TRACKING`) reads every partition of every live broker
 after every check (through the properties, not the fingerprint) and raises if one changed that
 the check did not treat as dirty: the tests run a failover with it.
@@ -48,7 +51,7 @@ from __future__ import annotations
 
 import struct
 import zlib
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -125,6 +128,8 @@ class Invariants:
         self._znodes_unchanged: Any = (
             None if state_znodes is None else getattr(state_znodes, "unchanged", bool)
         )
+        #: `state_znodes` when it is this module's (`unchanged` read in line)
+        self._znodes = state_znodes if isinstance(state_znodes, _StateZnodes) else None
         self.verify_tracking = VERIFY_TRACKING if verify_tracking is None else verify_tracking
         #: broker id -> its partitions' fingerprints as last looked at (`_fingerprints`)
         self.seen: dict[int, list[tuple[Any, ...]]] = {}
@@ -168,37 +173,43 @@ class Invariants:
         code ran since the last check (None: any, a full check; see the module doc)."""
         if type(brokers) is not list:
             brokers = list(brokers)
-        self.checks += 1
-        fps = None  # the one broker's fingerprints, when the fast path below read them
-        if ran is not None and not self.verify_tracking:
-            # the most frequent cases, made cheap: the live servers are the same and
+        if ran is not None:
             if not ran:
-                # an event of no broker: nothing to read when no state znode was written
-                # since the last check (as far as `state_znodes` can tell without reading
-                # them)
-                unchanged = self._znodes_unchanged
-                if (unchanged is None or unchanged()) and [
-                    b.server for b in brokers
-                ] == self.live_servers:
+                if self.quiet(brokers):
                     return []
-            elif self._znodes_unchanged is not None and len(ran) == 1:
-                # one broker's event that changed none of its partitions' fingerprints and
-                # no state znode: nothing to check
+            elif len(ran) == 1:
                 (bid,) = ran
-                seen = self.seen
                 for b in brokers:
                     if b.id == bid:
-                        server = b.server
-                        if (
-                            server is not None
-                            and bid in seen
-                            and self._znodes_unchanged()
-                            and [c.server for c in brokers] == self.live_servers
-                        ):
-                            fps = _fingerprints(server.replica_manager.partitions)
-                            if fps == seen[bid]:
-                                return []
-                        break
+                        return self.check_broker(brokers, b)
+        return self._check(brokers, ran)
+
+    def check_broker(self, brokers: Sequence[LiveBroker], b: LiveBroker) -> list[str]:
+        """`check(brokers, (b.id,))`: after an event of broker `b` (one of `brokers`). The
+        most frequent case made cheap: no state znode written since the last check, the
+        same live servers, and none of `b`'s partitions' fingerprints moved: nothing to
+        check."""
+        fps = None  # `b`'s fingerprints, when read here
+        server = b.server
+        if server is not None:
+            before = self.seen.get(b.id)
+            if before is not None and self._quiet(brokers):
+                fps = _fingerprints(server.replica_manager.partitions)
+                if fps == before:
+                    self.checks += 1
+                    if self.verify_tracking:
+                        self._verify([c for c in brokers if c.server is not None], set())
+                    return []
+        return self._check(brokers, (b.id,), fps)
+
+    def _check(
+        self,
+        brokers: Sequence[LiveBroker],
+        ran: Collection[int] | None,
+        fps: list[tuple[Any, ...]] | None = None,
+    ) -> list[str]:
+        """`check` (`fps`: the fingerprints of the one broker of `ran`, read already)."""
+        self.checks += 1
         changes: list[str] = []
         if self.state_znodes is not None:
             self._check_znodes(changes)
@@ -241,6 +252,29 @@ class Invariants:
         if self.verify_tracking:
             self._verify(live, dirty)
         return changes
+
+    def quiet(self, brokers: Sequence[LiveBroker]) -> bool:
+        """`check(brokers, ())` (an event of no broker) when it would read nothing: no state
+        znode written since the last check (as far as `state_znodes` can tell without
+        reading them) and the same live servers (the most frequent check, made cheap):
+        counted as a check, True; otherwise False (nothing done: call `check`)."""
+        if not self._quiet(brokers):
+            return False
+        self.checks += 1
+        if self.verify_tracking:
+            self._verify([b for b in brokers if b.server is not None], set())
+        return True
+
+    def _quiet(self, brokers: Sequence[LiveBroker]) -> bool:
+        sz = self._znodes
+        if sz is not None:
+            if sz.core.zxid != sz.last:
+                return False
+        else:
+            unchanged = self._znodes_unchanged
+            if unchanged is not None and not unchanged():
+                return False
+        return [b.server for b in brokers] == self.live_servers
 
     def _look(
         self,

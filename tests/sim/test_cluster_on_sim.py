@@ -416,6 +416,11 @@ def test_the_dirty_tracking_misses_no_change_and_traces_as_full_checks_do(
     monkeypatch.setattr(
         Invariants, "check", lambda self, brokers, ran=None: full_check(self, brokers)
     )
+    # (and the cluster's shortcuts to `check`'s most frequent cases)
+    monkeypatch.setattr(Invariants, "quiet", lambda self, brokers: False)
+    monkeypatch.setattr(
+        Invariants, "check_broker", lambda self, brokers, b: full_check(self, brokers)
+    )
     _, full = run_cluster(tmp_path / "full", failover, seed=5)
     assert full.invariants.full_checks == full.invariants.checks
     assert tracked.trace == full.trace

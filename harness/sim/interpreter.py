@@ -311,7 +311,17 @@ class SimInterpreter:
     def _sleep(self, w: _Worker, seconds: float) -> None:
         """(Re)set the worker's deadline `seconds` from now; it goes last in the asleep order
         (and last among the threads due at the same instant)."""
-        self._unschedule(w)
+        # (`_unschedule(w)`, written out: this runs for every asleep thread after every
+        # completion)
+        when = w.due
+        if when is not None:
+            w.due = None
+            group = self._due.get(when)
+            if group is not None:
+                group[1].pop(w, None)
+                if not group[1]:
+                    group[0].cancel()
+                    del self._due[when]
         loop = self._loop
         assert loop is not None
         when = loop.time() + seconds
@@ -360,7 +370,9 @@ class SimInterpreter:
             if now < at:
                 # a firm Pending until `at`: the generator would give the same answer, so
                 # it is not asked; the worker sleeps on as if it had been (same deadline)
-                self._sleep(w, _wait(at, now))
+                # (`_wait(at, now)`, written out: `at` is ahead)
+                seconds = (at - now) / 1e9
+                self._sleep(w, _IDLE_WAIT if seconds >= _IDLE_WAIT else seconds)
                 return
         try:
             given, value = self._ask(w)

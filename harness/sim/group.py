@@ -68,7 +68,9 @@ everything is revoked, as QueueClient's on_lost. QueueClient commits nothing in 
 Not reproduced: static membership, librdkafka waiting for the application to handle a
 revocation before it rejoins, with the eager assignors (the background task rejoins at once; the client stops fetching the revoked keys at its next poll,
 and a commit takes the pending rebalances first, so it never commits a revoked key under a newer
-generation, which librdkafka's wait also rules out),
+generation, which librdkafka's wait also rules out; a transaction's offsets go with the
+generation and member id of the last assignment the application took, `group_metadata`, as
+librdkafka's consumer_group_metadata() would give them),
 max.poll.interval.ms on the client side (a member that does not poll is not made to leave),
 librdkafka's exponential back-offs (flat retry.backoff.ms and 500 ms for the coordinator),
 auto-commit (the queue workload commits explicitly, enable.auto.commit=false).
@@ -409,11 +411,17 @@ class SimGroupMember:
         self.coordinator: tuple[int, str, int] | None = None
         self.member_id = ""
         self.generation = -1
+        #: the generation and member id of the last assignment the application took: what
+        #: librdkafka's consumer_group_metadata() gives with the eager assignors, where the
+        #: member does not rejoin before the application took the revocation, so the
+        #: application never holds a generation its polls did not hand it (`group_metadata`)
+        self.app_generation = -1
+        self.app_member_id = ""
         self.topics: list[str] = []  # the subscription (empty: not subscribed)
         self.owned: set[str] = set()  # what the last SyncGroup gave (the background's view)
         #: decisions of the background task the client has not taken yet: ("assign" |
-        #: "revoke", keys, generation, rejoin once taken: a cooperative revocation)
-        self.events: list[tuple[str, set[str], int, bool]] = []
+        #: "revoke", keys, generation, member id, rejoin once taken: a cooperative revocation)
+        self.events: list[tuple[str, set[str], int, str, bool]] = []
         self._event = asyncio.Event()
         self._taken = asyncio.Event()  # the application took what was queued (serve)
         self._wake = asyncio.Event()  # the background task: rejoin or stop now
@@ -444,7 +452,7 @@ class SimGroupMember:
         return with_rebalance(done, reb)
 
     def _enqueue(self, kind: str, keys: set[str], rejoin: bool = False) -> None:
-        self.events.append((kind, set(keys), self.generation, rejoin))
+        self.events.append((kind, set(keys), self.generation, self.member_id, rejoin))
         self._event.set()
 
     async def wait(self, timeout: float) -> None:
@@ -461,7 +469,7 @@ class SimGroupMember:
         doc); then look up committed offsets still unknown."""
         c = self.c
         while self.events:
-            kind, keys, generation, rejoin = self.events.pop(0)
+            kind, keys, generation, member_id, rejoin = self.events.pop(0)
             reb = self._pending()
             reb["generation"] = generation
             if kind == "revoke":
@@ -476,6 +484,7 @@ class SimGroupMember:
                     # which this member starts once it has let the partitions go
                     self._request_rejoin()
                 continue
+            self.app_generation, self.app_member_id = generation, member_id
             reb["assigned"].update(keys)
             c.assigned.update(keys)
             for k in keys:
@@ -489,6 +498,21 @@ class SimGroupMember:
         self._taken.set()
         if self.stored:
             self._resume(await self.committed(sorted(self.stored), deadline))
+
+    def group_metadata(self) -> tuple[int, str]:
+        """(generation, member id) for a TxnOffsetCommit (KIP-447), as librdkafka's
+        consumer_group_metadata() gives them. With the eager assignors librdkafka rejoins only
+        after the application took the revocation (in a poll), so between a poll and the
+        sending of its offsets the generation cannot move: here the background task rejoins at
+        once, and the application's view is the last assignment it took. (Sending the
+        background's newer generation let a copier commit offsets of a key the rebalance had
+        given to another copier: the same input copied twice, `isrlab sim --workload eos --txn
+        --concurrency 6 --nemesis kill --seed 45`.) With cooperative-sticky librdkafka's
+        generation is the background's, and a revoked partition is handed over only after the
+        application let it go."""
+        if self.cooperative:
+            return self.generation, self.member_id
+        return self.app_generation, self.app_member_id
 
     def _resume(self, committed: Mapping[str, int | None]) -> None:
         c = self.c
@@ -542,6 +566,7 @@ class SimGroupMember:
         self.stored = set()
         self.member_id = ""
         self.generation = -1
+        self.app_generation, self.app_member_id = -1, ""
         self.coordinator = None
 
     def _request_rejoin(self) -> None:

@@ -569,13 +569,14 @@ class SimTxnProducer:
                         committed_metadata="",
                     )
                 )
+            generation, member_id = member.group_metadata()
             req = R(
                 transactional_id=self.transactional_id,
                 group_id=member.group,
                 producer_id=c._pid,
                 producer_epoch=c._epoch,
-                generation_id=member.generation,
-                member_id=member.member_id,
+                generation_id=generation,
+                member_id=member_id,
                 group_instance_id=None,
                 topics=[T(name=t, partitions=ps) for t, ps in sorted(by_topic.items())],
             )

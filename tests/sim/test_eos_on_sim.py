@@ -265,3 +265,42 @@ def test_the_at_least_once_control_copies_a_killed_copiers_values_again(tmp_path
     assert killed and all(o["type"] == "info" for o in killed)
     assert not any(o["producer"]["transactional_id"] for o in copies)
     assert results["sim"]["history_sha256"] == again["sim"]["history_sha256"]
+
+
+#: `isrlab sim --workload eos --txn --concurrency 6 --nemesis kill --seed 45`: a rebalance (a
+#: copier killed, its successor joining) completes while copier process 0 is between the poll
+#: of a copy and the sending of its offsets
+REBALANCE_MID_COPY = {
+    "workload": "eos",
+    "txn": True,
+    "concurrency": 6,
+    "nemesis": "kill",
+    "seed": 45,
+    # `isrlab sim`'s defaults, and its name: the group and transactional ids come from it,
+    # and with them which brokers coordinate
+    "name": "sim_eos_acks-all_kill_idem_txn_rc_isr2",
+    "rate": 40,
+    "time_limit": 30,
+    "final_time_limit": 30,
+    "recovery_time": 5,
+}
+
+
+def test_a_copier_whose_group_moved_on_during_its_copy_does_not_commit_it(
+    tmp_path: Path,
+) -> None:
+    """A copy's offsets go to the transaction with the generation the copier's poll was
+    handed (librdkafka's consumer_group_metadata(): with the eager assignors its member does
+    not rejoin before the application took the revocation), not the newer one the simulated
+    member's background task already joined. The coordinator refuses them
+    (ILLEGAL_GENERATION), the copy aborts, and the key's new owner copies those records once.
+    With the background's generation the stale copier committed a key the rebalance had given
+    to another copier: the same input twice in the output (eos-duplicate)."""
+    run_dir, r = simulate_queue(REBALANCE_MID_COPY, tmp_path / "r", report=False)
+    assert r["valid"] is True, r["anomaly_types"]
+    refused = [
+        o
+        for o in _history(run_dir)
+        if o["f"] == "txn" and o["type"] == "fail" and o.get("error") == "illegal-generation"
+    ]
+    assert refused, "the scenario did not happen: no copy refused for its generation"

@@ -43,6 +43,7 @@ import collections
 import collections.abc
 import contextlib
 import logging
+import os
 import struct
 from collections.abc import Callable, Coroutine, Generator
 from dataclasses import dataclass, field
@@ -133,6 +134,9 @@ class Connection:
                 await self.writer.drain()
                 if transport.is_closing():
                     raise ConnectionResetError(f"connection {self.peer} closed by the peer")
+                if not _native_sendfile(transport):
+                    await self._copy_region(part)
+                    continue
                 # A fresh open file description: sendfile moves the file position, which must
                 # not disturb the log's own handle (works even if the segment was just deleted).
                 with open(f"/proc/self/fd/{part.file.fileno()}", "rb", buffering=0) as f:
@@ -147,6 +151,38 @@ class Connection:
                 self.writer.write(part)
         await self.writer.drain()
         self.last_activity = loop.time()
+
+    async def _copy_region(self, part: FileRegion) -> None:
+        """`part` read and written in blocks, each written once the transport has room (the
+        StreamWriter's own flow control): for a transport without the sendfile system call."""
+        fd = part.file.fileno()
+        position, end = part.position, part.position + part.size
+        while position < end:
+            block = os.pread(fd, min(_COPY_BLOCK, end - position), position)
+            if not block:  # the answer's size is already written: it cannot be completed
+                raise ConnectionResetError(
+                    f"connection {self.peer}: the file ended inside a region being sent"
+                )
+            self.writer.write(block)
+            position += len(block)
+            await self.writer.drain()
+
+
+#: the block size of `Connection._copy_region`
+_COPY_BLOCK = 256 * 1024
+
+
+def _native_sendfile(transport: asyncio.BaseTransport) -> bool:
+    """Whether asyncio sends a file over `transport` with the sendfile system call (a plain
+    TCP socket's). Any other (TLS, the simulator's sockets) goes through asyncio's fallback,
+    which lends the transport to a protocol of its own for the send and can leave the
+    StreamWriter's flow control out of step with the transport: a send that ends with the
+    transport's buffer above its high-water mark leaves it marked paused and the stream's
+    protocol not, and the next file region's send fails with an AssertionError in
+    StreamReaderProtocol.resume_writing (tests/broker/test_sendfile_fallback.py). Those
+    transports get the file copied by `Connection._copy_region` instead."""
+    mode = getattr(transport, "_sendfile_compatible", None)
+    return getattr(mode, "name", "") == "TRY_NATIVE"
 
 
 class RequestMemoryPool:

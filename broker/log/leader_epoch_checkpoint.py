@@ -68,15 +68,30 @@ class LeaderEpochFileCache:
         return self._entries[0] if self._entries else None
 
     def assign(self, epoch: int, start_offset: int) -> bool:
-        """Record that ``epoch`` starts at ``start_offset``; only a new epoch above the latest counts.
+        """Record that the record at ``start_offset`` is of ``epoch`` (Kafka's assign).
 
-        Like Kafka, entries that the new one contradicts (a start offset at or past the new
-        one) are dropped, so the cache stays monotonic. Returns True if the cache changed.
-        """
-        if epoch < 0 or start_offset < 0 or epoch <= self.latest_epoch:
+        Nothing changes when ``epoch`` is the latest epoch and starts at or before
+        ``start_offset``. Otherwise, as in Kafka, the entries the new one contradicts are
+        dropped from the end (an epoch at or above ``epoch``, or a start at or past
+        ``start_offset``) and the new entry appended, so the cache stays monotonic and never
+        names, for an offset, an epoch other than its record's. That includes a batch of an
+        *older* epoch than the latest entry: a broker that led an epoch and appended nothing
+        in it keeps that epoch's entry at its log end, and a batch then fetched from the next
+        leader at that offset, stamped with an older epoch, must replace it; a stale entry made
+        this broker, leading again, answer OffsetsForLeaderEpoch with that offset as the older
+        epoch's end, and a follower in the ISR cut committed records (the simulator's
+        invariants caught it). Negative epochs or offsets (no epoch) are ignored. Returns True
+        if the cache changed."""
+        if epoch < 0 or start_offset < 0:
             return False
-        self._entries = [entry for entry in self._entries if entry[1] < start_offset]
-        self._entries.append((epoch, start_offset))
+        if self._entries:
+            latest_epoch, latest_start = self._entries[-1]
+            if epoch == latest_epoch and start_offset >= latest_start:
+                return False
+        entries = self._entries
+        while entries and (entries[-1][0] >= epoch or entries[-1][1] >= start_offset):
+            entries.pop()
+        entries.append((epoch, start_offset))
         self._flush()
         return True
 

@@ -531,7 +531,7 @@ class Log:
         latest_epoch = self._epoch_cache.latest_epoch
         for header in headers:
             epoch = header.partition_leader_epoch
-            if epoch >= 0 and epoch > latest_epoch:
+            if epoch >= 0 and epoch != latest_epoch:  # (an older one too: `assign`)
                 self._epoch_cache.assign(epoch, header.base_offset)
                 latest_epoch = self._epoch_cache.latest_epoch
         flush_messages = self.config.flush_interval_messages
@@ -1059,7 +1059,7 @@ def _load_or_rebuild_epoch_cache(
     cache = LeaderEpochFileCache(path)
     for segment in segments:
         for header in segment.batches():
-            if header.partition_leader_epoch > cache.latest_epoch:
+            if header.partition_leader_epoch != cache.latest_epoch:
                 cache.assign(header.partition_leader_epoch, header.base_offset)
     return cache
 

@@ -158,11 +158,14 @@ class MemoryLog:
         return self._epochs[higher - 1][0], higher_start
 
     def assign_epoch_start_offset(self, epoch: int, start_offset: int) -> None:
-        if self._epochs and epoch <= self._epochs[-1][0]:
-            return  # an older or equal epoch never rewrites history
-        # A new epoch starting below an existing entry's start would break the ordering; Kafka
-        # drops such conflicting entries, and so do we.
-        while self._epochs and self._epochs[-1][1] >= start_offset:
+        # broker/log/leader_epoch_checkpoint.py's `assign` (Kafka's): the latest epoch again at
+        # or past its start changes nothing; else the entries the new one contradicts (an
+        # epoch at or above it, a start at or past it) go, an older epoch's included
+        if self._epochs and epoch == self._epochs[-1][0] and start_offset >= self._epochs[-1][1]:
+            return
+        while self._epochs and (
+            self._epochs[-1][0] >= epoch or self._epochs[-1][1] >= start_offset
+        ):
             self._epochs.pop()
         self._epochs.append((epoch, start_offset))
 
@@ -192,8 +195,8 @@ class MemoryLog:
     def append_as_follower(self, records: Sequence[Any]) -> None:
         for value, epoch in records:
             offset = self.log_end_offset
-            if not self._epochs or epoch > self._epochs[-1][0]:
-                self._epochs.append((epoch, offset))
+            if not self._epochs or epoch != self._epochs[-1][0]:
+                self.assign_epoch_start_offset(epoch, offset)
             self._records.append((value, epoch))
 
     # -- transactions --------------------------------------------------------------------

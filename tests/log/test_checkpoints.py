@@ -41,12 +41,14 @@ def test_garbage_checkpoint_is_a_clear_error(tmp_path: Path, text: str, problem:
     assert info.value.code == 56
 
 
-def test_epoch_cache_assign_only_takes_new_larger_epochs(tmp_path: Path) -> None:
+def test_epoch_cache_assign_takes_new_epochs_and_not_a_later_start_of_the_latest(
+    tmp_path: Path,
+) -> None:
     cache = LeaderEpochFileCache(tmp_path / "leader-epoch-checkpoint")
     assert cache.latest_epoch == -1
     assert cache.assign(2, 0)
     assert not cache.assign(2, 10)
-    assert not cache.assign(1, 20)
+    assert not cache.assign(-1, 10)  # a batch without an epoch (magic < 2)
     assert cache.assign(5, 30)
     assert cache.epoch_entries() == [(2, 0), (5, 30)]
     assert (tmp_path / "leader-epoch-checkpoint").read_text() == "0\n2\n2 0\n5 30\n"
@@ -57,6 +59,30 @@ def test_epoch_cache_assign_only_takes_new_larger_epochs(tmp_path: Path) -> None
     assert cache.assign(6, 20)  # a start offset below a later entry's replaces it
     assert cache.epoch_entries() == [(2, 0), (6, 20)]
     assert cache.epoch_for_offset(25) == 6 and cache.epoch_for_offset(3) == 2
+
+
+def test_an_older_epoch_replaces_the_entries_it_contradicts(tmp_path: Path) -> None:
+    """Kafka's assign: a batch of an older epoch than the latest entry, at that entry's start,
+    drops what it contradicts (an epoch at or above its own, a start at or past its offset).
+    The case: records 0-3 of epoch 0; this broker led epoch 1 from offset 4 and appended
+    nothing; it then fetched offsets 4-5, stamped epoch 0, from the leader of epoch 2 (their
+    old leader's uncommitted tail, committed since); it leads epoch 3. A follower still at
+    epoch 0 asks where epoch 0 ends: at 6, not at 4, or it cuts committed records (the
+    simulator's invariants found a follower in the ISR below the high watermark so)."""
+    path = tmp_path / "leader-epoch-checkpoint"
+    cache = LeaderEpochFileCache(path)
+    assert cache.assign(0, 0) and cache.assign(1, 4)
+    assert cache.end_offset_for(0, 4) == (0, 4)
+    assert cache.assign(0, 4)
+    assert cache.epoch_entries() == [(0, 4)]  # Kafka drops (0, 0) too: its epoch is not below
+    assert cache.assign(3, 6)
+    assert cache.end_offset_for(0, 6) == (0, 6)
+    assert LeaderEpochFileCache(path).epoch_entries() == [(0, 4), (3, 6)]
+    # an older epoch further on cuts the later entries only
+    cache = LeaderEpochFileCache(tmp_path / "other")
+    assert cache.assign(1, 0) and cache.assign(4, 10) and cache.assign(6, 20)
+    assert cache.assign(5, 20)
+    assert cache.epoch_entries() == [(1, 0), (4, 10), (5, 20)]
 
 
 def test_end_offset_for_follows_offsets_for_leader_epoch(tmp_path: Path) -> None:

@@ -146,6 +146,33 @@ def test_append_as_follower_keeps_offsets_and_epochs(open_log: Opener, tmp_path:
         follower.append_as_follower(bytes(gap))
 
 
+def test_a_fetched_batch_of_an_older_epoch_replaces_the_epoch_led_without_appends(
+    open_log: Opener,
+) -> None:
+    """The append path gives the epoch cache a batch whose epoch is older than its latest
+    entry (Kafka's assign, tests/log/test_checkpoints.py): a broker that led epoch 1 from
+    offset 3 without appending, then fetched offsets 3-5 stamped epoch 0 from the next leader,
+    says epoch 0 ends at its log end, not at 3. Also after a restart (the cache rebuilt from
+    the batches when its file is gone)."""
+    leader = open_log(name="leader-0")
+    leader.append_as_leader(make_batch(3, tag=1), 0)
+    leader.append_as_leader(make_batch(3, tag=2), 0)
+    fetched = leader.read(0, 10**6).read_bytes()
+    follower = open_log(name="follower-0")
+    follower.append_as_follower(fetched[:BATCH])
+    follower.leader_epoch_cache.assign(1, 3)  # it led epoch 1 (appending nothing)
+    assert follower.leader_epoch_cache.end_offset_for(0, follower.log_end_offset) == (0, 3)
+    follower.append_as_follower(fetched[BATCH:])
+    assert follower.leader_epoch_cache.epoch_entries() == [(0, 3)]
+    assert follower.leader_epoch_cache.end_offset_for(0, follower.log_end_offset) == (0, 6)
+    cache_file = follower.leader_epoch_cache.path
+    follower.close()
+    cache_file.unlink()
+    reopened = open_log(name="follower-0")
+    assert reopened.leader_epoch_cache.epoch_entries() == [(0, 0)]
+    assert reopened.leader_epoch_cache.end_offset_for(0, reopened.log_end_offset) == (0, 6)
+
+
 def test_roll_on_segment_bytes(open_log: Opener) -> None:
     log = open_log(LogConfig(segment_bytes=3 * BATCH, file_delete_delay_ms=0))
     fill(log, 7)

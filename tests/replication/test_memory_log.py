@@ -46,10 +46,23 @@ def test_leader_append_stamps_epoch_and_assign_is_monotonic() -> None:
     log = MemoryLog()
     assert log.append_as_leader(["x", "y"], 2) == (0, 1)
     log.assign_epoch_start_offset(4, 2)
-    log.assign_epoch_start_offset(3, 2)  # older: ignored
+    log.assign_epoch_start_offset(4, 3)  # the latest epoch again, later: nothing changes
     assert log.epoch_entries == [(2, 0), (4, 2)]
     assert log.append_as_leader(["z"], 4) == (2, 2)
     assert log.read(0, 10) == [("x", 2), ("y", 2), ("z", 4)]
+
+
+def test_a_fetched_batch_of_an_older_epoch_replaces_a_stale_entry() -> None:
+    """A broker that led epoch 4 from offset 2 without appending, then fetched offset 2
+    stamped epoch 2 (an older leader's tail) from the next leader: epoch 4's entry goes, as
+    in Kafka's cache (broker/log/leader_epoch_checkpoint.py), so epoch 2 ends at the log end."""
+    log = MemoryLog()
+    log.append_as_leader(["x", "y"], 2)
+    log.assign_epoch_start_offset(4, 2)
+    log.append_as_follower([("z", 2)])
+    assert log.epoch_entries == [(2, 2)]  # Kafka's rule drops (2, 0) too
+    log.assign_epoch_start_offset(6, 3)
+    assert log.end_offset_for_epoch(2) == (2, 3)
     with pytest.raises(ValueError, match="at least one record"):
         log.append_as_leader([], 4)
 

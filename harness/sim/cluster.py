@@ -313,7 +313,16 @@ class SimCluster:
             raise RuntimeError(f"broker {broker_id} is not running")
         if b.killed_while_starting is not None and not b.killed_while_starting.done():
             b.killed_while_starting.set_result(None)
+        server = b.server
         self._end(b, f"crash broker {b.id} (incarnation {b.incarnation}, {{n}} connections)")
+        # the kernel closes a killed process's files: its segments and index mappings here
+        # (nothing written: Log.close_without_flush). Left open, every crash kept its files
+        # open in the simulator's one process, and a long sweep in one process ran out of
+        # descriptors (EMFILE at a restart, the broker down to the end: 'unseen' records).
+        for lg in list(server.log_manager.logs.values()):
+            lg.close_without_flush()
+        for d in b.log_dirs:
+            durable.detach(d)  # and its fsync journal's file (its restart attaches it again)
 
     def _halt(self, b: SimBroker, process: Process, status: int) -> None:
         """A simulated broker's `LogManager.halt`: its process ends at once, as after kill -9

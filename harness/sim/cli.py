@@ -255,6 +255,8 @@ class SeedResult:
     wall_s: float = 0.0
     virtual_s: float = 0.0
     ops: int = 0
+    #: the process that ran the seed (each seed its own: `run_seeds`)
+    pid: int = 0
 
     @property
     def nondeterministic(self) -> bool:
@@ -319,7 +321,7 @@ def run_seed(job: SeedJob) -> SeedResult:
     cpu0, wall0 = time.process_time(), time.monotonic()
     run_dir = Path(job.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    out = SeedResult(job.seed, str(run_dir), "crashed")
+    out = SeedResult(job.seed, str(run_dir), "crashed", pid=os.getpid())
     with _logs_to(run_dir / "sim.log"):
         try:
             results = _simulate(job, run_dir, job.report)
@@ -486,7 +488,8 @@ def run_seeds(
     console: Console | None = None,
     replay: Callable[[int], str] | None = None,
 ) -> SimSummary:
-    """Run `jobs` on `workers` processes (in this process when 1) with a progress bar."""
+    """Run `jobs` on `workers` processes at a time, each seed in a fresh one (see the module
+    doc; in this process when `workers` is 0: tests only), with a progress bar."""
     console = console or Console(stderr=True)
     summary = SimSummary([j.seed for j in jobs], workers=workers)
     if replay is not None:

@@ -137,3 +137,27 @@ def test_seeds_and_the_replay_command() -> None:
         "isrlab sim --seed 5 --acks 1 --nemesis kill --no-idempotence "
         "--set op_timeout_ms=5000 --report"
     )
+
+
+def test_every_seed_runs_in_a_process_of_its_own(tmp_path: Path) -> None:
+    """A sweep's verdict of a seed is its replay's: each seed runs in a fresh process forked
+    from the forkserver, even with one worker, never after other seeds in one process (a
+    sweep that ran them one after another leaked a crashed broker's files from run to run,
+    and a seed was invalid in the sweep and valid alone)."""
+    import os
+
+    from isrlab.harness.sim.cli import SeedJob, run_seeds
+
+    jobs = [
+        SeedJob(
+            seed,
+            {"seed": seed, "key_count": 1, "concurrency": 2, "rate": 20, "time_limit": 3,
+             "final_time_limit": 5, "recovery_time": 1},
+            str(tmp_path / f"seed-{seed}"),
+        )
+        for seed in (1, 2, 3)
+    ]  # fmt: skip
+    summary = run_seeds(jobs, 1)
+    pids = [r.pid for r in summary.results]
+    assert [r.status for r in summary.results] == ["valid"] * 3, summary.results
+    assert len(set(pids)) == 3 and os.getpid() not in pids, pids

@@ -245,8 +245,19 @@ def test_the_coordinator_target_kills_the_leader_of_the_groups_offsets_partition
             return None
 
     _wait(ask, 60, "the group's coordinator")
-    offsets = db.metadata(topic="__consumer_offsets").topics["__consumer_offsets"]
-    partition = partition_for(group, len(offsets.partitions))
+
+    def offsets_partitions() -> int:
+        # the broker asked may not know the new topic's partitions yet (an empty list, as
+        # Kafka answers for a topic being created: a CI run once divided by it)
+        try:
+            topic = db.metadata(topic="__consumer_offsets").topics["__consumer_offsets"]
+        except Exception:
+            return 0
+        return len(topic.partitions)
+
+    partition = partition_for(
+        group, _wait(offsets_partitions, 60, "__consumer_offsets' partitions in the metadata")
+    )
     # Just after __consumer_offsets is created its leaders may still move (a CI run once saw
     # the coordinator go from n1 to n2 between two looks, the broker killed by the test
     # before having just come back): aim once the same leader was seen three times in a row.

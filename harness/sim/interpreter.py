@@ -311,17 +311,7 @@ class SimInterpreter:
     def _sleep(self, w: _Worker, seconds: float) -> None:
         """(Re)set the worker's deadline `seconds` from now; it goes last in the asleep order
         (and last among the threads due at the same instant)."""
-        # (`_unschedule(w)`, written out: this runs for every asleep thread after every
-        # completion)
-        when = w.due
-        if when is not None:
-            w.due = None
-            group = self._due.get(when)
-            if group is not None:
-                group[1].pop(w, None)
-                if not group[1]:
-                    group[0].cancel()
-                    del self._due[when]
+        self._unschedule(w)
         loop = self._loop
         assert loop is not None
         when = loop.time() + seconds

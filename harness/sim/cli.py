@@ -489,7 +489,7 @@ def run_seeds(
     replay: Callable[[int], str] | None = None,
 ) -> SimSummary:
     """Run `jobs` on `workers` processes at a time, each seed in a fresh one (see the module
-    doc; in this process when `workers` is 0: tests only), with a progress bar."""
+    doc), with a progress bar."""
     console = console or Console(stderr=True)
     summary = SimSummary([j.seed for j in jobs], workers=workers)
     if replay is not None:
@@ -525,45 +525,37 @@ def run_seeds(
             console.print(f"[{len(summary.results)}/{len(jobs)}] {counts}", highlight=False)
 
     with progress:
-        if workers <= 0:  # (in this process: only for tests that patch the simulator)
-            for job in jobs:
-                r = run_seed(job)
-                done(r)
-                if stop_at_first and r.status == "invalid":
-                    summary.stopped = f"stopped at the first invalid seed ({r.seed})"
+        # Every seed in a process of its own, forked from the forkserver with the modules
+        # loaded: a seed's run never depends on the seeds run before it, so the command a
+        # failing seed prints replays it. (Workers that ran seed after seed did not: in
+        # one, seed 229 of a 101-400 sweep was invalid and the same seed alone valid.)
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(["isrlab.harness.sim.run", "isrlab.harness.sim.cli"])
+        pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, max_tasks_per_child=1)
+        pending: dict[Future[SeedResult], SeedJob] = {}
+        queue = list(jobs)
+        try:
+            while queue or pending:
+                while queue and len(pending) < workers and summary.stopped is None:
+                    job = queue.pop(0)
+                    pending[pool.submit(run_seed, job)] = job
+                if not pending:
                     break
-        else:
-            # Every seed in a process of its own, forked from the forkserver with the modules
-            # loaded: a seed's run never depends on the seeds run before it, so the command a
-            # failing seed prints replays it. (Workers that ran seed after seed did not: in
-            # one, seed 229 of a 101-400 sweep was invalid and the same seed alone valid.)
-            ctx = multiprocessing.get_context("forkserver")
-            ctx.set_forkserver_preload(["isrlab.harness.sim.run", "isrlab.harness.sim.cli"])
-            pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, max_tasks_per_child=1)
-            pending: dict[Future[SeedResult], SeedJob] = {}
-            queue = list(jobs)
-            try:
-                while queue or pending:
-                    while queue and len(pending) < workers and summary.stopped is None:
-                        job = queue.pop(0)
-                        pending[pool.submit(run_seed, job)] = job
-                    if not pending:
-                        break
-                    finished, _ = wait(pending, return_when=FIRST_COMPLETED)
-                    for fut in sorted(finished, key=lambda f: pending[f].seed):
-                        job = pending.pop(fut)
-                        try:
-                            r = fut.result()
-                        except Exception as e:  # the worker process died (killed, out of memory)
-                            r = SeedResult(job.seed, job.run_dir, "crashed", detail=repr(e))
-                        done(r)
-                        if stop_at_first and r.status == "invalid" and summary.stopped is None:
-                            summary.stopped = (
-                                f"stopped at the first invalid seed ({r.seed}); "
-                                f"{len(queue)} seed(s) not run"
-                            )
-            finally:
-                pool.shutdown(wait=True, cancel_futures=True)
+                finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for fut in sorted(finished, key=lambda f: pending[f].seed):
+                    job = pending.pop(fut)
+                    try:
+                        r = fut.result()
+                    except Exception as e:  # the worker process died (killed, out of memory)
+                        r = SeedResult(job.seed, job.run_dir, "crashed", detail=repr(e))
+                    done(r)
+                    if stop_at_first and r.status == "invalid" and summary.stopped is None:
+                        summary.stopped = (
+                            f"stopped at the first invalid seed ({r.seed}); "
+                            f"{len(queue)} seed(s) not run"
+                        )
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
     summary.wall_s = time.monotonic() - t0
     return summary
 

@@ -35,10 +35,12 @@ import difflib
 import inspect
 import random
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, ClassVar
 
+from isrlab.broker.config import BrokerConfig
+from isrlab.broker.config import ConfigError as BrokerConfigError
 from isrlab.harness.optiontable import ConfigError, Option, table
 from isrlab.harness.optiontable import option_field as _opt
 from isrlab.harness.workloads.eos.options import EOS_KNOBS, EosOptions
@@ -333,7 +335,12 @@ class TestConfig:
         None, "the nodes' python executable (default: python3.X as here)", always_in_json=False
     )
     broker_config: dict[str, str] | None = _opt(  # noqa: RUF009 (None: a field, not a dict)
-        None, "raw server.properties keys", flag=None, always_in_json=False
+        None,
+        "raw server.properties keys for every broker of the test, KEY=VALUE (repeatable), "
+        "checked with the broker's own definitions; a key another option sets is refused "
+        "(give that option), as are the ones the harness sets per broker (broker.id, "
+        "listeners, advertised.listeners, log.dirs, zookeeper.connect)",
+        always_in_json=False,
     )
     keys: tuple[str, ...] | None = _opt(
         None, "the keys (default: t0/0 .. t<key_count-1>/0)", flag=None
@@ -365,7 +372,9 @@ class TestConfig:
             if opt is None:
                 others[key] = value
             elif value is not None:
-                kwargs[key] = opt.check(_nemesis_spec(key, value))
+                kwargs[key] = opt.check(_given(key, value))
+        if kwargs.get("broker_config") is not None:
+            kwargs["broker_config"] = check_broker_config(kwargs["broker_config"])
         workload = kwargs.get("workload", _BY_NAME["workload"].default)
         knobs = _check_knobs(workload, others)
         if "nemesis" in kwargs:
@@ -395,10 +404,12 @@ class TestConfig:
     def replace(self, **changes: Any) -> TestConfig:
         """A copy with ``changes`` (validated like `from_mapping`; knobs too)."""
         checked: dict[str, Any] = {
-            k: None if v is None else _BY_NAME[k].check(_nemesis_spec(k, v))
+            k: None if v is None else _BY_NAME[k].check(_given(k, v))
             for k, v in changes.items()
             if k in _BY_NAME
         }
+        if checked.get("broker_config") is not None:
+            checked["broker_config"] = check_broker_config(checked["broker_config"])
         knobs = _check_knobs(self.workload, {k: v for k, v in changes.items() if k not in _BY_NAME})
         if knobs:
             checked["knobs"] = {**self.knobs, **knobs}
@@ -450,9 +461,88 @@ def nemesis_kinds(spec: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(kinds))
 
 
-def _nemesis_spec(key: str, value: Any) -> Any:
-    """``nemesis`` given as text is a spec (`nemesis_kinds`); as a list, the kinds."""
-    return nemesis_kinds(value) if key == "nemesis" and isinstance(value, str) else value
+def _given(key: str, value: Any) -> Any:
+    """A value as the command line gives it, as the table takes it: ``nemesis`` given as text
+    is a spec (`nemesis_kinds`; as a list, the kinds), ``broker_config`` given as a list is
+    its ``KEY=VALUE`` items (`broker_config_items`; as a mapping, the keys)."""
+    if key == "nemesis" and isinstance(value, str):
+        return nemesis_kinds(value)
+    if key == "broker_config" and isinstance(value, list | tuple):
+        return broker_config_items(value)
+    return value
+
+
+#: server.properties keys the harness sets for each broker itself (`harness/db.py`,
+#: `harness/sim/cluster.py`): its id, its address, its data directory and its ZooKeeper
+HARNESS_BROKER_KEYS: tuple[str, ...] = (
+    "broker.id",
+    "listeners",
+    "advertised.listeners",
+    "log.dirs",
+    "zookeeper.connect",
+)
+
+
+def broker_config_items(items: Sequence[Any]) -> dict[str, str]:
+    """``--broker-config KEY=VALUE`` items -> ``{KEY: VALUE}`` (both stripped; the value may
+    hold ``=``). `ConfigError` for an item that is not KEY=VALUE, or a key given twice with two
+    values; the keys and values are checked by `check_broker_config`."""
+    label = _BY_NAME["broker_config"].label
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = str(item).partition("=")
+        key, value = key.strip(), value.strip()
+        if not isinstance(item, str) or not sep or not key:
+            raise ConfigError(
+                f"{label} takes KEY=VALUE, a server.properties key of the broker and its value "
+                f"(e.g. --broker-config log.segment.bytes=1048576), not {item!r}"
+            )
+        if key in out and out[key] != value:
+            raise ConfigError(
+                f"{label} gives {key} twice ({key}={out[key]} and {key}={value}): give it once"
+            )
+        out[key] = value
+    return out
+
+
+def _broker_key_homes() -> dict[str, str]:
+    """server.properties key -> the option of the test table that sets it (flags)."""
+    homes = {o.broker_key: f"{o.flag} (test.json's {o.name})" for o in OPTIONS if o.broker_key}
+    for policy, shown in (("every-append", "every-append"), ("interval:1000", "interval:<ms>")):
+        for key in flush_policy_properties(policy):
+            how = f"--flush-policy {shown}"
+            homes[key] = f"{homes[key]} or {how}" if key in homes else how
+    return homes
+
+
+def check_broker_config(values: Mapping[str, str]) -> dict[str, str] | None:
+    """``broker_config`` checked before any broker starts: a key the test table sets through
+    its own option is refused (one home per setting: give that option), as is one the harness
+    sets per broker (`HARNESS_BROKER_KEYS`); every other key and value must be one the broker
+    takes (`isrlab.broker.config.BrokerConfig`, its own messages). Empty: None."""
+    if not values:
+        return None
+    label = _BY_NAME["broker_config"].label
+    homes = _broker_key_homes()
+    for key in values:
+        if key in HARNESS_BROKER_KEYS:
+            raise ConfigError(
+                f"{label} {key}: the harness sets it for each broker (its id, address, data "
+                "directory and ZooKeeper); leave it out"
+            )
+        if key in homes:
+            raise ConfigError(
+                f"{label} {key}: the test sets it through its own option; give it as "
+                f"{homes[key]}, not as a raw key (each broker setting has one home)"
+            )
+    try:
+        config = BrokerConfig()
+        config.update_raw(values, label)
+        config.check()
+    except BrokerConfigError as e:
+        text = str(e)
+        raise ConfigError(text if text.startswith(label) else f"{label}: {text}") from None
+    return dict(values)
 
 
 def _check_idempotence(kwargs: dict[str, Any]) -> None:
@@ -756,14 +846,19 @@ def config_name(test: Mapping[str, Any]) -> str:
 def _cli_annotation(opt: Option) -> Any:
     import typer
 
-    base: Any = str if opt.kind in (list, dict) else opt.kind
+    assert opt.flag
+    if opt.kind is dict:
+        # a mapping is given item by item: the flag repeated, KEY=VALUE each time
+        return Annotated[
+            list[str] | None, typer.Option(opt.flag, metavar="KEY=VALUE", help=opt.help)
+        ]
+    base: Any = str if opt.kind is list else opt.kind
     typ = base | None if opt.optional else base
     help = opt.help
     if opt.name == "nemesis":
         help += "; kinds"
     if opt.choices:
         help += f": {', '.join(opt.choices)}"
-    assert opt.flag
     decl = f"{opt.flag}/--no-{opt.flag[2:]}" if opt.kind is bool else opt.flag
     return Annotated[typ, typer.Option(decl, help=help)]
 

@@ -180,6 +180,8 @@ def _flag_text(name: str, value: Any) -> list[str]:
     """The command-line words that give option ``name`` the value ``value``."""
     opt = option(name)
     assert opt.flag
+    if isinstance(value, Mapping):  # (broker_config: the flag once per KEY=VALUE item)
+        return [word for k, v in value.items() for word in (opt.flag, f"{k}={v}")]
     if isinstance(value, bool):
         return [opt.flag if value else f"--no-{opt.flag[2:]}"]
     if isinstance(value, tuple | list):
@@ -196,7 +198,8 @@ def replay_command(
     extra: Sequence[str] = (),
 ) -> str:
     """``isrlab sim --seed N`` with the options of `overrides` that differ from the command's
-    defaults, the ``--set`` knobs and `extra` flags: the command that replays seed N."""
+    defaults (``broker_config``: ``--broker-config KEY=VALUE`` per item), the ``--set`` knobs
+    and `extra` flags: the command that replays seed N."""
     words = ["isrlab", "sim", "--seed", str(seed)]
     defaults = _defaults()
     for name, value in overrides.items():
@@ -614,6 +617,8 @@ def _sim_command(
             )
         except ConfigError as e:
             raise BadInput(str(e)) from None
+        # the --broker-config items as the checked mapping: the seeds' tests and the replay
+        values["broker_config"] = config.broker_config
         refused = refusals(values, config)
         if refused:
             raise BadInput("the simulator cannot run this:\n  - " + "\n  - ".join(refused))

@@ -425,3 +425,156 @@ def test_set_gives_the_workload_knobs_to_the_run(
     assert config.knobs["copier_zombies"] is True
     assert config.knobs["copier_kill_interval"] == 5.0
     assert config.to_test()["copier_zombies"] is True  # in test.json
+
+
+# ----- --broker-config KEY=VALUE: raw server.properties keys for every broker ---------------
+
+
+def test_broker_config_items_are_parsed_and_saved_in_test_json() -> None:
+    config = TestConfig.from_mapping(
+        {
+            "broker_config": [
+                "log.segment.bytes=20000",
+                " log.cleaner.backoff.ms = 200 ",
+                "log.cleanup.policy=compact,delete",  # (a value may hold commas; = splits once)
+            ]
+        }
+    )
+    expected = {
+        "log.segment.bytes": "20000",
+        "log.cleaner.backoff.ms": "200",
+        "log.cleanup.policy": "compact,delete",
+    }
+    assert config.broker_config == expected
+    assert json.loads(json.dumps(config.to_test()))["broker_config"] == expected
+    # test.json's mapping reads back as the same test; unset, the key is not written
+    assert TestConfig.from_mapping(config.to_test()) == config
+    assert "broker_config" not in TestConfig.from_mapping({}).to_test()
+    assert "broker_config" not in TestConfig.from_mapping({"broker_config": []}).to_test()
+    # the same item twice is one item
+    same = ["log.segment.bytes=20000", "log.segment.bytes=20000"]
+    assert TestConfig.from_mapping({"broker_config": same}).broker_config == {
+        "log.segment.bytes": "20000"
+    }
+
+
+@pytest.mark.parametrize(
+    ("items", "message"),
+    [
+        # not KEY=VALUE
+        (["log.segment.bytes"], r"takes KEY=VALUE.*not 'log.segment.bytes'"),
+        (["=20000"], r"takes KEY=VALUE.*not '=20000'"),
+        (["log.segment.bytes=1", "log.segment.bytes=2"], "gives log.segment.bytes twice"),
+        # the broker's own refusals, in its words
+        (["segment.bytes=1"], r"unknown configuration key 'segment.bytes' \(did you mean log"),
+        (["no.such.key=1"], "unknown configuration key 'no.such.key'"),
+        (["log.segment.bytes=abc"], r"log.segment.bytes: invalid value 'abc' \(int expected"),
+        (["log.segment.bytes=3"], "log.segment.bytes: invalid value '3': must be >= 14"),
+        (["log.cleaner.enable=maybe"], "log.cleaner.enable: invalid value 'maybe'"),
+        (["queued.max.request.bytes=10"], "is smaller than socket.request.max.bytes"),
+        # a setting of the test table: its own flag
+        (["min.insync.replicas=1"], "give it as --min-insync-replicas"),
+        (["unclean.leader.election.enable=true"], "give it as --unclean-leader-election"),
+        (["replica.truncation.mode=high-watermark"], "give it as --truncation-mode"),
+        (["default.replication.factor=1"], "give it as --replication-factor"),
+        (["replica.lag.time.max.ms=500"], "give it as --replica-lag-time-max-ms"),
+        (["offsets.commit.required.acks=1"], "give it as --offsets-commit-required-acks"),
+        (
+            ["log.flush.interval.messages=1"],
+            r"give it as --flush-interval-messages \(test.json's flush_interval_messages\) or "
+            "--flush-policy every-append",
+        ),
+        (
+            ["log.flush.interval.ms=100"],
+            r"--flush-interval-ms \(test.json's flush_interval_ms\) or",
+        ),
+        # what the harness sets for each broker
+        (["listeners=PLAINTEXT://:9093"], "listeners: the harness sets it for each broker"),
+        (["broker.id=7"], "broker.id: the harness sets it"),
+        (["log.dirs=/tmp/x"], "log.dirs: the harness sets it"),
+        (["zookeeper.connect=zk:2181"], "zookeeper.connect: the harness sets it"),
+    ],
+)
+def test_bad_broker_config_is_refused(items: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=r"broker_config \(--broker-config\)") as e:
+        TestConfig.from_mapping({"broker_config": items})
+    assert re.search(message, str(e.value)), str(e.value)
+    # the same through the Python API's mapping, for the keys (not the item syntax)
+    if "KEY=VALUE" not in message and "twice" not in message:
+        key, _, value = items[0].partition("=")
+        with pytest.raises(ConfigError, match=message):
+            TestConfig.from_mapping({"broker_config": {key: value}})
+        with pytest.raises(ConfigError, match=message):
+            TestConfig.from_mapping({}).replace(broker_config={key: value})
+
+
+def test_every_broker_key_of_the_table_is_refused_as_a_raw_key() -> None:
+    keys = [o for o in OPTIONS if o.broker_key]
+    assert len(keys) >= 10
+    for opt in keys:
+        with pytest.raises(ConfigError, match=re.escape(f"give it as {opt.flag}")):
+            TestConfig.from_mapping({"broker_config": [f"{opt.broker_key}=1"]})
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--broker-config", "log.segment.bytes"], "takes KEY=VALUE"),
+        (["--broker-config", "log.segment.bytes=abc"], "log.segment.bytes: invalid value 'abc'"),
+        (["--broker-config", "no.such.key=1"], "unknown configuration key 'no.such.key'"),
+        (["--broker-config", "min.insync.replicas=1"], "give it as --min-insync-replicas"),
+        (["--set", "broker_config=x"], "give it as --broker-config"),
+    ],
+)
+def test_isrlab_test_refuses_bad_broker_config_before_any_node(
+    no_cluster: list[str], tmp_path: Path, args: list[str], message: str
+) -> None:
+    res = CliRunner().invoke(
+        _app(), ["test", "--store", str(tmp_path), "--nodes", "n1,n2,n3", *args]
+    )
+    text = " ".join(res.output.split())
+    assert res.exit_code == 2 and message in text and "Traceback" not in text, text
+    assert no_cluster == [] and not any(tmp_path.iterdir())
+
+
+def test_isrlab_test_gives_broker_config_to_every_broker(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from isrlab.harness.db import KafkaDB
+    from isrlab.harness.inventory import Inventory, Node, SshOptions
+
+    seen: list[TestConfig] = []
+
+    def fake_run(config: TestConfig) -> Any:
+        seen.append(config)
+        raise runner.SetupError("stop here")
+
+    monkeypatch.setattr(runner, "run_test", fake_run)
+    res = CliRunner().invoke(
+        _app(),
+        [
+            "test",
+            "--store",
+            str(tmp_path),
+            "--nodes",
+            "n1,n2,n3",
+            "--test-count",
+            "2",
+            "--broker-config",
+            "offsets.topic.segment.bytes=16384",
+            "--broker-config",
+            "log.cleaner.backoff.ms=200",
+        ],
+    )
+    assert res.exit_code == 2 and "stop here" in res.output, res.output
+    config = seen[0]
+    expected = {"offsets.topic.segment.bytes": "16384", "log.cleaner.backoff.ms": "200"}
+    assert config.broker_config == expected
+    test = config.to_test()
+    assert test["broker_config"] == expected  # test.json
+    nodes = [Node(n, f"10.0.0.1{i}") for i, n in enumerate(["n1", "n2", "n3"], 1)]
+    db = KafkaDB(test, Inventory(nodes, SshOptions(host_key_policy="warn")), "/tmp/run")
+    for node in db.names:
+        props = db.broker_properties(node)
+        assert "offsets.topic.segment.bytes=16384\n" in props
+        assert "log.cleaner.backoff.ms=200\n" in props

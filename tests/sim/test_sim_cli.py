@@ -19,6 +19,7 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -116,6 +117,13 @@ def test_check_determinism_runs_each_seed_twice(tmp_path: Path) -> None:
         (["--acks", "1", "--idempotence"], "needs acks=all"),
         (["--switch", "no_such_switch=1"], "unknown switch"),
         (["--set", "no_such_knob=1"], "unknown test option"),
+        (["--broker-config", "log.segment.bytes"], "takes KEY=VALUE"),
+        (["--broker-config", "log.segment.bytes=abc"], "log.segment.bytes: invalid value 'abc'"),
+        (["--broker-config", "log.segment.bytes=3"], "must be >= 14"),
+        (["--broker-config", "no.such.key=1"], "unknown configuration key 'no.such.key'"),
+        (["--broker-config", "min.insync.replicas=1"], "give it as --min-insync-replicas"),
+        (["--broker-config", "log.flush.interval.messages=1"], "--flush-policy every-append"),
+        (["--broker-config", "listeners=PLAINTEXT://:1"], "the harness sets it for each broker"),
     ],
 )
 def test_bad_options_exit_2_with_a_message(tmp_path: Path, args: list[str], message: str) -> None:
@@ -137,6 +145,73 @@ def test_seeds_and_the_replay_command() -> None:
         "isrlab sim --seed 5 --acks 1 --nemesis kill --no-idempotence "
         "--set op_timeout_ms=5000 --report"
     )
+    cmd = replay_command(
+        5, {"broker_config": {"log.segment.bytes": "20000", "log.cleaner.backoff.ms": "200"}}, {}
+    )
+    assert cmd == (
+        "isrlab sim --seed 5 --broker-config log.segment.bytes=20000 "
+        "--broker-config log.cleaner.backoff.ms=200"
+    )
+
+
+def test_broker_config_reaches_every_simulated_broker_and_the_replay(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`isrlab sim --broker-config KEY=VALUE` as a user types it (CliRunner): the seed's
+    brokers run with the keys (their `BrokerConfig`), test.json keeps them, and the failing
+    seed's replay command carries them, giving the same seed's job again. (The seeds run in
+    this process here, not in the pool, so the brokers can be looked at.)"""
+    from isrlab.harness.sim import cli as sim_cli
+    from isrlab.harness.sim import run as sim_run
+    from isrlab.harness.sim.cluster import SimCluster
+
+    configs: list[dict[int, Any]] = []
+
+    class Recording(SimCluster):
+        async def __aexit__(self, *exc: Any) -> None:
+            configs.append({i: b.server.config for i, b in self.brokers.items() if b.server})
+            await super().__aexit__(*exc)
+
+    calls: list[tuple[list[sim_cli.SeedJob], Any]] = []
+
+    def in_process(jobs: Any, workers: int, **kw: Any) -> sim_cli.SimSummary:
+        calls.append((list(jobs), kw["replay"]))
+        summary = sim_cli.SimSummary([j.seed for j in jobs], replay=kw["replay"])
+        summary.results = [sim_cli.run_seed(j) for j in jobs]
+        return summary
+
+    monkeypatch.setattr(sim_run, "SimCluster", Recording)
+    monkeypatch.setattr(sim_cli, "run_seeds", in_process)
+    args = [
+        "sim", "--seed", "1", "--time-limit", "3", "--final-time-limit", "3",
+        "--recovery-time", "1", "--nemesis", "none", "--store", str(tmp_path),
+        "--broker-config", "log.segment.bytes=20000",
+        "--broker-config", "offsets.topic.segment.bytes=16384",
+    ]  # fmt: skip
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    [(jobs, replay)] = calls
+    [job] = jobs
+    expected = {"log.segment.bytes": "20000", "offsets.topic.segment.bytes": "16384"}
+    assert job.overrides["broker_config"] == expected
+    # every broker of the run was started with them
+    [brokers] = configs
+    assert sorted(brokers) == [1, 2, 3]
+    for config in brokers.values():
+        assert config["log.segment.bytes"] == 20000
+        assert config["offsets.topic.segment.bytes"] == 16384
+        assert config.is_explicit("log.segment.bytes")
+    test = json.loads((Path(job.run_dir) / "test.json").read_text())
+    assert test["broker_config"] == expected and test["mode"] == "sim"
+    # the replay command names them, and gives the same seed's job again
+    words = shlex.split(replay(1))
+    assert words[:4] == ["isrlab", "sim", "--seed", "1"]
+    pairs = [words[i + 1] for i, w in enumerate(words) if w == "--broker-config"]
+    assert pairs == ["log.segment.bytes=20000", "offsets.topic.segment.bytes=16384"]
+    res = CliRunner().invoke(app, [*words[1:], "--store", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    [_, (again, _)] = calls
+    assert again[0].overrides == job.overrides and again[0].run_dir != job.run_dir
 
 
 def test_every_seed_runs_in_a_process_of_its_own(tmp_path: Path) -> None:

@@ -165,6 +165,7 @@ class LogManager:
                 ) from e
             lg = self.logs[tp]
             lg.on_storage_failure = functools.partial(self._log_dir_failed, tp)
+            lg.on_truncate = functools.partial(self.cleaner.truncated, tp)
             log.info(
                 "loaded %s-%d: log start %d, end %d (%.1f ms)",
                 tp[0],
@@ -191,6 +192,7 @@ class LogManager:
             path.mkdir(parents=True, exist_ok=True)
             lg = Log.open(path, log_config_from(topic_config), clock=broker_clock.time)
             lg.on_storage_failure = functools.partial(self._log_dir_failed, tp)
+            lg.on_truncate = functools.partial(self.cleaner.truncated, tp)
             self.logs[tp] = lg
         return lg
 

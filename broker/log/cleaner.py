@@ -32,15 +32,21 @@ largest dirty share of its bytes, if that share is above ``min.cleanable.dirty.r
 Threads: the logs belong to the broker's event-loop thread (``broker.log.log``). A cleaner
 thread reads the segments through its own descriptors, opened on the owner thread with the
 plan, and writes the ``.cleaned`` files itself; choosing a log, planning and every swap run on
-the owner thread (``run_on_owner``), where a swap first checks the segments it replaces are
-still the log's (retention or a truncation may have got there first; the cleaning is then
-dropped). Without an event loop (tests, benchmarks) ``clean_once`` runs everything in the
-calling thread. When the broker's clock allows no worker threads (``broker.clock.worker_threads``
+the owner thread (``run_on_owner``), where a swap first checks that the cleaning was not
+aborted and that the segments it replaces are still the log's (retention or a truncation may
+have got there first; the cleaning is then dropped). A truncation below the active segment
+(``Log.on_truncate``, Kafka's LogManager.truncateTo) aborts a cleaning in flight, whatever
+segments it left (they may hold other records by then), and moves the log's checkpoint back
+to the active segment's base offset. Without an event loop (tests, benchmarks) ``clean_once``
+runs everything in the calling thread. When the broker's clock allows no worker threads (``broker.clock.worker_threads``
 false: a simulation's virtual clock, which a thread waiting in real time would not see move)
 ``LogCleaner.start`` runs one task on the event loop instead: ``clean_once`` (the owner-thread
 work called directly, as it runs there already), then ``asyncio.sleep`` for the backoff when
-nothing was cleaned. A cleaning is then one step of the loop: nothing else of the broker runs
-between its plan and its swaps.
+nothing was cleaned. A cleaning is then one step of the loop, unless ``LogCleaner.interleave``
+is set: the task awaits it at each point where a cleaner thread lets the owner run
+(``Cleaner.clean_steps``: before the map, after it, before each swap), and the simulator
+sets it to a seeded pause, so that the rest of the broker runs between a cleaning's plan and
+its swaps as it does beside a thread.
 """
 
 from __future__ import annotations
@@ -52,7 +58,7 @@ import logging
 import os
 import struct
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Generator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -101,6 +107,21 @@ T = TypeVar("T")
 
 def _direct(fn: Callable[[], T]) -> T:
     return fn()
+
+
+#: a cleaning as the steps of a cleaner thread: it yields the name of each point where the
+#: owner thread may run in the meantime, and returns its result
+Steps = Generator[str, None, T]
+
+
+def run_through(steps: Steps[T]) -> T:
+    """Run the steps of a cleaning to their end, in the calling thread (a cleaner thread's own
+    pace: the owner thread runs beside it as it will)."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
 
 
 class CleaningAborted(Exception):
@@ -366,16 +387,26 @@ class Cleaner:
 
     def clean(self, plan: _Plan) -> CleanResult:
         """Map the dirty section, rewrite and swap in the cleaned groups; closes the plan."""
+        return run_through(self.clean_steps(plan))
+
+    def clean_steps(self, plan: _Plan) -> Steps[CleanResult]:
+        """`clean` as a cleaner thread's steps: it yields ``planned`` before the map,
+        ``mapped`` after it and ``cleaned`` before each group's swap, the points where the
+        owner thread runs the rest of the broker beside a real cleaner thread (appends,
+        rolls, truncations, retention: what each swap checks for). A simulation's cleaner task
+        lets the loop run there (`LogCleaner.interleave`)."""
         stats = CleanerStats()
         try:
+            yield "planned"
             offsets = cleaner_records.OffsetMap()
             last_batches: dict[int, int] = {}
             end_offset = self._build_offset_map(plan, offsets, last_batches, stats)
             self._step("mapped")
+            yield "mapped"
             to_clean = [s for s in plan.sources if s.next_base <= end_offset]
             for group in self._groups(plan.log, to_clean):
                 self._check_abort(plan.tp)
-                self._clean_group(plan, group, offsets, last_batches, stats)
+                yield from self._clean_group(plan, group, offsets, last_batches, stats)
             stats.elapsed_s = broker_clock.monotonic() - stats.start
             return CleanResult(plan.tp, plan.first_dirty, end_offset, stats)
         finally:
@@ -528,7 +559,7 @@ class Cleaner:
         offsets: cleaner_records.PyOffsetMap,
         last_batches: dict[int, int],
         stats: CleanerStats,
-    ) -> None:
+    ) -> Steps[None]:
         log = plan.log
         directory = log.dir
         base = group[0].base_offset
@@ -574,9 +605,12 @@ class Cleaner:
             mtime = max(source.mtime_ns for source in group)
             os.utime(cleaned.log_file, ns=(mtime, mtime))
             self._step("cleaned")
+            yield "cleaned"
             self._check_abort(plan.tp)
             old = [source.segment for source in group]
-            self.run_on_owner(lambda: log.replace_segments(cleaned, old, step=self.step))
+            # checked again on the owner thread, in the step that swaps: a truncation there
+            # (LogCleaner.truncated) may have come after the check above
+            self.run_on_owner(lambda: self._swap(plan.tp, log, cleaned, old))
             stats.segments_out += 1
         except Exception:
             # Abandoned before the swap (a SegmentsChangedError from replace_segments changed
@@ -584,6 +618,13 @@ class Cleaner:
             if cleaned.log_file.name.endswith(CLEANED_SUFFIX):
                 cleaned.delete()
             raise
+
+    def _swap(
+        self, tp: TopicPartition, log: Log, cleaned: LogSegment, old: list[LogSegment]
+    ) -> None:
+        """On the owner thread: swap a cleaned group in, unless the cleaning was aborted."""
+        self._check_abort(tp)
+        log.replace_segments(cleaned, old, step=self.step)
 
     def _clean_into(
         self,
@@ -877,6 +918,12 @@ class LogCleaner:
             should_abort=self._should_abort,
         )
         self.last_results: list[CleanResult] = []
+        #: where a cleaning on the loop (no worker threads) lets the rest of the broker run:
+        #: awaited with the name of each step of `Cleaner.clean_steps`. None: a cleaning is
+        #: one step of the loop. A simulation sets it to a seeded pause, so that appends,
+        #: rolls, truncations and crashes land between a cleaning's plan and its swaps as
+        #: they do beside a real cleaner thread.
+        self.interleave: Callable[[str], Awaitable[None]] | None = None
 
     @property
     def checkpoints(self) -> dict[TopicPartition, int]:
@@ -922,12 +969,21 @@ class LogCleaner:
 
     def clean_once(self) -> CleanResult | None:
         """Clean the filthiest log, if any is dirty enough; None otherwise."""
+        return run_through(self.clean_once_steps())
+
+    def clean_once_steps(self) -> Steps[CleanResult | None]:
+        """`clean_once` as a cleaner thread's steps (`Cleaner.clean_steps`)."""
         plan: _Plan | None = self.cleaner.run_on_owner(self._grab_filthiest)
         if plan is None:
             return None
         tp = plan.tp
         try:
-            result = self.cleaner.clean(plan)
+            result = yield from self.cleaner.clean_steps(plan)
+            with self._lock:
+                # truncated or deleted since it was planned: the checkpoint stays where the
+                # truncation put it (a cleaning it aborted after its last swap still counts)
+                if tp not in self._aborted:
+                    self._checkpoints[tp] = result.end_offset
         except (CleaningAborted, LogError, OSError) as exc:
             if isinstance(exc, CleaningAborted) or self._should_abort(tp):
                 logger.info("cleaning of %s-%d aborted", *tp)
@@ -943,8 +999,6 @@ class LogCleaner:
         finally:
             with self._lock:
                 self._in_progress.discard(tp)
-        with self._lock:
-            self._checkpoints[tp] = result.end_offset
         self.write_checkpoint()
         stats = result.stats
         logger.info(
@@ -973,6 +1027,24 @@ class LogCleaner:
             self._checkpoint_file.write(entries)
         except KafkaStorageError as exc:
             logger.error("%s", exc)
+
+    def truncated(self, tp: TopicPartition, active_base: int) -> None:
+        """On the owner thread: the log of ``tp`` was truncated below its active segment, now
+        based at ``active_base`` (Kafka's abortAndPauseCleaning and
+        maybeTruncateCleanerCheckpointToActiveSegmentBaseOffset). A cleaning in flight is
+        dropped: the segments it read may hold other records now, under the same segment
+        objects once the log has rolled past them again, so its swap would put back records
+        the truncation removed. A checkpoint past ``active_base`` moves back to it: what was
+        appended there since has never been cleaned."""
+        with self._lock:
+            if tp in self._in_progress:
+                self._aborted.add(tp)
+            checkpoint = self._checkpoints.get(tp)
+            moved = checkpoint is not None and checkpoint > active_base
+            if moved:
+                self._checkpoints[tp] = active_base
+        if moved:
+            self.write_checkpoint()
 
     def abort(self, tp: TopicPartition) -> None:
         """Stop cleaning ``tp`` (it is being deleted): a running cleaning drops its work; the
@@ -1022,8 +1094,27 @@ class LogCleaner:
     async def _run_on_loop(self) -> None:
         backoff = self.config.backoff_ms / 1000
         while not self._stop.is_set():
+            cleaned = self._pass() if self.interleave is None else await self._pass_interleaved()
             # after a cleaning, the loop runs what is ready before the next one
-            await asyncio.sleep(0 if self._pass() else backoff)
+            await asyncio.sleep(0 if cleaned else backoff)
+
+    async def _pass_interleaved(self) -> bool:
+        """`_pass` with ``interleave`` awaited at each step of the cleaning."""
+        assert self.interleave is not None
+        steps = self.clean_once_steps()
+        try:
+            step = next(steps)
+            while True:
+                await self.interleave(step)
+                step = steps.send(None)
+        except StopIteration as done:
+            return done.value is not None
+        except Exception:
+            if not self._stop.is_set():
+                logger.exception("log cleaner pass failed")
+            return False
+        finally:
+            steps.close()  # a cancelled task: the plan's descriptors closed, in_progress left
 
     def stop(self, timeout_s: float | None = None) -> None:
         """Ask the threads to stop (a running cleaning is abandoned at its next batch of

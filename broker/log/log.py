@@ -219,6 +219,10 @@ class Log:
         #: told when a read meets damage no recovery checked (``recovery.CorruptLogData``) or
         #: an fsync of a segment fails: the log manager takes the log directory offline
         self.on_storage_failure: Callable[[KafkaStorageError], None] | None = None
+        #: called with the active segment's base offset after a truncation that reached below
+        #: the active segment (Kafka's LogManager.truncateTo): the log cleaner drops a cleaning
+        #: in flight, whose segments may since hold other records, and moves its checkpoint back
+        self.on_truncate: Callable[[int], None] | None = None
 
     # -- opening -----------------------------------------------------------------------------
 
@@ -718,6 +722,7 @@ class Log:
         if self._segments[0].base_offset > offset:
             self.truncate_fully_and_start_at(offset)
             return True
+        below_active = offset < self._bases[-1]
         keep = bisect.bisect_right(self._bases, offset)
         doomed = self._segments[keep:]
         del self._segments[keep:]
@@ -730,6 +735,8 @@ class Log:
         self._epoch_cache.truncate_from_end(leo)
         self._log_start_offset = min(self._log_start_offset, leo)
         self._recovery_point = min(self._recovery_point, leo)
+        if below_active and self.on_truncate is not None:
+            self.on_truncate(active.base_offset)
         return True
 
     def truncate_fully_and_start_at(self, offset: int) -> None:
@@ -744,6 +751,8 @@ class Log:
         self._epoch_cache.clear_and_flush()
         self._log_start_offset = offset
         self._recovery_point = offset
+        if self.on_truncate is not None:
+            self.on_truncate(offset)
 
     # -- flushing ----------------------------------------------------------------------------
 

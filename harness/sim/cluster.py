@@ -40,6 +40,12 @@ What a nemesis does to it:
   reaches a majority of them, and is cut from the ensemble otherwise (SUSPENDED, then its
   session expires unless healed in time).
 
+A broker's log cleaner is a task of its process (no worker threads on a virtual clock), which
+waits a seeded pause at each point where a real cleaner thread lets the broker's event-loop
+thread run (`LogCleaner.interleave`: before its offset map, after it, before each swap; an
+exponential draw, mean `CLEANER_STEP_MEAN_S`), so that appends, rolls, truncations, retention
+and crashes land inside a cleaning as they do beside a thread.
+
 Every fsync of the simulated brokers (`broker.log.durable`) is recorded in their journals as
 on a real broker, but the system call itself is skipped (`durable.skip_fsync`, set in each
 broker's context): a simulation never loses the machine's page cache, and a real fsync costs
@@ -88,6 +94,15 @@ CHROOT = "/isrlab"
 #: what the simulation sets on every broker (overridable): nothing now (the log cleaner, on
 #: by default as in Kafka, runs as a task on the loop: `SimClock.worker_threads`)
 SIM_DEFAULTS: dict[str, str] = {}
+
+#: mean virtual seconds a simulated cleaner "thread" works between two of its steps (see the
+#: module docstring): the scale of a small segment's cleaning on a loaded broker
+CLEANER_STEP_MEAN_S = 0.05
+
+
+async def _cleaner_pause(rng: random.Random, step: str) -> None:
+    """`LogCleaner.interleave` in a simulation: a seeded pause at each step of a cleaning."""
+    await asyncio.sleep(rng.expovariate(1 / CLEANER_STEP_MEAN_S))
 
 
 class SimClock:
@@ -272,6 +287,11 @@ class SimCluster:
         )
         # Kafka's Exit.halt (a log dir gone offline) ends this broker, not the simulator
         server.log_manager.halt = functools.partial(self._halt, b, process)
+        # the cleaner's steps interleave with the rest of the broker (module docstring); the
+        # draws have a generator of their own, so they move no other draw of the run
+        server.log_manager.cleaner.interleave = functools.partial(
+            _cleaner_pause, random.Random(f"{self.seed}/{b.id}/{b.incarnation}/cleaner")
+        )
         b.process, b.server, b.clock = process, server, sim_clock
         self._broker_of[process] = b.id
         b.crashed = b.paused = False

@@ -272,3 +272,41 @@ def test_one_seed_one_trace_with_the_cleaner(tmp_path: Path) -> None:
     second, c2 = run_sim(tmp_path / "b", body, seed=7, overrides=BROKER)
     assert c1.trace == c2.trace
     assert first == second
+
+
+def test_a_cleaning_lets_the_rest_of_the_broker_run_between_its_steps(tmp_path: Path) -> None:
+    """The cleaner task waits a seeded pause at each step of a cleaning (`LogCleaner.interleave`,
+    set by `SimCluster`), as a real cleaner thread lets the event loop run: the writes go on
+    inside a cleaning, between its plan and its swaps."""
+
+    def log_end(c: SimCluster, b: int) -> int:
+        p = c.server(b).replica_manager.partitions.get(TP)
+        return -1 if p is None else p.log.log_end_offset
+
+    async def body(c: SimCluster) -> list[tuple[int, str, float, float, int, int]]:
+        seen: list[tuple[int, str, float, float, int, int]] = []
+        for b in (1, 2, 3):
+            cleaner = c.server(b).log_manager.cleaner
+            inner = cleaner.interleave
+            assert inner is not None
+
+            async def recording(step: str, b: int = b, inner: Any = inner) -> None:
+                t0, end0 = c.loop.time(), log_end(c, b)
+                await inner(step)
+                seen.append((b, step, t0, c.loop.time(), end0, log_end(c, b)))
+
+            cleaner.interleave = recording
+        await compacted_topic(c)
+        # more writes while the replicas clean what the first ones filled
+        writer = asyncio.ensure_future(write(c, WRITES, "w"))
+        await wait_cleaned(c, [1, 2, 3], WRITES // 2, 30)
+        await writer
+        return seen
+
+    seen, c = run_sim(tmp_path, body, overrides=BROKER)
+    assert {step for _, step, *_ in seen} == {"planned", "mapped", "cleaned"}
+    assert {b for b, *_ in seen} == {1, 2, 3}
+    assert all(t1 > t0 for _, _, t0, t1, _, _ in seen)  # each step took virtual time
+    # records were appended to a log while its cleaning waited between two steps
+    assert any(end1 > end0 >= 0 for *_, end0, end1 in seen)
+    assert not any("VIOLATION" in line for line in c.trace)

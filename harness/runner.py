@@ -236,6 +236,25 @@ def _progress_table(config: TestConfig, stats: dict[str, Any], phase: str) -> Ta
     return t
 
 
+def progress_line(stats: dict[str, Any], before: dict[str, Any]) -> str:
+    """A progress line for a log (no terminal), printed every 10 s: the ops completed since
+    the previous line (`before`, the stats it showed; empty for the first) per second, not
+    the last second's (which a fault's stall at the moment of printing turns to 0 while
+    thousands completed since the line before)."""
+
+    def done(s: dict[str, Any]) -> int:
+        return int(s.get("ok", 0)) + int(s.get("fail", 0)) + int(s.get("info", 0))
+
+    elapsed = float(stats.get("elapsed_s", 0))
+    span = elapsed - float(before.get("elapsed_s", 0))
+    rate = (done(stats) - done(before)) / span if span > 0 else 0.0
+    faults = ", ".join(sorted(stats.get("active_faults", []))) or "none"
+    return (
+        f"  {elapsed:6.1f}s  {rate:6.0f} ops/s  ok {stats.get('ok', 0)} "
+        f"fail {stats.get('fail', 0)} info {stats.get('info', 0)}  faults: {faults}"
+    )
+
+
 def _raise_fd_limit() -> None:
     """Every logical process owns librdkafka clients with sockets to every broker: lift the
     soft descriptor limit to the hard one so a long run with many processes cannot hit it."""
@@ -425,6 +444,7 @@ def _run_with_progress(interp: Any, config: TestConfig, progress: bool) -> None:
                     worker.join(0.25)
         else:
             last = 0.0
+            before: dict[str, Any] = {}
             while worker.is_alive():
                 worker.join(0.5)
                 if progress:
@@ -432,11 +452,8 @@ def _run_with_progress(interp: Any, config: TestConfig, progress: bool) -> None:
                 if progress and time.monotonic() - last >= 10:
                     last = time.monotonic()
                     s = interp.stats()
-                    console.print(
-                        f"  {s.get('elapsed_s', 0):6.1f}s  {s.get('ops_per_s', 0):6.0f} ops/s  "
-                        f"ok {s.get('ok', 0)} fail {s.get('fail', 0)} info {s.get('info', 0)}  "
-                        f"faults: {', '.join(sorted(s.get('active_faults', []))) or 'none'}"
-                    )
+                    console.print(progress_line(s, before))
+                    before = s
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: stopping clients, healing faults ...[/]")
         interp.stop()

@@ -189,3 +189,24 @@ def test_the_leader_flap_follower_option_reaches_the_schedule():
     # unset: the value names none, leader-flap restarts one
     assert drawn("leader-flap", "follower") == {"None"}
     assert drawn("leader-flap", "follower", flap_follower="cut") == {"cut"}
+
+
+def test_a_progress_line_shows_the_rate_since_the_line_before() -> None:
+    """The demo's log showed '0 ops/s' for 10 s in which 5,600 ops completed: the last second's
+    rate, at a moment a kill had stalled the clients. A line gives the rate since the last."""
+    from isrlab.harness.runner import progress_line
+
+    first = {"elapsed_s": 10.5, "ok": 17338, "fail": 0, "info": 0, "ops_per_s": 1971}
+    second = {
+        "elapsed_s": 20.5,
+        "ok": 19792,
+        "fail": 4,
+        "info": 2,
+        "ops_per_s": 0,
+        "active_faults": ["partition", "kill"],
+    }
+    assert progress_line(first, {}).split()[:3] == ["10.5s", "1651", "ops/s"]
+    line = progress_line(second, first)
+    assert line.split()[:3] == ["20.5s", "246", "ops/s"]  # (19798 - 17338) / 10 s
+    assert line.endswith("ok 19792 fail 4 info 2  faults: kill, partition")
+    assert progress_line(first, first).split()[1] == "0"  # no time between: no rate

@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import functools
 import random
 import uuid
@@ -335,23 +336,33 @@ class SimCluster:
             b.killed_while_starting.set_result(None)
         server = b.server
         self._end(b, f"crash broker {b.id} (incarnation {b.incarnation}, {{n}} connections)")
-        # the kernel closes a killed process's files: its segments and index mappings here
-        # (nothing written: Log.close_without_flush). Left open, every crash kept its files
-        # open in the simulator's one process, and a long sweep in one process ran out of
-        # descriptors (EMFILE at a restart, the broker down to the end: 'unseen' records).
+        self._close_files(b, server)
+
+    @staticmethod
+    def _close_files(b: SimBroker, server: ClusterKafkaServer) -> None:
+        """What the kernel closes when a broker's process ends: its segments and index
+        mappings (nothing written: Log.close_without_flush) and its fsync journal's file (a
+        restart attaches it again). Left open, every crash kept its files open in the
+        simulator's one process, and a long sweep in one process ran out of descriptors
+        (EMFILE at a restart, the broker down to the end: 'unseen' records)."""
         for lg in list(server.log_manager.logs.values()):
             lg.close_without_flush()
         for d in b.log_dirs:
-            durable.detach(d)  # and its fsync journal's file (its restart attaches it again)
+            durable.detach(d)
 
     def _halt(self, b: SimBroker, process: Process, status: int) -> None:
         """A simulated broker's `LogManager.halt`: its process ends at once, as after kill -9
         (Kafka's Exit.halt runs no shutdown hook): its callbacks and timers are dropped and its
         sockets closed. The call returns (a real halt does not): every caller raises the
         storage error right after it, so the callback that halted ends there, its last words
-        written to closed sockets."""
+        written to closed sockets. Its files are closed once that callback has ended (the
+        next one of the loop, in no broker's process): it may still touch them on its way
+        out, as the real process did up to its exit."""
         if b.process is process:
+            server = b.server
+            assert server is not None
             self._end(b, f"broker {b.id} halted (exit status {status})")
+            self.loop.call_soon(self._close_files, b, server, context=contextvars.Context())
 
     def _end(self, b: SimBroker, note: str) -> None:
         """Broker `b`'s process ends at once (killed, or exited): its callbacks and timers

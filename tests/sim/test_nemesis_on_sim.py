@@ -600,6 +600,7 @@ def test_a_failed_fsync_halts_the_leader_and_the_simulation_goes_on(
     import os
 
     from isrlab.broker.log import durable
+    from tests.sim.test_cluster_on_sim import _open_files_under
 
     failing: dict[str, str | None] = {"dir": None}
     real = durable._fsync
@@ -621,6 +622,9 @@ def test_a_failed_fsync_halts_the_leader_and_the_simulation_goes_on(
             await conn.request(produce_req(TP[0], build_batch([b"lost"]), acks=-1), 30)
         assert c.brokers[leader].crashed and not c.brokers[leader].alive
         assert any(f"broker {leader} halted (exit status 1)" in line for line in c.trace)
+        # its process ended: the kernel closed its files (segments, index mappings, journal)
+        await asyncio.sleep(0.001)
+        assert _open_files_under(c.brokers[leader].data_dir) == 0
         new = await new_leader(c, leader)
         served = await read_all(c, new, max(acked))
         assert {o: v for o, v in served.items() if o in acked} == acked

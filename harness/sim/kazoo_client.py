@@ -28,6 +28,10 @@ after its timeout. The ensemble's own timer runs in a context of its own.
 One difference: kazoo queues a request made while the connection is down and sends it when
 the connection is back; here such a request raises ConnectionLoss at once (a request may
 always end so, callers handle it), since a synchronous call cannot wait for virtual time.
+The recipes' own reads handle it as kazoo's do (they retry until answered): a read that
+meets a cut kazoo has not noticed yet runs again when the cut heals (the reply the live TCP
+connection would have brought then, `retry_at_heal`), one that meets a known loss when the
+client is CONNECTED again.
 """
 
 from __future__ import annotations
@@ -138,6 +142,8 @@ class SimKazooClient:
         self._data_watchers: defaultdict[str, dict[Watcher, None]] = defaultdict(dict)
         self._child_watchers: defaultdict[str, dict[Watcher, None]] = defaultdict(dict)
         self._crashed = False
+        #: the recipes' reads that met a cut kazoo has not noticed (`retry_at_heal`)
+        self._at_heal: list[Callable[[], object]] = []
         # the context of the code that created the client: its callbacks run there
         self._context = contextvars.copy_context()
 
@@ -232,6 +238,20 @@ class SimKazooClient:
             self._cancel_suspend()
             if self.state == KazooState.SUSPENDED:
                 self._later(self._reconnect_delay, self._reconnect)
+            pending, self._at_heal = self._at_heal, []
+            for read in pending:
+                self.soon(read)
+
+    def retry_at_heal(self, read: Callable[[], object]) -> bool:
+        """A recipe's read that met ConnectionLoss: kazoo's recipes retry their reads until
+        they are answered (KazooRetry without a limit). On a cut kazoo has not noticed
+        (connected, no read timeout yet) the request waits on the live TCP connection and is
+        answered once the cut heals: `read` runs again then. True if so; False when the
+        connection is known lost, where the recipes' CONNECTED listeners read again."""
+        if self.state != KazooState.CONNECTED or not self._cut or self._crashed:
+            return False
+        self._at_heal.append(read)
+        return True
 
     def _cancel_suspend(self) -> None:
         if self._suspend_timer is not None:
@@ -245,6 +265,7 @@ class SimKazooClient:
             return
         if self._session_id is not None:
             self.ensemble.call(self.core.drop_connection, self._session_id)
+        self._at_heal.clear()  # their recipes read again once CONNECTED
         self._set_state(KazooState.SUSPENDED)
         self._reset_watchers()
         if not self._cut:
@@ -268,6 +289,7 @@ class SimKazooClient:
             return
         self._cancel_suspend()
         self._session_id = None
+        self._at_heal.clear()
         self._set_state(KazooState.LOST)
         self._reset_watchers()
         if self._cut:
@@ -502,7 +524,10 @@ class DataWatch:
                     self._client.soon(self._get_data)
                     return
         except _LOST:
-            return  # kazoo would wait for the connection; the CONNECTED listener reads again
+            # kazoo retries until answered: at the heal of a cut it has not noticed, else
+            # the CONNECTED listener reads again
+            self._client.retry_at_heal(self._get_data)
+            return
         self._version = None if stat is None else stat.mzxid
         if initial != self._version or not self._ever_called:
             self._ever_called = True
@@ -552,6 +577,7 @@ class ChildrenWatch:
             self._stopped = True
             return
         except _LOST:
+            self._client.retry_at_heal(self._get_children)  # as DataWatch._get_data
             return
         if not self._established:
             self._established = True

@@ -320,3 +320,33 @@ def test_the_same_seed_gives_a_byte_identical_trace() -> None:
     assert b"LOST" in first and b"SUSPENDED" in first and b"ConnectionLoss" in first
     assert _trace(11) == first
     assert _trace(12) != first
+
+
+def test_a_recipe_read_cut_off_before_kazoo_notices_is_answered_at_the_heal(loop) -> None:
+    """An event reaches the client, and the cut comes before its DataWatch reads the node
+    again (one instant): kazoo's recipes retry their reads until answered, and the request,
+    on a TCP connection that outlives the cut, is answered at the heal. Dropped, the
+    DataWatch never read again nor set its watch: a broker paused past an election, resumed
+    and cut from ZooKeeper at once never learnt it led (`isrlab sim --seed 190 --nemesis
+    partition+kill+pause --nemesis-interval 4 --subscribe --commit-p 0.5`: a cluster stuck
+    until the end, 30 acknowledged values unread)."""
+    a, b = clients(loop)
+    b.create("/state", b"epoch 1")
+    b.create("/ids")
+    calls: list[bytes | None] = []
+    children: list[list[str]] = []
+    a.DataWatch("/state", lambda data, stat: calls.append(data))
+    a.ChildrenWatch("/ids", children.append)
+    b.set("/state", b"epoch 2")  # delivered: the watchers read on the loop, after ...
+    b.create("/ids/1", b"")
+    a.partition()  # ... the cut, in the same instant
+    until(loop, 1.0)
+    assert calls == [b"epoch 1"] and children == [[]]
+    a.heal()  # within the read timeout: nothing noticed, the reads answered now
+    until(loop, 1.5)
+    assert a.connected
+    assert calls == [b"epoch 1", b"epoch 2"] and children == [[], ["1"]]
+    b.set("/state", b"epoch 3")  # and the watches are set again
+    b.create("/ids/2", b"")
+    until(loop, 2.0)
+    assert calls == [b"epoch 1", b"epoch 2", b"epoch 3"] and children[-1] == ["1", "2"]

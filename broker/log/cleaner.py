@@ -38,9 +38,9 @@ have got there first; the cleaning is then dropped). A truncation below the acti
 (``Log.on_truncate``, Kafka's LogManager.truncateTo) aborts a cleaning in flight, whatever
 segments it left (they may hold other records by then), and moves the log's checkpoint back
 to the active segment's base offset. Without an event loop (tests, benchmarks) ``clean_once``
-runs everything in the calling thread. When the broker's clock allows no worker threads (``broker.clock.worker_threads``
-false: a simulation's virtual clock, which a thread waiting in real time would not see move)
-``LogCleaner.start`` runs one task on the event loop instead: ``clean_once`` (the owner-thread
+runs everything in the calling thread. When the broker's clock allows no worker threads
+(``broker.clock.worker_threads`` false: a simulation's virtual clock, which a thread waiting
+in real time would not see move) ``LogCleaner.start`` runs one task on the event loop instead: ``clean_once`` (the owner-thread
 work called directly, as it runs there already), then ``asyncio.sleep`` for the backoff when
 nothing was cleaned. A cleaning is then one step of the loop, unless ``LogCleaner.interleave``
 is set: the task awaits it at each point where a cleaner thread lets the owner run
@@ -1114,7 +1114,7 @@ class LogCleaner:
                 logger.exception("log cleaner pass failed")
             return False
         finally:
-            steps.close()  # a cancelled task: the plan's descriptors closed, in_progress left
+            steps.close()  # a cancelled task: the plan's descriptors closed, the log's mark cleared
 
     def stop(self, timeout_s: float | None = None) -> None:
         """Ask the threads to stop (a running cleaning is abandoned at its next batch of

@@ -28,6 +28,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: the append errors of a record too large for its partition
+_TOO_LARGE = frozenset(
+    {ErrorCode.MESSAGE_TOO_LARGE, ErrorCode.RECORD_LIST_TOO_LARGE, ErrorCode.INVALID_FETCH_SIZE}
+)
+
 #: bytes read per step while loading a partition
 LOAD_READ_BYTES = 1 << 20
 #: the timer's resolution: deadlines of the cores (heartbeat expiry, rebalance and transaction
@@ -68,6 +73,26 @@ class CoordinatorShell:
         self._timer: asyncio.Handle | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._create_lock = asyncio.Lock()
+
+    def append_refused(self, partition: int, size: int, error: ErrorCode) -> None:
+        """Log an append to the internal topic refused for its size, as Kafka does (at ERROR:
+        the clients only see UNKNOWN_SERVER_ERROR, and a group or transaction whose record
+        never fits is stuck for good): the record outgrew the partition's segment.bytes or
+        max.message.bytes (``offsets.topic.segment.bytes``, ``transaction.state.log.segment.bytes``,
+        ``message.max.bytes``)."""
+        if error not in _TOO_LARGE:
+            return
+        log.error(
+            "%s: appending %d bytes to %s-%d failed with %s: the record is larger than the "
+            "topic's segment.bytes or max.message.bytes; the clients get UNKNOWN_SERVER_ERROR "
+            "until the broker's limits for %s are raised",
+            self.name,
+            size,
+            self.topic,
+            partition,
+            error.name,
+            self.topic,
+        )
 
     # ----- lifecycle -------------------------------------------------------------------------
 

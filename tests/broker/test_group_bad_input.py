@@ -301,6 +301,10 @@ def test_an_assignment_that_cannot_be_stored_fails_the_sync_and_rebalances(
         r = SyncGroupResponse[3].decode(clients[i].recv_frame(), header=True)
         assert r.error_code == E.UNKNOWN_SERVER_ERROR
     assert describe(clients[0], "heavy").group_state == "PreparingRebalance"
+    # and the broker says why, at ERROR, as Kafka does (the clients see only the unknown error)
+    said = b.stderr_path.read_text()
+    assert "group coordinator: appending" in said and "__consumer_offsets" in said, said[-2000:]
+    assert "larger than the topic's segment.bytes or max.message.bytes" in said
     # the broker is fine: another group works
     assert Member(clients[0], "light").sync().error_code == 0
     for c in clients:

@@ -344,3 +344,26 @@ def test_a_sequence_reused_after_an_abort_is_not_answered_with_the_aborted_batch
     while (got := read_all(b.bootstrap, "t", "read_committed", partitions=2)) != [b"next"]:
         assert time.monotonic() < deadline, got
         time.sleep(0.2)
+
+
+def test_a_transaction_whose_state_record_outgrows_its_segment_is_refused_and_logged(
+    broker_factory: Any,
+) -> None:
+    """transaction.state.log.segment.bytes at its minimum (1 KiB) and a transaction over 400
+    partitions: its state record (every partition listed) no longer fits a segment. As in
+    Kafka the client gets UNKNOWN_SERVER_ERROR and the transaction stays as it was; the
+    broker says why at ERROR, since the client cannot."""
+    b = txn_broker(broker_factory, **{"transaction.state.log.segment.bytes": "1024"})
+    create_topic(b.bootstrap, "wide", 400)
+    c = RawClient(b.port)
+    try:
+        assert find_txn_coordinator(c, "wide").error_code == 0
+        pid, epoch = init_pid(c, "wide")
+        got = add_partitions(c, "wide", pid, epoch, "wide", list(range(400)))
+        assert set(got.values()) == {E.UNKNOWN_SERVER_ERROR}, got
+        assert add_partitions(c, "wide", pid, epoch, "wide", [0]) == {0: 0}  # a small one fits
+    finally:
+        c.close()
+    said = b.stderr_path.read_text()
+    assert "transaction coordinator: appending" in said, said[-2000:]
+    assert "__transaction_state" in said and "larger than the topic's segment.bytes" in said

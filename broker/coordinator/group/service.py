@@ -126,6 +126,7 @@ class GroupCoordinatorService(CoordinatorShell):
                 result = await result
             error = result.error
             offset = result.base_offset
+            self.append_refused(a.partition, len(batch), error)
         except RecordFormatError as e:
             log.error("group coordinator: cannot encode records for %s: %s", tp, e)
             error = ErrorCode.UNKNOWN_SERVER_ERROR

@@ -167,6 +167,7 @@ class TransactionCoordinatorService(CoordinatorShell):
             if isinstance(result, asyncio.Future):
                 result = await result
             error = result.error
+            self.append_refused(a.partition, len(batch), error)
         except (RecordFormatError, ValueError) as e:
             log.error("transaction coordinator: cannot encode a record for %s: %s", tp, e)
             error = ErrorCode.UNKNOWN_SERVER_ERROR

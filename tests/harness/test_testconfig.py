@@ -194,6 +194,20 @@ def no_cluster(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return calls
 
 
+@pytest.fixture()
+def stopped_runs(monkeypatch: pytest.MonkeyPatch) -> list[TestConfig]:
+    """The configs `isrlab test` hands to `run_test`, which stops there (SetupError "stop
+    here", exit 2) instead of reaching any node."""
+    seen: list[TestConfig] = []
+
+    def fake_run(config: TestConfig) -> Any:
+        seen.append(config)
+        raise runner.SetupError("stop here")
+
+    monkeypatch.setattr(runner, "run_test", fake_run)
+    return seen
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -394,15 +408,8 @@ def test_consumer_flags_reach_the_run(no_cluster: list[str], tmp_path: Path) -> 
 
 
 def test_set_gives_the_workload_knobs_to_the_run(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    stopped_runs: list[TestConfig], tmp_path: Path
 ) -> None:
-    seen: list[Any] = []
-
-    def fake_run(config: Any) -> Any:
-        seen.append(config)
-        raise runner.SetupError("stop here")
-
-    monkeypatch.setattr(runner, "run_test", fake_run)
     res = CliRunner().invoke(
         _app(),
         [
@@ -421,7 +428,7 @@ def test_set_gives_the_workload_knobs_to_the_run(
         ],
     )
     assert res.exit_code == 2 and "stop here" in res.output, res.output
-    [config] = seen
+    [config] = stopped_runs
     assert config.knobs["copier_zombies"] is True
     assert config.knobs["copier_kill_interval"] == 5.0
     assert config.to_test()["copier_zombies"] is True  # in test.json
@@ -538,18 +545,11 @@ def test_isrlab_test_refuses_bad_broker_config_before_any_node(
 
 
 def test_isrlab_test_gives_broker_config_to_every_broker(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    stopped_runs: list[TestConfig], tmp_path: Path
 ) -> None:
     from isrlab.harness.db import KafkaDB
     from isrlab.harness.inventory import Inventory, Node, SshOptions
 
-    seen: list[TestConfig] = []
-
-    def fake_run(config: TestConfig) -> Any:
-        seen.append(config)
-        raise runner.SetupError("stop here")
-
-    monkeypatch.setattr(runner, "run_test", fake_run)
     res = CliRunner().invoke(
         _app(),
         [
@@ -567,7 +567,7 @@ def test_isrlab_test_gives_broker_config_to_every_broker(
         ],
     )
     assert res.exit_code == 2 and "stop here" in res.output, res.output
-    config = seen[0]
+    config = stopped_runs[0]
     expected = {"offsets.topic.segment.bytes": "16384", "log.cleaner.backoff.ms": "200"}
     assert config.broker_config == expected
     test = config.to_test()

@@ -1081,9 +1081,14 @@ class LogCleaner:
         try:
             return self.clean_once() is not None
         except Exception:
-            if not self._stop.is_set():
-                logger.exception("log cleaner pass failed")
-            return False
+            return self._pass_failed()
+
+    def _pass_failed(self) -> bool:
+        """In the except block of a failed pass: logged with its traceback unless stopping
+        (a stop abandons a cleaning by raising); nothing was cleaned."""
+        if not self._stop.is_set():
+            logger.exception("log cleaner pass failed")
+        return False
 
     def _run(self) -> None:
         backoff = self.config.backoff_ms / 1000
@@ -1110,9 +1115,7 @@ class LogCleaner:
         except StopIteration as done:
             return done.value is not None
         except Exception:
-            if not self._stop.is_set():
-                logger.exception("log cleaner pass failed")
-            return False
+            return self._pass_failed()
         finally:
             steps.close()  # a cancelled task: the plan's descriptors closed, the log's mark cleared
 
